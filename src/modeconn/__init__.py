@@ -1,0 +1,21 @@
+"""modeconn: mode connectivity toolkit for PyTorch.
+
+    import modeconn as mc
+    spec = mc.symmetry_spec(model, example_input)
+    res = mc.weight_matching(spec, sd_a, sd_b)
+    curve = mc.evaluate_path(model, sd_a, spec.apply(sd_b, res.element), loader)
+    curve.barrier("mean")
+"""
+
+__version__ = "0.1.0"
+
+from . import errors
+from .match import Alignment, activation_matching, learned_matching, weight_matching
+from .path import Curve, evaluate_path, interpolate, merge
+from .symmetry import Space, SymmetrySpec, symmetry_spec
+
+__all__ = [
+    "Alignment", "Curve", "Space", "SymmetrySpec", "activation_matching", "errors", "evaluate_path",
+    "learned_matching",
+    "interpolate", "merge", "symmetry_spec", "weight_matching",
+]

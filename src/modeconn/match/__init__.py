@@ -1,0 +1,9 @@
+"""Alignment: weight, activation and learned (straight-through) matching."""
+
+from .activation import activation_matching
+from .learned import learned_matching
+from .lap import solve_lap
+from .result import Alignment
+from .weight import weight_matching
+
+__all__ = ["Alignment", "activation_matching", "learned_matching", "solve_lap", "weight_matching"]

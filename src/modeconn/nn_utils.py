@@ -1,0 +1,40 @@
+"""Small torch helpers shared across layers (no modeconn imports)."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+import torch.nn as nn
+
+_BN_TYPES = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
+
+
+@contextmanager
+def eval_mode(*models: nn.Module):
+    """Put models in eval mode and restore every submodule's previous training flag afterwards."""
+    flags = [{m: m.training for m in model.modules()} for model in models]
+    for model in models:
+        model.eval()
+    try:
+        yield
+    finally:
+        for f in flags:
+            for m, flag in f.items():
+                m.training = flag
+
+
+def batch_inputs(batch) -> torch.Tensor:
+    """The model input of a loader batch: ``x`` of ``(x, y, ...)`` or the batch itself."""
+    return batch[0] if isinstance(batch, (tuple, list)) else batch
+
+
+def model_device(model: nn.Module) -> torch.device:
+    """Device of the model's first parameter (CPU for a parameter-free model)."""
+    p = next(iter(model.parameters()), None)
+    return p.device if p is not None else torch.device("cpu")
+
+
+def batchnorm_modules(model: nn.Module) -> list[nn.Module]:
+    """BatchNorm layers that track running statistics (found by type, never by name)."""
+    return [m for m in model.modules() if isinstance(m, _BN_TYPES) and m.track_running_stats]

@@ -1,0 +1,53 @@
+"""Name → object registries (architectures, datasets, matching methods).
+
+Looking up an unknown name raises :class:`modeconn.errors.ConfigError` listing the valid names, so a typo
+in a config or on the command line is caught before any heavy work.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Callable, Generic, Iterator, TypeVar
+
+from .errors import ConfigError
+
+T = TypeVar("T")
+
+
+class Registry(Generic[T]):
+    """A mapping from names to objects of one kind (``kind`` is used in error messages)."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._items: dict[str, T] = {}
+
+    def register(self, name: str) -> Callable[[T], T]:
+        """Decorator registering ``obj`` under ``name``; a duplicate name raises ConfigError."""
+
+        def deco(obj: T) -> T:
+            if name in self._items:
+                raise ConfigError(f"{self.kind} {name!r} is already registered")
+            self._items[name] = obj
+            return obj
+
+        return deco
+
+    def get(self, name: str) -> T:
+        """The object registered as ``name``; ConfigError naming the valid choices otherwise."""
+        try:
+            return self._items[name]
+        except KeyError:
+            close = difflib.get_close_matches(str(name), self._items, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(
+                f"unknown {self.kind} {name!r}; valid {self.kind}s: {', '.join(sorted(self._items))}.{hint}"
+            ) from None
+
+    def names(self) -> list[str]:
+        return sorted(self._items)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._items
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(self._items))
