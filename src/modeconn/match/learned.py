@@ -98,7 +98,7 @@ def learned_matching(
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         if progress is not None:
             progress(step + 1, steps, losses[-1])
     g = _project(spec, a, proxy, sd_b, g, seed, wm_iters)

@@ -1,0 +1,29 @@
+# Two set-up commands for a fresh machine: `make demo` (the main job) and `make test` (the test suite).
+# Both create the virtual environment in .venv on first use and reuse it afterwards.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.modeconn-installed
+MODECONN_DATA ?= $(abspath ../shared/data)
+export MODECONN_DATA
+
+.PHONY: demo test bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/modeconn demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(PY) -m pip install -q rebasin
+	cd benchmarks && ../$(PY) bench_weight_matching.py && ../$(PY) bench_train.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

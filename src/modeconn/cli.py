@@ -1,0 +1,277 @@
+"""The `modeconn` command line (typer). Every command prints where its outputs went."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from .errors import ModeconnError
+
+app = typer.Typer(
+    help="modeconn: mode connectivity for PyTorch — align, interpolate, measure barriers, merge.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+console = Console(soft_wrap=True)
+
+METHOD_HELP = "alignment method: naive (none), weight (weight matching), activation (activation matching), learned (STE)"
+DATA_HELP = "data directory (default: $MODECONN_DATA, then standard places; see README 'Data')"
+
+
+def _fail(err: Exception) -> None:
+    console.print(f"[bold red]error:[/] {err}")
+    raise typer.Exit(code=2)
+
+
+def _parse_kv(items: list[str], what: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise typer.BadParameter(f"{what} must look like key=value, got {item!r}")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def _barrier_table(comparison, split: str = "test") -> Table:
+    from .experiments.compare import METHOD_LABELS
+
+    table = Table(title=f"barriers on the {split} split (loss = cross-entropy; error = 1 − acc)")
+    for col in ("method", "barrier_mean (loss)", "barrier_interp (loss)", "peak (loss)", "barrier_mean (error)",
+                "midpoint acc", "merged acc"):
+        table.add_column(col, justify="right" if col != "method" else "left")
+    for m, c in comparison.curves.items():
+        s = c.summary()[split]
+        table.add_row(METHOD_LABELS[m], f"{s['barrier_mean_loss']:.4f}", f"{s['barrier_interp_loss']:.4f}",
+                      f"{s['peak_loss']:.4f}", f"{s['barrier_mean_error']:.4f}", f"{100 * s['midpoint_acc']:.2f}%",
+                      f"{100 * comparison.merged[m][split]['acc']:.2f}%")
+    return table
+
+
+@app.command()
+def demo(
+    out: Optional[Path] = typer.Option(None, help="output directory (default runs/demo-<time>); must not exist or be empty"),
+    overwrite: bool = typer.Option(False, help="replace a non-empty --out"),
+    epochs: Optional[int] = typer.Option(None, min=1, help="training epochs per model (default 40)"),
+    seed_a: int = typer.Option(0, help="seed of model A"),
+    seed_b: int = typer.Option(1, help="seed of model B"),
+) -> None:
+    """The main job, offline: on scikit-learn's bundled digits, train two 3×512 MLPs from different seeds,
+    measure the naive barrier, align them with weight and activation matching, measure again, merge at the
+    midpoint; writes results.json, report.md, barrier.png and both checkpoints into --out."""
+    from .experiments import run_demo
+    from .experiments.output import default_out
+
+    out = out or default_out("demo")
+    try:
+        with console.status("running the demo"):
+            _, results = run_demo(out, seeds=(seed_a, seed_b), epochs=epochs, overwrite=overwrite,
+                                  log=lambda s: console.log(s), progress=False)
+    except ModeconnError as err:
+        _fail(err)
+    _print_barriers(results)
+    console.print(f"[bold green]outputs written to[/] {out.resolve()}  (report.md, results.json, barrier.png, models/)")
+
+
+def _print_barriers(results: dict) -> None:
+    from .experiments.compare import METHOD_LABELS
+
+    table = Table(title="barrier_mean on test loss (cross-entropy); merged = midpoint of the aligned pair")
+    for col in ("method", "barrier_mean (test loss)", "barrier_interp (test loss)", "barrier_mean (test error)",
+                "merged test acc"):
+        table.add_column(col, justify="right" if col != "method" else "left")
+    for m, s in results["barriers"].items():
+        t = s["test"]
+        table.add_row(METHOD_LABELS[m], f"{t['barrier_mean_loss']:.4f}", f"{t['barrier_interp_loss']:.4f}",
+                      f"{t['barrier_mean_error']:.4f}", f"{100 * results['midpoint_merge'][m]['test']['acc']:.2f}%")
+    console.print(table)
+
+
+@app.command()
+def train(
+    out: Path = typer.Option(..., help="checkpoint directory to write (config.json + model.safetensors + metrics.json)"),
+    model: str = typer.Option("mlp", help="architecture: mlp, vgg, resnet20, cnn"),
+    dataset: str = typer.Option("digits", help="dataset: digits, mnist, fashion-mnist, cifar10, cifar100"),
+    data: Optional[Path] = typer.Option(None, help=DATA_HELP),
+    model_arg: list[str] = typer.Option([], "--model-arg", "-m", help="architecture option key=value, e.g. -m width=512 -m depth=3"),
+    seed: int = typer.Option(0, help="seed of initialisation and data order"),
+    epochs: int = typer.Option(10, min=1),
+    lr: float = typer.Option(0.05, help="peak learning rate"),
+    batch_size: int = typer.Option(128, min=1),
+    optimizer: str = typer.Option("sgd", help="sgd or adamw"),
+    weight_decay: float = typer.Option(5e-4, min=0.0),
+    warmup_epochs: float = typer.Option(0.0, min=0.0),
+    schedule: str = typer.Option("cosine", help="cosine, linear or constant"),
+    limit_train: Optional[int] = typer.Option(None, min=1, help="use only the first N training examples"),
+    device: str = typer.Option("cpu", help="torch device, e.g. cpu or cuda"),
+    overwrite: bool = typer.Option(False, help="replace a non-empty --out"),
+) -> None:
+    """Train one model on a dataset and write a checkpoint directory."""
+    from .data import load_dataset
+    from .models import validate_model_kwargs
+    from .train import TrainConfig, train_checkpoint
+
+    try:
+        cfg = TrainConfig(seed=seed, epochs=epochs, lr=lr, batch_size=batch_size, optimizer=optimizer,
+                          weight_decay=weight_decay, warmup_epochs=warmup_epochs, schedule=schedule, device=device)
+        kwargs = _parse_kv(model_arg, "--model-arg")
+        bundle = load_dataset(dataset, data, limit_train=limit_train)
+        kwargs = {"in_shape": bundle.input_shape, "num_classes": bundle.num_classes, **kwargs}
+        validate_model_kwargs(model, kwargs)
+        path = train_checkpoint(model, kwargs, bundle.train, cfg, out, val_set=bundle.val, test_set=bundle.test,
+                                extra_config={"dataset": dataset}, overwrite=overwrite)
+    except ModeconnError as err:
+        _fail(err)
+    metrics = json.loads((path / "metrics.json").read_text())
+    console.print(f"test acc {100 * metrics['test']['acc']:.2f}%, test loss {metrics['test']['loss']:.4f}")
+    console.print(f"[bold green]checkpoint written to[/] {path.resolve()}")
+
+
+def _load_pair(a: Path, b: Path):
+    from .experiments.checkpoints import load_same_architecture
+
+    (ma, mb), (ca, _) = load_same_architecture([a, b])
+    return ma, mb, ca
+
+
+def _dataset_for(config: dict, dataset: Optional[str], data: Optional[Path], limit_train: Optional[int]):
+    from .data import load_dataset
+
+    name = dataset or config.get("dataset")
+    if name is None:
+        raise ModeconnError("the checkpoint does not record its dataset; pass --dataset")
+    return load_dataset(name, data, limit_train=limit_train)
+
+
+@app.command()
+def barrier(
+    a: Path = typer.Argument(..., help="checkpoint directory of model A"),
+    b: Path = typer.Argument(..., help="checkpoint directory of model B"),
+    method: list[str] = typer.Option(["naive", "weight", "activation"], "--method", help=METHOD_HELP + " (repeatable)"),
+    dataset: Optional[str] = typer.Option(None, help="dataset (default: the one recorded in A's config.json)"),
+    data: Optional[Path] = typer.Option(None, help=DATA_HELP),
+    bn: str = typer.Option("reset", help="BatchNorm policy: reset, interpolate, keep, repair"),
+    lambdas: int = typer.Option(25, min=2, help="points on the path, endpoints included"),
+    eval_limit: Optional[int] = typer.Option(None, min=1, help="evaluate on the first N examples of each split"),
+    limit_train: Optional[int] = typer.Option(None, min=1, help="use only the first N training examples"),
+    seed: int = typer.Option(0),
+    out: Optional[Path] = typer.Option(None, help="output directory (default runs/barrier-<time>)"),
+    overwrite: bool = typer.Option(False, help="replace a non-empty --out"),
+) -> None:
+    """Measure the loss barrier between two checkpoints, naively and after each alignment method; writes
+    results.json, report.md and barrier.png (loss/accuracy vs λ, train and test)."""
+    from .experiments.barrier import run_barrier
+    from .experiments.compare import check_methods
+    from .experiments.output import default_out
+    from .path.batchnorm import check_bn_policy
+
+    out = out or default_out("barrier")
+    try:
+        check_methods(method)
+        check_bn_policy(bn)
+        ma, mb, cfg = _load_pair(a, b)
+        bundle = _dataset_for(cfg, dataset, data, limit_train)
+        comparison = run_barrier(out, ma, mb, bundle, method, bn=bn, lambdas=lambdas, eval_limit=eval_limit,
+                                 seed=seed, overwrite=overwrite, names=(str(a), str(b)),
+                                 log=lambda s: console.log(s))
+    except ModeconnError as err:
+        _fail(err)
+    console.print(_barrier_table(comparison, "test"))
+    console.print(f"[bold green]outputs written to[/] {out.resolve()}  (report.md, results.json, barrier.png)")
+
+
+@app.command()
+def align(
+    a: Path = typer.Argument(..., help="checkpoint directory of the reference model A"),
+    b: Path = typer.Argument(..., help="checkpoint directory of model B (to be permuted into A's basin)"),
+    out: Path = typer.Option(..., help="checkpoint directory for the aligned B (plus alignment.json)"),
+    method: str = typer.Option("weight", help="weight, activation or learned"),
+    dataset: Optional[str] = typer.Option(None, help="dataset for activation/learned matching (default: A's)"),
+    data: Optional[Path] = typer.Option(None, help=DATA_HELP),
+    limit_train: Optional[int] = typer.Option(None, min=1),
+    seed: int = typer.Option(0),
+    overwrite: bool = typer.Option(False, help="replace a non-empty --out"),
+) -> None:
+    """Align B to A; the aligned B computes exactly the same function as B (checked) and is written as a
+    checkpoint directory."""
+    from .experiments.checkpoints import example_input
+    from .experiments.compare import align as run_align, check_methods
+    from .io import save_checkpoint
+    from .symmetry import symmetry_spec
+
+    try:
+        if method == "naive" or method not in check_methods([method]):
+            raise ModeconnError(f"--method must be one of weight, activation, learned (got {method!r})")
+        ma, mb, cfg = _load_pair(a, b)
+        bundle = _dataset_for(cfg, dataset, data, limit_train) if method != "weight" else None
+        x0 = bundle.train.tensors[0][:2] if bundle is not None else example_input(cfg)
+        spec = symmetry_spec(ma, x0)
+        res = run_align(method, spec, ma, ma.state_dict(), mb.state_dict(), bundle, seed=seed)
+        aligned = res.apply(mb.state_dict())
+        import copy
+
+        mb_aligned = copy.deepcopy(mb)
+        mb_aligned.load_state_dict(aligned)
+        _check_same_function(mb, mb_aligned, x0)
+        path = save_checkpoint(out, mb_aligned, config={k: v for k, v in cfg.items() if k not in (
+            "architecture", "kwargs", "modeconn_version", "format_version")} | {"aligned_to": str(a), "alignment": method},
+            metrics={"alignment": {"method": method, "objective": res.objective, "stats": res.stats}},
+            overwrite=overwrite)
+        (path / "alignment.json").write_text(json.dumps(res.to_json(), default=str))
+    except ModeconnError as err:
+        _fail(err)
+    console.print(f"{method} matching objective {res.objective:.4f} ({len(spec.spaces)} spaces)")
+    console.print(f"[bold green]aligned checkpoint written to[/] {path.resolve()}")
+
+
+def _check_same_function(m1, m2, x) -> None:
+    import torch
+
+    with torch.no_grad():
+        y1, y2 = m1.eval()(x), m2.eval()(x)
+    if not torch.allclose(y1, y2, atol=1e-4, rtol=1e-4):
+        raise ModeconnError(f"internal error: alignment changed the function (max |Δlogit| = {(y1 - y2).abs().max():.3g})")
+
+
+@app.command()
+def merge(
+    models: list[Path] = typer.Argument(..., help="two or more checkpoint directories (the first is the reference)"),
+    out: Path = typer.Option(..., help="checkpoint directory for the merged model"),
+    weights: Optional[str] = typer.Option(None, help="comma-separated weights, one per model (default uniform)"),
+    align_method: str = typer.Option("weight", "--align", help="align every model to the first first: weight, activation, none"),
+    bn: str = typer.Option("reset", help="BatchNorm policy after averaging: reset, interpolate, repair"),
+    dataset: Optional[str] = typer.Option(None, help="dataset for BN reset / REPAIR / activation matching (default: the first model's)"),
+    data: Optional[Path] = typer.Option(None, help=DATA_HELP),
+    limit_train: Optional[int] = typer.Option(None, min=1),
+    seed: int = typer.Option(0),
+    overwrite: bool = typer.Option(False, help="replace a non-empty --out"),
+) -> None:
+    """Merge checkpoints: align each to the first (optional), average with weights, fix BatchNorm
+    statistics (reset) or apply REPAIR, evaluate, and write a checkpoint directory."""
+    from .experiments.merge import run_merge
+
+    try:
+        w = [float(x) for x in weights.split(",")] if weights else None
+        path, metrics = run_merge(models, out, weights=w, align_method=align_method, bn=bn, dataset=dataset,
+                                  data=data, limit_train=limit_train, seed=seed, overwrite=overwrite,
+                                  log=lambda s: console.log(s))
+    except ValueError as err:
+        _fail(err)
+    except ModeconnError as err:
+        _fail(err)
+    if metrics:
+        console.print(f"merged model: test acc {100 * metrics['test']['acc']:.2f}%, test loss {metrics['test']['loss']:.4f}")
+    console.print(f"[bold green]merged checkpoint written to[/] {path.resolve()}")
+
+
+def main() -> None:  # pragma: no cover - entry point
+    app()

@@ -1,0 +1,32 @@
+"""Datasets as in-memory, normalised float32 image tensors.
+
+``load_dataset(name)`` returns a :class:`DatasetBundle` of train / val / test ``TensorDataset``\\ s
+(images ``(N, C, H, W)`` float32, labels int64) for "digits" (scikit-learn's bundled 8×8 digits, the
+offline default), "mnist", "fashion-mnist" (IDX files), "cifar10" and "cifar100" (python-pickle batches,
+read with a restricted unpickler). Files are found by :func:`find_data_dir` (explicit root,
+``$MODECONN_DATA``, system directories, the download cache).
+"""
+
+from .bundle import DatasetBundle, make_loader, split_indices
+from .checksums import KNOWN_SHA256, sha256_file, verify_sha256
+from .cifar import safe_unpickle
+from .datasets import DATASETS, DatasetSpec, load_dataset
+from .idx import read_idx, write_idx
+from .locate import ENV_VAR, find_data_dir
+
+__all__ = [
+    "DATASETS",
+    "DatasetBundle",
+    "DatasetSpec",
+    "ENV_VAR",
+    "KNOWN_SHA256",
+    "find_data_dir",
+    "load_dataset",
+    "make_loader",
+    "read_idx",
+    "safe_unpickle",
+    "sha256_file",
+    "split_indices",
+    "verify_sha256",
+    "write_idx",
+]

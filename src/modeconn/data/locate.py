@@ -1,0 +1,136 @@
+"""Finding dataset directories on disk.
+
+Search order (first directory holding every required file wins):
+
+1. ``root`` when given — the dataset directory itself, or a parent holding one of the dataset's usual
+   sub-directory names (e.g. ``mnist/``, ``MNIST/raw/``). An explicit root is authoritative: if the data
+   is not there, nothing else is searched (a typo in ``--data`` must not silently pick other data).
+2. the environment variable ``MODECONN_DATA`` — a parent directory, searched the same way;
+3. system directories (Debian's ``/usr/share/datasets/fashion-mnist`` for Fashion-MNIST);
+4. the download cache (``pooch.os_cache("modeconn")/<name>``), where earlier downloads were kept.
+
+With ``download=True`` a dataset that supports it (MNIST, Fashion-MNIST) is then downloaded into
+``root/<name>`` (if root was given) or the cache, and verified before it is kept.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import ConfigError, DataError
+from .cifar import CIFAR10_FILES, CIFAR100_FILES
+
+ENV_VAR = "MODECONN_DATA"
+
+#: Standard IDX file stems of MNIST and Fashion-MNIST; each may be present as ``stem`` or ``stem.gz``.
+IDX_STEMS = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+             "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where a file-backed dataset lives: usual sub-directory names and the files it needs."""
+
+    subdirs: tuple[str, ...]
+    files: tuple[str, ...]
+    idx: bool = False  # files are IDX stems that may carry a .gz suffix
+    system_dirs: tuple[str, ...] = ()
+    downloadable: bool = False
+
+
+LAYOUTS: dict[str, Layout] = {
+    "mnist": Layout(("mnist", "MNIST/raw"), IDX_STEMS, idx=True, downloadable=True),
+    "fashion-mnist": Layout(("fashion-mnist", "FashionMNIST/raw"), IDX_STEMS, idx=True,
+                            system_dirs=("/usr/share/datasets/fashion-mnist",), downloadable=True),
+    "cifar10": Layout(("cifar-10-batches-py", "cifar10/cifar-10-batches-py", "cifar10"), CIFAR10_FILES),
+    "cifar100": Layout(("cifar-100-python", "cifar100/cifar-100-python", "cifar100"), CIFAR100_FILES),
+}
+
+
+def cache_dir() -> Path:
+    """Root of the download cache, ``pooch.os_cache("modeconn")`` (e.g. ``~/.cache/modeconn``)."""
+    import pooch
+
+    return Path(pooch.os_cache("modeconn"))
+
+
+def _layout(name: str) -> Layout:
+    try:
+        return LAYOUTS[name]
+    except KeyError:
+        raise ConfigError(
+            f"dataset {name!r} is not read from a directory; file-backed datasets: {', '.join(LAYOUTS)}"
+        ) from None
+
+
+def idx_file(directory: Path, stem: str) -> Path | None:
+    """``directory/stem`` or ``directory/stem.gz``, whichever exists (uncompressed first), else None."""
+    for candidate in (directory / stem, directory / f"{stem}.gz"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _needed(layout: Layout) -> list[str]:
+    return [f"{s}[.gz]" for s in layout.files] if layout.idx else list(layout.files)
+
+
+def missing_files(directory: Path, layout: Layout) -> list[str]:
+    """Names of the required files absent from ``directory``."""
+    if layout.idx:
+        return [f"{s}[.gz]" for s in layout.files if idx_file(directory, s) is None]
+    return [f for f in layout.files if not (directory / f).is_file()]
+
+
+def _candidates(name: str, layout: Layout, root: Path | None) -> list[tuple[str, Path]]:
+    if root is not None:
+        return [("root", root)] + [("root", root / s) for s in layout.subdirs]
+    out: list[tuple[str, Path]] = []
+    env = os.environ.get(ENV_VAR)
+    if env:
+        out += [(f"${ENV_VAR}", Path(env).expanduser() / s) for s in layout.subdirs]
+    out += [("system", Path(d)) for d in layout.system_dirs]
+    out.append(("cache", cache_dir() / name))
+    return out
+
+
+def find_data_dir(name: str, root: str | os.PathLike | None = None, *, download: bool = False) -> Path:
+    """The directory holding dataset ``name`` ("mnist", "fashion-mnist", "cifar10", "cifar100").
+
+    See the module docstring for the search order. With ``download=True`` a missing MNIST/Fashion-MNIST
+    is downloaded (SHA-256 verified) and its directory returned.
+
+    Raises:
+        ConfigError: ``name`` is not a file-backed dataset.
+        DataError: not found; the message lists every directory looked at (and what was missing there)
+            and how to provide the data. Download failures also raise DataError.
+    """
+    layout = _layout(name)
+    root_path = None if root is None else Path(root).expanduser()
+    looked: list[str] = []
+    for origin, directory in _candidates(name, layout, root_path):
+        if not directory.is_dir():
+            looked.append(f"  {directory} ({origin}): no such directory")
+            continue
+        missing = missing_files(directory, layout)
+        if not missing:
+            return directory
+        looked.append(f"  {directory} ({origin}): missing {', '.join(missing)}")
+    if download and layout.downloadable:
+        from .download import download_idx
+
+        dest = (root_path / layout.subdirs[0]) if root_path is not None else cache_dir() / name
+        return download_idx(name, dest)
+    if root_path is None and not os.environ.get(ENV_VAR):
+        looked.insert(0, f"  ${ENV_VAR} is not set")
+    how = [f"set {ENV_VAR} to a directory containing {layout.subdirs[0]}/",
+           "pass the directory as root= (or --data on the command line)"]
+    if layout.downloadable:
+        how.append("pass download=True to fetch it (SHA-256 verified)")
+    raise DataError(
+        f"dataset {name!r} not found; looked in:\n" + "\n".join(looked)
+        + f"\nNeeded files: {', '.join(_needed(layout))}."
+        + "\nTo provide it: " + "; or ".join(how) + "."
+    )

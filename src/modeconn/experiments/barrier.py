@@ -1,0 +1,39 @@
+"""`modeconn barrier`: naive and aligned barriers between two trained checkpoints."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch.nn as nn
+
+from ..data import DatasetBundle
+from ..path import evaluate_model
+from ..data import make_loader
+from .compare import Comparison, compare_alignments
+from .output import output_directory
+from .reporting import write_comparison
+
+
+def run_barrier(out: str | Path, model_a: nn.Module, model_b: nn.Module, bundle: DatasetBundle,
+                methods: Sequence[str], *, bn: str = "reset", lambdas: int = 25, eval_limit: int | None = None,
+                seed: int = 0, overwrite: bool = False, names: tuple[str, str] = ("A", "B"),
+                log: Callable[[str], None] = print) -> Comparison:
+    """Compare alignment methods on two models and write the report into ``out`` (atomically)."""
+    start = time.perf_counter()
+    with output_directory(out, overwrite) as tmp:
+        comparison = compare_alignments(model_a, model_a.state_dict(), model_b.state_dict(), bundle, methods,
+                                        lambdas=lambdas, bn=bn, seed=seed, eval_limit=eval_limit, on_step=log)
+        test = make_loader(bundle.test, 512)
+        results = {
+            "task": f"barrier between {names[0]} and {names[1]} on {bundle.name}",
+            "models": list(names),
+            "dataset": {"name": bundle.name, "train": len(bundle.train), "test": len(bundle.test)},
+            "endpoints": {"A": evaluate_model(model_a, test), "B": evaluate_model(model_b, test)},
+            "bn": bn,
+            **comparison.to_json(),
+            "seconds": time.perf_counter() - start,
+        }
+        write_comparison(tmp, comparison, results, title=f"{bundle.name}: linear interpolation A → B")
+    return comparison

@@ -1,0 +1,33 @@
+"""Loading checkpoint directories for alignment (cheap config checks before any weights are read)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import torch
+import torch.nn as nn
+
+from ..errors import ConfigError
+from ..io import load_checkpoint, read_config
+
+
+def load_same_architecture(paths: Sequence[Path]) -> tuple[list[nn.Module], list[dict]]:
+    """Load checkpoints that must share one architecture; ConfigError naming both before any weights load."""
+    configs = [read_config(p) for p in paths]
+    ref = (configs[0].get("architecture"), configs[0].get("kwargs"))
+    for p, c in zip(paths[1:], configs[1:]):
+        if (c.get("architecture"), c.get("kwargs")) != ref:
+            raise ConfigError(
+                f"{p} is {c.get('architecture')} {c.get('kwargs')} but {paths[0]} is {ref[0]} {ref[1]}: "
+                "alignment and merging need models of one architecture"
+            )
+    return [load_checkpoint(p)[0] for p in paths], configs
+
+
+def example_input(config: dict) -> torch.Tensor:
+    """A (2, C, H, W) input of the shape recorded in ``config['kwargs']['in_shape']`` (for tracing)."""
+    in_shape = config.get("kwargs", {}).get("in_shape")
+    if not in_shape:
+        raise ConfigError("config.json has no kwargs.in_shape to trace the model with; pass --dataset")
+    return torch.randn(2, *in_shape, generator=torch.Generator().manual_seed(0))

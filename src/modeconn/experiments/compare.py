@@ -1,0 +1,132 @@
+"""Align two models with several methods and evaluate every linear path (shared by `demo` and `barrier`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
+
+import torch
+import torch.nn as nn
+
+from ..data import DatasetBundle, make_loader
+from ..errors import ConfigError
+from ..match import Alignment, activation_matching, learned_matching, weight_matching
+from ..path import Curve, evaluate_model, evaluate_path, merge
+from ..symmetry import SymmetrySpec, symmetry_spec
+
+METHODS = ("naive", "weight", "activation", "learned")
+METHOD_LABELS = {"naive": "naive", "weight": "weight matching", "activation": "activation matching",
+                 "learned": "learned matching (STE)"}
+
+StateDict = Mapping[str, torch.Tensor]
+
+
+def check_methods(methods: Sequence[str]) -> list[str]:
+    """Validate method names before any heavy work (ConfigError naming the bad one)."""
+    bad = [m for m in methods if m not in METHODS]
+    if bad:
+        raise ConfigError(f"unknown alignment method(s) {bad}; valid: {', '.join(METHODS)}")
+    if not methods:
+        raise ConfigError("no alignment method given")
+    return list(dict.fromkeys(methods))
+
+
+@dataclass
+class Comparison:
+    """Per method: the alignment (None for naive), the path curve and the midpoint merge's metrics."""
+
+    spec: SymmetrySpec
+    alignments: dict[str, Alignment | None] = field(default_factory=dict)
+    curves: dict[str, Curve] = field(default_factory=dict)
+    merged: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+    aligned_b: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {
+            "methods": list(self.curves),
+            "barriers": {m: c.summary() for m, c in self.curves.items()},
+            "curves": {m: c.to_json() for m, c in self.curves.items()},
+            "alignment": {
+                m: (None if a is None else {"objective": a.objective, "history": a.history,
+                                            "stats": _jsonable(a.stats)})
+                for m, a in self.alignments.items()
+            },
+            "midpoint_merge": self.merged,
+        }
+
+
+def _jsonable(stats: dict) -> dict:
+    return {k: (v if isinstance(v, (int, float, str, bool, list, dict)) or v is None else str(v)) for k, v in stats.items()}
+
+
+def align(method: str, spec: SymmetrySpec, model: nn.Module, sd_a: StateDict, sd_b: StateDict,
+          bundle: DatasetBundle, *, seed: int = 0, batch_size: int = 256, learned_steps: int = 300) -> Alignment | None:
+    """Run one alignment method (``naive`` returns None)."""
+    if method == "naive":
+        return None
+    if method == "weight":
+        return weight_matching(spec, sd_a, sd_b, seed=seed)
+    loader = make_loader(bundle.train, batch_size, shuffle=False)
+    if method == "activation":
+        model_a, model_b = _instance(model, sd_a), _instance(model, sd_b)
+        return activation_matching(spec, model_a, model_b, loader)
+    shuffled = make_loader(bundle.train, 128, shuffle=True, seed=seed)
+    return learned_matching(spec, model, sd_a, sd_b, shuffled, steps=learned_steps, seed=seed)
+
+
+def _instance(template: nn.Module, sd: StateDict) -> nn.Module:
+    import copy
+
+    m = copy.deepcopy(template)
+    m.load_state_dict(sd)
+    return m.eval()
+
+
+def compare_alignments(
+    model: nn.Module,
+    sd_a: StateDict,
+    sd_b: StateDict,
+    bundle: DatasetBundle,
+    methods: Sequence[str] = ("naive", "weight", "activation"),
+    *,
+    lambdas: int = 25,
+    bn: str = "reset",
+    seed: int = 0,
+    batch_size: int = 512,
+    eval_limit: int | None = None,
+    learned_steps: int = 300,
+    on_step: Callable[[str], None] | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> Comparison:
+    """Align B to A with each method, evaluate the linear path on train and test, merge at λ=½.
+
+    ``eval_limit`` evaluates on the first examples of each split only (quick runs). BatchNorm statistics
+    are re-estimated on the training loader (``bn``). Returns a :class:`Comparison`.
+    """
+    methods = check_methods(methods)
+    x0 = bundle.train.tensors[0][:2]
+    spec = symmetry_spec(model, x0)
+    train_eval, test_eval = bundle.train, bundle.test
+    if eval_limit is not None:
+        train_eval = torch.utils.data.Subset(bundle.train, range(min(eval_limit, len(bundle.train))))
+        test_eval = torch.utils.data.Subset(bundle.test, range(min(eval_limit, len(bundle.test))))
+    loaders = {"train": make_loader(train_eval, batch_size), "test": make_loader(test_eval, batch_size)}
+    bn_loader = make_loader(bundle.train, batch_size, shuffle=True, seed=seed)
+    result = Comparison(spec=spec)
+    for method in methods:
+        if on_step:
+            on_step(f"aligning: {METHOD_LABELS[method]}")
+        res = align(method, spec, model, sd_a, sd_b, bundle, seed=seed, learned_steps=learned_steps)
+        sd_b_aligned = dict(sd_b) if res is None else res.apply(sd_b)
+        result.alignments[method] = res
+        result.aligned_b[method] = sd_b_aligned
+        if on_step:
+            on_step(f"evaluating path: {METHOD_LABELS[method]}")
+        result.curves[method] = evaluate_path(
+            model, sd_a, sd_b_aligned, loaders, lambdas=lambdas, bn=bn, bn_loader=bn_loader, bn_batches=20,
+            spec=spec, progress=progress,
+        )
+        merged = merge([sd_a, sd_b_aligned], model=model, bn=bn, bn_loader=bn_loader, bn_batches=20, spec=spec)
+        m = _instance(model, merged)
+        result.merged[method] = {s: evaluate_model(m, ld) for s, ld in loaders.items()}
+    return result

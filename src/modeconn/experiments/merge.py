@@ -1,0 +1,62 @@
+"""`modeconn merge`: align checkpoints to the first, average, fix BatchNorm (reset or REPAIR), save."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Callable, Sequence
+
+from ..data import load_dataset, make_loader
+from ..errors import ConfigError
+from ..io import read_config, save_checkpoint
+from ..match import activation_matching, weight_matching
+from ..path import evaluate_model, merge
+from ..path.batchnorm import check_bn_policy
+from ..symmetry import symmetry_spec
+from .checkpoints import example_input, load_same_architecture
+
+ALIGN_CHOICES = ("weight", "activation", "none")
+
+
+def run_merge(paths: Sequence[Path], out: Path, *, weights: Sequence[float] | None = None, align_method: str = "weight",
+              bn: str = "reset", dataset: str | None = None, data: Path | None = None, limit_train: int | None = None,
+              seed: int = 0, overwrite: bool = False, log: Callable[[str], None] = print):
+    """Merge checkpoint directories; returns (output path, test metrics or {})."""
+    if align_method not in ALIGN_CHOICES:
+        raise ConfigError(f"unknown --align {align_method!r}; valid: {', '.join(ALIGN_CHOICES)}")
+    check_bn_policy(bn)
+    if len(paths) < 2:
+        raise ConfigError("merge needs at least two checkpoints")
+    if weights is not None and len(weights) != len(paths):
+        raise ConfigError(f"--weights has {len(weights)} entries for {len(paths)} models")
+    configs = [read_config(p) for p in paths]
+    name = dataset or configs[0].get("dataset")
+    if name is None and (bn == "repair" or align_method == "activation"):
+        raise ConfigError(f"--bn {bn} / --align {align_method} need a dataset; pass --dataset")
+    models, configs = load_same_architecture(paths)
+    bundle = load_dataset(name, data, limit_train=limit_train) if name else None
+    x0 = bundle.train.tensors[0][:2] if bundle is not None else example_input(configs[0])
+    spec = symmetry_spec(models[0], x0)
+    sds = [models[0].state_dict()]
+    for p, m in zip(paths[1:], models[1:]):
+        if align_method == "none":
+            sds.append(m.state_dict())
+            continue
+        log(f"aligning {p} to {paths[0]} ({align_method} matching)")
+        if align_method == "weight":
+            res = weight_matching(spec, sds[0], m.state_dict(), seed=seed)
+        else:
+            res = activation_matching(spec, models[0], m, make_loader(bundle.train, 512))
+        sds.append(res.apply(m.state_dict()))
+    bn_loader = make_loader(bundle.train, 512, shuffle=True, seed=seed) if bundle is not None else None
+    log(f"averaging {len(sds)} models (bn={bn})")
+    merged = merge(sds, weights, model=models[0] if bundle is not None else None, bn=bn, bn_loader=bn_loader,
+                   bn_batches=20, spec=spec)
+    result = copy.deepcopy(models[0])
+    result.load_state_dict(merged)
+    metrics = {"test": evaluate_model(result, make_loader(bundle.test, 512))} if bundle is not None else {}
+    extra = {"merged_from": [str(p) for p in paths], "weights": weights, "align": align_method, "bn": bn}
+    if name:
+        extra["dataset"] = name
+    path = save_checkpoint(out, result, config=extra, metrics=metrics or None, overwrite=overwrite)
+    return path, metrics

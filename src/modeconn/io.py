@@ -1,0 +1,399 @@
+"""Checkpoint directories in the Hugging Face layout, written atomically and loaded without executing code.
+
+A checkpoint is a directory::
+
+    config.json          {"modeconn_version", "format_version", "architecture", "kwargs", ...extra metadata}
+    model.safetensors    the state dict (parameters and buffers), metadata {"format": "pt"}
+    metrics.json         optional (training history, test metrics)
+
+Writes go to a temporary sibling (file or directory) that is renamed into place with ``os.replace`` /
+``os.rename``, so a reader never sees a half-written checkpoint and a crash leaves the target untouched.
+Loading only reads safetensors (or, with ``allow_pickle=True``, ``torch.load(weights_only=True)``), so an
+untrusted checkpoint cannot run code. Every failure raises a :mod:`modeconn.errors` exception naming the file.
+
+Dependency note: ``io`` imports :mod:`modeconn.models` (to rebuild architectures by name); models never
+import ``io``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import nn
+
+from .errors import CheckpointError, ConfigError, StateDictMismatchError
+from .models import MODELS, build_model, model_config
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+METRICS_NAME = "metrics.json"
+FORMAT_VERSION = 1
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+"""File suffixes treated as pickle-based weight files: never unpickled unless ``allow_pickle=True``."""
+
+_RESERVED_KEYS = ("architecture", "kwargs", "modeconn_version", "format_version")
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("modeconn")
+    except Exception:  # pragma: no cover - not installed (source checkout on sys.path)
+        return "unknown"
+
+
+# --------------------------------------------------------------------------------------------- helpers
+
+
+def _json_dumps(obj: Any, what: str) -> str:
+    """JSON text of ``obj``; NaN/Inf floats become ``null`` (strict JSON), 1-element tensors become numbers."""
+
+    def clean(x: Any) -> Any:
+        if isinstance(x, float) and not math.isfinite(x):
+            return None
+        if isinstance(x, Mapping):
+            return {str(k): clean(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [clean(v) for v in x]
+        if isinstance(x, torch.Tensor) and x.numel() == 1:
+            return clean(x.item())
+        if isinstance(x, Path):
+            return str(x)
+        return x
+
+    try:
+        return json.dumps(clean(obj), indent=2, sort_keys=False, allow_nan=False) + "\n"
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"{what} is not JSON-serialisable: {err}") from None
+
+
+def _fsync_write(path: Path, data: bytes) -> None:
+    with open(path, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def _prepare_state_dict(state_dict: Mapping[str, Any], where: str) -> dict[str, torch.Tensor]:
+    """Detached, contiguous CPU tensors; tensors sharing storage with an earlier one are cloned.
+
+    safetensors refuses aliased tensors (tied weights, views); on load each key gets its own copy, and
+    ``load_state_dict`` into a model with tied parameters writes the same values twice.
+    """
+    out: dict[str, torch.Tensor] = {}
+    seen_storages: set[int] = set()
+    for key, value in state_dict.items():
+        if not isinstance(key, str):
+            raise CheckpointError(f"{where}: state dict key {key!r} is not a string")
+        if not isinstance(value, torch.Tensor):
+            raise CheckpointError(f"{where}: value for key {key!r} is a {type(value).__name__}, not a tensor")
+        t = value.detach().to("cpu")
+        if t.numel() > 0:
+            ptr = t.untyped_storage().data_ptr()
+            if ptr in seen_storages or not t.is_contiguous():
+                t = t.clone(memory_format=torch.contiguous_format)
+            else:
+                seen_storages.add(ptr)
+        out[key] = t.contiguous()
+    return out
+
+
+def _check_not_pickle(path: Path) -> None:
+    if path.suffix.lower() in PICKLE_SUFFIXES:
+        raise CheckpointError(
+            f"{path}: pickle-based weight files ({', '.join(PICKLE_SUFFIXES)}) are not loaded because "
+            "unpickling can execute arbitrary code; convert it to .safetensors"
+        )
+
+
+# --------------------------------------------------------------------------------------- state dicts
+
+
+def save_state_dict(
+    path: str | os.PathLike, state_dict: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None = None
+) -> Path:
+    """Write ``state_dict`` to a ``.safetensors`` file atomically (temp file in the same dir + ``os.replace``).
+
+    Tensors are detached, moved to CPU and made contiguous; aliased tensors are stored as separate copies.
+    ``metadata`` (str → str) goes into the safetensors header, with ``{"format": "pt"}`` added.
+
+    Returns:
+        The path written.
+
+    Raises:
+        CheckpointError: ``path`` is not a ``.safetensors`` file name, a value is not a tensor, or writing fails.
+        ConfigError: metadata keys/values are not strings.
+    """
+    path = Path(path)
+    if path.suffix != ".safetensors":
+        raise CheckpointError(f"{path}: state dicts are saved as .safetensors files only")
+    meta = {"format": "pt"}
+    for k, v in (metadata or {}).items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise ConfigError(f"safetensors metadata must map str to str; got {k!r}: {v!r}")
+        meta[k] = v
+    tensors = _prepare_state_dict(state_dict, str(path))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        save_file(tensors, tmp, metadata=meta)
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException as err:
+        Path(tmp).unlink(missing_ok=True)
+        if isinstance(err, Exception) and not isinstance(err, CheckpointError):
+            raise CheckpointError(f"{path}: writing safetensors failed: {err}") from err
+        raise
+    return path
+
+
+def _open_safetensors_header(path: Path) -> dict[str, tuple[int, ...]]:
+    """Keys → shapes from the safetensors header; validates that the file is complete.
+
+    Raises:
+        CheckpointError: missing, pickle, truncated or corrupt file (named in the message).
+    """
+    _check_not_pickle(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: weights file not found")
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    except Exception as err:
+        raise CheckpointError(f"{path}: not a valid safetensors file (truncated or corrupt?): {err}") from None
+
+
+def load_state_dict(path: str | os.PathLike, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+    """Read a ``.safetensors`` file into ``{key: tensor}`` on ``device``. Never unpickles anything.
+
+    Raises:
+        CheckpointError: the file is missing, is a pickle format (``.bin``, ``.pt``, ``.pth``, ``.ckpt``,
+            ``.pkl``), or is truncated/corrupt; the message names the file.
+    """
+    path = Path(path)
+    _open_safetensors_header(path)
+    try:
+        out: dict[str, torch.Tensor] = {}
+        with safe_open(str(path), framework="pt", device=str(device)) as f:
+            for k in f.keys():
+                out[k] = f.get_tensor(k)
+        return out
+    except Exception as err:
+        raise CheckpointError(f"{path}: reading tensors failed (truncated or corrupt?): {err}") from None
+
+
+def _load_pickle_weights(path: Path, device: str | torch.device) -> dict[str, torch.Tensor]:
+    try:
+        sd = torch.load(path, map_location=device, weights_only=True)
+    except Exception as err:
+        raise CheckpointError(f"{path}: torch.load(weights_only=True) refused or failed: {err}") from None
+    if isinstance(sd, Mapping) and "state_dict" in sd and isinstance(sd["state_dict"], Mapping):
+        sd = sd["state_dict"]
+    if not isinstance(sd, Mapping) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
+        raise CheckpointError(f"{path}: does not contain a flat state dict of tensors")
+    return dict(sd)
+
+
+# ------------------------------------------------------------------------------------------ checkpoints
+
+
+def _check_target(path: Path, overwrite: bool) -> None:
+    if path.exists() and not path.is_dir():
+        raise CheckpointError(f"{path}: exists and is not a directory; refusing to replace it")
+    if path.is_dir() and any(path.iterdir()) and not overwrite:
+        raise CheckpointError(
+            f"{path}: checkpoint directory exists and is not empty; pass overwrite=True to replace it"
+        )
+
+
+def save_checkpoint(
+    path: str | os.PathLike,
+    model: nn.Module,
+    *,
+    config: Mapping[str, Any] | None = None,
+    metrics: Mapping[str, Any] | None = None,
+    overwrite: bool = False,
+) -> Path:
+    """Write a checkpoint directory for ``model`` (built by :func:`modeconn.models.build_model`).
+
+    ``config.json`` holds ``modeconn_version``, ``format_version``, ``architecture`` and ``kwargs`` (from
+    :func:`modeconn.models.model_config`) plus the entries of ``config`` (e.g. ``{"training": {...},
+    "dataset": "mnist"}``); ``model.safetensors`` holds ``model.state_dict()`` (buffers included);
+    ``metrics.json`` is written when ``metrics`` is given. Non-finite floats in JSON become ``null``.
+
+    The directory is assembled in a temporary sibling and renamed into place; an existing non-empty
+    target is only replaced with ``overwrite=True`` (and then swapped in, never partially rewritten).
+
+    Returns:
+        The checkpoint directory.
+
+    Raises:
+        CheckpointError: target exists (non-empty, without ``overwrite``) or is a file; writing fails.
+        ConfigError: ``model`` has no modeconn config; ``config`` overrides a reserved key
+            (architecture, kwargs, modeconn_version, format_version) or is not JSON-serialisable.
+    """
+    path = Path(path)
+    # Validate everything before touching the disk.
+    cfg: dict[str, Any] = {"modeconn_version": _version(), "format_version": FORMAT_VERSION, **model_config(model)}
+    for key, value in (config or {}).items():
+        if key in _RESERVED_KEYS:
+            raise ConfigError(f"save_checkpoint: config key {key!r} is reserved ({', '.join(_RESERVED_KEYS)})")
+        cfg[key] = value
+    config_text = _json_dumps(cfg, f"{path / CONFIG_NAME}")
+    metrics_text = _json_dumps(metrics, f"{path / METRICS_NAME}") if metrics is not None else None
+    _check_target(path, overwrite)
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    backup: Path | None = None
+    try:
+        _fsync_write(tmp / CONFIG_NAME, config_text.encode())
+        meta = {"modeconn_format_version": str(FORMAT_VERSION)}
+        save_state_dict(tmp / WEIGHTS_NAME, model.state_dict(), metadata=meta)
+        if metrics_text is not None:
+            _fsync_write(tmp / METRICS_NAME, metrics_text.encode())
+        _check_target(path, overwrite)  # re-check: another writer may have appeared meanwhile
+        if path.is_dir() and any(path.iterdir()):
+            # overwrite: move the old checkpoint aside, swap the new one in, then delete the old one
+            backup = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))
+            os.rename(path, backup / "ckpt")
+        os.replace(tmp, path)  # atomic; replaces an empty directory on POSIX
+    except BaseException as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if backup is not None and (backup / "ckpt").exists() and not path.exists():
+            os.rename(backup / "ckpt", path)
+        if backup is not None:
+            shutil.rmtree(backup, ignore_errors=True)
+        if isinstance(err, OSError):
+            raise CheckpointError(f"{path}: writing checkpoint failed: {err}") from err
+        raise
+    if backup is not None:
+        shutil.rmtree(backup, ignore_errors=True)
+    return path
+
+
+def read_config(path: str | os.PathLike) -> dict[str, Any]:
+    """The parsed ``config.json`` of a checkpoint directory (or the path of a config.json file itself).
+
+    Raises:
+        CheckpointError: missing file, invalid JSON, not a JSON object, or missing/ill-typed
+            ``architecture`` (str) / ``kwargs`` (object).
+    """
+    path = Path(path)
+    cfg_path = path / CONFIG_NAME if path.is_dir() or path.suffix != ".json" else path
+    if not cfg_path.is_file():
+        raise CheckpointError(f"{cfg_path}: config file not found")
+    try:
+        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"{cfg_path}: invalid JSON: {err}") from None
+    if not isinstance(cfg, dict):
+        raise CheckpointError(f"{cfg_path}: expected a JSON object, got {type(cfg).__name__}")
+    if not isinstance(cfg.get("architecture"), str):
+        raise CheckpointError(
+            f"{cfg_path}: missing or non-string 'architecture'; valid architectures: {', '.join(MODELS.names())}"
+        )
+    if not isinstance(cfg.get("kwargs"), dict):
+        raise CheckpointError(f"{cfg_path}: missing 'kwargs' object (the architecture's constructor arguments)")
+    return cfg
+
+
+def check_state_dict_compatible(
+    expected: Mapping[str, tuple[int, ...]], found: Mapping[str, tuple[int, ...]], where: str
+) -> None:
+    """Compare key → shape maps.
+
+    Raises:
+        StateDictMismatchError: listing missing keys, unexpected keys and every shape difference
+            (``key: expected (a, b) vs found (c, d)``), naming ``where``.
+    """
+    missing = sorted(set(expected) - set(found))
+    unexpected = sorted(set(found) - set(expected))
+    shapes = [
+        f"{k}: model expects {tuple(expected[k])}, file has {tuple(found[k])}"
+        for k in sorted(set(expected) & set(found))
+        if tuple(expected[k]) != tuple(found[k])
+    ]
+    if missing or unexpected or shapes:
+        parts = []
+        if missing:
+            parts.append(f"missing keys: {', '.join(missing)}")
+        if unexpected:
+            parts.append(f"unexpected keys: {', '.join(unexpected)}")
+        if shapes:
+            parts.append("shape mismatches: " + "; ".join(shapes))
+        raise StateDictMismatchError(f"{where}: weights do not match the model: " + " | ".join(parts))
+
+
+def load_checkpoint(
+    path: str | os.PathLike, device: str | torch.device = "cpu", *, allow_pickle: bool = False
+) -> tuple[nn.Module, dict[str, Any]]:
+    """Rebuild the model of a checkpoint directory and load its weights; returns ``(model, config)``.
+
+    Checks run before any tensor is read: the directory and ``config.json`` exist and parse, the
+    architecture is registered and its kwargs validate, ``model.safetensors`` exists and its header is
+    complete, and its keys/shapes match the rebuilt model. The model is returned on ``device`` in eval mode.
+
+    Args:
+        allow_pickle: if there is no ``model.safetensors`` but a pickle weights file (``pytorch_model.bin``,
+            ``model.pt`` ...), load it with ``torch.load(weights_only=True)`` (which refuses arbitrary
+            objects). Default False: pickles are refused.
+
+    Raises:
+        CheckpointError: missing directory/config/weights, invalid JSON, pickle weights (without
+            ``allow_pickle``), truncated or corrupt safetensors (the file is named).
+        ConfigError: unknown architecture or invalid kwargs in config.json (valid choices listed).
+        StateDictMismatchError: missing/unexpected keys or shape differences (both shapes given).
+    """
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"{path}: checkpoint directory not found")
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: a checkpoint is a directory with {CONFIG_NAME} and {WEIGHTS_NAME}")
+    cfg = read_config(path)
+    try:
+        MODELS.get(cfg["architecture"])
+        # build on the meta device: validates kwargs and gives expected shapes without allocating memory
+        with torch.device("meta"):
+            probe = build_model(cfg["architecture"], **cfg["kwargs"])
+    except ConfigError as err:
+        raise ConfigError(f"{path / CONFIG_NAME}: {err}") from None
+    expected = {k: tuple(v.shape) for k, v in probe.state_dict().items()}
+    del probe
+
+    weights = path / WEIGHTS_NAME
+    pickles = sorted(p for p in path.iterdir() if p.suffix.lower() in PICKLE_SUFFIXES)
+    if weights.is_file():
+        found = _open_safetensors_header(weights)
+        check_state_dict_compatible(expected, found, str(weights))
+        state = load_state_dict(weights, device=device)
+    elif pickles and not allow_pickle:
+        raise CheckpointError(
+            f"{path}: no {WEIGHTS_NAME}, only pickle weights ({', '.join(p.name for p in pickles)}); pickles are "
+            "not loaded because unpickling can execute arbitrary code. Convert to safetensors, or pass "
+            "allow_pickle=True to load with torch.load(weights_only=True)"
+        )
+    elif pickles:
+        state = _load_pickle_weights(pickles[0], device)
+        check_state_dict_compatible(expected, {k: tuple(v.shape) for k, v in state.items()}, str(pickles[0]))
+    else:
+        raise CheckpointError(f"{path}: weights file {WEIGHTS_NAME} not found")
+
+    # seed=0: initial values are overwritten anyway; fork_rng keeps the caller's global RNG untouched
+    model = build_model(cfg["architecture"], seed=0, **cfg["kwargs"]).to(device)
+    model.load_state_dict(state, strict=True)
+    model.eval()
+    return model, cfg
