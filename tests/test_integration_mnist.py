@@ -46,7 +46,7 @@ def test_learned_matching_beats_naive_midpoint(mnist_pair):
     test = {"test": make_loader(bundle.test, 1000)}
     mid = lambda sd: mc.evaluate_path(a, sa, sd, test, lambdas=[0.0, 0.5, 1.0]).values("test")[1]  # noqa: E731
     assert mid(res.apply(sb)) < 0.5 * mid(sb)
-    assert len(res.history[0]) == 60 and all(l == l for l in res.history[0])
+    assert len(res.history[0]) == 60 and all(v == v for v in res.history[0])
 
 
 def test_repair_on_batchnorm_resnet(shared_data):

@@ -18,14 +18,6 @@ from modeconn.models import build_model, model_config
 from modeconn.models.resnet import ResNet
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _model(seed=0, **kw):
     opts = {"in_shape": (1, 8, 8), "num_classes": 3, "width": 0.25, **kw}
     return build_model("resnet20", seed=seed, **opts)

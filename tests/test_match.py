@@ -170,3 +170,17 @@ def test_learned_matching_planted():
     res = mc.learned_matching(spec, model, sd, sd_b, loader, steps=5, init=spec.identity())
     assert _recovered(spec, res, g)
     assert len(res.history[0]) == 5
+
+
+def test_greedy_start_beats_identity_start_on_independent_nets():
+    model, x = make("vgg-bn", seed=0)
+    other, _ = make("vgg-bn", seed=1)
+    spec = mc.symmetry_spec(model, x)
+    sa, sb = model.state_dict(), other.state_dict()
+    greedy = mc.weight_matching(spec, sa, sb, restarts=1)
+    ident = mc.weight_matching(spec, sa, sb, restarts=1, init="identity")
+    best = mc.weight_matching(spec, sa, sb, restarts=4)
+    assert greedy.objective >= ident.objective
+    assert best.objective >= max(greedy.objective, ident.objective) - 1e-6
+    with pytest.raises(mc.errors.ConfigError, match="init must be"):
+        mc.weight_matching(spec, sa, sb, init="random-ish")

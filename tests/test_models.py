@@ -23,14 +23,6 @@ from modeconn.models import (
 SHAPES = [(1, 8, 8), (1, 28, 28), (3, 32, 32)]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models gain nothing from intra-op threads; one thread avoids oversubscription on shared CPUs."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 # (architecture, tiny options) — every option that changes the module structure appears at least once
 CASES = [
     ("mlp", {"depth": 2, "width": 16}),

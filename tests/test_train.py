@@ -15,14 +15,6 @@ from modeconn.models import build_model
 from modeconn.train import TrainConfig, evaluate, fit, lr_factor, make_optimizer, make_scheduler, train_checkpoint
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _separable(n=384, in_shape=(1, 4, 4), k=3, seed=0) -> TensorDataset:
     """Gaussian inputs labelled by a random linear map: linearly separable."""
     g = torch.Generator().manual_seed(seed)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Optional
 
 import typer
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from .errors import ModeconnError
@@ -42,6 +44,21 @@ def _parse_kv(items: list[str], what: str) -> dict[str, Any]:
     return out
 
 
+@contextmanager
+def _path_progress():
+    """A rich progress bar fed by evaluate_path's ``progress(i, total)`` callback (one task per path)."""
+    with Progress(TextColumn("path points"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=True) as bar:
+        state: dict = {}
+
+        def update(i: int, total: int) -> None:
+            if i == 1 or "task" not in state:
+                state["task"] = bar.add_task("path", total=total)
+            bar.update(state["task"], completed=i)
+
+        yield update
+
+
 def _barrier_table(comparison, split: str = "test") -> Table:
     from .experiments.compare import METHOD_LABELS
 
@@ -65,9 +82,12 @@ def demo(
     seed_a: int = typer.Option(0, help="seed of model A"),
     seed_b: int = typer.Option(1, help="seed of model B"),
 ) -> None:
-    """The main job, offline: on scikit-learn's bundled digits, train two 3×512 MLPs from different seeds,
-    measure the naive barrier, align them with weight and activation matching, measure again, merge at the
-    midpoint; writes results.json, report.md, barrier.png and both checkpoints into --out."""
+    """The main job (offline): two MLPs on the bundled digits, naive vs aligned barriers, midpoint merge.
+
+    Trains two 3×512 MLPs from different seeds on scikit-learn's digits, measures the naive barrier,
+    aligns B to A with weight matching and with activation matching, measures again and merges at the
+    midpoint. Writes results.json, report.md, barrier.png and both checkpoints (models/A, models/B).
+    """
     from .experiments import run_demo
     from .experiments.output import default_out
 
@@ -115,7 +135,11 @@ def train(
     device: str = typer.Option("cpu", help="torch device, e.g. cpu or cuda"),
     overwrite: bool = typer.Option(False, help="replace a non-empty --out"),
 ) -> None:
-    """Train one model on a dataset and write a checkpoint directory."""
+    """Train one model on a dataset and write a checkpoint directory.
+
+    The directory holds config.json (architecture, kwargs, training config, dataset), model.safetensors
+    and metrics.json (per-epoch history, validation and test metrics).
+    """
     from .data import load_dataset
     from .models import validate_model_kwargs
     from .train import TrainConfig, train_checkpoint
@@ -167,8 +191,12 @@ def barrier(
     out: Optional[Path] = typer.Option(None, help="output directory (default runs/barrier-<time>)"),
     overwrite: bool = typer.Option(False, help="replace a non-empty --out"),
 ) -> None:
-    """Measure the loss barrier between two checkpoints, naively and after each alignment method; writes
-    results.json, report.md and barrier.png (loss/accuracy vs λ, train and test)."""
+    """Barriers between two checkpoints, naive and after each alignment method.
+
+    Evaluates loss and accuracy along the linear path on train and test for every --method, reports
+    barrier_mean, barrier_interp and peak (loss) and the error barriers, merges at λ=½, and writes
+    results.json, report.md and barrier.png.
+    """
     from .experiments.barrier import run_barrier
     from .experiments.compare import check_methods
     from .experiments.output import default_out
@@ -180,9 +208,10 @@ def barrier(
         check_bn_policy(bn)
         ma, mb, cfg = _load_pair(a, b)
         bundle = _dataset_for(cfg, dataset, data, limit_train)
-        comparison = run_barrier(out, ma, mb, bundle, method, bn=bn, lambdas=lambdas, eval_limit=eval_limit,
-                                 seed=seed, overwrite=overwrite, names=(str(a), str(b)),
-                                 log=lambda s: console.log(s))
+        with _path_progress() as progress:
+            comparison = run_barrier(out, ma, mb, bundle, method, bn=bn, lambdas=lambdas, eval_limit=eval_limit,
+                                     seed=seed, overwrite=overwrite, names=(str(a), str(b)),
+                                     log=lambda s: console.log(s), progress=progress)
     except ModeconnError as err:
         _fail(err)
     console.print(_barrier_table(comparison, "test"))
@@ -201,8 +230,11 @@ def align(
     seed: int = typer.Option(0),
     overwrite: bool = typer.Option(False, help="replace a non-empty --out"),
 ) -> None:
-    """Align B to A; the aligned B computes exactly the same function as B (checked) and is written as a
-    checkpoint directory."""
+    """Align B to A and write the aligned B as a checkpoint directory.
+
+    The aligned B computes the same function as B (checked on an input batch); alignment.json records
+    the group element, objective and timings.
+    """
     from .experiments.checkpoints import example_input
     from .experiments.compare import align as run_align, check_methods
     from .io import save_checkpoint
@@ -255,8 +287,11 @@ def merge(
     seed: int = typer.Option(0),
     overwrite: bool = typer.Option(False, help="replace a non-empty --out"),
 ) -> None:
-    """Merge checkpoints: align each to the first (optional), average with weights, fix BatchNorm
-    statistics (reset) or apply REPAIR, evaluate, and write a checkpoint directory."""
+    """Merge two or more checkpoints into one.
+
+    Aligns every model to the first (unless --align none), averages with --weights, re-estimates
+    BatchNorm statistics (reset) or applies REPAIR, evaluates on the test split and writes a checkpoint.
+    """
     from .experiments.merge import run_merge
 
     try:

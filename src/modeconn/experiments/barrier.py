@@ -8,9 +8,8 @@ from typing import Callable, Sequence
 
 import torch.nn as nn
 
-from ..data import DatasetBundle
+from ..data import DatasetBundle, make_loader
 from ..path import evaluate_model
-from ..data import make_loader
 from .compare import Comparison, compare_alignments
 from .output import output_directory
 from .reporting import write_comparison
@@ -19,12 +18,14 @@ from .reporting import write_comparison
 def run_barrier(out: str | Path, model_a: nn.Module, model_b: nn.Module, bundle: DatasetBundle,
                 methods: Sequence[str], *, bn: str = "reset", lambdas: int = 25, eval_limit: int | None = None,
                 seed: int = 0, overwrite: bool = False, names: tuple[str, str] = ("A", "B"),
-                log: Callable[[str], None] = print) -> Comparison:
+                log: Callable[[str], None] = print,
+                progress: Callable[[int, int], None] | None = None) -> Comparison:
     """Compare alignment methods on two models and write the report into ``out`` (atomically)."""
     start = time.perf_counter()
     with output_directory(out, overwrite) as tmp:
         comparison = compare_alignments(model_a, model_a.state_dict(), model_b.state_dict(), bundle, methods,
-                                        lambdas=lambdas, bn=bn, seed=seed, eval_limit=eval_limit, on_step=log)
+                                        lambdas=lambdas, bn=bn, seed=seed, eval_limit=eval_limit, on_step=log,
+                                        progress=progress)
         test = make_loader(bundle.test, 512)
         results = {
             "task": f"barrier between {names[0]} and {names[1]} on {bundle.name}",

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..symmetry import Element, SymmetrySpec
+from ..symmetry import SymmetrySpec
 
 
 @dataclass

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from ..checks import check_compatible, check_finite, check_one_device
 from ..errors import ConfigError
-from ..nn_utils import batch_inputs, batchnorm_modules, eval_mode, model_device
+from ..nn_utils import batchnorm_modules, eval_mode, model_device
 from ..symmetry import SymmetrySpec, symmetry_spec
 from .batchnorm import check_bn_policy, fixed_batches, reset_bn_stats
 from .curve import Curve
