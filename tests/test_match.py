@@ -184,3 +184,15 @@ def test_greedy_start_beats_identity_start_on_independent_nets():
     assert best.objective >= max(greedy.objective, ident.objective) - 1e-6
     with pytest.raises(mc.errors.ConfigError, match="init must be"):
         mc.weight_matching(spec, sa, sb, init="random-ish")
+
+
+def test_activation_identity_ratio():
+    model, x = make("mlp")
+    spec = mc.symmetry_spec(model, x)
+    loader = [(torch.randn(64, *x.shape[1:], generator=torch.Generator().manual_seed(0)), torch.zeros(64))]
+    same = mc.activation_matching(spec, model, copy.deepcopy(model), loader)
+    assert all(r == pytest.approx(1.0) for r in same.stats["identity_ratio"].values())
+    permuted = copy.deepcopy(model)
+    permuted.load_state_dict(spec.apply(model.state_dict(), spec.random_element(seed=3)))
+    moved = mc.activation_matching(spec, model, permuted, loader)
+    assert all(r < 0.5 for r in moved.stats["identity_ratio"].values())

@@ -103,7 +103,9 @@ def activation_matching(
         loader: iterable of batches ``x`` or ``(x, y, ...)``; ``x`` as the model takes it.
         max_batches: use only the first batches (default: the whole loader).
     Returns: :class:`Alignment` whose ``objective`` is the total matched correlation and ``stats`` hold
-        per-space mean matched correlation, samples seen and timings.
+        per-space mean matched correlation, ``identity_ratio`` (objective of the identity permutation /
+        optimal objective, per space: → 1 when the units are already aligned, the neuron-identifiability
+        proxy), samples seen and timings.
     Raises: SpecError if a space has no probe (hand-written spec), StateDictMismatchError if the models
         do not fit the spec, ConfigError for an empty loader.
     """
@@ -136,7 +138,7 @@ def activation_matching(
     if batches == 0:
         raise ConfigError("activation_matching got an empty loader")
     timer = LapTimer()
-    element, objective, per_space = {}, 0.0, {}
+    element, objective, per_space, identity_ratio = {}, 0.0, {}, {}
     for s in spec.spaces:
         corr = sum(stats[(s, i)].correlation() for i in range(len(spec.probes[s])))
         perm = solve_lap(corr, s, timer)
@@ -144,6 +146,7 @@ def activation_matching(
         element[s] = perm
         objective += matched
         per_space[s] = matched / (len(perm) * len(spec.probes[s]))
+        identity_ratio[s] = float(corr.diagonal().sum()) / matched if matched > 0 else None
     return Alignment(
         method="activation",
         spec=spec,
@@ -152,6 +155,7 @@ def activation_matching(
         history=[[objective]],
         stats={
             "mean_matched_correlation": per_space,
+            "identity_ratio": identity_ratio,
             "batches": batches,
             "seconds": time.perf_counter() - start,
             "lap_seconds": timer.seconds,
