@@ -292,3 +292,18 @@ def test_load_to_device_string(tmp_path):
     ckpt = save_checkpoint(tmp_path / "ckpt", _model())
     model, _ = load_checkpoint(ckpt, device=torch.device("cpu"))
     assert all(p.device.type == "cpu" for p in model.parameters())
+
+
+def test_asymmetric_checkpoint_digest_also_checked_for_pickle_weights(tmp_path):
+    model = _model(asymmetric={"sigma_f": 1.0, "mask_seed": 2})
+    ckpt = save_checkpoint(tmp_path / "ckpt", model)
+    sd = load_state_dict(ckpt / "model.safetensors")
+    (ckpt / "model.safetensors").unlink()
+    torch.save(sd, ckpt / "model.pt")
+    loaded, cfg = load_checkpoint(ckpt, allow_pickle=True)
+    _assert_same_state(model, loaded)
+    sd["head.fixed_mask"][0, 0] = 1 - sd["head.fixed_mask"][0, 0]  # flip one mask entry
+    torch.save(sd, ckpt / "model.pt")
+    with pytest.raises(CheckpointError, match="fixed_structure_digest mismatch") as err:
+        load_checkpoint(ckpt, allow_pickle=True)
+    assert "model.pt" in str(err.value) and cfg["fixed_structure_digest"] in str(err.value)

@@ -192,3 +192,24 @@ def test_helpers():
         make_norm("groupnorm", 4, 2)
     with pytest.raises(ConfigError, match="dims"):
         make_norm("none", 4, 3)
+
+
+# ------------------------------------------------------------------ the asymmetric option (W-asymmetric layers)
+
+
+@pytest.mark.parametrize("arch", sorted(MODELS.names()))
+def test_every_architecture_takes_the_asymmetric_option(arch):
+    from modeconn.models import validate_model_kwargs
+
+    tiny = {"mlp": {"depth": 1, "width": 8}, "vgg": {"layout": [4, "M"], "classifier_widths": ()},
+            "resnet20": {"width": 0.25}, "cnn": {"channels": (4,), "hidden": ()}}.get(arch, {})
+    base = {"in_shape": (1, 8, 8), "num_classes": 3, **tiny}
+    # left at None, the option is not recorded (configs written before it existed stay identical)
+    assert "asymmetric" not in validate_model_kwargs(arch, base)
+    resolved = validate_model_kwargs(arch, {**base, "asymmetric": {"num_fixed": 1, "mask_seed": 4}})
+    assert resolved["asymmetric"] == {"sigma_f": 1.0, "num_fixed": 1, "density": None, "mask_seed": 4, "layers": "all"}
+    model = build_model(arch, seed=0, **base, asymmetric={"num_fixed": 1, "mask_seed": 4})
+    assert any(hasattr(m, "fixed_mask") for m in model.modules())
+    assert model(torch.zeros(2, 1, 8, 8)).shape == (2, 3)
+    with pytest.raises(ConfigError, match="sigma_f"):
+        build_model(arch, **base, asymmetric={"sigma_f": -1.0})

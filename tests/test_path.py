@@ -156,3 +156,22 @@ def test_repair_matches_target_statistics(arch):
     err = [float(((stats_m[p][1] - 0.5 * (stats_a[p][1] + stats_b[p][1])).abs()
                   / (0.5 * (stats_a[p][1] + stats_b[p][1]) + 1e-3)).mean()) for p, _ in points]
     assert np.mean(err) < 0.15, err
+
+
+def test_asymmetric_models_share_fixed_structure_exactly():
+    from modeconn.models import build_model
+
+    def asym(seed, mask_seed):
+        return build_model("mlp", in_shape=(1, 6, 6), num_classes=5, seed=seed, depth=2, width=16,
+                           asymmetric={"sigma_f": 1.0, "num_fixed": 4, "mask_seed": mask_seed})
+
+    a, b, other = asym(0, 7), asym(1, 7), asym(1, 8)
+    mid = interpolate(a.state_dict(), b.state_dict(), 0.37)
+    for k, v in mid.items():
+        if k.endswith(("fixed_offsets", "fixed_mask")):
+            assert torch.equal(v, a.state_dict()[k]), "shared F/D must stay bit-exact"
+    loader = _loader((1, 6, 6))
+    with pytest.raises(ConfigError, match="fixed structure .*mask_seed"):
+        mc.evaluate_path(a, a.state_dict(), other.state_dict(), loader, lambdas=3)
+    with pytest.raises(ConfigError, match="fixed structure"):
+        mc.merge([a.state_dict(), other.state_dict()], model=a)

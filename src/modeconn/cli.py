@@ -308,5 +308,40 @@ def merge(
     console.print(f"[bold green]merged checkpoint written to[/] {path.resolve()}")
 
 
+@app.command()
+def experiment(
+    name: str = typer.Argument(..., help="identifiability-sigma, identifiability-k, identifiability-coherence, "
+                                         "identifiability-resnet"),
+    quick: bool = typer.Option(False, help="the small CI size (minutes on 2 cores) instead of the full size"),
+    pairs: Optional[int] = typer.Option(None, min=1, help="model pairs per setting (default: 1 quick, 3 full)"),
+    epochs: Optional[int] = typer.Option(None, min=1, help="training epochs per model (default per experiment)"),
+    data: Optional[Path] = typer.Option(None, help=DATA_HELP),
+    out: Optional[Path] = typer.Option(None, help="output directory (default runs/<name>-<time>)"),
+    overwrite: bool = typer.Option(False, help="replace a non-empty --out"),
+) -> None:
+    """Run a named experiment; writes results.json, report.md and summary.png.
+
+    The identifiability experiments (METHODS.md §1) train pairs of W-asymmetric and standard networks and
+    report unaligned vs weight-matched barriers, the identity/optimal activation-matching ratio, accuracy,
+    swap costs (k sweep) and subspace coherence (coherence sweep), mean ± std over pairs.
+    """
+    from .experiments.identifiability import EXPERIMENTS, run_identifiability
+    from .experiments.output import default_out
+
+    try:
+        if name not in EXPERIMENTS:
+            raise ModeconnError(f"unknown experiment {name!r}; valid: {', '.join(EXPERIMENTS)}")
+        out = out or default_out(name)
+        with console.status(f"running {name}"):
+            results = run_identifiability(name, out, quick=quick, pairs=pairs, epochs=epochs, data=data,
+                                          overwrite=overwrite, log=lambda s: console.log(s))
+    except ModeconnError as err:
+        _fail(err)
+    from .experiments.identifiability import report
+
+    console.print(report(results).split("![summary]")[0])
+    console.print(f"[bold green]outputs written to[/] {out.resolve()}  (report.md, results.json, summary.png)")
+
+
 def main() -> None:  # pragma: no cover - entry point
     app()

@@ -2,7 +2,8 @@
 
 A checkpoint is a directory::
 
-    config.json          {"modeconn_version", "format_version", "architecture", "kwargs", ...extra metadata}
+    config.json          {"modeconn_version", "format_version", "architecture", "kwargs",
+                          "fixed_structure_digest" (only for models with W-asymmetric layers), ...extra metadata}
     model.safetensors    the state dict (parameters and buffers), metadata {"format": "pt"}
     metrics.json         optional (training history, test metrics)
 
@@ -10,6 +11,15 @@ Writes go to a temporary sibling (file or directory) that is renamed into place 
 ``os.rename``, so a reader never sees a half-written checkpoint and a crash leaves the target untouched.
 Loading only reads safetensors (or, with ``allow_pickle=True``, ``torch.load(weights_only=True)``), so an
 untrusted checkpoint cannot run code. Every failure raises a :mod:`modeconn.errors` exception naming the file.
+
+Fixed random structure (W-asymmetric layers, :mod:`modeconn.models.asymmetric`): their offsets F and
+masks D are buffers in ``model.safetensors``; ``config.json`` records ``fixed_structure_digest`` (sha256 over
+those buffers, :func:`modeconn.models.fixed_structure_digest`). :func:`load_checkpoint` checks twice:
+the loaded buffers must hash to the recorded digest (catches an edited/corrupted weights file or a
+config from another run), and they must equal the F, D that rebuilding the model from ``config.json``
+(``asymmetric.mask_seed``) generates (catches a config that does not describe the weights, or a PyTorch
+whose random streams differ; ``verify_fixed_structure=False`` skips only this second check and keeps the
+file's buffers).
 
 Dependency note: ``io`` imports :mod:`modeconn.models` (to rebuild architectures by name); models never
 import ``io``.
@@ -32,7 +42,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from .errors import CheckpointError, ConfigError, StateDictMismatchError
-from .models import MODELS, build_model, model_config
+from .models import MODELS, build_model, fixed_structure_digest, fixed_structure_keys, model_config
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -41,7 +51,10 @@ FORMAT_VERSION = 1
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 """File suffixes treated as pickle-based weight files: never unpickled unless ``allow_pickle=True``."""
 
-_RESERVED_KEYS = ("architecture", "kwargs", "modeconn_version", "format_version")
+DIGEST_KEY = "fixed_structure_digest"
+"""config.json entry holding the sha256 of the fixed-structure buffers (asymmetric models only)."""
+
+_RESERVED_KEYS = ("architecture", "kwargs", "modeconn_version", "format_version", DIGEST_KEY)
 
 
 def _version() -> str:
@@ -233,6 +246,8 @@ def save_checkpoint(
     :func:`modeconn.models.model_config`) plus the entries of ``config`` (e.g. ``{"training": {...},
     "dataset": "mnist"}``); ``model.safetensors`` holds ``model.state_dict()`` (buffers included);
     ``metrics.json`` is written when ``metrics`` is given. Non-finite floats in JSON become ``null``.
+    For a model with W-asymmetric layers ``config.json`` also gets ``fixed_structure_digest`` (sha256 of
+    the fixed offsets/masks, checked by :func:`load_checkpoint`).
 
     The directory is assembled in a temporary sibling and renamed into place; an existing non-empty
     target is only replaced with ``overwrite=True`` (and then swapped in, never partially rewritten).
@@ -252,6 +267,8 @@ def save_checkpoint(
         if key in _RESERVED_KEYS:
             raise ConfigError(f"save_checkpoint: config key {key!r} is reserved ({', '.join(_RESERVED_KEYS)})")
         cfg[key] = value
+    if fixed_structure_keys(model):
+        cfg[DIGEST_KEY] = fixed_structure_digest(model)
     config_text = _json_dumps(cfg, f"{path / CONFIG_NAME}")
     metrics_text = _json_dumps(metrics, f"{path / METRICS_NAME}") if metrics is not None else None
     _check_target(path, overwrite)
@@ -338,8 +355,43 @@ def check_state_dict_compatible(
         raise StateDictMismatchError(f"{where}: weights do not match the model: " + " | ".join(parts))
 
 
+def _check_fixed_structure(
+    where: Path, cfg: Mapping[str, Any], state: Mapping[str, torch.Tensor], keys: list[str]
+) -> None:
+    """The loaded fixed-structure buffers hash to the digest recorded in config.json.
+
+    Raises:
+        CheckpointError: naming ``where`` and both digests on a mismatch; a digest without fixed buffers in
+            the model, or fixed buffers without a recorded digest.
+    """
+    recorded = cfg.get(DIGEST_KEY)
+    if not keys:
+        if recorded is not None:
+            raise CheckpointError(
+                f"{where}: config.json records a {DIGEST_KEY} but architecture {cfg['architecture']!r} with these "
+                "kwargs has no fixed-structure (W-asymmetric) layers; config.json was edited or belongs elsewhere"
+            )
+        return
+    if not isinstance(recorded, str):
+        raise CheckpointError(
+            f"{where}: the model has fixed-structure buffers ({len(keys)}, e.g. {keys[0]!r}) but config.json "
+            f"records no {DIGEST_KEY}; cannot verify the fixed offsets/masks"
+        )
+    actual = fixed_structure_digest(state, keys)
+    if actual != recorded:
+        raise CheckpointError(
+            f"{where}: {DIGEST_KEY} mismatch: config.json records {recorded}, the fixed buffers in the weights "
+            f"file hash to {actual} (fixed offsets/masks modified, corrupted or from another run; keys: "
+            f"{', '.join(keys)})"
+        )
+
+
 def load_checkpoint(
-    path: str | os.PathLike, device: str | torch.device = "cpu", *, allow_pickle: bool = False
+    path: str | os.PathLike,
+    device: str | torch.device = "cpu",
+    *,
+    allow_pickle: bool = False,
+    verify_fixed_structure: bool = True,
 ) -> tuple[nn.Module, dict[str, Any]]:
     """Rebuild the model of a checkpoint directory and load its weights; returns ``(model, config)``.
 
@@ -351,10 +403,15 @@ def load_checkpoint(
         allow_pickle: if there is no ``model.safetensors`` but a pickle weights file (``pytorch_model.bin``,
             ``model.pt`` ...), load it with ``torch.load(weights_only=True)`` (which refuses arbitrary
             objects). Default False: pickles are refused.
+        verify_fixed_structure: for W-asymmetric models, also require the file's fixed offsets/masks to
+            equal those regenerated from config.json's ``asymmetric.mask_seed`` (default True). The digest
+            check always runs. With False a mismatch is accepted and the file's buffers are used.
 
     Raises:
         CheckpointError: missing directory/config/weights, invalid JSON, pickle weights (without
-            ``allow_pickle``), truncated or corrupt safetensors (the file is named).
+            ``allow_pickle``), truncated or corrupt safetensors (the file is named); for W-asymmetric
+            models: ``fixed_structure_digest`` mismatch (both digests given) or missing, or fixed buffers
+            that differ from those the config regenerates (keys named).
         ConfigError: unknown architecture or invalid kwargs in config.json (valid choices listed).
         StateDictMismatchError: missing/unexpected keys or shape differences (both shapes given).
     """
@@ -372,6 +429,7 @@ def load_checkpoint(
     except ConfigError as err:
         raise ConfigError(f"{path / CONFIG_NAME}: {err}") from None
     expected = {k: tuple(v.shape) for k, v in probe.state_dict().items()}
+    fixed_keys = fixed_structure_keys(probe)
     del probe
 
     weights = path / WEIGHTS_NAME
@@ -392,8 +450,21 @@ def load_checkpoint(
     else:
         raise CheckpointError(f"{path}: weights file {WEIGHTS_NAME} not found")
 
+    _check_fixed_structure(weights if weights.is_file() else pickles[0], cfg, state, fixed_keys)
+
     # seed=0: initial values are overwritten anyway; fork_rng keeps the caller's global RNG untouched
     model = build_model(cfg["architecture"], seed=0, **cfg["kwargs"]).to(device)
+    if verify_fixed_structure and fixed_keys:
+        # the fresh model's buffers are the F, D its config generates; compare before loading over them
+        fresh = model.state_dict()
+        differ = [k for k in fixed_keys if not torch.equal(fresh[k].cpu(), state[k].cpu())]
+        if differ:
+            raise CheckpointError(
+                f"{path}: fixed buffers {', '.join(differ)} differ from those config.json regenerates "
+                f"(asymmetric={cfg['kwargs'].get('asymmetric')!r}): the config does not describe these weights, "
+                "or this PyTorch draws different random numbers; pass verify_fixed_structure=False to use the "
+                "file's buffers"
+            )
     model.load_state_dict(state, strict=True)
     model.eval()
     return model, cfg

@@ -13,6 +13,7 @@ from .cifar import safe_unpickle
 from .datasets import DATASETS, DatasetSpec, load_dataset
 from .idx import read_idx, write_idx
 from .locate import ENV_VAR, find_data_dir
+from .synthetic import subspace_mixture
 
 __all__ = [
     "DATASETS",
@@ -27,6 +28,7 @@ __all__ = [
     "safe_unpickle",
     "sha256_file",
     "split_indices",
+    "subspace_mixture",
     "verify_sha256",
     "write_idx",
 ]

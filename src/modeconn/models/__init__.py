@@ -2,31 +2,57 @@
 
 Every model maps (N, C, H, W) float inputs to (N, K) logits, is ``torch.fx.symbolic_trace``-able and
 carries ``model.modeconn_config`` (architecture name + full kwargs) so checkpoints can rebuild it.
+Every architecture takes ``asymmetric=None | {...}`` for W-asymmetric layers (:mod:`.asymmetric`).
 Models are leaves of the package: nothing here imports the rest of modeconn beyond errors/registry.
 """
 
 from __future__ import annotations
 
 from . import convnet, mlp, resnet  # noqa: F401  (register the architectures)
-from ._blocks import ACTIVATIONS, NORM_KINDS, ConvBlock, LinearBlock, make_activation, make_norm
+from ._blocks import (
+    ACTIVATIONS,
+    NORM_KINDS,
+    ConvBlock,
+    LinearBlock,
+    make_activation,
+    make_conv,
+    make_linear,
+    make_norm,
+)
 from ._build import MODELS, build_model, model_config, validate_model_kwargs
+from .asymmetric import (
+    AsymConv2d,
+    AsymLinear,
+    AsymmetricConfig,
+    fixed_structure_digest,
+    fixed_structure_keys,
+    fixed_structure_mismatches,
+)
 from .convnet import VGG_LAYOUTS, ConvNet
 from .mlp import MLP
 from .resnet import BasicBlock, ResNet
 
 __all__ = [
     "ACTIVATIONS",
+    "MLP",
     "MODELS",
     "NORM_KINDS",
     "VGG_LAYOUTS",
+    "AsymConv2d",
+    "AsymLinear",
+    "AsymmetricConfig",
     "BasicBlock",
     "ConvBlock",
     "ConvNet",
     "LinearBlock",
-    "MLP",
     "ResNet",
     "build_model",
+    "fixed_structure_digest",
+    "fixed_structure_keys",
+    "fixed_structure_mismatches",
     "make_activation",
+    "make_conv",
+    "make_linear",
     "make_norm",
     "model_config",
     "validate_model_kwargs",

@@ -3,6 +3,8 @@
 Every architecture in :mod:`modeconn.models` is assembled from these pieces, so a norm or activation
 behaves the same in an MLP, a VGG and a ResNet, and the module names are predictable:
 ``LinearBlock`` has ``.linear``, ``.norm``, ``.act``; ``ConvBlock`` has ``.conv``, ``.norm``, ``.act``.
+Every Linear/Conv2d of every architecture is created by :func:`make_linear` / :func:`make_conv`, the one
+place that turns the ``asymmetric`` option into W-asymmetric layers (:mod:`.asymmetric`).
 A disabled norm is an ``nn.Identity`` (no parameters, no buffers), so the module tree has the same shape
 for every norm option.
 
@@ -16,6 +18,7 @@ from typing import Literal, get_args
 from torch import nn
 
 from ..errors import ConfigError
+from .asymmetric import AsymConv2d, AsymLinear, AsymmetricConfig
 
 NormKind = Literal["none", "layernorm", "batchnorm"]
 """Normalisation choices. For conv feature maps "layernorm" is ``nn.GroupNorm(1, C)`` (normalise over C, H, W)."""
@@ -73,14 +76,77 @@ def make_activation(name: str) -> nn.Module:
         ) from None
 
 
+def _key(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
+def make_linear(
+    in_features: int,
+    out_features: int,
+    *,
+    bias: bool = True,
+    asym: AsymmetricConfig | None = None,
+    name: str = "",
+) -> nn.Linear:
+    """``nn.Linear``, or an :class:`~modeconn.models.asymmetric.AsymLinear` when ``asym`` is given.
+
+    Args:
+        asym: the layer's asymmetric config (``None``: a stock layer).
+        name: the layer's qualified module name in its model (e.g. ``"blocks.0.linear"``); with
+            ``asym.mask_seed`` it seeds the layer's fixed offsets and mask, so it must be unique per model.
+
+    Raises:
+        ConfigError: ``asym`` does not fit the layer (e.g. ``num_fixed`` ≥ ``in_features``), named with ``name``.
+    """
+    if asym is None:
+        return nn.Linear(in_features, out_features, bias=bias)
+    return AsymLinear(
+        in_features, out_features, bias=bias, sigma_f=asym.sigma_f, num_fixed=asym.num_fixed,
+        density=asym.density, mask_seed=asym.mask_seed, key=name,
+    )
+
+
+def make_conv(
+    in_channels: int,
+    out_channels: int,
+    kernel_size: int,
+    *,
+    stride: int = 1,
+    padding: int = 0,
+    bias: bool = True,
+    asym: AsymmetricConfig | None = None,
+    name: str = "",
+) -> nn.Conv2d:
+    """``nn.Conv2d``, or an :class:`~modeconn.models.asymmetric.AsymConv2d` when ``asym`` is given
+    (arguments as :func:`make_linear`; the fan-in of a row is ``in_channels · k · k``)."""
+    if asym is None:
+        return nn.Conv2d(in_channels, out_channels, kernel_size, stride=stride, padding=padding, bias=bias)
+    return AsymConv2d(
+        in_channels, out_channels, kernel_size, stride=stride, padding=padding, bias=bias,
+        sigma_f=asym.sigma_f, num_fixed=asym.num_fixed, density=asym.density, mask_seed=asym.mask_seed, key=name,
+    )
+
+
 class LinearBlock(nn.Module):
-    """``act(norm(linear(x)))``: (N, in_features) → (N, out_features)."""
+    """``act(norm(linear(x)))``: (N, in_features) → (N, out_features).
+
+    ``asym``/``name``: see :func:`make_linear`; ``name`` is this block's qualified name (the linear is
+    ``f"{name}.linear"``).
+    """
 
     def __init__(
-        self, in_features: int, out_features: int, *, norm: str = "none", activation: str = "relu", bias: bool = True
+        self,
+        in_features: int,
+        out_features: int,
+        *,
+        norm: str = "none",
+        activation: str = "relu",
+        bias: bool = True,
+        asym: AsymmetricConfig | None = None,
+        name: str = "",
     ) -> None:
         super().__init__()
-        self.linear = nn.Linear(in_features, out_features, bias=bias)
+        self.linear = make_linear(in_features, out_features, bias=bias, asym=asym, name=_key(name, "linear"))
         self.norm = make_norm(norm, out_features, dims=1)
         self.act = make_activation(activation)
 
@@ -89,7 +155,10 @@ class LinearBlock(nn.Module):
 
 
 class ConvBlock(nn.Module):
-    """``act(norm(conv(x)))`` with a same-padded k×k conv: (N, C_in, H, W) → (N, C_out, H/stride, W/stride)."""
+    """``act(norm(conv(x)))`` with a same-padded k×k conv: (N, C_in, H, W) → (N, C_out, H/stride, W/stride).
+
+    ``asym``/``name``: see :func:`make_conv`; the conv is ``f"{name}.conv"``.
+    """
 
     def __init__(
         self,
@@ -101,10 +170,13 @@ class ConvBlock(nn.Module):
         norm: str = "none",
         activation: str = "relu",
         bias: bool = True,
+        asym: AsymmetricConfig | None = None,
+        name: str = "",
     ) -> None:
         super().__init__()
-        self.conv = nn.Conv2d(
-            in_channels, out_channels, kernel_size, stride=stride, padding=kernel_size // 2, bias=bias
+        self.conv = make_conv(
+            in_channels, out_channels, kernel_size, stride=stride, padding=kernel_size // 2, bias=bias,
+            asym=asym, name=_key(name, "conv"),
         )
         self.norm = make_norm(norm, out_channels, dims=2)
         self.act = make_activation(activation)

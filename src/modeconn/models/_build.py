@@ -46,6 +46,8 @@ def validate_model_kwargs(name: str, kwargs: dict[str, Any]) -> dict[str, Any]:
     """Validate ``kwargs`` for architecture ``name``; return all arguments (defaults filled in), JSON-ready.
 
     Lists are accepted where tuples are expected (so kwargs read back from ``config.json`` validate).
+    Options whose default is ``None`` and that are left at ``None`` (e.g. ``asymmetric``) are omitted, so
+    configs of models without an optional feature look exactly as before the feature existed.
 
     Raises:
         ConfigError: unknown architecture (lists the valid ones), unknown kwarg (names it and lists the valid
@@ -60,7 +62,10 @@ def validate_model_kwargs(name: str, kwargs: dict[str, Any]) -> dict[str, Any]:
         validated = schema(**kwargs)
     except ValidationError as err:
         raise validation_error_to_config_error(err, f"kwargs for architecture {name!r}", valid) from None
-    return validated.model_dump(mode="json")
+    dumped = validated.model_dump(mode="json")
+    return {
+        k: v for k, v in dumped.items() if not (v is None and schema.model_fields[k].default is None)
+    }
 
 
 def build_model(name: str, *, seed: int | None = None, **kwargs: Any) -> nn.Module:

@@ -14,9 +14,10 @@ from typing import Literal, Union
 from torch import nn
 
 from ..errors import ConfigError
-from ._blocks import ActivationName, ConvBlock, LinearBlock, can_pool, scale_width
+from ._blocks import ActivationName, ConvBlock, LinearBlock, can_pool, make_linear, scale_width
 from ._build import MODELS
 from ._types import InShape, PosFloat, PosInt
+from .asymmetric import AsymmetricConfig, AsymmetricOption, layer_asymmetry
 
 LayoutItem = Union[PosInt, Literal["M"]]
 
@@ -34,7 +35,8 @@ class ConvNet(nn.Module):
     """``features (ConvBlocks + max-pools) → flatten → classifier (LinearBlocks) → head``.
 
     Input (N, C, H, W), output logits (N, num_classes). Modules: ``features.{i}.conv/.norm/.act`` and
-    ``features.{i}`` = ``nn.MaxPool2d``, ``flatten``, ``classifier.{j}.linear/.act``, ``head``.
+    ``features.{i}`` = ``nn.MaxPool2d``, ``flatten``, ``classifier.{j}.linear/.act``, ``head``. With ``asym``
+    the convs/linears are W-asymmetric (``layers="hidden"``: all but the first conv and the head).
     """
 
     def __init__(
@@ -46,11 +48,13 @@ class ConvNet(nn.Module):
         classifier_widths: tuple[int, ...],
         batchnorm: bool,
         activation: str,
+        asym: AsymmetricConfig | None = None,
     ) -> None:
         super().__init__()
         channels, height, width = in_shape
         norm = "batchnorm" if batchnorm else "none"
         features: list[nn.Module] = []
+        first = True
         for item in layout:
             if item == "M":
                 if can_pool(height, width):
@@ -58,15 +62,23 @@ class ConvNet(nn.Module):
                     height, width = height // 2, width // 2
             else:
                 # a conv followed by batchnorm needs no bias (the norm's shift replaces it)
-                features.append(ConvBlock(channels, int(item), norm=norm, activation=activation, bias=not batchnorm))
-                channels = int(item)
+                features.append(
+                    ConvBlock(
+                        channels, int(item), norm=norm, activation=activation, bias=not batchnorm,
+                        asym=layer_asymmetry(asym, boundary=first), name=f"features.{len(features)}",
+                    )
+                )
+                channels, first = int(item), False
         self.features = nn.Sequential(*features)
         self.flatten = nn.Flatten()
         widths = [channels * height * width, *classifier_widths]
         self.classifier = nn.Sequential(
-            *(LinearBlock(a, b, activation=activation) for a, b in zip(widths[:-1], widths[1:]))
+            *(
+                LinearBlock(a, b, activation=activation, asym=layer_asymmetry(asym, boundary=False), name=f"classifier.{j}")
+                for j, (a, b) in enumerate(zip(widths[:-1], widths[1:]))
+            )
         )
-        self.head = nn.Linear(widths[-1], num_classes)
+        self.head = make_linear(widths[-1], num_classes, asym=layer_asymmetry(asym, boundary=True), name="head")
 
     def forward(self, x):
         return self.head(self.classifier(self.flatten(self.features(x))))
@@ -92,6 +104,7 @@ def vgg(
     batchnorm: bool = False,
     classifier_widths: tuple[PosInt, ...] = (256, 256),
     activation: ActivationName = "relu",
+    asymmetric: AsymmetricOption = None,
 ) -> ConvNet:
     """VGG-style CNN.
 
@@ -101,6 +114,8 @@ def vgg(
         width: multiplier applied to every conv width (``max(1, round(c * width))``).
         batchnorm: conv → BatchNorm2d → activation (convs then have no bias).
         classifier_widths: hidden Linear widths between the flatten and the head (may be empty).
+        asymmetric: W-asymmetric convs and linears (:class:`~modeconn.models.asymmetric.AsymmetricConfig`);
+            ``None`` (default) builds standard layers.
 
     Raises:
         ConfigError: unknown layout name or a layout without conv layers.
@@ -112,6 +127,7 @@ def vgg(
         classifier_widths=tuple(classifier_widths),
         batchnorm=batchnorm,
         activation=activation,
+        asym=asymmetric,
     )
 
 
@@ -123,9 +139,10 @@ def cnn(
     channels: tuple[PosInt, ...] = (32, 64),
     hidden: tuple[PosInt, ...] = (128,),
     activation: ActivationName = "relu",
+    asymmetric: AsymmetricOption = None,
 ) -> ConvNet:
     """Small CNN: each of ``channels`` is a 3×3 conv + activation + 2×2 max-pool, then Linear layers
-    of ``hidden`` widths and the head (``hidden=()`` gives one Linear layer)."""
+    of ``hidden`` widths and the head (``hidden=()`` gives one Linear layer). ``asymmetric``: as for ``vgg``."""
     if not channels:
         raise ConfigError("cnn: channels must list at least one conv width")
     layout: list[int | str] = []
@@ -138,4 +155,5 @@ def cnn(
         classifier_widths=tuple(hidden),
         batchnorm=False,
         activation=activation,
+        asym=asymmetric,
     )

@@ -6,16 +6,18 @@ import math
 
 from torch import nn
 
-from ._blocks import ActivationName, LinearBlock, NormKind
+from ._blocks import ActivationName, LinearBlock, NormKind, make_linear
 from ._build import MODELS
 from ._types import InShape, NonNegInt, PosInt
+from .asymmetric import AsymmetricConfig, AsymmetricOption, layer_asymmetry
 
 
 class MLP(nn.Module):
     """``flatten → depth × LinearBlock(width) → Linear(num_classes)``.
 
     Input (N, C, H, W) (any shape whose trailing dims multiply to C·H·W), output logits (N, num_classes).
-    Modules: ``flatten``, ``blocks.{i}.linear/.norm/.act``, ``head``.
+    Modules: ``flatten``, ``blocks.{i}.linear/.norm/.act``, ``head``. With ``asym`` the linears are
+    :class:`~modeconn.models.asymmetric.AsymLinear` (``layers="hidden"``: not ``blocks.0.linear`` nor ``head``).
     """
 
     def __init__(
@@ -28,17 +30,21 @@ class MLP(nn.Module):
         norm: str,
         activation: str,
         bias: bool,
+        asym: AsymmetricConfig | None = None,
     ) -> None:
         super().__init__()
         self.flatten = nn.Flatten()
         widths = [in_features] + [width] * depth
         self.blocks = nn.Sequential(
             *(
-                LinearBlock(a, b, norm=norm, activation=activation, bias=bias)
-                for a, b in zip(widths[:-1], widths[1:])
+                LinearBlock(
+                    a, b, norm=norm, activation=activation, bias=bias,
+                    asym=layer_asymmetry(asym, boundary=i == 0), name=f"blocks.{i}",
+                )
+                for i, (a, b) in enumerate(zip(widths[:-1], widths[1:]))
             )
         )
-        self.head = nn.Linear(widths[-1], num_classes, bias=bias)
+        self.head = make_linear(widths[-1], num_classes, bias=bias, asym=layer_asymmetry(asym, boundary=True), name="head")
 
     def forward(self, x):
         return self.head(self.blocks(self.flatten(x)))
@@ -54,11 +60,15 @@ def mlp(
     norm: NormKind = "none",
     activation: ActivationName = "relu",
     bias: bool = True,
+    asymmetric: AsymmetricOption = None,
 ) -> MLP:
     """MLP with ``depth`` hidden layers of ``width`` units; ``norm`` sits between linear and activation.
 
     ``depth=0`` is multinomial logistic regression. ``bias`` applies to every Linear including the head.
+    ``asymmetric``: W-asymmetric linears (:class:`~modeconn.models.asymmetric.AsymmetricConfig`), e.g.
+    ``{"sigma_f": 1.0, "mask_seed": 0}``; ``None`` (default) builds standard layers.
     """
     return MLP(
-        math.prod(in_shape), num_classes, depth=depth, width=width, norm=norm, activation=activation, bias=bias
+        math.prod(in_shape), num_classes, depth=depth, width=width, norm=norm, activation=activation, bias=bias,
+        asym=asymmetric,
     )

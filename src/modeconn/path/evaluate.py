@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from ..checks import check_compatible, check_finite, check_one_device
 from ..errors import ConfigError
+from ..models.asymmetric import fixed_structure_keys
 from ..nn_utils import batchnorm_modules, eval_mode, model_device
 from ..symmetry import SymmetrySpec, symmetry_spec
 from .batchnorm import check_bn_policy, fixed_batches, reset_bn_stats
@@ -90,6 +91,18 @@ class _Workbench:
         return self.model
 
 
+def check_fixed_structure(model: nn.Module, state_dicts: Sequence[StateDict], names: Sequence[str]) -> None:
+    """W-asymmetric layers' fixed offsets/masks (F, D) must be identical in every model: they are shared
+    structure, not coordinates. ConfigError naming the first differing key otherwise (different mask_seed)."""
+    for key in fixed_structure_keys(model):
+        for sd, name in zip(state_dicts[1:], names[1:]):
+            if not torch.equal(state_dicts[0][key], sd[key]):
+                raise ConfigError(
+                    f"fixed structure {key!r} differs between {names[0]} and {name}: W-asymmetric models must share "
+                    "F and D (the same mask_seed) to be interpolated or merged"
+                )
+
+
 def _keep_a_stats(sd: dict, sd_a: StateDict, model: nn.Module) -> dict:
     names = {n for n, m in model.named_modules() if m in set(batchnorm_modules(model))}
     for n in names:
@@ -140,6 +153,7 @@ def evaluate_path(
     grid = lambda_grid(lambdas)
     check_bn_policy(bn)
     check_compatible([model.state_dict(), sd_a, sd_b], ["model", "A", "B"])
+    check_fixed_structure(model, [sd_a, sd_b], ["A", "B"])
     check_one_device([sd_a, sd_b], ["A", "B"])
     check_finite(sd_a, "A")
     check_finite(sd_b, "B")
@@ -208,6 +222,7 @@ def merge(
             raise ConfigError("bn='repair' needs model= and bn_loader=")
         return merged
     check_compatible([model.state_dict(), merged], ["model", "merged"])
+    check_fixed_structure(model, state_dicts, names)
     bench = _Workbench(model, bn, bn_loader, bn_batches, spec)
     targets = None
     if bn == "repair":

@@ -30,7 +30,7 @@ def weighted_average(
     state_dicts: Sequence[StateDict], weights: Sequence[float] | None = None, *, check: bool = True
 ) -> dict[str, torch.Tensor]:
     """``Σ_i w_i θ_i`` per floating tensor (fp32 accumulation, cast to the first model's dtype);
-    integer buffers from the first model. ``weights`` default to uniform; they must be finite and have
+    integer buffers from the first model; a tensor identical in every model is returned as is (exact). ``weights`` default to uniform; they must be finite and have
     one entry per model (ConfigError otherwise). Raises StateDictMismatchError / DeviceMismatchError."""
     if not state_dicts:
         raise ConfigError("need at least one state dict to average")
@@ -45,8 +45,8 @@ def weighted_average(
     first = state_dicts[0]
     out = {}
     for k, t in first.items():
-        if not is_interpolable(t):
-            out[k] = t
+        if not is_interpolable(t) or all(torch.equal(t, sd[k]) for sd in state_dicts[1:]):
+            out[k] = t  # integer buffers, and tensors shared by every model (fixed masks/offsets) stay exact
             continue
         acc = torch.zeros(t.shape, dtype=torch.float32 if not t.is_complex() else t.dtype, device=t.device)
         for w, sd in zip(weights, state_dicts):

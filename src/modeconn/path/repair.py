@@ -109,6 +109,9 @@ def repair_model(model: nn.Module, targets: Mapping[str, tuple[torch.Tensor, tor
 
 def _fold(module: nn.Module, name: str, scale: torch.Tensor, shift: torch.Tensor) -> None:
     """y ← scale·y + shift per output channel, folded into ``module``'s weight rows and bias."""
+    if getattr(module, "fixed_buffers", None):
+        raise ConfigError(f"REPAIR cannot fold into W-asymmetric layer {name!r}: its fixed offsets are not trainable; "
+                          "use a norm layer after it or bn='reset'")
     w = module.weight
     w.mul_(scale.to(w.dtype).reshape(-1, *([1] * (w.dim() - 1))))
     if module.bias is None:

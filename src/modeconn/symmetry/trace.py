@@ -65,6 +65,8 @@ _POOL_MODULES = (
     nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d, nn.AdaptiveMaxPool3d,
 )
 _NORM_MODULES = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.LayerNorm, nn.GroupNorm)
+_RULE_MODULES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.PReLU, nn.Flatten, nn.Softmax, nn.LogSoftmax,
+                 *_NORM_MODULES, *_ELEMENTWISE_MODULES, *_POOL_MODULES)
 _ELEMENTWISE_FUNCTIONS = {
     F.relu, F.relu6, F.leaky_relu, F.gelu, F.silu, F.elu, F.selu, F.celu, F.softplus, F.mish, F.hardswish,
     F.hardtanh, F.hardsigmoid, F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.logsigmoid,
@@ -474,8 +476,10 @@ def symmetry_spec(
 
 def _fx_trace(model: nn.Module, leaf_modules: tuple[type[nn.Module], ...]) -> torch.fx.GraphModule:
     class _Tr(torch.fx.Tracer):
+        # Subclasses of the layers we have rules for (e.g. W-asymmetric Linear/Conv2d) stay one node, like
+        # the stock layer; fx alone would trace through any module defined outside torch.nn.
         def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
-            return isinstance(m, leaf_modules) or super().is_leaf_module(m, qualname)
+            return isinstance(m, leaf_modules + _RULE_MODULES) or super().is_leaf_module(m, qualname)
 
     try:
         graph = _Tr().trace(model)
