@@ -21,6 +21,7 @@ from modeconn.data import (
     DatasetBundle,
     find_data_dir,
     load_dataset,
+    locate,
     make_loader,
     read_idx,
     safe_unpickle,
@@ -29,7 +30,6 @@ from modeconn.data import (
     write_idx,
 )
 from modeconn.data import download as download_mod
-from modeconn.data import locate
 from modeconn.errors import ConfigError, DataError
 
 MNIST_TRAIN_COUNTS = [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]

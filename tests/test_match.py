@@ -7,13 +7,12 @@ import copy
 import pytest
 import torch
 import torch.nn as nn
+from archs import ARCH_IDS, digest, make
 
 import modeconn as mc
 from modeconn.errors import DeviceMismatchError, NonFiniteError, StateDictMismatchError
 from modeconn.match import solve_lap
 from modeconn.match.activation import CorrelationStats
-
-from archs import ARCH_IDS, digest, make
 
 
 def _recovered(spec, res, g):
@@ -41,14 +40,17 @@ def test_weight_matching_recovers_planted_permutations(arch):
 
 
 def test_weight_matching_restarts_help_on_residual_mlp():
-    """A residual MLP with widths in the tens: plain coordinate descent (1 run) sometimes stalls."""
+    """A residual MLP (width 32, 8 blocks): plain coordinate descent from the identity (git-re-basin) stalls on
+    some planted permutations; the greedy data-flow start plus restarts recovers all of them."""
 
     class ResMLP(nn.Module):
-        def __init__(self):
+        def __init__(self, width=32, blocks=8):
             super().__init__()
-            self.inp = nn.Linear(10, 24)
-            self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(24, 24), nn.ReLU(), nn.Linear(24, 24)) for _ in range(4))
-            self.out = nn.Linear(24, 3)
+            self.inp = nn.Linear(10, width)
+            self.blocks = nn.ModuleList(
+                nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width)) for _ in range(blocks)
+            )
+            self.out = nn.Linear(width, 3)
 
         def forward(self, x):
             h = self.inp(x)
@@ -59,14 +61,15 @@ def test_weight_matching_restarts_help_on_residual_mlp():
     torch.manual_seed(0)
     model = ResMLP()
     spec = mc.symmetry_spec(model, torch.randn(2, 10))
+    assert len(spec.spaces) == 1 + 8  # one residual stream + one hidden space per block
     sd = model.state_dict()
-    single = multi = 0
+    plain = default = 0
     for seed in range(20):
         g = spec.random_element(seed=seed)
         sd_b = spec.apply(sd, g)
-        single += _recovered(spec, mc.weight_matching(spec, sd, sd_b, restarts=1, seed=seed), g)
-        multi += _recovered(spec, mc.weight_matching(spec, sd, sd_b, restarts=8, seed=seed), g)
-    assert multi >= single and multi >= 18, (single, multi)
+        plain += _recovered(spec, mc.weight_matching(spec, sd, sd_b, restarts=1, init="identity", seed=seed), g)
+        default += _recovered(spec, mc.weight_matching(spec, sd, sd_b, seed=seed), g)
+    assert default == 20 and plain < 20, (plain, default)
 
 
 def test_weight_matching_is_deterministic_and_reports():

@@ -6,12 +6,11 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
+from archs import digest, make
 
 import modeconn as mc
 from modeconn.errors import ConfigError, NonFiniteError, StateDictMismatchError
 from modeconn.path import Curve, channel_stats, interpolate, reset_bn_stats, weighted_average
-
-from archs import digest, make
 
 
 def _loader(in_shape, n=4, bs=16, seed=0):

@@ -8,14 +8,13 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from archs import ARCH_IDS, digest, make
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import modeconn as mc
 from modeconn.errors import SpecError, StateDictMismatchError, UnsupportedOperationError
 from modeconn.symmetry import AxisBinding, SymmetrySpec
-
-from archs import ARCH_IDS, digest, make
 
 
 def _logits(model, sd, x):

@@ -236,7 +236,8 @@ def align(
     the group element, objective and timings.
     """
     from .experiments.checkpoints import example_input
-    from .experiments.compare import align as run_align, check_methods
+    from .experiments.compare import align as run_align
+    from .experiments.compare import check_methods
     from .io import save_checkpoint
     from .symmetry import symmetry_spec
 

@@ -30,6 +30,7 @@ from .errors import ConfigError, NonFiniteError
 from .io import _check_target, _json_dumps, save_checkpoint
 from .models import build_model, validate_model_kwargs
 from .models._validation import validation_error_to_config_error
+from .path.evaluate import evaluate_model
 
 __all__ = ["TrainConfig", "evaluate", "fit", "lr_factor", "make_optimizer", "make_scheduler", "train_checkpoint"]
 
@@ -245,24 +246,8 @@ def evaluate(
     Raises:
         ConfigError: empty data.
     """
-    device = _model_device(model)
-    was_training = model.training
-    model.eval()
-    try:
-        loss_sum = torch.zeros((), dtype=torch.float32, device=device)  # float32: MPS has no float64
-        correct = torch.zeros((), dtype=torch.int64, device=device)
-        n = 0
-        with torch.no_grad():
-            for xb, yb in _batches(dataset_or_loader, batch_size, generator=None, drop_last=False, device=device):
-                out = model(xb)
-                loss_sum += F.cross_entropy(out.float(), yb, reduction="sum")
-                correct += (out.argmax(dim=1) == yb).sum()
-                n += yb.shape[0]
-    finally:
-        model.train(was_training)
-    if n == 0:
-        raise ConfigError("evaluate: the dataset is empty")
-    return {"loss": loss_sum.item() / n, "acc": correct.item() / n, "n": n}
+    batches = _batches(dataset_or_loader, batch_size, generator=None, drop_last=False, device=_model_device(model))
+    return evaluate_model(model, batches)
 
 
 # ---------------------------------------------------------------------------------------------- training

@@ -15,6 +15,7 @@ Each trains ``pairs`` model pairs per setting (two init seeds, one shared mask s
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +48,7 @@ class Size:
     limit_train: int | None
     lambdas: int
     settings: tuple
+    limit_test: int | None = None
 
 
 ADAMW = dict(optimizer="adamw", lr=1e-3, weight_decay=0.01, schedule="cosine", batch_size=128)  # reference optimiser
@@ -206,14 +208,14 @@ def coherence_sweep(size: Size, log: Log, data: Path | None = None, d: int = 64,
 
 
 RESNET_SIZES = {
-    "quick": Size(pairs=1, epochs=1, width=0.5, limit_train=1000, lambdas=3, settings=(None, 1.0)),
-    "full": Size(pairs=2, epochs=3, width=1, limit_train=12000, lambdas=7, settings=(None, 1.0)),
+    "quick": Size(pairs=1, epochs=1, width=0.5, limit_train=1000, lambdas=3, settings=(None, 1.0), limit_test=500),
+    "full": Size(pairs=2, epochs=3, width=1, limit_train=12000, lambdas=7, settings=(None, 1.0), limit_test=2000),
 }
 
 
 def resnet_sweep(size: Size, log: Log, data: Path | None = None) -> dict:
     """(d) W-asymmetric vs standard BatchNorm ResNet20 on Fashion-MNIST."""
-    bundle = load_dataset("fashion-mnist", data, limit_train=size.limit_train, limit_test=500 if size.pairs == 1 else 2000)
+    bundle = load_dataset("fashion-mnist", data, limit_train=size.limit_train, limit_test=size.limit_test)
     settings = []
     for sigma in size.settings:
         rows = []
@@ -304,7 +306,7 @@ def run_identifiability(name: str, out: Path, *, quick: bool = False, pairs: int
     fn, sizes = EXPERIMENTS[name]
     size = sizes["quick" if quick else "full"]
     if pairs is not None or epochs is not None:
-        size = Size(pairs or size.pairs, epochs or size.epochs, size.width, size.limit_train, size.lambdas, size.settings)
+        size = dataclasses.replace(size, pairs=pairs or size.pairs, epochs=epochs or size.epochs)
     start = time.perf_counter()
     with output_directory(out, overwrite) as tmp:
         results = fn(size, log, data)

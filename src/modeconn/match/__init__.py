@@ -1,8 +1,8 @@
 """Alignment: weight, activation and learned (straight-through) matching."""
 
 from .activation import activation_matching
-from .learned import learned_matching
 from .lap import solve_lap
+from .learned import learned_matching
 from .result import Alignment
 from .weight import weight_matching
 

@@ -39,8 +39,9 @@ def lambda_grid(lambdas: int | Sequence[float]) -> np.ndarray:
 @torch.no_grad()
 def evaluate_model(model: nn.Module, loader: Iterable, loss_fn: LossFn | None = None,
                    max_batches: int | None = None) -> dict[str, float]:
-    """Mean loss (default cross-entropy, nats) and accuracy of ``model`` in eval mode over ``loader``
-    (batches ``(x, y)``); the model's training flags are restored."""
+    """Mean loss (default cross-entropy, nats), accuracy (fraction) and sample count ``n`` of ``model`` in
+    eval mode over ``loader`` (batches ``(x, y)``, labels int64); training flags are restored.
+    Raises ConfigError for an empty loader."""
     loss_fn = loss_fn or (lambda logits, y: F.cross_entropy(logits, y, reduction="sum"))
     device = model_device(model)
     total, correct, n = torch.zeros((), dtype=torch.float64), 0, 0
@@ -54,8 +55,8 @@ def evaluate_model(model: nn.Module, loader: Iterable, loss_fn: LossFn | None = 
             correct += int((logits.argmax(-1) == y).sum())
             n += len(y)
     if n == 0:
-        raise ConfigError("evaluation loader yielded no samples")
-    return {"loss": float(total) / n, "acc": correct / n}
+        raise ConfigError("evaluation data is empty (no samples)")
+    return {"loss": float(total) / n, "acc": correct / n, "n": n}
 
 
 class _Workbench:
