@@ -1,0 +1,803 @@
+"""Low-Loss Path Finding, LLPF (layer-wise connectivity; reference code twoentartian/DFL_torch,
+``tool/find_high_accuracy_path_v2``). METHODS.md §2.
+
+**Model-to-model (M2M)** from θ_A to a destination D = θ_B. The current point P starts at θ_A; every *tick*:
+
+1. *move*: every unlocked group's parameters ``p ← p + s·(D − p)`` (a fraction ``step`` = s of the remaining
+   distance; ``torch.lerp``);
+2. *variance correction*: each corrected tensor w is put back on its "variance sphere",
+   ``w ← mean(w) + (w − mean(w))·sqrt(v*/var(w))`` (unbiased variance over all entries, mean kept — the
+   reference's rescaling without its ε), because averaging uncorrelated weights shrinks their variance;
+3. *refine*: plain SGD (``p ← p − lr·∇L``: no momentum, no weight decay) on every trainable parameter
+   (locked groups included), one minibatch per step, until the mean of the last ``max(1, min_steps)``
+   minibatch losses is ≤ ``threshold`` and at least ``min_steps`` steps were taken, at most ``max_steps``;
+4. *projection*: the variance correction again.
+
+The point after each tick is a point of the path (every ``record_every``-th tick is stored); the last
+point is D itself (``info["final_gap"]``: ‖P_T − D‖/‖θ_A − D‖ over the parameters, the jump the last segment
+makes — the continuity check of :meth:`Path.evaluate` measures it).
+
+Decisions (documented here because the paper and reference leave room):
+
+- *Variance targets* (``variance_target``): ``"interpolate"`` (default) — tensor w of group g has target
+  ``v*_w = var_D(w) + r_g·(var_S(w) − var_D(w))`` with ``r_g = (1−s)^{ticks g was unlocked}`` the fraction of
+  the distance the move schedule has left (1 while locked). For M2M between modes of the same
+  hyper-parameters var_S ≈ var_D and this is the reference's "keep the source's sphere" up to the small
+  per-layer difference, but it lands the path exactly on D's sphere at the end, so the final segment does
+  not have to jump between spheres. ``"source"``: ``v*_w = var_S(w)`` (the reference's ``FollowOthers`` with
+  the start model; LLPF paper: "its original variance sphere").
+- *Which tensors are corrected* (``variance_correction``): ``"weights"`` (default) — parameters with ≥ 2
+  dimensions of non-normalization modules (Linear/Conv kernels, embeddings): the tensors whose variance
+  averaging shrinks and on whose scale the function depends through the following normalization. Biases
+  (their "variance" across units is not a scale) and normalization affine parameters (meaningful
+  per-channel gains, not random-like) are moved but not rescaled. ``"all"``: every floating parameter with
+  > 1 entry (the reference's choice), ``"none"``: no correction (ablation).
+- *Follow Data Flow (FDF) groups* (:func:`fdf_groups`): one pass over the torch.fx trace; every module that
+  owns parameters starts a group when the graph reaches it, except a normalization layer applied directly to
+  a writer's output, which joins the writer's group (``conv + its BN``); parallel branches (the ResNet
+  shortcut conv + BN) are their own groups at the position the graph reaches them; parameters read with
+  ``get_attr`` are a group each; parameters never reached close the list. Group g is unlocked at tick
+  ``g·unlock_every`` (so the first group moves from tick 0; ``order="all"`` moves everything from tick 0, the
+  ablation the paper reports to fail on ResNet18/DLA). ``fdf_groups(model, level=2)`` merges consecutive
+  groups of one module prefix (e.g. a ResNet stage: the reference's "one stage per 2,000 ticks").
+- *BatchNorm*: affine parameters are path coordinates (moved, refined); running statistics are not (left as
+  the refinement's train-mode passes leave them); :meth:`Path.evaluate` recomputes them per point.
+
+**Model-to-origin (M2O)**: D = 0 for every parameter of non-normalization modules (weights and biases:
+``p ← (1−s)·p``), normalization layers are not moved, no variance correction. The refinement uses the
+*angle-conformal* learning rate, per layer: ``lr_w = lr · var(w)/var₀(w)`` for each ≥2-d weight w of a
+non-normalization module (var₀ at the source), the module's other parameters (bias) share its factor,
+normalization parameters keep ``lr``. For a layer followed by a normalization (scale-invariant), the
+gradient scales as 1/‖w‖, so the angular step ``lr_w·‖∇‖/‖w‖`` stays constant as ‖w‖ shrinks.
+
+**Cross-sphere** (modes trained with different weight decay): M2O-like ticks scale each module by
+``c = clip(sqrt(var_B(w)/var(w)), 1−s, 1+s)`` until, after a move, every ≥2-d weight's variance is within
+``sphere_rtol`` of B's (or ``m2o_max_ticks``), then M2M from there (its variance targets start at that
+point's variances). ``info["phase_boundary"]`` is the index of the switch point.
+
+Every random choice (minibatch order, dropout) comes from ``torch.Generator().manual_seed(seed)``. With
+``out_dir`` the run checkpoints every ``checkpoint_every`` ticks (points written as safetensors shards, then
+the state — current weights, generator state, data position, records — atomically); ``resume=True``
+continues a killed run and yields the same path bytes as an uninterrupted one.
+
+Compute is counted in ``grad_evals`` (one per minibatch backward), the unit shared with the curve methods.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import math
+import pathlib
+import time
+from collections import deque
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+import torch.fx
+import torch.nn as nn
+import torch.nn.functional as F
+from safetensors import safe_open
+
+from ..checks import check_compatible, check_finite
+from ..errors import CheckpointError, ConfigError, NonFiniteError
+from ..io import _json_dumps, save_state_dict
+from ..symmetry.trace import _fx_trace
+from ._stream import BatchStream, resolve_dataset
+from .curves import check_endpoints
+from .pathobj import MANIFEST, Path, cpu_clone, distance, model_keys, param_names, write_shard
+
+StateDict = Mapping[str, torch.Tensor]
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+NORM_TYPES: tuple[type[nn.Module], ...] = (
+    nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm, nn.LayerNorm, nn.GroupNorm,
+    nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d, nn.LocalResponseNorm,
+) + ((nn.RMSNorm,) if hasattr(nn, "RMSNorm") else ())
+"""Normalization layers (found by type, never by name)."""
+
+ORDERS = ("fdf", "all")
+VARIANCE_CORRECTIONS = ("weights", "all", "none")
+VARIANCE_TARGETS = ("interpolate", "source")
+STATE_FILE = "llpf-state.safetensors"
+STATE_VERSION = 1
+
+
+# --------------------------------------------------------------------------------- layer bookkeeping
+
+
+def param_owners(model: nn.Module) -> dict[str, str]:
+    """``{parameter key: name of the module that owns it directly}``."""
+    keys = set(param_names(model))
+    out: dict[str, str] = {}
+    for mname, m in model.named_modules():
+        for pname, _ in m.named_parameters(recurse=False):
+            key = f"{mname}.{pname}" if mname else pname
+            if key in keys and key not in out:
+                out[key] = mname
+    return out
+
+
+def norm_param_keys(model: nn.Module) -> set[str]:
+    """Parameters owned by normalization layers (:data:`NORM_TYPES`)."""
+    mods = dict(model.named_modules())
+    return {k for k, owner in param_owners(model).items() if isinstance(mods[owner], NORM_TYPES)}
+
+
+def weight_keys(model: nn.Module) -> list[str]:
+    """≥2-d parameters of non-normalization modules (Linear/Conv kernels, embeddings): the "layers" whose
+    variance LLPF corrects (``variance_correction="weights"``) and M2O's angle-conformal lr follows."""
+    norm = norm_param_keys(model)
+    return [n for n, p in model.named_parameters() if p.dim() >= 2 and n not in norm]
+
+
+def corrected_keys(model: nn.Module, which: str = "weights") -> list[str]:
+    """Tensors rescaled by the variance correction: ``"weights"`` (:func:`weight_keys`), ``"all"`` (every
+    floating parameter with > 1 entry) or ``"none"``. Raises ConfigError for another value."""
+    if which not in VARIANCE_CORRECTIONS:
+        raise ConfigError(f"unknown variance_correction {which!r}; valid: {', '.join(VARIANCE_CORRECTIONS)}")
+    if which == "weights":
+        return weight_keys(model)
+    if which == "all":
+        return [n for n, p in model.named_parameters() if p.is_floating_point() and p.numel() > 1]
+    return []
+
+
+def tensor_variance(t: torch.Tensor) -> float:
+    """Unbiased variance of all entries (float64); 0 for tensors with < 2 entries."""
+    return float(torch.var(t.detach().double())) if t.numel() > 1 else 0.0
+
+
+def scale_to_variance(t: torch.Tensor, target: float) -> torch.Tensor:
+    """``mean + (t − mean)·sqrt(target/var(t))`` (computed in float64, returned in ``t``'s dtype): the same
+    mean, unbiased variance ``target`` (to the dtype's precision). A constant tensor (variance 0) or one with
+    < 2 entries is returned unchanged (copied). Raises ConfigError for a negative/non-finite target."""
+    if not (target >= 0 and math.isfinite(target)):
+        raise ConfigError(f"target variance must be finite and ≥ 0, got {target!r}")
+    x = t.detach().double()
+    if t.numel() < 2:
+        return t.detach().clone()
+    v = float(torch.var(x))
+    if v == 0.0:
+        return t.detach().clone()
+    mu = x.mean()
+    return (mu + (x - mu) * math.sqrt(target / v)).to(t.dtype)
+
+
+def fdf_groups(model: nn.Module, level: int | None = None) -> list[list[str]]:
+    """Parameter groups in Follow-Data-Flow order (see the module docstring), from a torch.fx trace.
+
+    Args:
+        model: any fx-traceable model (Linear/Conv/Norm layers are leaves).
+        level: None (default) — one group per parameterised layer (a normalization applied directly to a
+            writer joins it; a residual shortcut is its own group); an int ≥ 1 — merge consecutive groups
+            whose owning modules share the first ``level`` name components (ResNet20 with ``level=2``:
+            stem, stages.0, stages.1, stages.2, head).
+
+    Returns: lists of parameter keys (state-dict names), covering every parameter exactly once.
+    Raises: TraceError (untraceable model: use ``order="all"`` or explicit groups), ConfigError (level).
+    """
+    if level is not None and (isinstance(level, bool) or not isinstance(level, int) or level < 1):
+        raise ConfigError(f"level must be None or an integer ≥ 1, got {level!r}")
+    gm = _fx_trace(model, ())
+    params = param_names(model)
+    pset = set(params)
+    owners = param_owners(model)
+    groups: list[list[str]] = []
+    assigned: set[str] = set()
+    writer_group: dict[torch.fx.Node, int] = {}
+    for node in gm.graph.nodes:
+        if node.op == "call_module":
+            mod = gm.get_submodule(node.target)
+            keys = [f"{node.target}.{n}" for n, _ in mod.named_parameters()]
+            keys = [k for k in keys if k in pset and k not in assigned]
+            if not keys:
+                continue
+            src = node.args[0] if node.args else None
+            if isinstance(mod, NORM_TYPES) and isinstance(src, torch.fx.Node) and src in writer_group:
+                groups[writer_group[src]].extend(keys)
+            else:
+                groups.append(keys)
+                if not isinstance(mod, NORM_TYPES):
+                    writer_group[node] = len(groups) - 1
+            assigned.update(keys)
+        elif node.op == "get_attr" and node.target in pset and node.target not in assigned:
+            groups.append([node.target])
+            assigned.add(node.target)
+    rest = [k for k in params if k not in assigned]
+    if rest:
+        groups.append(rest)
+    if level is None:
+        return groups
+    merged: list[list[str]] = []
+    last = None
+    for g in groups:
+        prefix = ".".join(owners.get(g[0], g[0]).split(".")[:level])
+        if merged and prefix == last:
+            merged[-1].extend(g)
+        else:
+            merged.append(list(g))
+        last = prefix
+    return merged
+
+
+def _resolve_groups(model: nn.Module, order: str | Sequence[Sequence[str]]) -> tuple[str, list[list[str]]]:
+    params = param_names(model)
+    if isinstance(order, str):
+        if order not in ORDERS:
+            raise ConfigError(f"unknown order {order!r}; valid: {', '.join(ORDERS)} or explicit groups of "
+                              "parameter names (e.g. fdf_groups(model, level=2))")
+        return order, (fdf_groups(model) if order == "fdf" else [params])
+    groups = [list(g) for g in order]
+    seen: dict[str, int] = {}
+    for i, g in enumerate(groups):
+        if not g:
+            raise ConfigError(f"order: group {i} is empty")
+        for k in g:
+            if k not in params:
+                raise ConfigError(f"order: group {i} names {k!r}, which is not a parameter of the model")
+            if k in seen:
+                raise ConfigError(f"order: parameter {k!r} is in groups {seen[k]} and {i}")
+            seen[k] = i
+    missing = [k for k in params if k not in seen]
+    if missing:
+        raise ConfigError(f"order: the groups must cover every parameter; missing: {', '.join(missing)}")
+    return "explicit", groups
+
+
+# ----------------------------------------------------------------------------------------- the engine
+
+
+def _content_digest(sd: StateDict | None) -> str:
+    if sd is None:
+        return "none"
+    h = hashlib.sha256()
+    for k in sorted(sd):
+        t = sd[k].detach().to("cpu").contiguous()
+        h.update(f"{k}:{tuple(t.shape)}:{t.dtype}".encode())
+        h.update(t.view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def _check_int(name: str, v: Any, minimum: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+        raise ConfigError(f"{name} must be an integer ≥ {minimum}, got {v!r}")
+    return v
+
+
+def _check_fraction(name: str, v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:
+        raise ConfigError(f"{name} must be in (0, 1], got {v!r}")
+    return float(v)
+
+
+class _Run:
+    """One LLPF run (M2M, M2O or cross-sphere); state checkpointed to ``out_dir``."""
+
+    def __init__(self, mode: str, model: nn.Module, sd_a: StateDict, sd_b: StateDict | None, train_data: Any,
+                 cfg: dict[str, Any], order: Any, loss_fn: LossFn | None, out_dir, resume: bool,
+                 progress: Callable[[int, int], None] | None) -> None:
+        self.mode = mode
+        if sd_b is not None:
+            self.device = check_endpoints(model, sd_a, sd_b)
+        else:
+            check_compatible([model.state_dict(), sd_a], ["model", "A"])
+            check_finite(sd_a, "A")
+            devs = {v.device for v in sd_a.values()}
+            self.device = next(iter(devs)) if devs else torch.device("cpu")
+        # ---- validate settings before any heavy work
+        c = dict(cfg)
+        c["ticks"] = _check_int("ticks", c["ticks"], 1)
+        c["step"] = _check_fraction("step", c["step"])
+        if mode == "cross":
+            c["m2o_step"] = _check_fraction("m2o_step", c["m2o_step"])
+            c["m2o_max_ticks"] = _check_int("m2o_max_ticks", c["m2o_max_ticks"], 1)
+            if not c["sphere_rtol"] > 0:
+                raise ConfigError(f"sphere_rtol must be > 0, got {c['sphere_rtol']!r}")
+        if not (isinstance(c["lr"], (int, float)) and c["lr"] > 0 and math.isfinite(c["lr"])):
+            raise ConfigError(f"lr must be a positive finite number, got {c['lr']!r}")
+        if c["threshold"] is None or not isinstance(c["threshold"], (int, float)) or not math.isfinite(c["threshold"]):
+            raise ConfigError(f"threshold must be a finite number (train loss, nats), got {c['threshold']!r}")
+        c["min_steps"] = _check_int("min_steps", c["min_steps"], 0)
+        c["max_steps"] = _check_int("max_steps", c["max_steps"], 0)
+        if c["min_steps"] > c["max_steps"]:
+            raise ConfigError(f"min_steps ({c['min_steps']}) must be ≤ max_steps ({c['max_steps']})")
+        c["record_every"] = _check_int("record_every", c["record_every"], 1)
+        c["checkpoint_every"] = _check_int("checkpoint_every", c["checkpoint_every"], 1)
+        if c.get("variance_target", "interpolate") not in VARIANCE_TARGETS:
+            raise ConfigError(f"unknown variance_target {c['variance_target']!r}; valid: {', '.join(VARIANCE_TARGETS)}")
+        self.ds, c["batch_size"] = resolve_dataset(train_data, c["batch_size"])
+        self.net = copy.deepcopy(model).to(self.device)
+        self.net.load_state_dict(sd_a)
+        self.coords = param_names(self.net)
+        self.owners = param_owners(self.net)
+        norm = norm_param_keys(self.net)
+        self.sphere_keys = weight_keys(self.net)
+        mod_weight: dict[str, str] = {}
+        for k in self.sphere_keys:
+            mod_weight.setdefault(self.owners[k], k)
+        self.lr_ref = {k: mod_weight.get(self.owners[k]) for k in self.coords}  # whose variance sets k's lr factor
+        self.moved_m2o = [k for k in self.coords if k not in norm]
+        self.moved_m2o_set = set(self.moved_m2o)
+        if mode in ("m2m", "cross"):
+            c["order"], self.groups = _resolve_groups(self.net, order)
+            self.corrected = corrected_keys(self.net, c["variance_correction"])
+            G = len(self.groups)
+            if c["unlock_every"] is None:
+                c["unlock_every"] = max(1, c["ticks"] // (3 * G)) if c["order"] != "all" else 1
+            c["unlock_every"] = _check_int("unlock_every", c["unlock_every"], 1)
+            c["groups"] = self.groups
+            self.group_of = {k: g for g, keys in enumerate(self.groups) for k in keys}
+        else:
+            self.groups, self.corrected, self.group_of = [], [], {}
+        self.cfg = c
+        self.loss_fn = loss_fn or (lambda logits, y: F.cross_entropy(logits, y))
+        self.progress = progress
+        self.dest = {k: v.detach().to(self.device, copy=True) for k, v in sd_b.items()} if sd_b is not None else None
+        self.src_cpu = cpu_clone(sd_a)
+        self.dest_cpu = cpu_clone(sd_b) if sd_b is not None else None
+        self.var0 = {k: tensor_variance(sd_a[k]) for k in self.sphere_keys}
+        self.var_dest = ({k: tensor_variance(sd_b[k]) for k in set(self.sphere_keys) | set(self.corrected)}
+                         if sd_b is not None else {})
+        self.gen = torch.Generator().manual_seed(int(c["seed"]))
+        self.stream = BatchStream(self.ds, c["batch_size"], self.gen)
+        self.fingerprint = hashlib.sha256(
+            (_json_dumps({"mode": mode, "cfg": c}, "LLPF settings") + _content_digest(sd_a) + _content_digest(sd_b)
+             ).encode()).hexdigest()
+        self.out_dir = pathlib.Path(out_dir) if out_dir is not None else None
+        # ---- mutable state
+        self.s: dict[str, Any] = {
+            "tick": 0, "phase": "m2o" if mode in ("m2o", "cross") else "m2m", "phase_start": 0,
+            "remaining": [1.0] * len(self.groups),
+            "var_start": {k: tensor_variance(sd_a[k]) for k in self.corrected},
+            "records": [], "n_points": 0, "shards": [], "cum": [], "grad_evals": 0, "wall_time_s": 0.0,
+            "finished": False, "stopped": False, "phase_boundary": None, "sphere_reached": None, "m2o_ticks": 0,
+        }
+        self.pending: list[dict[str, torch.Tensor]] = []
+        self.last_point: dict[str, torch.Tensor] | None = None
+        self.resume = resume
+
+    # ------------------------------------------------------------------ state helpers
+    def _params(self) -> dict[str, torch.nn.Parameter]:
+        return dict(self.net.named_parameters())
+
+    def _record(self) -> None:
+        p = cpu_clone(self.net.state_dict())
+        self._append(p)
+
+    def _append(self, p: dict[str, torch.Tensor]) -> None:
+        d = distance(self.last_point, p, self.coords) if self.last_point is not None else 0.0
+        self.s["cum"].append((self.s["cum"][-1] if self.s["cum"] else 0.0) + d)
+        self.last_point = {k: p[k] for k in self.coords}
+        self.pending.append(p)
+        self.s["n_points"] += 1
+
+    def _var_target(self, k: str) -> float:
+        vs = self.s["var_start"][k]
+        if self.cfg["variance_target"] == "source":
+            return vs
+        r = self.s["remaining"][self.group_of[k]]
+        return self.var_dest[k] + r * (vs - self.var_dest[k])
+
+    @torch.no_grad()
+    def _project(self) -> None:
+        params = self._params()
+        for k in self.corrected:
+            params[k].copy_(scale_to_variance(params[k], self._var_target(k)))
+
+    def _refine(self, lr_of: Mapping[str, float] | None = None) -> tuple[int, float | None, bool | None]:
+        """Plain SGD until the windowed loss ≤ threshold (≥ min_steps, ≤ max_steps steps)."""
+        c = self.cfg
+        if c["max_steps"] == 0:
+            return 0, None, None
+        named = [(n, p) for n, p in self.net.named_parameters() if p.requires_grad]
+        params = [p for _, p in named]
+        lrs = [(lr_of or {}).get(n, c["lr"]) for n, _ in named]
+        window: deque[float] = deque(maxlen=max(1, c["min_steps"]))
+        steps, reached = 0, False
+        self.net.train()
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(int(torch.randint(0, 2 ** 62, (), generator=self.gen)))  # dropout etc.
+            while steps < c["max_steps"]:
+                x, y = self.stream.next(self.device)[:2]
+                loss = self.loss_fn(self.net(x), y)
+                if not torch.isfinite(loss):
+                    raise NonFiniteError(f"LLPF refinement loss became {loss.item()} at tick {self.s['tick']} "
+                                         f"(step {steps}); lower lr")
+                grads = torch.autograd.grad(loss, params, allow_unused=True)
+                with torch.no_grad():
+                    for p, g, lr in zip(params, grads, lrs):
+                        if g is not None:
+                            p.add_(g, alpha=-lr)
+                window.append(loss.item())
+                steps += 1
+                if steps >= c["min_steps"] and sum(window) / len(window) <= c["threshold"]:
+                    reached = True
+                    break
+        self.s["grad_evals"] += steps
+        return steps, sum(window) / len(window), reached
+
+    # ------------------------------------------------------------------ ticks
+    def _tick_m2m(self) -> dict[str, Any]:
+        c = self.cfg
+        k = self.s["tick"] - self.s["phase_start"]
+        n_unlocked = len(self.groups) if c["order"] == "all" else min(len(self.groups), k // c["unlock_every"] + 1)
+        params = self._params()
+        with torch.no_grad():
+            for g in range(n_unlocked):
+                for key in self.groups[g]:
+                    params[key].lerp_(self.dest[key].to(params[key].dtype), c["step"])
+                self.s["remaining"][g] *= 1.0 - c["step"]
+        self._project()
+        steps, loss, reached = self._refine()
+        self._project()
+        return {"unlocked": n_unlocked, "steps": steps, "loss": loss, "reached": reached}
+
+    def _tick_m2o(self) -> dict[str, Any]:
+        c = self.cfg
+        params = self._params()
+        out: dict[str, Any] = {}
+        with torch.no_grad():
+            if self.mode == "m2o":
+                for key in self.moved_m2o:
+                    params[key].mul_(1.0 - c["step"])
+            else:  # cross-sphere: scale each module toward B's sphere, at most m2o_step per tick
+                s = c["m2o_step"]
+                factor: dict[str, float] = {}
+                for w in self.sphere_keys:
+                    v = tensor_variance(params[w])
+                    f = math.sqrt(self.var_dest[w] / v) if v > 0 else 1.0
+                    factor.setdefault(self.owners[w], min(max(f, 1.0 - s), 1.0 + s))
+                for key in self.moved_m2o:
+                    f = factor.get(self.owners[key])
+                    if f is not None:
+                        params[key].mul_(f)
+                out["on_sphere"] = all(
+                    abs(tensor_variance(params[w]) / self.var_dest[w] - 1.0) <= c["sphere_rtol"]
+                    for w in self.sphere_keys if self.var_dest[w] > 0
+                )
+        lr_of = None
+        if c["angle_conformal"]:
+            lr_of = {}
+            for key in self.coords:
+                ref = self.lr_ref.get(key)
+                if ref is not None and key in self.moved_m2o_set and self.var0[ref] > 0:
+                    lr_of[key] = c["lr"] * tensor_variance(params[ref]) / self.var0[ref]
+        steps, loss, reached = self._refine(lr_of)
+        out.update({"steps": steps, "loss": loss, "reached": reached})
+        return out
+
+    # ------------------------------------------------------------------ persistence
+    def _state_path(self) -> pathlib.Path:
+        return self.out_dir / STATE_FILE
+
+    def _flush(self) -> None:
+        if self.out_dir is None or not self.pending:
+            return
+        start = self.s["n_points"] - len(self.pending)
+        entry = write_shard(self.out_dir, start, self.pending)
+        self.s["shards"] = [s for s in self.s["shards"] if s["start"] != start] + [entry]
+        self.pending = []
+
+    def _checkpoint(self) -> None:
+        self._flush()
+        tensors = {f"net/{k}": v for k, v in self.net.state_dict().items()}
+        if self.last_point is not None:
+            tensors.update({f"last/{k}": v for k, v in self.last_point.items()})
+        tensors["rng/gen"] = self.gen.get_state()
+        st = self.stream.state_dict()
+        tensors["stream/perm"] = st["perm"]
+        meta = {"llpf_state": _json_dumps({
+            "version": STATE_VERSION, "fingerprint": self.fingerprint, "mode": self.mode,
+            "stream": {"pos": st["pos"], "epoch": st["epoch"]}, "state": self.s,
+        }, "LLPF state")}
+        save_state_dict(self._state_path(), tensors, metadata=meta)
+
+    def _try_resume(self) -> bool:
+        """Load the checkpoint in ``out_dir``; True if one was loaded."""
+        if self.out_dir is None:
+            return False
+        f = self._state_path()
+        exists = f.is_file()
+        if exists and not self.resume:
+            raise CheckpointError(f"{self.out_dir}: already holds an LLPF run ({STATE_FILE}); pass resume=True "
+                                  "to continue it, or choose another out_dir")
+        if not exists:
+            if (self.out_dir / MANIFEST).exists():
+                raise CheckpointError(f"{self.out_dir}: already holds a saved path ({MANIFEST}); choose another out_dir")
+            return False
+        try:
+            with safe_open(str(f), framework="pt", device="cpu") as fh:
+                meta = json.loads(fh.metadata()["llpf_state"])
+                tensors = {k: fh.get_tensor(k) for k in fh.keys()}
+        except Exception as err:
+            raise CheckpointError(f"{f}: unreadable LLPF checkpoint (truncated or corrupt?): {err}") from None
+        if meta.get("fingerprint") != self.fingerprint:
+            raise ConfigError(
+                f"{f}: this LLPF checkpoint was made with different settings, endpoints or data batch size "
+                f"(mode {meta.get('mode')!r}); resume with the same arguments, or use another out_dir"
+            )
+        self.s = meta["state"]
+        self.net.load_state_dict({k[4:]: v.to(self.device) for k, v in tensors.items() if k.startswith("net/")})
+        last = {k[5:]: v for k, v in tensors.items() if k.startswith("last/")}
+        self.last_point = last or None
+        self.gen.set_state(tensors["rng/gen"])
+        self.stream.load_state_dict({"perm": tensors["stream/perm"], **meta["stream"]})
+        self.pending = []
+        return True
+
+    # ------------------------------------------------------------------ main loop
+    def _total(self) -> int:
+        if self.mode == "m2m":
+            return self.cfg["ticks"]
+        if self.mode == "m2o":
+            return self.cfg["ticks"]
+        if self.s["phase"] == "m2m":
+            return self.s["phase_start"] + self.cfg["ticks"]
+        return self.cfg["m2o_max_ticks"] + self.cfg["ticks"]
+
+    def _done(self) -> bool:
+        if self.s["stopped"]:
+            return True
+        if self.s["phase"] == "m2m":
+            return self.s["tick"] - self.s["phase_start"] >= self.cfg["ticks"]
+        return self.mode == "m2o" and self.s["tick"] >= self.cfg["ticks"]
+
+    def run(self) -> Path:
+        if self.out_dir is not None:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+        resumed = self._try_resume()
+        if resumed and self.s["finished"]:
+            return Path.load(self.out_dir)
+        if not resumed:
+            self._append(cpu_clone(self.src_cpu))  # point 0 is the input itself
+        c = self.cfg
+        t0 = time.perf_counter()
+        wall0 = self.s["wall_time_s"]
+        while not self._done():
+            phase = self.s["phase"]
+            rec = self._tick_m2m() if phase == "m2m" else self._tick_m2o()
+            rec = {"tick": self.s["tick"], "phase": phase, **rec}
+            self.s["records"].append(rec)
+            self.s["tick"] += 1
+            switch = False
+            if phase == "m2o" and self.mode == "cross":
+                self.s["m2o_ticks"] += 1
+                switch = rec.get("on_sphere") or self.s["m2o_ticks"] >= c["m2o_max_ticks"]
+            if rec["reached"] is False and c["stop_on_unreached"]:
+                self.s["stopped"] = True
+            last_tick = self._done() or switch
+            if self.s["tick"] % c["record_every"] == 0 or last_tick:
+                self._record()
+            if switch:
+                self.s["sphere_reached"] = bool(rec.get("on_sphere"))
+                self.s["phase_boundary"] = self.s["n_points"] - 1
+                self.s["phase"], self.s["phase_start"] = "m2m", self.s["tick"]
+                params = self._params()
+                self.s["var_start"] = {k: tensor_variance(params[k]) for k in self.corrected}
+                self.s["remaining"] = [1.0] * len(self.groups)
+            self.s["wall_time_s"] = wall0 + time.perf_counter() - t0
+            if self.out_dir is not None and self.s["tick"] % c["checkpoint_every"] == 0 and not self._done():
+                self._checkpoint()
+            if self.progress is not None:
+                self.progress(self.s["tick"], self._total())
+        # ---- finish: the destination closes an M2M / cross-sphere path
+        if self.mode != "m2o" and not self.s["stopped"]:
+            self.s["final_gap"] = (distance(self.last_point, self.dest_cpu, self.coords)
+                                   / max(distance(self.src_cpu, self.dest_cpu, self.coords), 1e-30))
+            self._append(cpu_clone(self.dest_cpu))
+        self.s["finished"] = True
+        self.s["wall_time_s"] = wall0 + time.perf_counter() - t0
+        return self._build_path()
+
+    def _build_path(self) -> Path:
+        cum = self.s["cum"]
+        t = [x / cum[-1] for x in cum] if cum and cum[-1] > 0 else None
+        if t is not None:
+            t[-1] = 1.0
+        recs = self.s["records"]
+        unreached = [r["tick"] for r in recs if r["reached"] is False]
+        info = {
+            "mode": self.mode,
+            "settings": {k: v for k, v in self.cfg.items() if k != "groups"},
+            "groups": self.groups,
+            "corrected": self.corrected,
+            "ticks_done": self.s["tick"],
+            "complete": not self.s["stopped"],
+            "unreached_ticks": unreached,
+            "threshold_reached_all": not unreached,
+            "final_gap": self.s.get("final_gap"),
+            "phase_boundary": self.s["phase_boundary"],
+            "sphere_reached": self.s["sphere_reached"],
+            "m2o_ticks": self.s["m2o_ticks"] if self.mode == "cross" else None,
+            "records": recs,
+        }
+        compute = {"grad_evals": self.s["grad_evals"], "wall_time_s": self.s["wall_time_s"]}
+        method = {"m2m": "llpf-m2m", "m2o": "llpf-m2o", "cross": "llpf-cross-sphere"}[self.mode]
+        if self.out_dir is None:
+            return Path(self.pending, t, method=method, info=info, compute=compute)
+        self._flush()
+        path = Path._from_shards(self.out_dir, self.s["shards"], model_keys(self.net),
+                                 {k: str(v.dtype).replace("torch.", "") for k, v in self.net.state_dict().items()},
+                                 t, method, info, compute)
+        path.save(self.out_dir)  # writes path.json (the shards are in place)
+        self._checkpoint()       # marks the run finished
+        return path
+
+
+# ------------------------------------------------------------------------------------------ public API
+
+_REFINE_DOC = """
+        lr: SGD learning rate of the refinement (reference 0.001).
+        threshold: train loss (nats, mean of the last ``max(1, min_steps)`` minibatch losses) at which a tick's
+            refinement stops; set it a little above the endpoints' train loss (reference 0.005 on CIFAR-10).
+        min_steps, max_steps: refinement steps per tick (reference 20 / 20,000); ``max_steps=0`` disables
+            refinement. A tick that reaches ``max_steps`` above the threshold is listed in
+            ``info["unreached_ticks"]``; with ``stop_on_unreached`` the search stops there and the partial
+            path (without the destination) is returned, ``info["complete"] = False``.
+        batch_size: minibatch size (default: the DataLoader's, else 128).
+        record_every: store every k-th tick as a point (plus the last tick and phase boundaries).
+        loss_fn: ``loss_fn(logits, y)`` → mean loss (default cross-entropy).
+        seed: seeds the one ``torch.Generator`` of the run (minibatch order, dropout).
+        out_dir: checkpoint/output directory (points as safetensors shards, ``path.json`` at the end); the
+            returned path is then disk-backed. None: everything in memory.
+        checkpoint_every: ticks between checkpoints (also the number of ticks per shard file).
+        resume: continue the run checkpointed in ``out_dir`` (same arguments and endpoints required —
+            checked by a fingerprint, ConfigError otherwise; ``loss_fn`` and the training data's contents are
+            not part of it, pass the same ones); a finished run is simply loaded. Without it an existing run in ``out_dir`` raises
+            CheckpointError.
+        progress: ``progress(tick, total_ticks)`` after each tick.
+"""
+
+
+def llpf_m2m(
+    model: nn.Module,
+    sd_a: StateDict,
+    sd_b: StateDict,
+    train_data: Any,
+    *,
+    step: float = 0.01,
+    ticks: int = 500,
+    unlock_every: int | None = None,
+    order: str | Sequence[Sequence[str]] = "fdf",
+    variance_correction: str = "weights",
+    variance_target: str = "interpolate",
+    lr: float = 1e-3,
+    threshold: float = 0.05,
+    min_steps: int = 20,
+    max_steps: int = 2000,
+    batch_size: int | None = None,
+    record_every: int = 1,
+    stop_on_unreached: bool = False,
+    loss_fn: LossFn | None = None,
+    seed: int = 0,
+    out_dir: str | pathlib.Path | None = None,
+    checkpoint_every: int = 10,
+    resume: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+) -> Path:
+    """LLPF model-to-model: a low-loss path from ``sd_a`` to ``sd_b`` by ticks of move → variance correction
+    → refine → projection (module docstring; METHODS.md §2).
+
+    Args:
+        model: an instance of the architecture (copied, never mutated; traced for ``order="fdf"``).
+        sd_a, sd_b: source and destination state dicts (never mutated; one device — the run's device).
+        train_data: a Dataset (TensorDataset preferred) or a DataLoader (its dataset/batch size; batches are
+            drawn with the run's seeded generator).
+        step: fraction s ∈ (0, 1] of the remaining distance each unlocked group moves per tick (reference
+            0.001 with 16,000 ticks on ResNet18).
+        ticks: number of ticks (the path gets ``ticks // record_every`` + 2 points).
+        unlock_every: ticks between FDF unlocks (default ``max(1, ticks // (3·groups))``: every group is
+            unlocked within the first third of the run).
+        order: ``"fdf"`` (:func:`fdf_groups`), ``"all"`` (every layer from tick 0), or explicit groups of
+            parameter names in unlock order (covering every parameter once).
+        variance_correction: ``"weights"`` (≥2-d non-norm parameters), ``"all"`` or ``"none"``.
+        variance_target: ``"interpolate"`` (default, moves with the group's progress from A's to B's variance)
+            or ``"source"`` (A's variance throughout).
+    <REFINE>
+    Returns: a :class:`Path` (method ``"llpf-m2m"``): point 0 is sd_a, the last point sd_b (exactly), ``t`` the
+        normalised arc length; ``info`` has the settings, FDF groups, per-tick records (steps, loss, reached,
+        unlocked groups), ``unreached_ticks``, ``final_gap``; ``compute`` grad_evals and wall time.
+
+    Raises: ConfigError (bad option), StateDictMismatchError (endpoints of different architectures),
+        DeviceMismatchError, NonFiniteError (inputs or refinement loss), CheckpointError, TraceError (FDF on an
+        untraceable model).
+    """
+    cfg = dict(step=step, ticks=ticks, unlock_every=unlock_every, variance_correction=variance_correction,
+               variance_target=variance_target, lr=lr, threshold=threshold, min_steps=min_steps, max_steps=max_steps,
+               batch_size=batch_size, record_every=record_every, stop_on_unreached=bool(stop_on_unreached),
+               seed=seed, checkpoint_every=checkpoint_every, angle_conformal=False)
+    return _Run("m2m", model, sd_a, sd_b, train_data, cfg, order, loss_fn, out_dir, resume, progress).run()
+
+
+def llpf_m2o(
+    model: nn.Module,
+    sd_a: StateDict,
+    train_data: Any,
+    *,
+    step: float = 0.01,
+    ticks: int = 100,
+    angle_conformal: bool = True,
+    lr: float = 1e-3,
+    threshold: float = 0.05,
+    min_steps: int = 20,
+    max_steps: int = 2000,
+    batch_size: int | None = None,
+    record_every: int = 1,
+    stop_on_unreached: bool = False,
+    loss_fn: LossFn | None = None,
+    seed: int = 0,
+    out_dir: str | pathlib.Path | None = None,
+    checkpoint_every: int = 10,
+    resume: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+) -> Path:
+    """LLPF model-to-origin: every parameter of non-normalization modules shrinks by ``(1 − step)`` per tick,
+    no variance correction, refinement with the angle-conformal per-layer lr ``lr·var(w)/var₀(w)``
+    (``angle_conformal=False``: plain ``lr``, the ablation). Normalization layers are not moved.
+
+    Args: as :func:`llpf_m2m` (no destination, no groups).
+    <REFINE>
+    Returns: a :class:`Path` (method ``"llpf-m2o"``): point 0 is sd_a, the last point the last tick (the origin
+        itself is not a point).
+    Raises: as :func:`llpf_m2m`.
+    """
+    cfg = dict(step=step, ticks=ticks, unlock_every=None, variance_correction="none", variance_target="source",
+               lr=lr, threshold=threshold, min_steps=min_steps, max_steps=max_steps, batch_size=batch_size,
+               record_every=record_every, stop_on_unreached=bool(stop_on_unreached), seed=seed,
+               checkpoint_every=checkpoint_every, angle_conformal=bool(angle_conformal))
+    return _Run("m2o", model, sd_a, None, train_data, cfg, "all", loss_fn, out_dir, resume, progress).run()
+
+
+def llpf_cross_sphere(
+    model: nn.Module,
+    sd_a: StateDict,
+    sd_b: StateDict,
+    train_data: Any,
+    *,
+    m2o_step: float = 0.01,
+    m2o_max_ticks: int = 1000,
+    sphere_rtol: float = 0.01,
+    angle_conformal: bool = True,
+    step: float = 0.01,
+    ticks: int = 500,
+    unlock_every: int | None = None,
+    order: str | Sequence[Sequence[str]] = "fdf",
+    variance_correction: str = "weights",
+    variance_target: str = "interpolate",
+    lr: float = 1e-3,
+    threshold: float = 0.05,
+    min_steps: int = 20,
+    max_steps: int = 2000,
+    batch_size: int | None = None,
+    record_every: int = 1,
+    stop_on_unreached: bool = False,
+    loss_fn: LossFn | None = None,
+    seed: int = 0,
+    out_dir: str | pathlib.Path | None = None,
+    checkpoint_every: int = 10,
+    resume: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+) -> Path:
+    """LLPF across variance spheres (modes trained with different weight decay): M2O-like ticks scale each
+    module of A toward B's per-layer variance (at most ``m2o_step`` per tick, angle-conformal refinement) until
+    every ≥2-d weight's variance is within ``sphere_rtol`` of B's (or ``m2o_max_ticks``), then
+    :func:`llpf_m2m` (``ticks`` more ticks) to B. One path; ``info["phase_boundary"]`` is the index of the
+    switch point, ``info["sphere_reached"]`` whether the sphere was reached.
+
+    Args: as :func:`llpf_m2m`, plus ``m2o_step``, ``m2o_max_ticks``, ``sphere_rtol``, ``angle_conformal``.
+    Raises: as :func:`llpf_m2m`.
+    """
+    cfg = dict(step=step, ticks=ticks, unlock_every=unlock_every, variance_correction=variance_correction,
+               variance_target=variance_target, lr=lr, threshold=threshold, min_steps=min_steps, max_steps=max_steps,
+               batch_size=batch_size, record_every=record_every, stop_on_unreached=bool(stop_on_unreached),
+               seed=seed, checkpoint_every=checkpoint_every, angle_conformal=bool(angle_conformal),
+               m2o_step=m2o_step, m2o_max_ticks=m2o_max_ticks, sphere_rtol=sphere_rtol)
+    return _Run("cross", model, sd_a, sd_b, train_data, cfg, order, loss_fn, out_dir, resume, progress).run()
+
+
+for _f in (llpf_m2m, llpf_m2o, llpf_cross_sphere):
+    _f.__doc__ = _f.__doc__.replace("\n    <REFINE>", "\n" + _REFINE_DOC.strip("\n"))
+del _f
