@@ -174,3 +174,18 @@ def test_asymmetric_models_share_fixed_structure_exactly():
         mc.evaluate_path(a, a.state_dict(), other.state_dict(), loader, lambdas=3)
     with pytest.raises(ConfigError, match="fixed structure"):
         mc.merge([a.state_dict(), other.state_dict()], model=a)
+
+
+def test_merge_bn_policies_on_statistics():
+    a, x = make("mlp-bn", seed=0)
+    b, _ = make("mlp-bn", seed=1)
+    sa, sb = a.state_dict(), b.state_dict()
+    loader = _loader(x.shape[1:])
+    keep = mc.merge([sa, sb], model=a, bn="keep")
+    interp = mc.merge([sa, sb], model=a, bn="interpolate")
+    reset = mc.merge([sa, sb], model=a, bn="reset", bn_loader=loader)
+    for k in sa:
+        if k.endswith("running_mean"):
+            assert torch.equal(keep[k], sa[k])
+            torch.testing.assert_close(interp[k], 0.5 * (sa[k] + sb[k]))
+            assert not torch.equal(reset[k], interp[k])

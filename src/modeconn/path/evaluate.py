@@ -202,8 +202,9 @@ def merge(
         weights: one finite weight per model (default uniform). ``merge([a, b], [1, 0])`` is ``a``.
         model: an instance of the architecture; needed for ``bn="reset"`` on a model with BatchNorm and
             for ``bn="repair"``. Without a model the average is returned as is (statistics averaged).
-        bn: ``reset`` (default), ``interpolate``/``keep`` (no re-estimation) or ``repair`` (REPAIR with
-            the endpoints' channel statistics, folded back into the weights).
+        bn: ``reset`` (default), ``interpolate`` (statistics averaged like weights), ``keep`` (the first
+            model's statistics) or ``repair`` (REPAIR with the endpoints' channel statistics, folded back
+            into the weights).
         bn_loader, bn_batches, spec: as in :func:`evaluate_path`.
     Returns: the merged state dict (input dtypes kept).
     Raises: ConfigError, StateDictMismatchError, DeviceMismatchError, NonFiniteError.
@@ -228,5 +229,7 @@ def merge(
     targets = None
     if bn == "repair":
         targets = interpolated_targets([bench.endpoint_stats(sd) for sd in state_dicts], weights)
+    if bn == "keep":
+        merged = _keep_a_stats(merged, state_dicts[0], bench.model)
     net = bench.load(merged, endpoint=False, targets=targets)
     return {k: v.detach().clone() for k, v in net.state_dict().items()}
