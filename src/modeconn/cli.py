@@ -316,6 +316,8 @@ def experiment(
     quick: bool = typer.Option(False, help="the small CI size (minutes on 2 cores) instead of the full size"),
     pairs: Optional[int] = typer.Option(None, min=1, help="model pairs per setting (default: 1 quick, 3 full)"),
     epochs: Optional[int] = typer.Option(None, min=1, help="training epochs per model (default per experiment)"),
+    width: Optional[int] = typer.Option(None, min=1, help="hidden width of the MLPs (default 64 quick, 256/512 full)"),
+    limit_train: Optional[int] = typer.Option(None, min=1, help="training examples per model (default per size)"),
     data: Optional[Path] = typer.Option(None, help=DATA_HELP),
     out: Optional[Path] = typer.Option(None, help="output directory (default runs/<name>-<time>)"),
     overwrite: bool = typer.Option(False, help="replace a non-empty --out"),
@@ -334,8 +336,9 @@ def experiment(
             raise ModeconnError(f"unknown experiment {name!r}; valid: {', '.join(EXPERIMENTS)}")
         out = out or default_out(name)
         with console.status(f"running {name}"):
-            results = run_identifiability(name, out, quick=quick, pairs=pairs, epochs=epochs, data=data,
-                                          overwrite=overwrite, log=lambda s: console.log(s))
+            results = run_identifiability(name, out, quick=quick, pairs=pairs, epochs=epochs, width=width,
+                                          limit_train=limit_train, data=data, overwrite=overwrite,
+                                          log=lambda s: console.log(s))
     except ModeconnError as err:
         _fail(err)
     from .experiments.identifiability import report

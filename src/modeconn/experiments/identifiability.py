@@ -297,7 +297,8 @@ def plot(results: dict, path: Path) -> None:
 
 
 def run_identifiability(name: str, out: Path, *, quick: bool = False, pairs: int | None = None, epochs: int | None = None,
-                        data: Path | None = None, overwrite: bool = False, log: Log = print) -> dict:
+                        width: int | None = None, limit_train: int | None = None, data: Path | None = None,
+                        overwrite: bool = False, log: Log = print) -> dict:
     """Run one identifiability experiment and write results.json, report.md and summary.png into ``out``."""
     from ..errors import ConfigError
 
@@ -305,12 +306,13 @@ def run_identifiability(name: str, out: Path, *, quick: bool = False, pairs: int
         raise ConfigError(f"unknown experiment {name!r}; valid: {', '.join(EXPERIMENTS)}")
     fn, sizes = EXPERIMENTS[name]
     size = sizes["quick" if quick else "full"]
-    if pairs is not None or epochs is not None:
-        size = dataclasses.replace(size, pairs=pairs or size.pairs, epochs=epochs or size.epochs)
+    overrides = {k: v for k, v in dict(pairs=pairs, epochs=epochs, width=width, limit_train=limit_train).items() if v}
+    size = dataclasses.replace(size, **overrides)
     start = time.perf_counter()
     with output_directory(out, overwrite) as tmp:
         results = fn(size, log, data)
-        results.update(size="quick" if quick else "full", pairs=size.pairs, epochs=size.epochs, width=size.width,
+        results.update(size=("quick" if quick else "full") + (f" with overrides {overrides}" if overrides else ""),
+                       pairs=size.pairs, epochs=size.epochs, width=size.width, limit_train=size.limit_train,
                        seconds=time.perf_counter() - start)
         write_json(tmp / "results.json", results)
         plot(results, tmp / "summary.png")
