@@ -302,6 +302,21 @@ def save_checkpoint(
     return path
 
 
+def read_json_object(path: str | os.PathLike, what: str = "JSON file") -> dict[str, Any]:
+    """The JSON object stored in ``path``; CheckpointError naming the file if it is missing, not valid JSON
+    (or not UTF-8) or not an object."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: {what} not found")
+    try:
+        obj = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"{path}: invalid JSON: {err}") from None
+    if not isinstance(obj, dict):
+        raise CheckpointError(f"{path}: expected a JSON object, got {type(obj).__name__}")
+    return obj
+
+
 def read_config(path: str | os.PathLike) -> dict[str, Any]:
     """The parsed ``config.json`` of a checkpoint directory (or the path of a config.json file itself).
 
@@ -311,14 +326,7 @@ def read_config(path: str | os.PathLike) -> dict[str, Any]:
     """
     path = Path(path)
     cfg_path = path / CONFIG_NAME if path.is_dir() or path.suffix != ".json" else path
-    if not cfg_path.is_file():
-        raise CheckpointError(f"{cfg_path}: config file not found")
-    try:
-        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise CheckpointError(f"{cfg_path}: invalid JSON: {err}") from None
-    if not isinstance(cfg, dict):
-        raise CheckpointError(f"{cfg_path}: expected a JSON object, got {type(cfg).__name__}")
+    cfg = read_json_object(cfg_path, "config file")
     if not isinstance(cfg.get("architecture"), str):
         raise CheckpointError(
             f"{cfg_path}: missing or non-string 'architecture'; valid architectures: {', '.join(MODELS.names())}"

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import json
 import os
 import pathlib
 import tempfile
@@ -41,7 +40,7 @@ from safetensors import safe_open
 
 from ..checks import check_compatible, check_one_device
 from ..errors import CheckpointError, ConfigError, StateDictMismatchError
-from ..io import _json_dumps, check_state_dict_compatible, save_state_dict
+from ..io import _json_dumps, check_state_dict_compatible, read_json_object, save_state_dict
 from ..nn_utils import batchnorm_modules
 from .batchnorm import fixed_batches, reset_bn_stats
 from .curve import Curve
@@ -370,11 +369,8 @@ class Path:
         mf = d / MANIFEST
         if not mf.is_file():
             raise CheckpointError(f"{d}: not a path directory ({MANIFEST} not found)")
-        try:
-            m = json.loads(mf.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise CheckpointError(f"{mf}: invalid JSON: {err}") from None
-        if not isinstance(m, dict) or m.get("format") != FORMAT:
+        m = read_json_object(mf, "path manifest")
+        if m.get("format") != FORMAT:
             raise CheckpointError(f"{mf}: not a modeconn path manifest (format {m.get('format')!r})")
         if m.get("format_version", 0) > FORMAT_VERSION:
             raise CheckpointError(f"{mf}: format_version {m['format_version']} is newer than this modeconn "
