@@ -15,3 +15,14 @@ def shared_data() -> Path:
     if env:
         return Path(env).expanduser().resolve()
     return (Path(__file__).resolve().parents[1] / ".." / "shared" / "data").resolve()
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models gain nothing from intra-op threads (and the CI machine is shared): one thread per module."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -25,13 +25,7 @@ from modeconn.path import (
 )
 from modeconn.path.batchnorm import fixed_batches
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _data(n=64, seed=0):

@@ -39,13 +39,7 @@ def _same(sd1, sd2):
     return sd1.keys() == sd2.keys() and all(torch.equal(sd1[k], sd2[k]) for k in sd1)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # tiny models: threads only add overhead (and the CI machine is shared)
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 QUICK = dict(lr=0.01, threshold=0.0, min_steps=1, max_steps=2, batch_size=32)
