@@ -3,21 +3,25 @@
 from __future__ import annotations
 
 import torch
-import torch.nn as nn
+from torch import nn
 
 from modeconn.models import build_model
 
 # (id, architecture, kwargs, input shape)
 ARCHS = [
-    ("mlp", "mlp", dict(depth=3, width=16), (1, 6, 6)),
-    ("mlp-nobias", "mlp", dict(depth=2, width=12, bias=False), (1, 6, 6)),
-    ("mlp-ln", "mlp", dict(depth=3, width=16, norm="layernorm"), (1, 6, 6)),
-    ("mlp-bn", "mlp", dict(depth=3, width=16, norm="batchnorm"), (1, 6, 6)),
-    ("vgg-bn", "vgg", dict(layout=(8, "M", 16, "M"), batchnorm=True, classifier_widths=(24, 20)), (3, 8, 8)),
-    ("cnn", "cnn", dict(channels=(6, 8), hidden=(16,)), (1, 8, 8)),
-    ("resnet20-bn", "resnet20", dict(width=0.5, norm="batchnorm"), (1, 8, 8)),
-    ("resnet20-ln", "resnet20", dict(width=0.5, norm="layernorm"), (3, 8, 8)),
-    ("resnet20-none-x2", "resnet20", dict(width=1.0, norm="none"), (1, 8, 8)),
+    ("mlp", "mlp", {"depth": 3, "width": 16}, (1, 6, 6)),
+    ("mlp-nobias", "mlp", {"depth": 2, "width": 12, "bias": False}, (1, 6, 6)),
+    ("mlp-ln", "mlp", {"depth": 3, "width": 16, "norm": "layernorm"}, (1, 6, 6)),
+    ("mlp-bn", "mlp", {"depth": 3, "width": 16, "norm": "batchnorm"}, (1, 6, 6)),
+    ("vgg-bn", "vgg", {"layout": (8, "M", 16, "M"), "batchnorm": True, "classifier_widths": (24, 20)}, (3, 8, 8)),
+    ("cnn", "cnn", {"channels": (6, 8), "hidden": (16,)}, (1, 8, 8)),
+    ("resnet20-bn", "resnet20", {"width": 0.5, "norm": "batchnorm"}, (1, 8, 8)),
+    ("resnet20-ln", "resnet20", {"width": 0.5, "norm": "layernorm"}, (3, 8, 8)),
+    ("resnet20-none-x2", "resnet20", {"width": 1.0, "norm": "none"}, (1, 8, 8)),
+    # inverted residuals: the first block adds onto the stem's space, stride-2 stage then a residual block
+    ("mobilenetv2", "mobilenetv2", {"stem_channels": 8, "stages": ((1, 8, 1, 1), (2, 12, 2, 2)), "last_channels": 16}, (3, 8, 8)),
+    # 2×2 = 4 tokens of width 8, two blocks of two heads (head width 4)
+    ("cct", "cct", {"dim": 8, "depth": 2, "num_heads": 2, "conv_layers": 2, "conv_channels": 6}, (1, 8, 8)),
 ]
 ARCH_IDS = [a[0] for a in ARCHS]
 

@@ -1,4 +1,5 @@
-"""Architectures by name: ``build_model("mlp" | "vgg" | "resnet20" | "cnn", in_shape=(C, H, W), num_classes=K)``.
+"""Architectures by name: ``build_model("mlp" | "vgg" | "resnet20" | "cnn" | "mobilenetv2" | "cct",
+in_shape=(C, H, W), num_classes=K)``.
 
 Every model maps (N, C, H, W) float inputs to (N, K) logits, is ``torch.fx.symbolic_trace``-able and
 carries ``model.modeconn_config`` (architecture name + full kwargs) so checkpoints can rebuild it.
@@ -8,7 +9,7 @@ Models are leaves of the package: nothing here imports the rest of modeconn beyo
 
 from __future__ import annotations
 
-from . import convnet, mlp, resnet  # noqa: F401  (register the architectures)
+from . import cct, convnet, mlp, mobilenet, resnet  # noqa: F401  (register the architectures)
 from ._blocks import (
     ACTIVATIONS,
     NORM_KINDS,
@@ -28,12 +29,15 @@ from .asymmetric import (
     fixed_structure_keys,
     fixed_structure_mismatches,
 )
+from .cct import CCT
 from .convnet import VGG_LAYOUTS, ConvNet
 from .mlp import MLP
+from .mobilenet import MobileNetV2
 from .resnet import BasicBlock, ResNet
 
 __all__ = [
     "ACTIVATIONS",
+    "CCT",
     "MLP",
     "MODELS",
     "NORM_KINDS",
@@ -45,6 +49,7 @@ __all__ = [
     "ConvBlock",
     "ConvNet",
     "LinearBlock",
+    "MobileNetV2",
     "ResNet",
     "build_model",
     "fixed_structure_digest",

@@ -8,10 +8,26 @@ residual additions and other elementwise binary ops *union* the spaces of their 
 inputs and outputs are *frozen* spaces, and anything unioned with a frozen space is frozen too.
 Frozen spaces are dropped at the end: their axes stay unbound (never permuted).
 
+Per-head spaces (attention): a reshape that splits the permuted dim into (groups, width), e.g.
+``q.unflatten(-1, (heads, head_dim))``, *splits* each space into ``heads`` child spaces of size ``head_dim``
+(the group is restricted to permutations within each head) and the value records the axis indexing the
+children (``_Val.outer``). Bindings made before or after the split are expanded to one partial binding per
+child at offset ``i · head_dim`` when the spec is built. ``q @ kᵀ`` contracts the per-head dims, so it unions
+q's and k's child spaces head by head (QKᵀ is invariant under a joint permutation) and its result carries no
+symmetry; ``attn @ v`` keeps v's per-head spaces, and merging the heads again (``flatten``) lays them out
+along the feature dim for ``o_proj``. Permutations of whole heads are not modelled (a later head-permutation
+group); every space here is a plain permutation space.
+
+Parameters read by ``get_attr`` and combined elementwise with activations (a positional embedding added to
+tokens, a per-feature scale) are bound, on the axis broadcast against the permuted dim, to the activations'
+spaces (output side, like a bias); read anywhere else they stay unbound and, if also bound somewhere, their
+spaces are frozen.
+
 Supported: Linear, Conv1d/2d/3d (groups=1 or depthwise), BatchNorm1d/2d/3d, LayerNorm, GroupNorm
-(1 group or one per channel), PReLU, elementwise activations, dropout, pooling, flatten / view /
-reshape that merges the trailing dimensions, permute / transpose, mean/sum/amax reductions, residual
-additions and products, concatenation. Anything else raises :class:`UnsupportedOperationError` naming
+(1 group or one per channel), PReLU, elementwise activations, softmax, dropout, pooling, flatten / view /
+reshape that merges adjacent dimensions or splits the permuted one into (groups, width), unflatten,
+permute / transpose, mean/sum/amax reductions, residual additions and products, parameters added to
+activations, matmul / bmm, concatenation. Anything else raises :class:`UnsupportedOperationError` naming
 the node, or with ``on_unsupported="freeze"`` freezes every space touching it.
 """
 
@@ -19,13 +35,14 @@ from __future__ import annotations
 
 import math
 import operator
-from dataclasses import dataclass
-from typing import Any, Callable, Literal
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any, Literal
 
 import torch
 import torch.fx
-import torch.nn as nn
 import torch.nn.functional as F
+from torch import nn
 from torch.fx.passes.shape_prop import ShapeProp
 
 from ..errors import ConfigError, TraceError, UnsupportedOperationError
@@ -43,15 +60,33 @@ class _Seg:
 
 @dataclass(frozen=True)
 class _Val:
-    """A tensor value: symmetry acts on ``dim``, laid out as ``segs`` along it."""
+    """A tensor value: symmetry acts on ``dim``, laid out as ``segs`` along it.
+
+    With ``outer`` set (per-head values, e.g. (N, heads, T, head_dim)), ``segs[i]`` is the whole layout of
+    ``dim`` at index ``i`` of axis ``outer``: a different space per head, and ``len(segs) == shape[outer]``.
+    """
 
     dim: int
     ndim: int
     segs: tuple[_Seg, ...]
+    outer: int | None = None
 
     @property
     def width(self) -> int:
         return sum(s.n * s.block for s in self.segs)
+
+    def remap(self, axis: Callable[[int], int], ndim: int) -> _Val:
+        """The same spaces after the axes moved (``axis(old) -> new``) in a tensor of ``ndim`` dims."""
+        return _Val(axis(self.dim), ndim, self.segs, None if self.outer is None else axis(self.outer))
+
+
+@dataclass(frozen=True)
+class _Attr:
+    """A tensor read by a ``get_attr`` node: a parameter/buffer ``key`` of the state dict, or ``None`` for a
+    tensor outside it (which can never be permuted)."""
+
+    key: str | None
+    shape: tuple[int, ...]
 
 
 _ELEMENTWISE_MODULES = (
@@ -87,26 +122,37 @@ _BINARY = {operator.add, operator.sub, operator.mul, operator.truediv, operator.
 _BINARY_METHODS = {"add", "add_", "sub", "mul", "mul_", "div", "maximum", "minimum"}
 _REDUCE_FUNCTIONS = {torch.mean, torch.sum, torch.amax, torch.amin}
 _REDUCE_METHODS = {"mean", "sum", "amax", "amin"}
-_FLATTEN_FUNCTIONS = {torch.flatten, torch.reshape}
-_FLATTEN_METHODS = {"flatten", "view", "reshape"}
+# softmax / log_softmax commute with permutations of every dim, their own included (the normaliser is a
+# symmetric function); an orthogonal or scaling group would need its own rule here
+_SOFTMAX_FUNCTIONS = {F.softmax, F.log_softmax, torch.softmax, torch.log_softmax}
+_SOFTMAX_METHODS = {"softmax", "log_softmax"}
+_RESHAPE_FUNCTIONS = {torch.flatten, torch.reshape, torch.unflatten}
+_RESHAPE_METHODS = {"flatten", "view", "reshape", "unflatten"}
+_MATMUL = {operator.matmul, torch.matmul, torch.bmm}
+_MATMUL_METHODS = {"matmul", "bmm"}
 _NON_TENSOR_METHODS = {"size", "dim"}
 
 
 class _Tracer:
-    """Union-find over spaces plus the per-node value table."""
+    """Union-find over spaces (with splits into per-head children) plus the per-node value table."""
 
-    def __init__(self, gm: torch.fx.GraphModule, on_unsupported: OnUnsupported) -> None:
+    def __init__(self, gm: torch.fx.GraphModule, on_unsupported: OnUnsupported, state_keys: frozenset[str] = frozenset()) -> None:
         self.gm = gm
         self.modules = dict(gm.named_modules())
         self.on_unsupported = on_unsupported
+        self.state_keys = state_keys
         self.parent: list[int] = []
         self.size: list[int] = []
         self.frozen: list[bool] = []
         self.creator: list[str] = []
+        self.children: dict[int, tuple[int, ...]] = {}  # split space (a root when split) → its k equal parts
         self.module_space: dict[str, int] = {}
         self.bindings: list[tuple[str, AxisBinding, int]] = []  # (tensor key, binding with space placeholder, space id)
         self.probes: list[tuple[int, Probe]] = []
+        self.out_probes: list[tuple[int, Probe]] = []  # writer outputs: probes for spaces no writer reads
         self.writers: list[tuple[str, int, torch.fx.Node]] = []
+        self.attr_bound: dict[str, tuple[int, _Val]] = {}  # parameter key → (axis, activations it is bound with)
+        self.attr_frozen: set[str] = set()  # parameter keys read where they cannot be permuted
         self.vals: dict[torch.fx.Node, Any] = {}
 
     # ---------------------------------------------------------------- union-find
@@ -129,14 +175,59 @@ class _Tracer:
             return
         if self.size[ra] != self.size[rb]:
             raise TraceError(f"node {node.name!r} joins spaces of sizes {self.size[ra]} and {self.size[rb]}")
+        parts: list[tuple[int, int]] = []
+        if ra in self.children or rb in self.children:  # joining a split space: split the other alike, join part by part
+            k = len(self.children.get(ra) or self.children[rb])
+            ka, kb = self.split(ra, k), self.split(rb, k)
+            if ka is None or kb is None:  # split into different parts: only the identity fits both
+                self.set_frozen(ra)
+                self.set_frozen(rb)
+                return
+            parts = list(zip(ka, kb))
         ra, rb = min(ra, rb), max(ra, rb)
         self.parent[rb] = ra
-        self.frozen[ra] = self.frozen[ra] or self.frozen[rb]
+        frozen = self.frozen[ra] or self.frozen[rb]
+        for pa, pb in parts:
+            self.union(pa, pb, node)
+        if frozen:
+            self.set_frozen(ra)
+
+    def split(self, sid: int, k: int) -> tuple[int, ...] | None:
+        """The ``k`` equal consecutive parts of space ``sid`` (created on first use); ``None`` if it is already
+        split differently or its size is not a multiple of ``k``. Splitting restricts the space's group to
+        permutations within each part (always safe: a subgroup of a symmetry group is a symmetry group)."""
+        r = self.find(sid)
+        if k == 1:
+            return (r,)
+        if r in self.children:
+            return self.children[r] if len(self.children[r]) == k else None
+        if self.size[r] % k:
+            return None
+        n = self.size[r] // k
+        self.children[r] = tuple(self.new_space(n, f"{self.creator[r]}[{i}]", self.frozen[r]) for i in range(k))
+        return self.children[r]
+
+    def leaves(self, sid: int, block: int, offset: int) -> list[tuple[int, int]]:
+        """(root, offset) of each unsplit space making up ``sid``, in order along an axis where it starts at ``offset``."""
+        r = self.find(sid)
+        if r not in self.children:
+            return [(r, offset)]
+        step = self.size[r] // len(self.children[r]) * block
+        return [leaf for i, c in enumerate(self.children[r]) for leaf in self.leaves(c, block, offset + i * step)]
+
+    def set_frozen(self, sid: int) -> None:
+        r = self.find(sid)
+        self.frozen[r] = True
+        for c in self.children.get(r, ()):
+            self.set_frozen(c)
 
     def freeze(self, v: Any) -> None:
-        for val in _tensor_vals(v):
-            for s in val.segs:
-                self.frozen[self.find(s.space)] = True
+        if isinstance(v, _Attr):
+            if v.key is not None:
+                self.attr_frozen.add(v.key)
+        elif isinstance(v, _Val):
+            for s in v.segs:
+                self.set_frozen(s.space)
 
     def frozen_val(self, node: torch.fx.Node) -> _Val | None:
         shape = _shape(node)
@@ -145,6 +236,13 @@ class _Tracer:
         dim = 1 if len(shape) >= 2 else 0
         n = shape[dim] if shape else 1
         return _Val(dim, len(shape), (_Seg(self.new_space(n, node.name, frozen=True), n),))
+
+    def all_frozen(self, x: _Val) -> bool:
+        return all(self.frozen[self.find(s.space)] for s in x.segs)
+
+    def inactive(self, x: _Val) -> bool:
+        """No non-trivial permutation acts on ``x``: its spaces are frozen or of size 1."""
+        return all(self.frozen[r] or self.size[r] == 1 for r in (self.find(s.space) for s in x.segs))
 
     # ---------------------------------------------------------------- bookkeeping
     def bind(self, key: str, axis: int, val: _Val, side: str) -> None:
@@ -175,7 +273,9 @@ class _Tracer:
             if node.op == "placeholder":
                 self.vals[node] = self.frozen_val(node)
             elif node.op == "get_attr":
-                self.vals[node] = self.frozen_val(node)
+                shape = _shape(node)
+                key = str(node.target)
+                self.vals[node] = _Attr(key if key in self.state_keys else None, shape) if shape is not None else None
             elif node.op == "output":
                 for a in _flat_args(node):
                     self.freeze(self.vals.get(a))
@@ -184,9 +284,17 @@ class _Tracer:
             else:
                 self.vals[node] = self.call_other(node)
 
+    def value(self, a: Any) -> _Val | None:
+        """The traced value of argument ``a``. A parameter read here (anywhere but as an elementwise operand
+        of activations, see :meth:`parameter_operand`) is never permuted: it becomes a frozen value."""
+        v = self.vals.get(a) if isinstance(a, torch.fx.Node) else None
+        if isinstance(v, _Attr):
+            self.freeze(v)
+            return self.frozen_val(a)
+        return v
+
     def arg_val(self, node: torch.fx.Node, i: int = 0) -> _Val | None:
-        a = node.args[i] if i < len(node.args) else None
-        return self.vals.get(a) if isinstance(a, torch.fx.Node) else None
+        return self.value(node.args[i]) if i < len(node.args) else None
 
     # ---------------------------------------------------------------- modules
     def call_module(self, node: torch.fx.Node) -> _Val | None:
@@ -195,6 +303,13 @@ class _Tracer:
         x = self.arg_val(node)
         if x is None:
             return self.unsupported(node, "module input is not a tensor")
+        if isinstance(mod, (*_ELEMENTWISE_MODULES, nn.Softmax, nn.LogSoftmax)):
+            return x
+        if isinstance(mod, nn.Flatten):
+            return self.reshape(node, x)
+        if x.outer is not None and not self.all_frozen(x):
+            return self.unsupported(node, f"{type(mod).__name__} on a value with a different space per index of axis {x.outer} "
+                                    "(e.g. per attention head)")
         if isinstance(mod, nn.Linear):
             return self.writer(node, name, x, x.ndim - 1, mod.out_features, in_axis=1)
         if isinstance(mod, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):
@@ -205,14 +320,8 @@ class _Tracer:
             if mod.num_parameters > 1:
                 self.bind(f"{name}.weight", 0, self.require_dim(node, x, 1), "out")
             return x
-        if isinstance(mod, _ELEMENTWISE_MODULES):
-            return x
-        if isinstance(mod, (nn.Softmax, nn.LogSoftmax)):
-            return x
         if isinstance(mod, _POOL_MODULES):
             return self.require_dim(node, x, 1)
-        if isinstance(mod, nn.Flatten):
-            return self.flatten(node, x)
         return self.unsupported(node, f"module type {type(mod).__name__} has no symmetry rule")
 
     def require_dim(self, node: torch.fx.Node, x: _Val, dim: int) -> _Val:
@@ -225,9 +334,6 @@ class _Tracer:
             )
         return x
 
-    def all_frozen(self, x: _Val) -> bool:
-        return all(self.frozen[self.find(s.space)] for s in x.segs)
-
     def writer(self, node, name: str, x: _Val, dim: int, n_out: int, in_axis: int | None) -> _Val:
         x = self.require_dim(node, x, dim)
         if in_axis is not None:
@@ -239,6 +345,7 @@ class _Tracer:
         if getattr(self.modules[name], "bias", None) is not None:
             self.bind(f"{name}.bias", 0, out, "out")
         self.writers.append((name, space, node))
+        self.out_probes.append((space, Probe(name, "output", out.dim)))
         return out
 
     def conv(self, node, name: str, mod: nn.Module, x: _Val) -> _Val | None:
@@ -282,38 +389,60 @@ class _Tracer:
     def call_other(self, node: torch.fx.Node) -> _Val | None:
         t = node.target
         is_method = node.op == "call_method"
+
+        def among(methods: set[str], functions: set[Any]) -> bool:
+            return t in methods if is_method else t in functions
+
         if _shape(node) is None and (is_method and t in _NON_TENSOR_METHODS or t is operator.getitem or t is getattr):
             return None
-        x = self.arg_val(node)
-        if (is_method and t in _ELEMENTWISE_METHODS) or (not is_method and t in _ELEMENTWISE_FUNCTIONS):
-            return x if x is not None else self.frozen_val(node)
-        if (is_method and t in _BINARY_METHODS) or (not is_method and t in _BINARY):
+        # rules reading several operands first: they look at parameters before value() freezes them
+        if among(_BINARY_METHODS, _BINARY):
             return self.binary(node)
-        if not is_method and t in _POOL_FUNCTIONS:
-            return self.require_dim(node, x, 1)
-        if (is_method and t in _FLATTEN_METHODS) or (not is_method and t in _FLATTEN_FUNCTIONS):
-            return self.flatten(node, x)
-        if (is_method and t in _REDUCE_METHODS) or (not is_method and t in _REDUCE_FUNCTIONS):
-            return self.reduce(node, x)
-        if (is_method and t in ("permute", "transpose")) or (not is_method and t in (torch.permute, torch.transpose)):
-            return self.permute(node, x)
+        if among(_MATMUL_METHODS, _MATMUL):
+            return self.matmul(node)
         if not is_method and t is torch.cat:
             return self.cat(node)
+        x = self.arg_val(node)
+        if among(_ELEMENTWISE_METHODS | _SOFTMAX_METHODS, _ELEMENTWISE_FUNCTIONS | _SOFTMAX_FUNCTIONS):
+            return x if x is not None else self.frozen_val(node)
+        if not is_method and t in _POOL_FUNCTIONS:
+            if x is None or self.all_frozen(x):
+                return self.frozen_val(node)
+            if x.outer is not None:
+                return self.unsupported(node, "pooling a value with per-head spaces")
+            return self.require_dim(node, x, 1)
+        if among(_RESHAPE_METHODS, _RESHAPE_FUNCTIONS):
+            return self.reshape(node, x)
+        if among(_REDUCE_METHODS, _REDUCE_FUNCTIONS):
+            return self.reduce(node, x)
+        if among({"permute", "transpose"}, {torch.permute, torch.transpose}):
+            return self.permute(node, x)
         return self.unsupported(node, "no symmetry rule for this operation")
 
     def binary(self, node: torch.fx.Node) -> _Val | None:
-        vals = [self.vals.get(a) for a in node.args[:2] if isinstance(a, torch.fx.Node)]
-        vals = [v for v in vals if v is not None]
-        if not vals:
+        operands = [a for a in node.args[:2] if isinstance(a, torch.fx.Node)]
+        raw = [self.vals.get(a) for a in operands]
+        if len(raw) == 2 and sum(isinstance(v, _Attr) for v in raw) == 1 and sum(isinstance(v, _Val) for v in raw) == 1:
+            (x_node, x), (p_node, p) = sorted(zip(operands, raw), key=lambda av: isinstance(av[1], _Attr))
+            return self.parameter_operand(node, x_node, x, p_node, p)
+        pairs = [(a, v) for a, v in ((a, self.value(a)) for a in operands) if v is not None]
+        if not pairs:
             return self.frozen_val(node)
-        if len(vals) == 1:
-            if _shape(node) != _shape_of_val_node(node, vals[0], self):
+        if len(pairs) == 1:
+            a_node, v = pairs[0]
+            if _shape(node) != _shape(a_node):
                 return self.unsupported(node, "broadcasting against a non-tensor changes the shape")
-            return vals[0]
-        a, b = vals
-        if a.ndim != b.ndim or a.dim != b.dim or len(a.segs) != len(b.segs) or any(
-            (sa.n, sa.block) != (sb.n, sb.block) for sa, sb in zip(a.segs, b.segs)
-        ):
+            return v
+        (a_node, a), (b_node, b) = pairs
+        if self.all_frozen(a) and self.all_frozen(b):
+            return self.frozen_val(node)
+        for (x_node, x), (c_node, c) in (((a_node, a), (b_node, b)), ((b_node, b), (a_node, a))):
+            # an unpermuted operand constant along x's permuted dim (a scalar, a per-token mask) broadcasts
+            if self.all_frozen(c) and not self.all_frozen(x) and _shape(x_node) == _shape(node) and _constant_along(
+                _shape(node), _shape(c_node), x.dim
+            ):
+                return x
+        if not _same_layout(a, b):
             if a.width == b.width and a.dim == b.dim:
                 self.freeze(a)
                 self.freeze(b)
@@ -323,7 +452,89 @@ class _Tracer:
             self.union(sa.space, sb.space, node)
         return a
 
-    def flatten(self, node: torch.fx.Node, x: _Val | None) -> _Val | None:
+    def parameter_operand(self, node: torch.fx.Node, x_node, x: _Val, p_node, p: _Attr) -> _Val | None:
+        """``x ∘ p`` for activations ``x`` and a parameter/buffer ``p`` (a positional embedding added to tokens,
+        a per-feature scale): ``p``'s axis that broadcasts against ``x.dim`` is bound to x's spaces on the
+        output side, like a bias; a ``p`` constant along that axis needs no binding."""
+        out_shape = _shape(node)
+        if out_shape is None or _shape(x_node) != out_shape:
+            return self.unsupported(node, f"{p_node.name} broadcasts the activations to a larger shape")
+        if _constant_along(out_shape, p.shape, x.dim):
+            return x
+        axis = x.dim - (len(out_shape) - len(p.shape))
+        if p.key is None:  # a tensor outside the state dict cannot move with x
+            self.freeze(x)
+            return x
+        if x.outer is not None:
+            if not self.all_frozen(x):
+                return self.unsupported(node, f"parameter {p.key!r} would need a different permutation per index of axis {x.outer}")
+            self.freeze(p)
+            return x
+        prev = self.attr_bound.get(p.key)
+        if prev is None:
+            self.attr_bound[p.key] = (axis, x)
+            self.bind(p.key, axis, x, "out")
+        elif prev[0] != axis or not _same_layout(prev[1], replace(x, ndim=prev[1].ndim, dim=prev[1].dim)):
+            return self.unsupported(node, f"parameter {p.key!r} is combined with activations of different layouts")
+        else:
+            for sa, sb in zip(prev[1].segs, x.segs):
+                self.union(sa.space, sb.space, node)
+        return x
+
+    def matmul(self, node: torch.fx.Node) -> _Val | None:
+        """``a @ b`` (matmul / bmm; batch dims broadcast). A permuted dim contracted on both sides with the same
+        spaces (``q @ kᵀ`` per head) unions them and leaves an invariant result; a permuted dim of one operand
+        that is not contracted (rows of a, columns of b, per-head spaces on a batch axis) carries over when the
+        other operand is not permuted (``attn @ v``), and so does a batch axis both permute with the same spaces.
+        Everything else mixes along a permuted dim: unsupported."""
+        operands = list(node.args[:2])
+        a, b = (self.value(o) for o in operands)
+        out_shape = _shape(node)
+        if a is None or b is None or out_shape is None:
+            return self.unsupported(node, "matmul of non-tensor operands")
+        nd = len(out_shape)
+        # frozen or size-1 spaces (e.g. a Linear(D, 1) attention-pooling score): only the identity acts on them
+        live_a, live_b = not self.inactive(a), not self.inactive(b)
+        if not (live_a or live_b):
+            return self.frozen_val(node)
+        if a.ndim < 2 or b.ndim < 2:
+            return self.unsupported(node, "matrix-vector product with a permuted operand")
+        con_a, con_b = live_a and a.dim == a.ndim - 1, live_b and b.dim == b.ndim - 2
+        if con_a or con_b:
+            if not (con_a and con_b and self.contractible(a, b, nd)):
+                return self.unsupported(node, "contracts a permuted dim with one that does not carry the same spaces")
+            for sa, sb in zip(a.segs, b.segs):
+                self.union(sa.space, sb.space, node)
+            return self.frozen_val(node)  # (a P)(Pᵀ b) = a b
+        if live_a and live_b:  # both permuted on the same batch axis (heads of width 1): permuted jointly
+            if a.dim < a.ndim - 2 and b.dim < b.ndim - 2 and a.dim + nd - a.ndim == b.dim + nd - b.ndim and _same_layout(
+                replace(a, ndim=nd, dim=0), replace(b, ndim=nd, dim=0)
+            ):
+                for sa, sb in zip(a.segs, b.segs):
+                    self.union(sa.space, sb.space, node)
+                return a.remap(lambda d: d + nd - a.ndim, nd)
+            return self.unsupported(node, "both operands carry permuted dims: the product would carry two")
+        v, o_node, contracted = (a, operands[1], a.ndim - 1) if live_a else (b, operands[0], b.ndim - 2)
+        shift = nd - v.ndim
+        if v.outer == contracted:
+            return self.unsupported(node, "sums over the axis indexing per-head spaces")
+        if v.dim < v.ndim - 2:  # permuting a batch axis: the other operand must not vary along it
+            o_shape = _shape(o_node) or ()
+            o_axis = v.dim + shift - (nd - len(o_shape))
+            if 0 <= o_axis < len(o_shape) - 2 and o_shape[o_axis] != 1:
+                return self.unsupported(node, "permutes a batch axis the other operand varies along")
+        return v.remap(lambda d: d + shift, nd)
+
+    def contractible(self, a: _Val, b: _Val, nd: int) -> bool:
+        """Whether a's last dim and b's second-to-last carry the same layout (per head on one batch axis)."""
+        if len(a.segs) != len(b.segs) or any((sa.n, sa.block) != (sb.n, sb.block) for sa, sb in zip(a.segs, b.segs)):
+            return False
+        if a.outer is None or b.outer is None:
+            return a.outer is None and b.outer is None
+        return a.outer < a.ndim - 2 and b.outer < b.ndim - 2 and a.outer + nd - a.ndim == b.outer + nd - b.ndim
+
+    def reshape(self, node: torch.fx.Node, x: _Val | None) -> _Val | None:
+        """flatten / view / reshape / unflatten that merges adjacent dims or splits one dim."""
         if x is None:
             return self.frozen_val(node)
         in_shape, out_shape = _shape(node.args[0]), _shape(node)
@@ -331,22 +542,64 @@ class _Tracer:
             return self.unsupported(node, "shape unknown")
         if in_shape == out_shape:
             return x
-        merged = _merged_range(in_shape, out_shape)
-        if merged is None:
-            if self.all_frozen(x):
-                return self.frozen_val(node)
-            return self.unsupported(node, f"reshape {in_shape} → {out_shape} is not a flatten of adjacent dims")
-        s, e = merged
-        if x.dim < s:
-            return _Val(x.dim, len(out_shape), x.segs)
-        if x.dim > e:
-            return _Val(x.dim - (e - s), len(out_shape), x.segs)
+        merged, split = _merged_range(in_shape, out_shape), _merged_range(out_shape, in_shape)
+        if merged is not None:
+            new = self.merge_dims(x, in_shape, *merged)
+        elif split is not None:
+            new = self.split_dim(x, out_shape, *split)
+        else:
+            new = f"reshape {in_shape} → {out_shape} neither merges adjacent dims nor splits one"
+        if isinstance(new, _Val):
+            return new
+        if self.all_frozen(x):
+            return self.frozen_val(node)
+        return self.unsupported(node, new)
+
+    def merge_dims(self, x: _Val, in_shape: tuple[int, ...], s: int, e: int) -> _Val | str:
+        """Dims ``s..e`` of ``in_shape`` merged into one; a string says why the symmetry cannot follow."""
+        nd = len(in_shape) - (e - s)
+
+        def inside(d: int | None) -> bool:
+            return d is not None and s <= d <= e
+
+        if not inside(x.dim):
+            if inside(x.outer):
+                return "flatten merges the axis indexing per-head spaces with other dims"
+            return x.remap(lambda d: d if d < s else d - (e - s), nd)
+        if x.outer is not None:  # merging heads back: (…, heads, head_dim) → (…, heads·head_dim)
+            if (x.outer, x.dim) == (s, e) and e == s + 1 and all(g.n * g.block == in_shape[e] for g in x.segs):
+                return _Val(s, nd, x.segs)
+            return "flatten merges per-head spaces in an order other than (head, feature)"
+        if math.prod(in_shape[s : x.dim]) != 1:
+            return "flatten interleaves the channel dim with earlier dims"
+        inner = math.prod(in_shape[x.dim + 1 : e + 1])
+        return _Val(s, nd, tuple(_Seg(g.space, g.n, g.block * inner) for g in x.segs))
+
+    def split_dim(self, x: _Val, out_shape: tuple[int, ...], s: int, e: int) -> _Val | str:
+        """Dim ``s`` split into dims ``s..e`` of ``out_shape``; splitting the permuted dim into (groups, width)
+        splits its spaces into per-group children (see the module docstring)."""
+        nd = len(out_shape)
+        moved = x.remap(lambda d: d if d <= s else d + (e - s), nd)
+        if x.outer == s:
+            return "reshape splits the axis indexing per-head spaces"
         if x.dim != s:
-            if self.all_frozen(x):
-                return self.frozen_val(node)
-            return self.unsupported(node, "flatten interleaves the channel dim with earlier dims")
-        inner = math.prod(in_shape[s + 1 : e + 1])
-        return _Val(s, len(out_shape), tuple(_Seg(g.space, g.n, g.block * inner) for g in x.segs))
+            return moved
+        big = [s + i for i, n in enumerate(out_shape[s : e + 1]) if n != 1]
+        if len(big) <= 1:  # only singleton dims appear around the permuted one
+            return replace(moved, dim=big[0] if big else s)
+        if len(big) > 2 or x.outer is not None:
+            return "reshape splits the permuted dim into more than (groups, width)"
+        outer, dim = big
+        width = out_shape[dim]
+        heads: list[_Seg] = []
+        for g, off in _offsets(x):
+            if g.block != 1 or off % width or g.n % width:
+                return f"splitting the permuted dim into groups of {width} cuts through a space"
+            parts = self.split(g.space, g.n // width)
+            if parts is None:
+                return "the permuted dim is already split into groups of another width"
+            heads.extend(_Seg(c, width) for c in parts)
+        return _Val(dim, nd, tuple(heads), outer)
 
     def reduce(self, node: torch.fx.Node, x: _Val | None) -> _Val | None:
         if x is None:
@@ -358,30 +611,32 @@ class _Tracer:
         dims = {d % x.ndim for d in (dims if isinstance(dims, (tuple, list)) else (dims,))}
         if x.dim in dims:
             return self.frozen_val(node)  # sum/mean over units is permutation-invariant
-        new_dim = x.dim if keepdim else x.dim - sum(d < x.dim for d in dims)
-        return _Val(new_dim, _shape_len(node, x.ndim), x.segs)
+        if x.outer in dims and not self.all_frozen(x):
+            return self.unsupported(node, "reduces over the axis indexing per-head spaces")
+        return x.remap(lambda d: d if keepdim else d - sum(r < d for r in dims), _shape_len(node, x.ndim))
 
     def permute(self, node: torch.fx.Node, x: _Val | None) -> _Val | None:
         if x is None:
             return self.frozen_val(node)
         if node.target in ("transpose", torch.transpose):
             a, b = (d % x.ndim for d in node.args[1:3])
-            new_dim = b if x.dim == a else a if x.dim == b else x.dim
-        else:
-            order = node.args[1] if len(node.args) == 2 and isinstance(node.args[1], (tuple, list)) else node.args[1:]
-            new_dim = [d % x.ndim for d in order].index(x.dim)
-        return _Val(new_dim, x.ndim, x.segs)
+            return x.remap(lambda d: b if d == a else a if d == b else d, x.ndim)
+        order = node.args[1] if len(node.args) == 2 and isinstance(node.args[1], (tuple, list)) else node.args[1:]
+        order = [d % x.ndim for d in order]
+        return x.remap(order.index, x.ndim)
 
     def cat(self, node: torch.fx.Node) -> _Val | None:
         parts = node.args[0]
         dim = node.kwargs.get("dim", node.args[1] if len(node.args) > 1 else 0)
-        vals = [self.vals.get(p) for p in parts]
+        vals = [self.value(p) for p in parts]
         if any(v is None for v in vals):
             return self.unsupported(node, "concatenation of non-tensor values")
         ndim = vals[0].ndim
         dim %= ndim
         if any(v.dim != vals[0].dim for v in vals):
             return self.unsupported(node, "concatenated tensors carry their symmetry on different dims")
+        if any(v.outer is not None and not self.all_frozen(v) for v in vals):
+            return self.unsupported(node, "concatenation of values with per-head spaces")
         if dim == vals[0].dim:
             return _Val(dim, ndim, tuple(s for v in vals for s in v.segs))
         for v in vals[1:]:
@@ -391,25 +646,28 @@ class _Tracer:
 
     # ---------------------------------------------------------------- result
     def build_spec(self, model: nn.Module) -> SymmetrySpec:
+        for key, (_, val) in self.attr_bound.items():
+            if key in self.attr_frozen:  # also read where it cannot be permuted
+                self.freeze(val)
         roots = {}
         for i in range(len(self.parent)):
             r = self.find(i)
-            if not self.frozen[r] and r not in roots:
+            if not self.frozen[r] and r not in self.children and r not in roots:
                 roots[r] = f"P_{self.creator[r]}"
         sd = model.state_dict()
         tensors: dict[str, list[AxisBinding]] = {k: [] for k in sd}
         for key, b, sid in self.bindings:
-            r = self.find(sid)
-            if r in roots:
-                if key not in tensors:
-                    raise TraceError(f"traced binding for {key!r}, which is not in the model's state dict")
-                tensors[key].append(AxisBinding(b.axis, roots[r], b.side, b.block, b.offset, b.partial))
+            leaves = self.leaves(sid, b.block, b.offset)
+            for r, off in leaves:
+                if r in roots:
+                    if key not in tensors:
+                        raise TraceError(f"traced binding for {key!r}, which is not in the model's state dict")
+                    tensors[key].append(replace(b, space=roots[r], offset=off, partial=b.partial or len(leaves) > 1))
         spaces = {name: Space(name, self.size[r]) for r, name in roots.items()}
         probes: dict[str, list[Probe]] = {name: [] for name in spaces}
-        for sid, p in self.probes:
-            r = self.find(sid)
-            if r in roots:
-                probes[roots[r]].append(p)
+        self.add_probes(probes, roots, self.probes, set(spaces))
+        # writer outputs only where no writer reads the space (q/k heads: QKᵀ is their only reader)
+        self.add_probes(probes, roots, self.out_probes, {s for s, p in probes.items() if not p})
         return SymmetrySpec(
             spaces=spaces,
             tensors={k: tuple(v) for k, v in tensors.items()},
@@ -417,6 +675,14 @@ class _Tracer:
             probes={k: tuple(v) for k, v in probes.items()},
             repair_points=tuple(self.repair_points(roots)),
         )
+
+    def add_probes(
+        self, probes: dict[str, list[Probe]], roots: dict[int, str], found: list[tuple[int, Probe]], wanted: set[str]
+    ) -> None:
+        for sid, p in found:
+            for r, off in self.leaves(sid, p.block, p.offset):
+                if r in roots and roots[r] in wanted:
+                    probes[roots[r]].append(replace(p, offset=off))
 
     def repair_points(self, roots: dict[int, str]) -> list[tuple[str, int]]:
         """Where REPAIR corrects statistics: each hidden writer, or the norm layer right after it."""
@@ -462,12 +728,12 @@ def symmetry_spec(
         model.eval()
         with torch.no_grad():
             ShapeProp(gm).propagate(*inputs)
-    except Exception as exc:  # noqa: BLE001 - any failure of the example forward is a user-facing trace error
+    except Exception as exc:  # any failure of the example forward is a user-facing trace error
         raise TraceError(f"running {type(model).__name__} on the example input failed: {exc}") from exc
     finally:
         for m, flag in flags.items():
             m.training = flag
-    tracer = _Tracer(gm, on_unsupported)
+    tracer = _Tracer(gm, on_unsupported, frozenset(model.state_dict()))
     tracer.run()
     spec = tracer.build_spec(model)
     spec.validate(model)
@@ -483,7 +749,7 @@ def _fx_trace(model: nn.Module, leaf_modules: tuple[type[nn.Module], ...]) -> to
 
     try:
         graph = _Tr().trace(model)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         raise TraceError(
             f"torch.fx could not trace {type(model).__name__}: {exc}. Models with data-dependent control flow "
             "need a hand-written spec (SymmetrySpec.from_axes) or an adapter."
@@ -505,11 +771,19 @@ def _shape_len(node: torch.fx.Node, default: int) -> int:
     return len(shape) if shape is not None else default
 
 
-def _shape_of_val_node(node: torch.fx.Node, val: _Val, tracer: _Tracer) -> tuple[int, ...] | None:
-    for a in node.args[:2]:
-        if isinstance(a, torch.fx.Node) and tracer.vals.get(a) is val:
-            return _shape(a)
-    return None
+def _same_layout(a: _Val, b: _Val) -> bool:
+    """Whether two values carry their symmetry on the same dim (and head axis) with segments of equal sizes."""
+    return (a.ndim, a.dim, a.outer, len(a.segs)) == (b.ndim, b.dim, b.outer, len(b.segs)) and all(
+        (sa.n, sa.block) == (sb.n, sb.block) for sa, sb in zip(a.segs, b.segs)
+    )
+
+
+def _constant_along(out_shape: tuple[int, ...] | None, shape: tuple[int, ...] | None, dim: int) -> bool:
+    """Whether a tensor of ``shape``, broadcast to ``out_shape``, is constant along ``dim`` (missing or size 1)."""
+    if out_shape is None or shape is None:
+        return False
+    axis = dim - (len(out_shape) - len(shape))
+    return axis < 0 or shape[axis] == 1
 
 
 def _merged_range(in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> tuple[int, int] | None:
@@ -531,11 +805,6 @@ def _offsets(x: _Val):
     for s in x.segs:
         yield s, off
         off += s.n * s.block
-
-
-def _tensor_vals(v: Any):
-    if isinstance(v, _Val):
-        yield v
 
 
 def _flat_args(node: torch.fx.Node) -> list[torch.fx.Node]:
