@@ -70,7 +70,8 @@ def _version() -> str:
 
 
 def _json_dumps(obj: Any, what: str) -> str:
-    """JSON text of ``obj``; NaN/Inf floats become ``null`` (strict JSON), 1-element tensors become numbers."""
+    """JSON text of ``obj``; NaN/Inf floats become ``null`` (strict JSON), 1-element tensors become numbers,
+    numpy arrays lists."""
 
     def clean(x: Any) -> Any:
         if isinstance(x, float) and not math.isfinite(x):
@@ -83,6 +84,8 @@ def _json_dumps(obj: Any, what: str) -> str:
             return clean(x.item())
         if isinstance(x, Path):
             return str(x)
+        if hasattr(x, "tolist") and not isinstance(x, torch.Tensor):  # numpy arrays and scalars
+            return clean(x.tolist())
         return x
 
     try:
@@ -238,6 +241,7 @@ def save_checkpoint(
     *,
     config: Mapping[str, Any] | None = None,
     metrics: Mapping[str, Any] | None = None,
+    extra_json: Mapping[str, Any] | None = None,
     overwrite: bool = False,
 ) -> Path:
     """Write a checkpoint directory for ``model`` (built by :func:`modeconn.models.build_model`).
@@ -245,7 +249,9 @@ def save_checkpoint(
     ``config.json`` holds ``modeconn_version``, ``format_version``, ``architecture`` and ``kwargs`` (from
     :func:`modeconn.models.model_config`) plus the entries of ``config`` (e.g. ``{"training": {...},
     "dataset": "mnist"}``); ``model.safetensors`` holds ``model.state_dict()`` (buffers included);
-    ``metrics.json`` is written when ``metrics`` is given. Non-finite floats in JSON become ``null``.
+    ``metrics.json`` is written when ``metrics`` is given; ``extra_json`` maps further file names (e.g.
+    ``"alignment.json"``) to JSON payloads written into the same directory before it is renamed into place,
+    so the checkpoint appears complete or not at all. Non-finite floats in JSON become ``null``.
     For a model with W-asymmetric layers ``config.json`` also gets ``fixed_structure_digest`` (sha256 of
     the fixed offsets/masks, checked by :func:`load_checkpoint`).
 
@@ -271,6 +277,12 @@ def save_checkpoint(
         cfg[DIGEST_KEY] = fixed_structure_digest(model)
     config_text = _json_dumps(cfg, f"{path / CONFIG_NAME}")
     metrics_text = _json_dumps(metrics, f"{path / METRICS_NAME}") if metrics is not None else None
+    extra_text = {}
+    for name, payload in (extra_json or {}).items():
+        if Path(name).name != name or name in (CONFIG_NAME, METRICS_NAME, WEIGHTS_NAME) or not name.endswith(".json"):
+            raise ConfigError(f"save_checkpoint: extra_json file name {name!r} must be a plain *.json name other than "
+                              f"{CONFIG_NAME} / {METRICS_NAME}")
+        extra_text[name] = _json_dumps(payload, f"{path / name}")
     _check_target(path, overwrite)
 
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -282,6 +294,8 @@ def save_checkpoint(
         save_state_dict(tmp / WEIGHTS_NAME, model.state_dict(), metadata=meta)
         if metrics_text is not None:
             _fsync_write(tmp / METRICS_NAME, metrics_text.encode())
+        for name, text in extra_text.items():
+            _fsync_write(tmp / name, text.encode())
         _check_target(path, overwrite)  # re-check: another writer may have appeared meanwhile
         if path.is_dir() and any(path.iterdir()):
             # overwrite: move the old checkpoint aside, swap the new one in, then delete the old one

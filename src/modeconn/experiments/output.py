@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
@@ -12,6 +11,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ..errors import ConfigError
+from ..io import _json_dumps
 
 
 def default_out(kind: str) -> Path:
@@ -21,7 +21,8 @@ def default_out(kind: str) -> Path:
 
 @contextmanager
 def output_directory(out: str | os.PathLike, overwrite: bool = False) -> Iterator[Path]:
-    """Yield a temporary directory; on success it becomes ``out`` (atomic rename), on error it is removed.
+    """Yield a temporary directory; on success it becomes ``out`` (atomic rename), on error it is removed
+    and a previous ``out`` (``overwrite=True``) is left in place, untouched.
 
     An existing non-empty ``out`` is never silently overwritten: ConfigError unless ``overwrite``. The
     check runs before any work, so a long run cannot fail at the very end because of it.
@@ -36,7 +37,11 @@ def output_directory(out: str | os.PathLike, overwrite: bool = False) -> Iterato
         if out.exists():
             old = out.with_name(f".{out.name}.old-{os.getpid()}")
             os.rename(out, old)
-            os.replace(tmp, out)
+            try:
+                os.replace(tmp, out)
+            except BaseException:
+                os.rename(old, out)  # the swap failed: put the previous results back where they were
+                raise
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, out)
@@ -46,13 +51,6 @@ def output_directory(out: str | os.PathLike, overwrite: bool = False) -> Iterato
 
 
 def write_json(path: Path, payload: Any) -> Path:
-    path.write_text(json.dumps(payload, indent=2, allow_nan=False, default=_default))
+    """Strict JSON (NaN/Inf → null, numpy → lists, paths → strings) written to ``path``."""
+    path.write_text(_json_dumps(payload, str(path)))
     return path
-
-
-def _default(o: Any):
-    if hasattr(o, "tolist"):
-        return o.tolist()
-    if isinstance(o, Path):
-        return str(o)
-    raise TypeError(f"not JSON serialisable: {type(o).__name__}")

@@ -16,6 +16,7 @@ from typing import Iterable
 import torch
 import torch.nn as nn
 
+from ..checks import check_one_device
 from ..errors import ConfigError, SpecError
 from ..nn_utils import batch_inputs, eval_mode, model_device
 from ..symmetry import Probe, SymmetrySpec
@@ -107,11 +108,15 @@ def activation_matching(
         optimal objective, per space: → 1 when the units are already aligned, the neuron-identifiability
         proxy), samples seen and timings.
     Raises: SpecError if a space has no probe (hand-written spec), StateDictMismatchError if the models
-        do not fit the spec, ConfigError for an empty loader.
+        do not fit the spec, DeviceMismatchError if they live on different devices, ConfigError for an
+        empty loader or a bad ``max_batches`` (all before any forward pass).
     """
+    if max_batches is not None and (isinstance(max_batches, bool) or not isinstance(max_batches, int) or max_batches < 1):
+        raise ConfigError(f"max_batches must be a positive integer or None, got {max_batches!r}")
     start = time.perf_counter()
     spec.check_state_dict(model_a.state_dict(), "model A")
     spec.check_state_dict(model_b.state_dict(), "model B")
+    check_one_device([model_a.state_dict(), model_b.state_dict()], ["model A", "model B"])
     missing = [s for s in spec.spaces if not spec.probes.get(s)]
     if missing:
         raise SpecError(

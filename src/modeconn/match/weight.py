@@ -7,11 +7,11 @@ at a time, with every other space fixed, the optimal element solves a LAP on the
 the relative gain of a whole sweep falls below ``rtol``. Coordinate descent stalls in local optima on
 residual nets, so several restarts (random orders, random initial elements after the first) are run and
 the best objective kept. The first run starts from a *greedy data-flow* element: spaces in spec order
-(the traced data-flow order), each matched on its writer tensors only, with the spaces before it already
-applied (layer-wise matching, as in Singh & Jaggi 2020); on independently trained or initialised nets it
-reaches a clearly better optimum than starting from the identity. The second run starts from the
-identity, the others from random elements. ``J`` is bounded by ``‖θ_A‖·‖θ_B‖`` (Cauchy–Schwarz), reached
-exactly when ``g·θ_B = θ_A``; restarts stop early once it is reached.
+(the traced data-flow order), each matched on its writer tensors only — those whose other axes read spaces
+already matched — with the spaces before it applied (layer-wise matching, as in Singh & Jaggi 2020); on
+independently trained or initialised nets it reaches a clearly better optimum than starting from the
+identity. The second run starts from the identity, the others from random elements. ``J`` is bounded by
+``‖θ_A‖·‖θ_B‖`` (Cauchy–Schwarz), reached exactly when ``g·θ_B = θ_A``; restarts stop early once it is reached.
 """
 
 from __future__ import annotations
@@ -64,10 +64,16 @@ def weight_matching(
         keys: restrict the objective to these tensors (default: every floating tensor bound to a space).
     Returns: :class:`Alignment` with ``element`` (apply to B), ``objective``, ``history`` (objective per
         sweep per run) and ``stats`` (iterations, seconds, lap_seconds, restart objectives, upper bound).
-    Raises: StateDictMismatchError, NonFiniteError, DeviceMismatchError, SpecError (all before any LAP).
+    Raises: ConfigError (bad option: restarts, max_iter, rtol, init, unknown keys), StateDictMismatchError,
+        NonFiniteError, DeviceMismatchError, SpecError (all before any LAP).
     """
     if restarts < 1 or max_iter < 1:
         raise ConfigError(f"restarts and max_iter must be ≥ 1 (got restarts={restarts}, max_iter={max_iter})")
+    if isinstance(rtol, bool) or not isinstance(rtol, (int, float)) or not 0 <= rtol < 1:
+        raise ConfigError(f"rtol is a relative tolerance in [0, 1), got {rtol!r}")
+    unknown = [k for k in keys or () if k not in spec.tensors]
+    if unknown:
+        raise ConfigError(f"keys {unknown} are not tensors of the symmetry spec")
     start = time.perf_counter()
     spec.check_state_dict(sd_a, "state dict A")
     spec.check_state_dict(sd_b, "state dict B")
@@ -149,14 +155,24 @@ class _Problem:
         return self.spec.identity() if how == "identity" else self.spec.random_element(gen)
 
     def greedy(self) -> Element:
-        """Layer-wise matching in spec order on writer (output-side) tensors only."""
+        """Layer-wise matching in spec order on writer (output-side) tensors only.
+
+        A writer whose other axes read spaces not matched yet (e.g. the second Linear of a residual block,
+        which writes the stream but reads the block's hidden space) only adds noise to the score, enough to
+        pick a wrong stream permutation on small nets; it is used only when a space has no other writer.
+        """
         g = self.spec.identity()
+        done: set[str] = set()
         for s in self.spec.spaces:
             n = self.spec.spaces[s].size
+            writers = [(k, bd, a_mat) for k, bd, a_mat in self.terms[s] if bd.side == "out"]
+            ready = [(k, bd, a_mat) for k, bd, a_mat in writers
+                     if all(b.space in done for b in self.spec.tensors[k] if b is not bd)]
             terms = [a_mat @ unit_matrix(self.spec.apply_tensor(k, self.b[k], g, skip=bd), bd, n).T
-                     for k, bd, a_mat in self.terms[s] if bd.side == "out"]
+                     for k, bd, a_mat in ready or writers]
             if terms:
                 g[s] = solve_lap(sum(terms), s, self.timer)
+            done.add(s)
         return g
 
     def objective(self, g: Element) -> float:
