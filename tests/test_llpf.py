@@ -308,3 +308,21 @@ def test_llpf_path_on_digits_has_a_much_lower_peak_than_the_linear_path():
     assert curve.dense_peak("train") < 0.5 * lin.peak("train")
     assert curve.length > 0 and 0 < path.compute["grad_evals"] <= 30 * 30
     assert curve.to_json()["path"]["n_points"] == len(path) == 32
+
+
+@pytest.mark.parametrize("arch", ["mobilenetv2", "cct"])
+def test_llpf_on_the_depthwise_and_attention_architectures_follows_their_data_flow(arch):
+    from archs import ARCHS
+
+    _, name, kwargs, in_shape = next(a for a in ARCHS if a[0] == arch)
+    model_a = build_model(name, in_shape=in_shape, num_classes=10, seed=0, **kwargs)
+    model_b = build_model(name, in_shape=in_shape, num_classes=10, seed=1, **kwargs)
+    groups = fdf_groups(model_a)
+    flat = [k for g in groups for k in g]
+    assert sorted(flat) == sorted(n for n, _ in model_a.named_parameters())  # every parameter once
+    first, last = flat[0], flat[-1]
+    assert first.startswith(("stem", "tokenizer")) and last.startswith("head")  # stem first, classifier last
+    data = _data(64, in_shape)
+    path = llpf_m2m(model_a, model_a.state_dict(), model_b.state_dict(), data, ticks=len(groups) + 2, step=0.3,
+                    unlock_every=1, **QUICK)
+    assert _same(path[0], model_a.state_dict()) and _same(path[len(path) - 1], model_b.state_dict())

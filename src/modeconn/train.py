@@ -22,20 +22,20 @@ from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
+from .config import StrictConfig
 from .errors import ConfigError, NonFiniteError
 from .io import _check_target, _json_dumps, save_checkpoint
 from .models import build_model, validate_model_kwargs
-from .models._validation import validation_error_to_config_error
 from .path.evaluate import evaluate_model
 
 __all__ = ["TrainConfig", "evaluate", "fit", "lr_factor", "make_optimizer", "make_scheduler", "train_checkpoint"]
 
 
-class TrainConfig(BaseModel):
+class TrainConfig(StrictConfig):
     """Hyper-parameters of :func:`fit`. Unknown fields (typos) and bad values raise ``ConfigError``.
 
     Attributes:
@@ -56,8 +56,6 @@ class TrainConfig(BaseModel):
         eval_every_epoch: evaluate ``val_set`` after every epoch (else only after the last one).
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
     optimizer: Literal["sgd", "adamw"] = "sgd"
     lr: float = Field(0.1, gt=0)
     momentum: float = Field(0.9, ge=0, lt=1)
@@ -73,27 +71,6 @@ class TrainConfig(BaseModel):
     grad_clip: float | None = Field(None, gt=0)
     device: str = "cpu"
     eval_every_epoch: bool = True
-
-    def __init__(self, **data: Any) -> None:
-        try:
-            super().__init__(**data)
-        except ValidationError as err:
-            raise validation_error_to_config_error(err, "TrainConfig", type(self).model_fields, noun="field") from None
-
-    @classmethod
-    def from_any(cls, config: "TrainConfig | Mapping[str, Any] | None") -> "TrainConfig":
-        """``config`` itself, a TrainConfig built from a mapping, or the defaults for ``None``.
-
-        Raises:
-            ConfigError: unknown field (named, with the valid fields) or invalid value.
-        """
-        if config is None:
-            return cls()
-        if isinstance(config, cls):
-            return config
-        if isinstance(config, Mapping):
-            return cls(**config)
-        raise ConfigError(f"expected a TrainConfig or a dict, got {type(config).__name__}")
 
     @field_validator("device")
     @classmethod

@@ -72,15 +72,18 @@ import math
 import pathlib
 import time
 from collections import deque
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Annotated, Any, Literal
 
 import torch
 import torch.fx
 import torch.nn as nn
 import torch.nn.functional as F
+from pydantic import Field, model_validator
 from safetensors import safe_open
 
 from ..checks import check_compatible, check_finite
+from ..config import StrictConfig
 from ..errors import CheckpointError, ConfigError, NonFiniteError
 from ..io import _json_dumps, save_state_dict
 from ..symmetry.trace import _fx_trace
@@ -99,7 +102,6 @@ NORM_TYPES: tuple[type[nn.Module], ...] = (
 
 ORDERS = ("fdf", "all")
 VARIANCE_CORRECTIONS = ("weights", "all", "none")
-VARIANCE_TARGETS = ("interpolate", "source")
 STATE_FILE = "llpf-state.safetensors"
 STATE_VERSION = 1
 
@@ -222,13 +224,14 @@ def fdf_groups(model: nn.Module, level: int | None = None) -> list[list[str]]:
     return merged
 
 
-def _resolve_groups(model: nn.Module, order: str | Sequence[Sequence[str]]) -> tuple[str, list[list[str]]]:
+def _resolve_groups(model: nn.Module, order: str | Sequence[Sequence[str]],
+                    level: int | None = None) -> tuple[str, list[list[str]]]:
     params = param_names(model)
     if isinstance(order, str):
         if order not in ORDERS:
             raise ConfigError(f"unknown order {order!r}; valid: {', '.join(ORDERS)} or explicit groups of "
                               "parameter names (e.g. fdf_groups(model, level=2))")
-        return order, (fdf_groups(model) if order == "fdf" else [params])
+        return order, (fdf_groups(model, level) if order == "fdf" else [params])
     groups = [list(g) for g in order]
     seen: dict[str, int] = {}
     for i, g in enumerate(groups):
@@ -260,23 +263,78 @@ def _content_digest(sd: StateDict | None) -> str:
     return h.hexdigest()
 
 
-def _check_int(name: str, v: Any, minimum: int) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-        raise ConfigError(f"{name} must be an integer ≥ {minimum}, got {v!r}")
-    return v
+Fraction = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
 
 
-def _check_fraction(name: str, v: Any) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:
-        raise ConfigError(f"{name} must be in (0, 1], got {v!r}")
-    return float(v)
+class LLPFConfig(StrictConfig):
+    """Settings of an LLPF run (:func:`llpf_m2m`, :func:`llpf_m2o`, :func:`llpf_cross_sphere`). Unknown fields
+    (typos) and bad values raise ConfigError naming the field, before any work.
+
+    Attributes:
+        step: fraction s ∈ (0, 1] of the remaining distance each unlocked group moves per tick (M2M), or the
+            shrink factor per tick (M2O: ``p ← (1−s)·p``). Reference: 0.001 with 16,000 ticks on ResNet18.
+        ticks: number of ticks (M2M: ``ticks // record_every`` + 2 points; cross-sphere: M2M ticks after the
+            M2O phase).
+        unlock_every: ticks between FDF unlocks (default ``max(1, ticks // (3·groups))``: every group is
+            unlocked within the first third of the run).
+        order: ``"fdf"`` (:func:`fdf_groups`), ``"all"`` (every layer from tick 0: the ablation), or explicit
+            groups of parameter names in unlock order (covering every parameter once). M2O ignores it.
+        fdf_level: with ``order="fdf"``, merge consecutive groups sharing the first ``fdf_level`` module-name
+            components (``fdf_groups(model, level)``; 2 on a ResNet: stem, one group per stage, head — the
+            reference's stage-wise schedule). None: one group per layer.
+        variance_correction: ``"weights"`` (≥2-d non-norm parameters), ``"all"`` or ``"none"``. M2O: none.
+        variance_target: ``"interpolate"`` (moves with the group's progress from A's to B's variance) or
+            ``"source"`` (A's variance throughout).
+        lr: SGD learning rate of the refinement (reference 0.001).
+        threshold: train loss (nats, mean of the last ``max(1, min_steps)`` minibatch losses) at which a tick's
+            refinement stops; set it a little above the endpoints' train loss (reference 0.005 on CIFAR-10).
+        min_steps, max_steps: refinement steps per tick (reference 20 / 20,000); ``max_steps=0`` disables
+            refinement. A tick that reaches ``max_steps`` above the threshold is listed in
+            ``info["unreached_ticks"]``; with ``stop_on_unreached`` the search stops there and the partial
+            path (without the destination) is returned, ``info["complete"] = False``.
+        batch_size: minibatch size (default: the DataLoader's, else 128).
+        record_every: store every k-th tick as a point (plus the last tick and phase boundaries).
+        seed: seeds the one ``torch.Generator`` of the run (minibatch order, dropout).
+        checkpoint_every: ticks between checkpoints when an ``out_dir`` is given (also ticks per shard file).
+        angle_conformal: M2O / cross-sphere refinement with the per-layer lr ``lr·var(w)/var₀(w)``
+            (False: plain ``lr``, the ablation). M2M ignores it.
+        m2o_step, m2o_max_ticks, sphere_rtol: cross-sphere only — the largest per-tick scale change, the most
+            M2O ticks, and the relative variance tolerance at which B's sphere counts as reached.
+    """
+
+    step: Fraction = 0.01
+    ticks: int = Field(500, ge=1)
+    unlock_every: int | None = Field(None, ge=1)
+    order: Literal["fdf", "all"] | list[list[str]] = "fdf"
+    fdf_level: int | None = Field(None, ge=1)
+    variance_correction: Literal["weights", "all", "none"] = "weights"
+    variance_target: Literal["interpolate", "source"] = "interpolate"
+    lr: float = Field(1e-3, gt=0, allow_inf_nan=False)
+    threshold: float = Field(0.05, allow_inf_nan=False)
+    min_steps: int = Field(20, ge=0)
+    max_steps: int = Field(2000, ge=0)
+    batch_size: int | None = Field(None, ge=1)
+    record_every: int = Field(1, ge=1)
+    stop_on_unreached: bool = False
+    seed: int = Field(0, ge=0, lt=2**63)
+    checkpoint_every: int = Field(10, ge=1)
+    angle_conformal: bool = True
+    m2o_step: Fraction = 0.01
+    m2o_max_ticks: int = Field(1000, ge=1)
+    sphere_rtol: float = Field(0.01, gt=0, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _steps_ordered(self) -> LLPFConfig:
+        if self.min_steps > self.max_steps:
+            raise ValueError(f"min_steps ({self.min_steps}) must be ≤ max_steps ({self.max_steps})")
+        return self
 
 
 class _Run:
     """One LLPF run (M2M, M2O or cross-sphere); state checkpointed to ``out_dir``."""
 
     def __init__(self, mode: str, model: nn.Module, sd_a: StateDict, sd_b: StateDict | None, train_data: Any,
-                 cfg: dict[str, Any], order: Any, loss_fn: LossFn | None, out_dir, resume: bool,
+                 config: LLPFConfig, loss_fn: LossFn | None, out_dir, resume: bool,
                  progress: Callable[[int, int], None] | None) -> None:
         self.mode = mode
         if sd_b is not None:
@@ -286,27 +344,15 @@ class _Run:
             check_finite(sd_a, "A")
             devs = {v.device for v in sd_a.values()}
             self.device = next(iter(devs)) if devs else torch.device("cpu")
-        # ---- validate settings before any heavy work
-        c = dict(cfg)
-        c["ticks"] = _check_int("ticks", c["ticks"], 1)
-        c["step"] = _check_fraction("step", c["step"])
-        if mode == "cross":
-            c["m2o_step"] = _check_fraction("m2o_step", c["m2o_step"])
-            c["m2o_max_ticks"] = _check_int("m2o_max_ticks", c["m2o_max_ticks"], 1)
-            if not c["sphere_rtol"] > 0:
-                raise ConfigError(f"sphere_rtol must be > 0, got {c['sphere_rtol']!r}")
-        if not (isinstance(c["lr"], (int, float)) and c["lr"] > 0 and math.isfinite(c["lr"])):
-            raise ConfigError(f"lr must be a positive finite number, got {c['lr']!r}")
-        if c["threshold"] is None or not isinstance(c["threshold"], (int, float)) or not math.isfinite(c["threshold"]):
-            raise ConfigError(f"threshold must be a finite number (train loss, nats), got {c['threshold']!r}")
-        c["min_steps"] = _check_int("min_steps", c["min_steps"], 0)
-        c["max_steps"] = _check_int("max_steps", c["max_steps"], 0)
-        if c["min_steps"] > c["max_steps"]:
-            raise ConfigError(f"min_steps ({c['min_steps']}) must be ≤ max_steps ({c['max_steps']})")
-        c["record_every"] = _check_int("record_every", c["record_every"], 1)
-        c["checkpoint_every"] = _check_int("checkpoint_every", c["checkpoint_every"], 1)
-        if c.get("variance_target", "interpolate") not in VARIANCE_TARGETS:
-            raise ConfigError(f"unknown variance_target {c['variance_target']!r}; valid: {', '.join(VARIANCE_TARGETS)}")
+        c = config.model_dump()
+        if mode == "m2o":  # M2O moves every non-norm layer at once and never corrects variances
+            c.update(order="all", unlock_every=None, variance_correction="none", variance_target="source")
+        if mode == "m2m":
+            c["angle_conformal"] = False
+        if mode != "cross":
+            for k in ("m2o_step", "m2o_max_ticks", "sphere_rtol"):
+                c.pop(k)
+        order = c.pop("order")
         self.ds, c["batch_size"] = resolve_dataset(train_data, c["batch_size"])
         self.net = copy.deepcopy(model).to(self.device)
         self.net.load_state_dict(sd_a)
@@ -321,12 +367,16 @@ class _Run:
         self.moved_m2o = [k for k in self.coords if k not in norm]
         self.moved_m2o_set = set(self.moved_m2o)
         if mode in ("m2m", "cross"):
-            c["order"], self.groups = _resolve_groups(self.net, order)
+            c["order"], self.groups = _resolve_groups(self.net, order, c["fdf_level"])
             self.corrected = corrected_keys(self.net, c["variance_correction"])
             G = len(self.groups)
             if c["unlock_every"] is None:
                 c["unlock_every"] = max(1, c["ticks"] // (3 * G)) if c["order"] != "all" else 1
-            c["unlock_every"] = _check_int("unlock_every", c["unlock_every"], 1)
+            if c["order"] != "all" and (G - 1) * c["unlock_every"] >= c["ticks"]:
+                raise ConfigError(
+                    f"ticks={c['ticks']} leaves FDF groups locked: {G} groups unlocked every {c['unlock_every']} "
+                    f"tick(s) need ticks > {(G - 1) * c['unlock_every']} (or merge groups with fdf_level=2, or "
+                    "order='all')")
             c["groups"] = self.groups
             self.group_of = {k: g for g, keys in enumerate(self.groups) for k in keys}
         else:
@@ -629,175 +679,78 @@ class _Run:
 
 # ------------------------------------------------------------------------------------------ public API
 
-_REFINE_DOC = """
-        lr: SGD learning rate of the refinement (reference 0.001).
-        threshold: train loss (nats, mean of the last ``max(1, min_steps)`` minibatch losses) at which a tick's
-            refinement stops; set it a little above the endpoints' train loss (reference 0.005 on CIFAR-10).
-        min_steps, max_steps: refinement steps per tick (reference 20 / 20,000); ``max_steps=0`` disables
-            refinement. A tick that reaches ``max_steps`` above the threshold is listed in
-            ``info["unreached_ticks"]``; with ``stop_on_unreached`` the search stops there and the partial
-            path (without the destination) is returned, ``info["complete"] = False``.
-        batch_size: minibatch size (default: the DataLoader's, else 128).
-        record_every: store every k-th tick as a point (plus the last tick and phase boundaries).
+_COMMON_DOC = """
+    Args:
+        model: an instance of the architecture (copied, never mutated; traced for ``order="fdf"``).
+        train_data: a Dataset (TensorDataset preferred) or a DataLoader (its dataset/batch size; batches are
+            drawn with the run's seeded generator).
+        config: an :class:`LLPFConfig`, a mapping of its fields, or None (defaults); ``**options`` override
+            single fields (``step=0.05, ticks=200``).
         loss_fn: ``loss_fn(logits, y)`` → mean loss (default cross-entropy).
-        seed: seeds the one ``torch.Generator`` of the run (minibatch order, dropout).
         out_dir: checkpoint/output directory (points as safetensors shards, ``path.json`` at the end); the
             returned path is then disk-backed. None: everything in memory.
-        checkpoint_every: ticks between checkpoints (also the number of ticks per shard file).
-        resume: continue the run checkpointed in ``out_dir`` (same arguments and endpoints required —
-            checked by a fingerprint, ConfigError otherwise; ``loss_fn`` and the training data's contents are
-            not part of it, pass the same ones); a finished run is simply loaded. Without it an existing run in ``out_dir`` raises
-            CheckpointError.
+        resume: continue the run checkpointed in ``out_dir`` (same settings and endpoints required — checked by
+            a fingerprint, ConfigError otherwise; ``loss_fn`` and the training data's contents are not part of
+            it, pass the same ones); a finished run is simply loaded. Without it an existing run in ``out_dir``
+            raises CheckpointError.
         progress: ``progress(tick, total_ticks)`` after each tick.
+
+    Raises: ConfigError (unknown option or bad value, named), StateDictMismatchError (endpoints of different
+        architectures), DeviceMismatchError, NonFiniteError (inputs or refinement loss), CheckpointError,
+        TraceError (FDF on an untraceable model).
 """
 
 
-def llpf_m2m(
-    model: nn.Module,
-    sd_a: StateDict,
-    sd_b: StateDict,
-    train_data: Any,
-    *,
-    step: float = 0.01,
-    ticks: int = 500,
-    unlock_every: int | None = None,
-    order: str | Sequence[Sequence[str]] = "fdf",
-    variance_correction: str = "weights",
-    variance_target: str = "interpolate",
-    lr: float = 1e-3,
-    threshold: float = 0.05,
-    min_steps: int = 20,
-    max_steps: int = 2000,
-    batch_size: int | None = None,
-    record_every: int = 1,
-    stop_on_unreached: bool = False,
-    loss_fn: LossFn | None = None,
-    seed: int = 0,
-    out_dir: str | pathlib.Path | None = None,
-    checkpoint_every: int = 10,
-    resume: bool = False,
-    progress: Callable[[int, int], None] | None = None,
-) -> Path:
-    """LLPF model-to-model: a low-loss path from ``sd_a`` to ``sd_b`` by ticks of move → variance correction
-    → refine → projection (module docstring; METHODS.md §2).
+def _run(mode: str, model: nn.Module, sd_a: StateDict, sd_b: StateDict | None, train_data: Any,
+         config: LLPFConfig | Mapping[str, Any] | None, loss_fn: LossFn | None, out_dir: Any, resume: bool,
+         progress: Callable[[int, int], None] | None, options: dict[str, Any]) -> Path:
+    cfg = LLPFConfig.from_any(config, **options)  # typos fail here, before any work
+    return _Run(mode, model, sd_a, sd_b, train_data, cfg, loss_fn, out_dir, resume, progress).run()
 
-    Args:
-        model: an instance of the architecture (copied, never mutated; traced for ``order="fdf"``).
-        sd_a, sd_b: source and destination state dicts (never mutated; one device — the run's device).
-        train_data: a Dataset (TensorDataset preferred) or a DataLoader (its dataset/batch size; batches are
-            drawn with the run's seeded generator).
-        step: fraction s ∈ (0, 1] of the remaining distance each unlocked group moves per tick (reference
-            0.001 with 16,000 ticks on ResNet18).
-        ticks: number of ticks (the path gets ``ticks // record_every`` + 2 points).
-        unlock_every: ticks between FDF unlocks (default ``max(1, ticks // (3·groups))``: every group is
-            unlocked within the first third of the run).
-        order: ``"fdf"`` (:func:`fdf_groups`), ``"all"`` (every layer from tick 0), or explicit groups of
-            parameter names in unlock order (covering every parameter once).
-        variance_correction: ``"weights"`` (≥2-d non-norm parameters), ``"all"`` or ``"none"``.
-        variance_target: ``"interpolate"`` (default, moves with the group's progress from A's to B's variance)
-            or ``"source"`` (A's variance throughout).
-    <REFINE>
+
+def llpf_m2m(model: nn.Module, sd_a: StateDict, sd_b: StateDict, train_data: Any,
+             config: LLPFConfig | Mapping[str, Any] | None = None, *, loss_fn: LossFn | None = None,
+             out_dir: str | pathlib.Path | None = None, resume: bool = False,
+             progress: Callable[[int, int], None] | None = None, **options: Any) -> Path:
+    """LLPF model-to-model: a low-loss path from ``sd_a`` to ``sd_b`` by ticks of move → variance correction
+    → refine → projection (module docstring; METHODS.md §2). Settings: :class:`LLPFConfig`.
+
+    ``sd_a``, ``sd_b``: source and destination state dicts (never mutated; one device — the run's device).
+
     Returns: a :class:`Path` (method ``"llpf-m2m"``): point 0 is sd_a, the last point sd_b (exactly), ``t`` the
         normalised arc length; ``info`` has the settings, FDF groups, per-tick records (steps, loss, reached,
         unlocked groups), ``unreached_ticks``, ``final_gap``; ``compute`` grad_evals and wall time.
-
-    Raises: ConfigError (bad option), StateDictMismatchError (endpoints of different architectures),
-        DeviceMismatchError, NonFiniteError (inputs or refinement loss), CheckpointError, TraceError (FDF on an
-        untraceable model).
     """
-    cfg = dict(step=step, ticks=ticks, unlock_every=unlock_every, variance_correction=variance_correction,
-               variance_target=variance_target, lr=lr, threshold=threshold, min_steps=min_steps, max_steps=max_steps,
-               batch_size=batch_size, record_every=record_every, stop_on_unreached=bool(stop_on_unreached),
-               seed=seed, checkpoint_every=checkpoint_every, angle_conformal=False)
-    return _Run("m2m", model, sd_a, sd_b, train_data, cfg, order, loss_fn, out_dir, resume, progress).run()
+    return _run("m2m", model, sd_a, sd_b, train_data, config, loss_fn, out_dir, resume, progress, options)
 
 
-def llpf_m2o(
-    model: nn.Module,
-    sd_a: StateDict,
-    train_data: Any,
-    *,
-    step: float = 0.01,
-    ticks: int = 100,
-    angle_conformal: bool = True,
-    lr: float = 1e-3,
-    threshold: float = 0.05,
-    min_steps: int = 20,
-    max_steps: int = 2000,
-    batch_size: int | None = None,
-    record_every: int = 1,
-    stop_on_unreached: bool = False,
-    loss_fn: LossFn | None = None,
-    seed: int = 0,
-    out_dir: str | pathlib.Path | None = None,
-    checkpoint_every: int = 10,
-    resume: bool = False,
-    progress: Callable[[int, int], None] | None = None,
-) -> Path:
+def llpf_m2o(model: nn.Module, sd_a: StateDict, train_data: Any,
+             config: LLPFConfig | Mapping[str, Any] | None = None, *, loss_fn: LossFn | None = None,
+             out_dir: str | pathlib.Path | None = None, resume: bool = False,
+             progress: Callable[[int, int], None] | None = None, **options: Any) -> Path:
     """LLPF model-to-origin: every parameter of non-normalization modules shrinks by ``(1 − step)`` per tick,
     no variance correction, refinement with the angle-conformal per-layer lr ``lr·var(w)/var₀(w)``
     (``angle_conformal=False``: plain ``lr``, the ablation). Normalization layers are not moved.
 
-    Args: as :func:`llpf_m2m` (no destination, no groups).
-    <REFINE>
     Returns: a :class:`Path` (method ``"llpf-m2o"``): point 0 is sd_a, the last point the last tick (the origin
         itself is not a point).
-    Raises: as :func:`llpf_m2m`.
     """
-    cfg = dict(step=step, ticks=ticks, unlock_every=None, variance_correction="none", variance_target="source",
-               lr=lr, threshold=threshold, min_steps=min_steps, max_steps=max_steps, batch_size=batch_size,
-               record_every=record_every, stop_on_unreached=bool(stop_on_unreached), seed=seed,
-               checkpoint_every=checkpoint_every, angle_conformal=bool(angle_conformal))
-    return _Run("m2o", model, sd_a, None, train_data, cfg, "all", loss_fn, out_dir, resume, progress).run()
+    return _run("m2o", model, sd_a, None, train_data, config, loss_fn, out_dir, resume, progress, options)
 
 
-def llpf_cross_sphere(
-    model: nn.Module,
-    sd_a: StateDict,
-    sd_b: StateDict,
-    train_data: Any,
-    *,
-    m2o_step: float = 0.01,
-    m2o_max_ticks: int = 1000,
-    sphere_rtol: float = 0.01,
-    angle_conformal: bool = True,
-    step: float = 0.01,
-    ticks: int = 500,
-    unlock_every: int | None = None,
-    order: str | Sequence[Sequence[str]] = "fdf",
-    variance_correction: str = "weights",
-    variance_target: str = "interpolate",
-    lr: float = 1e-3,
-    threshold: float = 0.05,
-    min_steps: int = 20,
-    max_steps: int = 2000,
-    batch_size: int | None = None,
-    record_every: int = 1,
-    stop_on_unreached: bool = False,
-    loss_fn: LossFn | None = None,
-    seed: int = 0,
-    out_dir: str | pathlib.Path | None = None,
-    checkpoint_every: int = 10,
-    resume: bool = False,
-    progress: Callable[[int, int], None] | None = None,
-) -> Path:
+def llpf_cross_sphere(model: nn.Module, sd_a: StateDict, sd_b: StateDict, train_data: Any,
+                      config: LLPFConfig | Mapping[str, Any] | None = None, *, loss_fn: LossFn | None = None,
+                      out_dir: str | pathlib.Path | None = None, resume: bool = False,
+                      progress: Callable[[int, int], None] | None = None, **options: Any) -> Path:
     """LLPF across variance spheres (modes trained with different weight decay): M2O-like ticks scale each
     module of A toward B's per-layer variance (at most ``m2o_step`` per tick, angle-conformal refinement) until
-    every ≥2-d weight's variance is within ``sphere_rtol`` of B's (or ``m2o_max_ticks``), then
-    :func:`llpf_m2m` (``ticks`` more ticks) to B. One path; ``info["phase_boundary"]`` is the index of the
-    switch point, ``info["sphere_reached"]`` whether the sphere was reached.
-
-    Args: as :func:`llpf_m2m`, plus ``m2o_step``, ``m2o_max_ticks``, ``sphere_rtol``, ``angle_conformal``.
-    Raises: as :func:`llpf_m2m`.
+    every ≥2-d weight's variance is within ``sphere_rtol`` of B's (or ``m2o_max_ticks``), then M2M (``ticks``
+    more ticks) to B. One path; ``info["phase_boundary"]`` is the index of the switch point,
+    ``info["sphere_reached"]`` whether the sphere was reached.
     """
-    cfg = dict(step=step, ticks=ticks, unlock_every=unlock_every, variance_correction=variance_correction,
-               variance_target=variance_target, lr=lr, threshold=threshold, min_steps=min_steps, max_steps=max_steps,
-               batch_size=batch_size, record_every=record_every, stop_on_unreached=bool(stop_on_unreached),
-               seed=seed, checkpoint_every=checkpoint_every, angle_conformal=bool(angle_conformal),
-               m2o_step=m2o_step, m2o_max_ticks=m2o_max_ticks, sphere_rtol=sphere_rtol)
-    return _Run("cross", model, sd_a, sd_b, train_data, cfg, order, loss_fn, out_dir, resume, progress).run()
+    return _run("cross", model, sd_a, sd_b, train_data, config, loss_fn, out_dir, resume, progress, options)
 
 
 for _f in (llpf_m2m, llpf_m2o, llpf_cross_sphere):
-    _f.__doc__ = _f.__doc__.replace("\n    <REFINE>", "\n" + _REFINE_DOC.strip("\n"))
+    _f.__doc__ = _f.__doc__.rstrip() + "\n" + _COMMON_DOC
 del _f
