@@ -45,9 +45,9 @@ def _parse_kv(items: list[str], what: str) -> dict[str, Any]:
 
 
 @contextmanager
-def _path_progress():
-    """A rich progress bar fed by evaluate_path's ``progress(i, total)`` callback (one task per path)."""
-    with Progress(TextColumn("path points"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+def _path_progress(label: str = "path points"):
+    """A rich progress bar fed by a ``progress(i, total)`` callback (a new task whenever ``i`` restarts at 1)."""
+    with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=True) as bar:
         state: dict = {}
 
@@ -258,8 +258,7 @@ def align(
         path = save_checkpoint(out, mb_aligned, config={k: v for k, v in cfg.items() if k not in (
             "architecture", "kwargs", "modeconn_version", "format_version")} | {"aligned_to": str(a), "alignment": method},
             metrics={"alignment": {"method": method, "objective": res.objective, "stats": res.stats}},
-            overwrite=overwrite)
-        (path / "alignment.json").write_text(json.dumps(res.to_json(), default=str))
+            extra_json={"alignment.json": res.to_json()}, overwrite=overwrite)
     except ModeconnError as err:
         _fail(err)
     console.print(f"{method} matching objective {res.objective:.4f} ({len(spec.spaces)} spaces)")
@@ -309,9 +308,56 @@ def merge(
     console.print(f"[bold green]merged checkpoint written to[/] {path.resolve()}")
 
 
+@app.command("path")
+def path_command(
+    a: Path = typer.Argument(..., help="checkpoint directory of model A (the path's start)"),
+    b: Path = typer.Argument(..., help="checkpoint directory of model B (the path's end)"),
+    method: str = typer.Option("llpf", help="llpf, cross-sphere, bezier, polychain, autoneb or linear"),
+    option: list[str] = typer.Option([], "--option", "-o", help="method setting key=value, repeatable (e.g. -o step=0.02 "
+                                     "-o ticks=200 for llpf; -o control_points=3 for bezier)"),
+    budget: Optional[int] = typer.Option(None, min=1, help="gradient evaluations for bezier/polychain/autoneb"),
+    dataset: Optional[str] = typer.Option(None, help="dataset (default: the one recorded in A's config.json)"),
+    data: Optional[Path] = typer.Option(None, help=DATA_HELP),
+    limit_train: Optional[int] = typer.Option(None, min=1, help="use only the first N training examples"),
+    eval_limit: Optional[int] = typer.Option(None, min=1, help="evaluate on the first N examples of each split"),
+    sub_points: int = typer.Option(3, min=0, help="linear sub-points per segment for the continuity check"),
+    seed: int = typer.Option(0, help="seed of the BatchNorm recalibration batches"),
+    out: Optional[Path] = typer.Option(None, help="output directory (default runs/path-<time>)"),
+    resume: bool = typer.Option(False, help="continue a killed LLPF search in --out (same settings)"),
+    overwrite: bool = typer.Option(False, help="replace a non-empty --out"),
+) -> None:
+    """Find a low-loss path from A to B and evaluate it.
+
+    Writes the path (out/path: safetensors shards + path.json, loadable with modeconn.path.Path.load),
+    results.json (loss/accuracy at every point on train and test with BatchNorm recomputed per point,
+    continuity check, peak loss, path length, gradient evaluations, wall time), report.md and path_loss.png.
+    LLPF checkpoints as it runs: kill it and rerun with --resume to continue.
+    """
+    from .experiments.output import default_out
+    from .experiments.paths import check_path_options, run_path
+
+    out = out or default_out("path")
+    try:
+        options = _parse_kv(option, "--option")
+        check_path_options(method, options)  # typos fail before anything is loaded
+        ma, mb, cfg = _load_pair(a, b)
+        bundle = _dataset_for(cfg, dataset, data, limit_train)
+        with _path_progress("search / evaluation") as progress:
+            results = run_path(out, method, ma, mb, bundle, options, budget=budget, eval_limit=eval_limit,
+                               sub_points=sub_points, seed=seed, resume=resume, overwrite=overwrite,
+                               names=(str(a), str(b)), log=lambda s: console.log(s), progress=progress)
+    except ModeconnError as err:
+        _fail(err)
+    r = results["summary"]
+    console.print(f"{method}: {r['points']} points, peak train loss {r['peak_train_loss']:.4f} "
+                  f"(endpoints {max(results['endpoint_train_loss']):.4f}), dense peak {r['dense_peak_train_loss']:.4f}, "
+                  f"{r['grad_evals']} gradient evaluations, {r['wall_time_s']:.1f} s")
+    console.print(f"[bold green]outputs written to[/] {out.resolve()}  (path/, results.json, report.md, path_loss.png)")
+
+
 @app.command()
 def experiment(
-    name: str = typer.Argument(..., help="identifiability-sigma, identifiability-k, identifiability-coherence, "
+    name: str = typer.Argument(..., help="llpf, identifiability-sigma, identifiability-k, identifiability-coherence, "
                                          "identifiability-resnet"),
     quick: bool = typer.Option(False, help="the small CI size (minutes on 2 cores) instead of the full size"),
     pairs: Optional[int] = typer.Option(None, min=1, help="model pairs per setting (default: 1 quick, 3 full)"),
@@ -324,6 +370,9 @@ def experiment(
 ) -> None:
     """Run a named experiment; writes results.json, report.md and summary.png.
 
+    llpf (METHODS.md §2) trains three BN ResNet20s on Fashion-MNIST and compares the linear path, LLPF (three
+    seeds), the all-at-once ablation, Bezier and AutoNEB at LLPF's gradient budget, and cross-sphere LLPF
+    between models trained with and without weight decay (writes paths_loss.png and paths_pca.png).
     The identifiability experiments (METHODS.md §1) train pairs of W-asymmetric and standard networks and
     report unaligned vs weight-matched barriers, the identity/optimal activation-matching ratio, accuracy,
     swap costs (k sweep) and subspace coherence (coherence sweep), mean ± std over pairs.
@@ -332,9 +381,12 @@ def experiment(
     from .experiments.output import default_out
 
     try:
-        if name not in EXPERIMENTS:
-            raise ModeconnError(f"unknown experiment {name!r}; valid: {', '.join(EXPERIMENTS)}")
+        if name not in (*EXPERIMENTS, "llpf"):
+            raise ModeconnError(f"unknown experiment {name!r}; valid: llpf, {', '.join(EXPERIMENTS)}")
         out = out or default_out(name)
+        if name == "llpf":
+            _run_llpf_experiment(out, quick, pairs, epochs, width, limit_train, data, overwrite)
+            return
         with console.status(f"running {name}"):
             results = run_identifiability(name, out, quick=quick, pairs=pairs, epochs=epochs, width=width,
                                           limit_train=limit_train, data=data, overwrite=overwrite,
@@ -345,6 +397,23 @@ def experiment(
 
     console.print(report(results).split("![summary]")[0])
     console.print(f"[bold green]outputs written to[/] {out.resolve()}  (report.md, results.json, summary.png)")
+
+
+def _run_llpf_experiment(out, quick, pairs, epochs, width, limit_train, data, overwrite) -> None:
+    from dataclasses import replace
+
+    from .experiments.llpf_experiment import SIZES, report, run_llpf_experiment
+
+    if pairs is not None:
+        raise ModeconnError("--pairs does not apply to the llpf experiment (it trains three models A, B, C)")
+    size = SIZES["quick" if quick else "full"]
+    changes = {k: v for k, v in (("epochs", epochs), ("width", width), ("limit_train", limit_train)) if v is not None}
+    with console.status("running llpf"):
+        results = run_llpf_experiment(out, data=data, overwrite=overwrite, size=replace(size, **changes),
+                                      log=lambda s: console.log(s))
+    console.print(report(results).split("![")[0])
+    console.print(f"[bold green]outputs written to[/] {out.resolve()}  (report.md, results.json, paths_loss.png, "
+                  "paths_pca.png, paths/)")
 
 
 def main() -> None:  # pragma: no cover - entry point
