@@ -125,6 +125,8 @@ def test_curve_training_moves_controls_not_endpoints_and_is_deterministic():
         train_curve(model, sd_a, _mlp(1, width=24).state_dict(), _data(), steps=1)
     with pytest.raises(ConfigError, match="optimizer"):
         train_curve(model, sd_a, sd_b, _data(), steps=1, optimizer="lbfgs")
+    with pytest.raises(ConfigError, match="'step'.*did you mean 'steps'"):  # typo caught before the endpoints
+        train_curve(model, sd_a, _mlp(1, width=24).state_dict(), _data(), step=1)
 
 
 def test_linear_path_equals_evaluate_path_and_round_trips_through_disk(tmp_path):

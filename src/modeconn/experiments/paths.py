@@ -8,7 +8,6 @@ recomputed per point, plus the continuity check between consecutive points.
 
 from __future__ import annotations
 
-import inspect
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from ..errors import CheckpointError, ConfigError
 from ..models._validation import unknown_names_error
 from ..path import LLPFConfig, Path, PathCurve, bezier_curve, linear_path, llpf_cross_sphere, llpf_m2m
 from ..path.autoneb import AutoNEBConfig, autoneb
+from ..path.curves import CurveConfig
 from ..path.pathobj import MANIFEST, atomic_write_text
 from ..report import markdown_table
 from ..report.figures import plot_path_losses
@@ -47,11 +47,6 @@ class PathMethod:
     checkpoints: bool = False
 
 
-def _keywords(fn: Callable, exclude: set[str]) -> set[str]:
-    return {n for n, p in inspect.signature(fn).parameters.items()
-            if p.kind is inspect.Parameter.KEYWORD_ONLY and n not in exclude}
-
-
 def _check_names(method: str, allowed: set[str]) -> Callable[[dict[str, Any]], None]:
     def check(options: dict[str, Any]) -> None:
         unknown = set(options) - allowed
@@ -60,13 +55,12 @@ def _check_names(method: str, allowed: set[str]) -> Callable[[dict[str, Any]], N
     return check
 
 
-def _check_config(config_type) -> Callable[[dict[str, Any]], None]:
+def _check_config(config_type, fixed: set[str] = frozenset()) -> Callable[[dict[str, Any]], None]:
     def check(options: dict[str, Any]) -> None:
+        for name in fixed & set(options):
+            raise ConfigError(f"option {name!r} is set by the path method's name; drop it")
         config_type.from_any(options)
     return check
-
-
-_CURVE_FIXED = {"loss_fn", "progress", "kind"}
 
 
 def _run_linear(model, a, b, train, options, budget, out_dir, resume, progress) -> Path:
@@ -86,7 +80,7 @@ def _curve_runner(kind: str) -> Callable[..., Path]:
         opts = dict(options)
         if budget is not None:
             opts["steps"] = budget  # one minibatch backward per step
-        return bezier_curve(model, a, b, train, kind=kind, progress=progress, **opts)
+        return bezier_curve(model, a, b, train, opts, kind=kind, progress=progress)
     return run
 
 
@@ -103,9 +97,9 @@ PATH_METHODS: dict[str, PathMethod] = {
         PathMethod("cross-sphere", "LLPF across variance spheres (M2O to B's sphere, then M2M)", _run_cross, _check_config(LLPFConfig),
                    checkpoints=True),
         PathMethod("bezier", "quadratic/higher Bezier curve trained on E_t L(φ(t)) (Garipov et al. 2018)",
-                   _curve_runner("bezier"), _check_names("bezier", _keywords(bezier_curve, _CURVE_FIXED))),
+                   _curve_runner("bezier"), _check_config(CurveConfig, fixed={"kind"})),
         PathMethod("polychain", "polygonal chain trained on E_t L(φ(t)) (Garipov et al. 2018)",
-                   _curve_runner("polychain"), _check_names("polychain", _keywords(bezier_curve, _CURVE_FIXED))),
+                   _curve_runner("polychain"), _check_config(CurveConfig, fixed={"kind"})),
         PathMethod("autoneb", "AutoNEB pivot chain (Draxler et al. 2018)", _run_autoneb, _check_config(AutoNEBConfig)),
     )
 }
@@ -134,7 +128,7 @@ def find_path(method: str, model: nn.Module, sd_a: StateDict, sd_b: StateDict, t
     Args:
         train: the training Dataset (TensorDataset) the searching methods draw minibatches from.
         options: the method's settings (LLPF: :class:`~modeconn.path.LLPFConfig` fields; bezier/polychain:
-            :func:`~modeconn.path.bezier_curve` keywords; autoneb: :class:`~modeconn.path.autoneb.AutoNEBConfig`
+            :class:`~modeconn.path.curves.CurveConfig` fields; autoneb: :class:`~modeconn.path.autoneb.AutoNEBConfig`
             fields; linear: ``n``).
         budget: gradient evaluations for the curve methods and AutoNEB (to match another method's spend);
             LLPF's spend is set by its own settings.

@@ -22,15 +22,18 @@ from __future__ import annotations
 import copy
 import math
 import time
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal
 
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from pydantic import Field
 from torch.func import functional_call
 
 from ..checks import check_compatible, check_finite, check_one_device
+from ..config import StrictConfig
 from ..errors import ConfigError, NonFiniteError
 from ._stream import BatchStream, resolve_dataset
 from .evaluate import check_fixed_structure
@@ -166,23 +169,42 @@ def _loss_fn(loss_fn):
     return loss_fn or (lambda logits, y: F.cross_entropy(logits, y))
 
 
+class CurveConfig(StrictConfig):
+    """Settings of :func:`train_curve` / :func:`bezier_curve`. Unknown fields and bad values raise ConfigError
+    naming the field, before any work.
+
+    Attributes:
+        kind: ``"bezier"`` or ``"polychain"``.
+        control_points: K ≥ 1 (Bezier degree K+1; polygonal chain with K bends).
+        steps: optimizer steps (= gradient evaluations, one minibatch backward each).
+        lr, optimizer (``"sgd"``: momentum/weight_decay; ``"adam"``: weight_decay), momentum, weight_decay.
+        batch_size: minibatch size (default: the DataLoader's, else 128).
+        seed: seeds the run's ``torch.Generator`` (minibatch order, t, dropout).
+        n_points: evenly spaced t at which :func:`bezier_curve` samples the trained curve (≥ 2).
+    """
+
+    kind: Literal["bezier", "polychain"] = "bezier"
+    control_points: int = Field(1, ge=1)
+    steps: int = Field(1000, ge=0)
+    lr: float = Field(0.01, gt=0, allow_inf_nan=False)
+    optimizer: Literal["sgd", "adam"] = "sgd"
+    momentum: float = Field(0.9, ge=0, lt=1)
+    weight_decay: float = Field(0.0, ge=0, allow_inf_nan=False)
+    batch_size: int | None = Field(None, ge=1)
+    seed: int = Field(0, ge=0, lt=2**63)
+    n_points: int = Field(25, ge=2)
+
+
 def train_curve(
     model: nn.Module,
     sd_a: StateDict,
     sd_b: StateDict,
     train_data: Any,
+    config: CurveConfig | Mapping[str, Any] | None = None,
     *,
-    kind: str = "bezier",
-    control_points: int = 1,
-    steps: int = 1000,
-    lr: float = 0.01,
-    optimizer: str = "sgd",
-    momentum: float = 0.9,
-    weight_decay: float = 0.0,
-    batch_size: int | None = None,
-    seed: int = 0,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
     progress: Callable[[int, int], None] | None = None,
+    **options: Any,
 ) -> CurveModule:
     """Fit a :class:`CurveModule` by minimising ``E_{t~U[0,1]} L(φ(t))`` (Garipov et al. 2018, eq. 3).
 
@@ -192,24 +214,20 @@ def train_curve(
     Args:
         train_data: a Dataset (TensorDataset preferred) or a DataLoader (its dataset and batch size are used,
             batches are drawn with the seeded generator — its own shuffling is ignored).
-        steps: optimizer steps (= gradient evaluations, one minibatch backward each).
-        lr, optimizer (``"sgd"``: momentum/weight_decay; ``"adam"``: weight_decay), batch_size: as usual.
+        config: a :class:`CurveConfig`, a mapping of its fields, or None; ``**options`` override single fields.
         loss_fn: ``loss_fn(logits, y)`` → mean loss (default cross-entropy).
         progress: ``progress(step, steps)`` after each step.
 
     Returns: the trained curve; ``curve.history`` (per-step training losses) and ``curve.compute``
         (``grad_evals``, ``wall_time_s``).
 
-    Raises: ConfigError (bad option), StateDictMismatchError, DeviceMismatchError, NonFiniteError (loss
-        became NaN/Inf; the step is named).
+    Raises: ConfigError (unknown option or bad value, named), StateDictMismatchError, DeviceMismatchError,
+        NonFiniteError (loss became NaN/Inf; the step is named).
     """
-    if optimizer not in OPTIMIZERS:
-        raise ConfigError(f"unknown optimizer {optimizer!r}; valid: {', '.join(OPTIMIZERS)}")
-    steps = _positive_int("steps", steps, 0)
-    if not (lr > 0 and math.isfinite(lr)):
-        raise ConfigError(f"lr must be a positive finite number, got {lr!r}")
-    if not 0 <= momentum < 1 or weight_decay < 0:
-        raise ConfigError(f"need 0 ≤ momentum < 1 and weight_decay ≥ 0, got {momentum!r}, {weight_decay!r}")
+    cfg = CurveConfig.from_any(config, **options)
+    kind, control_points, steps, lr = cfg.kind, cfg.control_points, cfg.steps, cfg.lr
+    optimizer, momentum, weight_decay, batch_size, seed = (cfg.optimizer, cfg.momentum, cfg.weight_decay,
+                                                            cfg.batch_size, cfg.seed)
     ds, bs = resolve_dataset(train_data, batch_size)
     curve = CurveModule(model, sd_a, sd_b, kind=kind, control_points=control_points)
     device = curve.end_a.device
@@ -255,32 +273,25 @@ def bezier_curve(
     sd_a: StateDict,
     sd_b: StateDict,
     train_data: Any,
+    config: CurveConfig | Mapping[str, Any] | None = None,
     *,
-    control_points: int = 1,
-    kind: str = "bezier",
-    steps: int = 1000,
-    lr: float = 0.01,
-    optimizer: str = "sgd",
-    momentum: float = 0.9,
-    weight_decay: float = 0.0,
-    batch_size: int | None = None,
-    n_points: int = 25,
-    seed: int = 0,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
     progress: Callable[[int, int], None] | None = None,
+    **options: Any,
 ) -> Path:
     """Train a Bezier (``kind="bezier"``) or polygonal-chain (``kind="polychain"``) curve with
-    ``control_points`` K (see :func:`train_curve`) and sample it at ``n_points`` evenly spaced t.
+    ``control_points`` K (see :func:`train_curve`; settings: :class:`CurveConfig`) and sample it at
+    ``n_points`` evenly spaced t.
 
     Returns: a :class:`Path` (method ``"bezier-K"`` / ``"polychain-K"``; first/last point exactly sd_a/sd_b);
         ``info`` holds the training settings and the loss history (first/last/mean of the last 10 %),
         ``compute`` the gradient evaluations (= steps) and wall time.
+    Raises: as :func:`train_curve`.
     """
-    curve = train_curve(model, sd_a, sd_b, train_data, kind=kind, control_points=control_points, steps=steps, lr=lr,
-                        optimizer=optimizer, momentum=momentum, weight_decay=weight_decay, batch_size=batch_size,
-                        seed=seed, loss_fn=loss_fn, progress=progress)
+    cfg = CurveConfig.from_any(config, **options)
+    curve = train_curve(model, sd_a, sd_b, train_data, cfg, loss_fn=loss_fn, progress=progress)
     h = curve.history
     tail = h[-max(1, len(h) // 10):] if h else []
     info = {**curve.train_config, "train_loss_first": h[0] if h else None, "train_loss_last": h[-1] if h else None,
             "train_loss_tail_mean": float(np.mean(tail)) if tail else None}
-    return curve.to_path(n_points, info=info, compute=curve.compute)
+    return curve.to_path(cfg.n_points, info=info, compute=curve.compute)
