@@ -1,0 +1,309 @@
+"""`modeconn sweep CONFIG`: a grid of runs (seeds × widths × methods …) on Ray or sequentially, resumable.
+
+A sweep config (TOML or JSON) names a *task* and gives its parameters: ``base`` (fixed values) and ``grid``
+(lists; the runs are their Cartesian product)::
+
+    name = "barrier-vs-width"
+    task = "barrier"
+    [base]
+    dataset = "digits"
+    epochs = 10
+    [grid]
+    seed = [0, 1]
+    width = [32, 128]
+    method = ["naive", "weight"]
+
+Every run's parameters are validated against the task's typed parameter model *before any run starts*:
+a typo names the key (and the valid keys), a bad value names the run. Each run writes
+``runs/<run-id>/result.json`` atomically, ``run-id`` being a digest of its parameters, so a killed sweep
+resumes without recomputing finished runs. Results are aggregated into ``results.json``, ``results.csv``
+and ``report.md``.
+
+Backends: ``ray`` (``ray.init()`` locally, or ``address=`` a cluster; one Ray task per run, CPU count
+per task configurable) and ``sequential`` (in-process; the default when Ray is not installed —
+``pip install modeconn[ray]``).
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import itertools
+import json
+import time
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError
+
+from ..config import StrictConfig
+from ..errors import ConfigError, ModeconnError
+from ..io import _json_dumps
+from ..models._validation import unknown_names_error, validation_error_to_config_error
+from ..path.pathobj import atomic_write_text
+from ..registry import Registry
+from ..report import markdown_table
+
+Log = Callable[[str], None]
+BACKENDS = ("auto", "ray", "sequential")
+
+
+@dataclass(frozen=True)
+class SweepTask:
+    """A sweep task: its typed parameters (one grid point) and the function running one point → metrics."""
+
+    params: type[StrictConfig]
+    run: Callable[[Any], dict[str, Any]]
+
+
+TASKS: Registry[SweepTask] = Registry("sweep task")
+
+
+# ------------------------------------------------------------------------------------------------- tasks
+class BarrierTask(StrictConfig):
+    """One grid point of the ``barrier`` task: train two models (init seeds ``seed`` and ``seed + 1``) and
+    measure the test-loss barrier of the linear path after alignment ``method`` (METHODS.md §0)."""
+
+    dataset: str = "digits"
+    model: Literal["mlp", "cnn", "vgg", "resnet20"] = "mlp"
+    width: float = Field(64, gt=0)
+    depth: int = Field(2, ge=1)
+    epochs: int = Field(10, ge=1)
+    lr: float = Field(0.05, gt=0)
+    batch_size: int = Field(64, ge=1)
+    limit_train: int | None = Field(None, ge=1)
+    method: Literal["naive", "weight", "activation"] = "weight"
+    lambdas: int = Field(11, ge=3)
+    seed: int = Field(0, ge=0)
+
+
+def _model_kwargs(p: BarrierTask) -> dict[str, Any]:
+    if p.model == "mlp":
+        return {"width": int(p.width), "depth": p.depth}
+    if p.model == "resnet20":
+        return {"width": p.width}
+    return {}
+
+
+def run_barrier_task(p: BarrierTask) -> dict[str, Any]:
+    """Train the pair, align, evaluate the linear path on the test split; barrier_mean / interp (loss)."""
+    from ..data import load_dataset, make_loader
+    from ..models import build_model
+    from ..path import evaluate_model, evaluate_path
+    from ..symmetry import symmetry_spec
+    from ..train import TrainConfig, fit
+    from .compare import align
+
+    start = time.perf_counter()
+    bundle = load_dataset(p.dataset, limit_train=p.limit_train)
+    models = []
+    for seed in (p.seed, p.seed + 1):
+        m = build_model(p.model, in_shape=bundle.input_shape, num_classes=bundle.num_classes, seed=seed,
+                        **_model_kwargs(p))
+        fit(m, bundle.train, TrainConfig(seed=seed, epochs=p.epochs, lr=p.lr, batch_size=p.batch_size), progress=False)
+        models.append(m.eval())
+    a, b = models
+    spec = symmetry_spec(a, bundle.train.tensors[0][:2])
+    res = align(p.method, spec, a, a.state_dict(), b.state_dict(), bundle, seed=p.seed)
+    sd_b = b.state_dict() if res is None else res.apply(b.state_dict())
+    test = {"test": make_loader(bundle.test, 1000)}
+    curve = evaluate_path(a, a.state_dict(), sd_b, test, lambdas=p.lambdas, spec=spec,
+                          bn_loader=make_loader(bundle.train, 256, shuffle=True, seed=p.seed), bn_batches=10)
+    return {
+        "test_acc_a": evaluate_model(a, test["test"])["acc"],
+        "test_acc_b": evaluate_model(b, test["test"])["acc"],
+        "barrier_mean_loss": curve.barrier("mean", "test"),
+        "barrier_interp_loss": curve.barrier("interp", "test"),
+        "midpoint_acc": float(curve.values("test", "acc")[len(curve.lambdas) // 2]),
+        "seconds": time.perf_counter() - start,
+    }
+
+
+TASKS.register("barrier")(SweepTask(BarrierTask, run_barrier_task))
+
+
+# ------------------------------------------------------------------------------------------------ config
+class SweepConfig(StrictConfig):
+    """A sweep: ``task`` (registered in :data:`TASKS`), fixed ``base`` parameters and a ``grid`` of lists."""
+
+    name: str = "sweep"
+    task: str
+    base: dict[str, Any] = Field(default_factory=dict)
+    grid: dict[str, list[Any]] = Field(default_factory=dict)
+
+
+def read_sweep_config(path: str | Path) -> SweepConfig:
+    """Parse a TOML (``.toml``) or JSON sweep file. Raises ConfigError naming the file and the problem."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"sweep config {path} not found")
+    text = path.read_text(encoding="utf-8")
+    try:
+        raw = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as err:
+        raise ConfigError(f"{path}: not valid {'TOML' if path.suffix == '.toml' else 'JSON'}: {err}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a table/object at the top level")
+    try:
+        return SweepConfig(**raw)
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}") from None
+
+
+def expand(config: SweepConfig) -> list[dict[str, Any]]:
+    """Every run's full parameter dict (base + one grid combination), validated by the task's parameter
+    model first: a typo names the key and lists the valid ones; a bad value names the run."""
+    params_model = TASKS.get(config.task).params
+    valid = set(params_model.model_fields)
+    for where, keys in (("base", config.base), ("grid", config.grid)):
+        unknown = sorted(set(keys) - valid)
+        if unknown:
+            raise unknown_names_error(f"sweep task {config.task!r} ({where})", unknown, valid, noun="parameter")
+    overlap = sorted(set(config.base) & set(config.grid))
+    if overlap:
+        raise ConfigError(f"parameters {overlap} are both in base and grid; keep each in one place")
+    empty = [k for k, v in config.grid.items() if not v]
+    if empty:
+        raise ConfigError(f"grid lists {empty} are empty")
+    names = list(config.grid)
+    runs = []
+    for combo in itertools.product(*(config.grid[k] for k in names)):
+        params = {**config.base, **dict(zip(names, combo))}
+        try:
+            params_model.model_validate(params)
+        except ValidationError as err:
+            raise validation_error_to_config_error(err, f"sweep run {params}") from None
+        except ConfigError as err:
+            raise ConfigError(f"sweep run {params}: {err}") from None
+        runs.append(params)
+    return runs
+
+
+def run_id(task: str, params: Mapping[str, Any]) -> str:
+    """A stable id of one run: sha256 of the task name and its parameters (sorted JSON), 16 hex digits."""
+    return hashlib.sha256(json.dumps([task, params], sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _execute(task: str, params: dict[str, Any]) -> dict[str, Any]:
+    t = TASKS.get(task)
+    return t.run(t.params(**params))
+
+
+# --------------------------------------------------------------------------------------------- backends
+def _resolve_backend(backend: str) -> str:
+    if backend not in BACKENDS:
+        raise ConfigError(f"unknown sweep backend {backend!r}; valid: {', '.join(BACKENDS)}")
+    if backend == "sequential":
+        return backend
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        if backend == "ray":
+            raise ConfigError("backend 'ray' needs Ray: pip install 'modeconn[ray]' (or use --backend sequential)") from None
+        return "sequential"
+    return "ray"
+
+
+def _run_sequential(task: str, todo: list[tuple[str, dict]], save: Callable[[str, dict, dict], None], log: Log) -> None:
+    for i, (rid, params) in enumerate(todo, 1):
+        log(f"run {i}/{len(todo)} {rid}: {params}")
+        save(rid, params, _execute(task, params))
+
+
+def _run_ray(task: str, todo: list[tuple[str, dict]], save: Callable[[str, dict, dict], None], log: Log,
+             address: str | None, cpus_per_run: float) -> None:
+    import ray
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        remote = ray.remote(num_cpus=cpus_per_run)(_execute)
+        pending = {remote.remote(task, params): (rid, params) for rid, params in todo}
+        done = 0
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            rid, params = pending.pop(ready[0])
+            save(rid, params, ray.get(ready[0]))  # a failed run raises here, finished ones are already saved
+            done += 1
+            log(f"finished {done}/{len(todo)} {rid}: {params}")
+    finally:
+        if started:
+            ray.shutdown()
+
+
+# ------------------------------------------------------------------------------------------------ driver
+def run_sweep(config: SweepConfig | str | Path, out: str | Path, *, backend: str = "auto", address: str | None = None,
+              cpus_per_run: float = 1.0, log: Log = print) -> dict[str, Any]:
+    """Run every grid point not finished yet in ``out`` and aggregate all results.
+
+    Args:
+        config: a :class:`SweepConfig` or the path of a TOML/JSON sweep file.
+        out: the sweep directory (``runs/<run-id>/result.json`` per run; ``results.json``, ``results.csv``,
+            ``report.md`` aggregated). Reusing it resumes: finished runs are skipped. A directory holding
+            another sweep (different task or grid) is refused.
+        backend: ``"auto"`` (Ray if installed, else sequential), ``"ray"`` or ``"sequential"``.
+        address: Ray cluster address (None: a local ``ray.init()``).
+        cpus_per_run: CPUs Ray reserves per run.
+
+    Returns: the aggregated results (``rows``: one per run, parameters + metrics).
+    Raises: ConfigError (bad config, typo'd parameter, unknown backend, another sweep in ``out``) before
+        any run starts; what a task raises (runs finished before it are kept).
+    """
+    config = config if isinstance(config, SweepConfig) else read_sweep_config(config)
+    runs = expand(config)  # validation of every run before anything starts
+    backend = _resolve_backend(backend)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    manifest = {"name": config.name, "task": config.task, "base": config.base, "grid": config.grid}
+    mf = out / "sweep.json"
+    if mf.exists():
+        old = json.loads(mf.read_text())
+        if {k: old.get(k) for k in ("task", "base", "grid")} != {k: manifest[k] for k in ("task", "base", "grid")}:
+            raise ConfigError(f"{out} holds another sweep ({old.get('name')!r}, task {old.get('task')!r}); "
+                              "choose another --out")
+    else:
+        atomic_write_text(mf, _json_dumps(manifest, str(mf)))
+    ids = [run_id(config.task, p) for p in runs]
+    todo = [(rid, p) for rid, p in zip(ids, runs) if not (out / "runs" / rid / "result.json").is_file()]
+    log(f"{len(runs)} runs, {len(runs) - len(todo)} already finished, backend {backend}")
+
+    def save(rid: str, params: dict, metrics: dict) -> None:
+        d = out / "runs" / rid
+        d.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(d / "result.json", _json_dumps({"run_id": rid, "params": params, "metrics": metrics},
+                                                         str(d / "result.json")))
+
+    if todo:
+        if backend == "ray":
+            _run_ray(config.task, todo, save, log, address, cpus_per_run)
+        else:
+            _run_sequential(config.task, todo, save, log)
+    return aggregate(out, config, ids)
+
+
+def aggregate(out: Path, config: SweepConfig, ids: list[str]) -> dict[str, Any]:
+    """Collect ``runs/<id>/result.json`` of ``ids`` into one table (JSON, CSV, markdown)."""
+    rows = []
+    for rid in ids:
+        f = out / "runs" / rid / "result.json"
+        try:
+            r = json.loads(f.read_text())
+        except (OSError, json.JSONDecodeError) as err:
+            raise ModeconnError(f"{f}: unreadable run result: {err}") from None
+        rows.append({"run_id": rid, **r["params"], **r["metrics"]})
+    columns = list(dict.fromkeys(k for r in rows for k in r))
+    results = {"name": config.name, "task": config.task, "grid": config.grid, "base": config.base, "rows": rows}
+    atomic_write_text(out / "results.json", _json_dumps(results, str(out / "results.json")))
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=columns)
+    writer.writeheader()
+    writer.writerows(rows)
+    atomic_write_text(out / "results.csv", buf.getvalue())
+    table = markdown_table(columns, [[r.get(c, "") for c in columns] for r in rows])
+    atomic_write_text(out / "report.md", f"# sweep {config.name} (task {config.task})\n\n{table}\n")
+    return results
