@@ -6,18 +6,7 @@ import json
 import pickle
 
 import pytest
-from typer.testing import CliRunner
-
-from modeconn.cli import app
-
-runner = CliRunner()
-
-
-def _run(*args, ok=True):
-    res = runner.invoke(app, [str(a) for a in args])
-    if ok:
-        assert res.exit_code == 0, res.output
-    return res
+from cli_runner import run_cli as _run
 
 
 @pytest.fixture(scope="module")

@@ -7,9 +7,8 @@ import json
 
 import pytest
 import torch
-from typer.testing import CliRunner
+from cli_runner import run_cli as _run
 
-from modeconn.cli import app
 from modeconn.data import load_dataset
 from modeconn.errors import ConfigError
 from modeconn.experiments.paths import PATH_METHODS, check_path_options, find_path, run_path
@@ -18,16 +17,10 @@ from modeconn.models import build_model
 from modeconn.path import LLPFConfig, Path, fdf_groups, llpf_m2m
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-runner = CliRunner()
 LLPF_OPTS = ["-o", "ticks=12", "-o", "step=0.25", "-o", "lr=0.05", "-o", "threshold=0.15", "-o", "min_steps=3",
              "-o", "max_steps=60", "-o", "batch_size=64"]
 
 
-def _run(*args, ok=True):
-    res = runner.invoke(app, [str(a) for a in args])
-    if ok:
-        assert res.exit_code == 0, res.output
-    return res
 
 
 @pytest.fixture(scope="module")

@@ -61,7 +61,6 @@ Every random choice (evaluation batches, minibatch order, dropout) comes from
 
 from __future__ import annotations
 
-import copy
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -71,15 +70,15 @@ import numpy as np
 import torch
 from pydantic import Field, model_validator
 from torch import nn
-from torch.func import functional_call
 
 from ..config import StrictConfig
 from ..errors import ConfigError, NonFiniteError
 from ..nn_utils import batchnorm_modules
+from ._flat import FlatParams
 from ._stream import BatchStream, resolve_dataset
 from .curves import _loss_fn, check_endpoints
 from .interpolate import interpolate
-from .pathobj import Path, cpu_clone, param_names
+from .pathobj import Path, cpu_clone
 
 StateDict = Mapping[str, torch.Tensor]
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -195,33 +194,16 @@ def neb_gradient(grads: torch.Tensor, chain: torch.Tensor, tangents: torch.Tenso
 # ------------------------------------------------------------------------------------------------ run
 
 
-class _Chain:
+class _Chain(FlatParams):
     """Flat-vector view of one architecture: pivots ↔ parameter dicts, minibatch losses and gradients."""
 
     def __init__(self, model: nn.Module, sd_a: StateDict, sd_b: StateDict, device: torch.device, loss_fn: LossFn):
-        self.net = copy.deepcopy(model).to(device)
-        self.net.load_state_dict(sd_a)
-        for p in self.net.parameters():
-            p.requires_grad_(False)
-        self.names = param_names(self.net)
-        params = dict(self.net.named_parameters())
-        self.shapes = [tuple(params[n].shape) for n in self.names]
-        self.dtypes = [sd_a[n].dtype for n in self.names]  # pivots get A's dtypes, as interpolate's points
-        self.numels = [params[n].numel() for n in self.names]
-        self.dtype = torch.float64 if torch.float64 in self.dtypes else torch.float32
-        self.device = device
+        super().__init__(model, sd_a, device)
         self.loss_fn = loss_fn
         self.bn = batchnorm_modules(self.net)
 
-    def flat(self, sd: StateDict) -> torch.Tensor:
-        return torch.cat([sd[n].detach().to(self.device, self.dtype).reshape(-1) for n in self.names])
-
-    def params(self, v: torch.Tensor) -> dict[str, torch.Tensor]:
-        parts = torch.split(v, self.numels)
-        return {n: p.view(s).to(d) for n, p, s, d in zip(self.names, parts, self.shapes, self.dtypes)}
-
     def loss(self, v: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return self.loss_fn(functional_call(self.net, self.params(v), (x,)), y)
+        return self.loss_fn(self.forward(v, x), y)
 
     def train_mode(self) -> None:
         self.net.train()

@@ -19,7 +19,6 @@ re-estimates per t (``bn="reset"``). φ(0) and φ(1) are θ_A and θ_B exactly.
 
 from __future__ import annotations
 
-import copy
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -30,15 +29,15 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from pydantic import Field
-from torch.func import functional_call
 
 from ..checks import check_compatible, check_finite, check_one_device
 from ..config import StrictConfig
 from ..errors import ConfigError, NonFiniteError
+from ._flat import FlatParams
 from ._stream import BatchStream, resolve_dataset
 from .evaluate import check_fixed_structure
 from .interpolate import interpolate
-from .pathobj import Path, cpu_clone, param_names
+from .pathobj import Path, cpu_clone
 
 StateDict = Mapping[str, torch.Tensor]
 CURVE_KINDS = ("bezier", "polychain")
@@ -88,18 +87,9 @@ class CurveModule(nn.Module):
         self.kind = kind
         self.K = _positive_int("control_points", control_points)
         device = check_endpoints(model, sd_a, sd_b)
-        self.net = copy.deepcopy(model).to(device)
-        self.net.load_state_dict(sd_a)
-        for p in self.net.parameters():
-            p.requires_grad_(False)
-        self.names = param_names(self.net)
-        params = dict(self.net.named_parameters())
-        self._shapes = [tuple(params[n].shape) for n in self.names]
-        self._dtypes = [params[n].dtype for n in self.names]
-        self._numels = [params[n].numel() for n in self.names]
-        def flat(sd: StateDict) -> torch.Tensor:
-            return torch.cat([sd[n].detach().to(device, torch.float32).reshape(-1) for n in self.names])
-
+        self._flat = FlatParams(model, sd_a, device, torch.float32)
+        self.net, self.names = self._flat.net, self._flat.names
+        flat = self._flat.flat
         self.register_buffer("end_a", flat(sd_a))
         self.register_buffer("end_b", flat(sd_b))
         self.controls = nn.ParameterList(
@@ -136,12 +126,11 @@ class CurveModule(nn.Module):
 
     def params_at(self, t: float) -> dict[str, torch.Tensor]:
         """``{parameter name: tensor}`` at ``t`` (differentiable; each in its parameter's dtype)."""
-        parts = torch.split(self.flat_at(t), self._numels)
-        return {n: p.view(s).to(d) for n, p, s, d in zip(self.names, parts, self._shapes, self._dtypes)}
+        return self._flat.params(self.flat_at(t))
 
     def forward(self, x: torch.Tensor, t: float) -> torch.Tensor:
         """The architecture's output at φ(t) (buffers from the private copy; BatchNorm in the copy's mode)."""
-        return functional_call(self.net, self.params_at(t), (x,))
+        return self._flat.forward(self.flat_at(t), x)
 
     @torch.no_grad()
     def state_dict_at(self, t: float) -> dict[str, torch.Tensor]:

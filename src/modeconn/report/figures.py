@@ -16,53 +16,22 @@ from ..path import Curve, PathCurve  # noqa: E402
 from ..path import Path as PathLike  # noqa: E402
 
 
-def plot_curves(curves: Mapping[str, Curve], path: str | Path, title: str = "") -> Path:
-    """Loss (top) and accuracy (bottom) vs λ, one column per split, one line per method.
-
-    ``curves``: method label → Curve (all with the same splits). Writes a PNG to ``path``.
-    """
-    splits = next(iter(curves.values())).splits
-    fig, axes = plt.subplots(2, len(splits), figsize=(4.8 * len(splits), 7), squeeze=False, sharex=True)
+def _loss_acc_grid(curves: Mapping[str, Curve], splits: tuple[str, ...] | list[str], xlabel: str, path: str | Path,
+                   title: str, ms: float) -> Path:
+    """Loss (top) and accuracy (bottom) vs each curve's ``lambdas``, one column per split, one line per curve;
+    a PathCurve with a continuity check also gets its segment sub-point peaks (×) on its continuity split."""
+    fig, axes = plt.subplots(2, len(splits), figsize=(5 * len(splits), 7), squeeze=False, sharex=True)
     for col, split in enumerate(splits):
         for label, c in curves.items():
-            axes[0, col].plot(c.lambdas, c.values(split, "loss"), marker="o", ms=3, label=label)
-            axes[1, col].plot(c.lambdas, 100 * c.values(split, "acc"), marker="o", ms=3, label=label)
-        axes[0, col].set_title(f"{split}")
-        axes[0, col].set_ylabel("loss (cross-entropy, nats)")
-        axes[1, col].set_ylabel("accuracy (%)")
-        axes[1, col].set_xlabel("λ   (0 = model A, 1 = model B)")
-        for ax in axes[:, col]:
-            ax.grid(alpha=0.3)
-    axes[0, 0].legend()
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-def plot_path_losses(curves: Mapping[str, PathCurve], path: str | Path, title: str = "",
-                     splits: tuple[str, ...] = ("train", "test")) -> Path:
-    """Loss (top) and accuracy (bottom) along each path vs the normalised arc length t, one column per split,
-    one line per method; the train panel also marks each path's continuity sub-point peaks (×) per segment.
-
-    ``curves``: method label → PathCurve (from :meth:`Path.evaluate`). Writes a PNG to ``path``.
-    """
-    splits = tuple(s for s in splits if s in next(iter(curves.values())).splits)
-    fig, axes = plt.subplots(2, len(splits), figsize=(5.2 * len(splits), 7), squeeze=False, sharex=True)
-    for col, split in enumerate(splits):
-        for label, c in curves.items():
-            (line,) = axes[0, col].plot(c.lambdas, c.values(split, "loss"), marker="o", ms=2, label=label)
-            axes[1, col].plot(c.lambdas, 100 * c.values(split, "acc"), marker="o", ms=2, label=label)
-            if split == c.continuity_split and len(c.segment_peaks):
+            (line,) = axes[0, col].plot(c.lambdas, c.values(split, "loss"), marker="o", ms=ms, label=label)
+            axes[1, col].plot(c.lambdas, 100 * c.values(split, "acc"), marker="o", ms=ms, label=label)
+            if isinstance(c, PathCurve) and split == c.continuity_split and len(c.segment_peaks):
                 mid = (c.lambdas[:-1] + c.lambdas[1:]) / 2
                 axes[0, col].plot(mid, c.segment_peaks, "x", ms=3, color=line.get_color(), alpha=0.6)
         axes[0, col].set_title(split)
         axes[0, col].set_ylabel("loss (cross-entropy, nats)")
         axes[1, col].set_ylabel("accuracy (%)")
-        axes[1, col].set_xlabel("t: normalised arc length (0 = model A, 1 = model B)")
+        axes[1, col].set_xlabel(xlabel)
         for ax in axes[:, col]:
             ax.grid(alpha=0.3)
     axes[0, 0].legend(fontsize=8)
@@ -73,6 +42,26 @@ def plot_path_losses(curves: Mapping[str, PathCurve], path: str | Path, title: s
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def plot_curves(curves: Mapping[str, Curve], path: str | Path, title: str = "") -> Path:
+    """Loss (top) and accuracy (bottom) vs λ, one column per split, one line per method.
+
+    ``curves``: method label → Curve (all with the same splits). Writes a PNG to ``path``.
+    """
+    return _loss_acc_grid(curves, next(iter(curves.values())).splits, "λ   (0 = model A, 1 = model B)", path,
+                          title, ms=3)
+
+
+def plot_path_losses(curves: Mapping[str, PathCurve], path: str | Path, title: str = "",
+                     splits: tuple[str, ...] = ("train", "test")) -> Path:
+    """Loss (top) and accuracy (bottom) along each path vs the normalised arc length t, one column per split,
+    one line per method; the continuity split's panel also marks each path's sub-point peaks (×) per segment.
+
+    ``curves``: method label → PathCurve (from :meth:`Path.evaluate`). Writes a PNG to ``path``.
+    """
+    splits = tuple(s for s in splits if s in next(iter(curves.values())).splits)
+    return _loss_acc_grid(curves, splits, "t: normalised arc length (0 = model A, 1 = model B)", path, title, ms=2)
 
 
 def plot_path_pca(paths: Mapping[str, PathLike], path: str | Path, title: str = "", keys: list[str] | None = None) -> Path:
