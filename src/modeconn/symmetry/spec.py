@@ -1,12 +1,44 @@
 """The symmetry IR: named spaces, each acted on by a group, and every tensor axis bound to a space.
 
 A :class:`SymmetrySpec` is the single declarative source of truth for a model's parameter symmetries
-(git-re-basin's ``axes_to_perm`` table generalised to any group, to blocks and to concatenations).
+(git-re-basin's ``axes_to_perm`` table generalised to any group, to blocks, strides and concatenations).
 Everything else — which tensors a space touches, matching costs, application — is derived from it.
 
 Conventions (see :mod:`modeconn.symmetry.groups`): an element ``g`` is a dict ``space name → tensor``;
 ``spec.apply(θ, g)`` is ``g·θ`` and computes the same function as ``θ``;
 ``compose(g, h)·θ = g·(h·θ)``.
+
+*Parent and child spaces (wreath products).* A space declared ``Space(..., parent="P")`` is a *child* of the
+permutation space ``P`` (same size, a unit-wise group: ``scaling`` or ``head_*``). Its bindings must lie
+inside bindings of ``P`` on the same tensor axis (unit ``i`` of the child inside unit ``i`` of the parent);
+on such a range the parent acts first, then the child: ``M = D_C · P_perm`` (unit ``i`` of ``g·θ`` is old
+unit ``perm[i]`` transformed by ``C[i]``). This is how heads permute as whole blocks while each head keeps
+its own QK and OV transform (METHODS.md §0, §3; Theus et al. 2025), and how FFN units get a permutation and
+a per-unit scaling. ``compose``/``inverse`` implement the semidirect product exactly:
+``(π, C)∘(σ, E) = (σ[π], C·E[π])`` and ``(π, C)^{-1} = (π^{-1}, C^{-1}[π^{-1}])``.
+
+Example — one GPT-NeoX attention layer (fused ``query_key_value`` laid out per head as
+``[q_h | k_h | v_h]``, ``H`` heads of ``d`` dims, ``r = rotary_pct·d`` rotary dims; residual space ``R``)::
+
+    spaces = {
+        "L0.heads": Space("L0.heads", H),                                       # head permutation
+        "L0.qk": Space("L0.qk", H, "head_invertible", parent="L0.heads",
+                       params={"dim": d, "rotary_dims": r, "rotary_pairing": "half"}),
+        "L0.ov": Space("L0.ov", H, "head_invertible", parent="L0.heads", params={"dim": d}),
+    }
+    qkv = (AxisBinding(0, "L0.heads", "out", block=3 * d),                       # whole heads move
+           AxisBinding(0, "L0.qk", "out", block=d, offset=0, stride=3 * d),       # q rows: A
+           AxisBinding(0, "L0.qk", "in", block=d, offset=d, stride=3 * d),        # k rows: A^{-T}
+           AxisBinding(0, "L0.ov", "out", block=d, offset=2 * d, stride=3 * d),   # v rows: B
+           AxisBinding(1, "R", "in"))
+    tensors = {
+        "layers.0.attention.query_key_value.weight": qkv,
+        "layers.0.attention.query_key_value.bias": qkv[:4],
+        "layers.0.attention.dense.weight": (AxisBinding(0, "R", "out"),
+                                            AxisBinding(1, "L0.heads", "in", block=d),
+                                            AxisBinding(1, "L0.ov", "in", block=d)),  # o columns: B^{-1}
+        "layers.0.attention.dense.bias": (AxisBinding(0, "R", "out"),),
+    }
 """
 
 from __future__ import annotations
@@ -17,8 +49,8 @@ from typing import Iterable, Mapping
 
 import torch
 
-from ..errors import SpecError, StateDictMismatchError
-from .groups import Side, get_group
+from ..errors import ConfigError, SpecError, StateDictMismatchError
+from .groups import Group, Side, compute_dtype, get_group
 
 Element = dict[str, torch.Tensor]
 StateDict = Mapping[str, torch.Tensor]
@@ -26,11 +58,25 @@ StateDict = Mapping[str, torch.Tensor]
 
 @dataclass(frozen=True)
 class Space:
-    """A hidden dimension of size ``size`` acted on by the group named ``group``."""
+    """A hidden dimension of ``size`` units acted on by the group named ``group``.
+
+    ``params``: keyword parameters of the group (a mapping, stored as a sorted tuple of pairs), e.g.
+    ``{"dim": 64, "rotary_dims": 16}`` for ``head_invertible``. ``parent``: the name of a ``permutation``
+    space of the same size whose element reorders this space's units before this space acts (see the module
+    docstring); ``None`` for an independent space.
+    """
 
     name: str
     size: int
     group: str = "permutation"
+    parent: str | None = None
+    params: tuple = ()
+
+    def __post_init__(self) -> None:
+        params = self.params
+        if isinstance(params, Mapping):
+            params = tuple(sorted(params.items()))
+        object.__setattr__(self, "params", tuple(tuple(p) for p in params))
 
 
 @dataclass(frozen=True)
@@ -42,6 +88,12 @@ class AxisBinding:
     ``block = head_dim``); ``offset`` places one part of a concatenation. Unless ``partial`` is set (one
     part of a concatenation), the bindings of an axis must cover it entirely, so a size mismatch between
     a hand-written spec and a model is caught.
+
+    ``stride`` (default ``block``): unit ``i`` occupies ``[offset + i·stride, offset + i·stride + block)``.
+    A stride larger than the block interleaves several bindings on one axis, e.g. GPT-NeoX's fused
+    ``query_key_value`` rows laid out per head as ``[q_h | k_h | v_h]``: q, k and v parts are bound with
+    ``block = d``, ``stride = 3d`` and offsets ``0, d, 2d``. Unless ``partial``, a strided binding needs
+    ``size·stride`` = the axis length.
     """
 
     axis: int
@@ -50,6 +102,21 @@ class AxisBinding:
     block: int = 1
     offset: int = 0
     partial: bool = False
+    stride: int | None = None
+
+    @property
+    def step(self) -> int:
+        """The distance between the starts of consecutive units (``stride``, or ``block`` when unset)."""
+        return self.block if self.stride is None else self.stride
+
+    def indices(self, n: int, device=None) -> torch.Tensor:
+        """The axis indices of the ``n`` units' entries, unit by unit (LongTensor of shape (n·block,))."""
+        start = self.offset + torch.arange(n, device=device)[:, None] * self.step
+        return (start + torch.arange(self.block, device=device)).reshape(-1)
+
+    def span(self, n: int) -> int:
+        """One past the last axis index the binding touches for a space of ``n`` units."""
+        return self.offset + (n - 1) * self.step + self.block if n else self.offset
 
 
 @dataclass(frozen=True)
@@ -81,12 +148,44 @@ class SymmetrySpec:
     repair_points: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
+        for s, sp in self.spaces.items():
+            try:
+                group = self.group_of(s)
+            except (ConfigError, SpecError) as e:
+                raise SpecError(f"space {s!r}: {e}") from None
+            if sp.parent is not None:
+                parent = self.spaces.get(sp.parent)
+                if parent is None:
+                    raise SpecError(f"space {s!r} has unknown parent space {sp.parent!r}")
+                if parent.group != "permutation" or parent.parent is not None:
+                    raise SpecError(
+                        f"space {s!r}: its parent {sp.parent!r} must be a permutation space without a parent "
+                        f"(got group {parent.group!r})"
+                    )
+                if parent.size != sp.size:
+                    raise SpecError(f"space {s!r} has {sp.size} units but its parent {sp.parent!r} has {parent.size}")
+                if not group.unitwise:
+                    raise SpecError(
+                        f"space {s!r}: group {sp.group!r} acts on the whole space, it cannot be the child of a "
+                        "permutation (only unit-wise groups: scaling, head_orthogonal, head_invertible)"
+                    )
         for key, binds in self.tensors.items():
             for b in binds:
                 if b.space not in self.spaces:
                     raise SpecError(f"tensor {key!r} axis {b.axis} is bound to unknown space {b.space!r}")
                 if b.side not in ("out", "in"):
                     raise SpecError(f"tensor {key!r} axis {b.axis}: side must be 'out' or 'in', got {b.side!r}")
+                if b.block < 1 or b.offset < 0 or b.step < b.block:
+                    raise SpecError(
+                        f"tensor {key!r} axis {b.axis} (space {b.space!r}): need block ≥ 1, offset ≥ 0 and "
+                        f"stride ≥ block, got block={b.block}, offset={b.offset}, stride={b.stride}"
+                    )
+                dim = getattr(self.group_of(b.space), "dim", None)
+                if dim is not None and b.block != dim:
+                    raise SpecError(
+                        f"tensor {key!r} axis {b.axis}: space {b.space!r} ({self.spaces[b.space].group}, dim={dim}) "
+                        f"needs block = dim (one head per unit), got block={b.block}"
+                    )
         self._check_no_overlap()
 
     # ------------------------------------------------------------------ construction
@@ -127,8 +226,52 @@ class SymmetrySpec:
                 out[b.space].append((key, b))
         return {s: tuple(v) for s, v in out.items()}
 
-    def group_of(self, space: str):
-        return get_group(self.spaces[space].group)
+    @cached_property
+    def _groups(self) -> dict[str, Group]:
+        return {}
+
+    def group_of(self, space: str) -> Group:
+        """The group instance acting on ``space`` (built once from its name and params)."""
+        cache = self._groups
+        if space not in cache:
+            sp = self.spaces[space]
+            cache[space] = get_group(sp.group, **dict(sp.params))
+        return cache[space]
+
+    @cached_property
+    def children(self) -> dict[str, tuple[str, ...]]:
+        """space name → the names of its child spaces (empty for most spaces)."""
+        out: dict[str, list[str]] = {s: [] for s in self.spaces}
+        for s, sp in self.spaces.items():
+            if sp.parent is not None:
+                out[sp.parent].append(s)
+        return {s: tuple(v) for s, v in out.items()}
+
+    @cached_property
+    def _ordered(self) -> dict[str, tuple[AxisBinding, ...]]:
+        """Bindings of each tensor in application order: independent/parent spaces first, then children."""
+        return {
+            key: tuple(b for b in binds if self.spaces[b.space].parent is None)
+            + tuple(b for b in binds if self.spaces[b.space].parent is not None)
+            for key, binds in self.tensors.items()
+        }
+
+    @cached_property
+    def _plan(self) -> dict[str, tuple[tuple[AxisBinding, int, Group], ...]]:
+        """tensor → (binding, space size, group) in application order."""
+        return {
+            key: tuple((b, self.spaces[b.space].size, self.group_of(b.space)) for b in binds)
+            for key, binds in self._ordered.items()
+        }
+
+    @cached_property
+    def _exact(self) -> dict[str, bool]:
+        return {s: self.group_of(s).exact for s in self.spaces}
+
+    @cached_property
+    def _all_exact(self) -> dict[str, bool]:
+        """tensor → whether only exact (permutation) groups act on it: no dtype promotion, no arithmetic."""
+        return {key: all(self._exact[b.space] for b in binds) for key, binds in self.tensors.items()}
 
     # ------------------------------------------------------------------ group operations
     def identity(self) -> Element:
@@ -144,18 +287,29 @@ class SymmetrySpec:
         return {s: self.group_of(s).random(sp.size, generator) for s, sp in self.spaces.items()}
 
     def inverse(self, g: Element) -> Element:
-        """``g^{-1}`` (space by space)."""
+        """``g^{-1}`` (space by space; a child space ``c`` of ``p`` gets ``inverse(g[c])[inverse(g[p])]``)."""
         self.check_element(g)
-        return {s: self.group_of(s).inverse(g[s]) for s in self.spaces}
+        out = {s: self.group_of(s).inverse(g[s]) for s in self.spaces}
+        for s, sp in self.spaces.items():
+            if sp.parent is not None:
+                out[s] = self.group_of(s).permute_units(out[s], out[sp.parent])
+        return out
 
     def compose(self, g: Element, h: Element) -> Element:
-        """``g∘h``, i.e. ``apply(θ, compose(g, h)) == apply(apply(θ, h), g)``."""
+        """``g∘h``, i.e. ``apply(θ, compose(g, h)) == apply(apply(θ, h), g)``. A child space ``c`` of ``p``
+        gets ``compose(g[c], h[c][g[p]])`` (the semidirect product)."""
         self.check_element(g)
         self.check_element(h)
-        return {s: self.group_of(s).compose(g[s], h[s]) for s in self.spaces}
+        out = {}
+        for s, sp in self.spaces.items():
+            group = self.group_of(s)
+            hs = h[s] if sp.parent is None else group.permute_units(h[s], g[sp.parent])
+            out[s] = group.compose(g[s], hs)
+        return out
 
     def equal(self, g: Element, h: Element) -> bool:
-        """Whether two elements agree on every space."""
+        """Whether two elements agree on every space (exactly for permutations; ``allclose`` with
+        ``rtol = 1e-4``, ``atol = 1e-4·max(1, max|h|)`` for continuous groups)."""
         return all(self.group_of(s).equal(g[s], h[s]) for s in self.spaces)
 
     def check_element(self, g: Element) -> None:
@@ -172,24 +326,44 @@ class SymmetrySpec:
         """``g·θ``: a new state dict computing the same function as ``state_dict``.
 
         Tensors no group acts on are returned as the same (unmodified) objects; bound tensors are new.
-        The input is never mutated. Permutations are exact in any dtype.
+        The input is never mutated. Permutations are exact in any dtype; a tensor touched by a continuous
+        group is computed in fp32 (fp64 if it is fp64) and cast back to its dtype once.
 
         Raises: :class:`StateDictMismatchError` if keys or shapes differ from the spec (names the keys and
         both shapes); :class:`SpecError` if ``g`` is not a valid element.
         """
         self.check_state_dict(state_dict)
         self.check_element(g)
-        return {key: self.apply_tensor(key, t, g) for key, t in state_dict.items()}
+        cache: dict = {}
+        return {key: self.apply_tensor(key, t, g, cache=cache) for key, t in state_dict.items()}
 
     def apply_tensor(
-        self, key: str, t: torch.Tensor, g: Element, skip: AxisBinding | None = None
+        self,
+        key: str,
+        t: torch.Tensor,
+        g: Element,
+        skip: AxisBinding | Iterable[AxisBinding] | None = None,
+        cache: dict | None = None,
     ) -> torch.Tensor:
-        """Act with ``g`` on the single tensor ``key`` (all its bindings except ``skip``)."""
-        for b in self.tensors[key]:
-            if b is skip:
-                continue
-            t = _act_on_binding(t, b, g[b.space], self.spaces[b.space].size, self.group_of(b.space))
-        return t
+        """Act with ``g`` on the single tensor ``key`` (all its bindings except ``skip``: one binding or a
+        collection, compared by identity). Parents act before their children. ``cache``: a dict shared by
+        the calls of one ``apply`` (keeps derived matrices such as inverses). Raises SpecError if a
+        continuous group would act on a non-floating tensor."""
+        plan = self._plan[key]
+        if skip is not None:
+            skips = (skip,) if isinstance(skip, AxisBinding) else tuple(skip)
+            plan = [p for p in plan if not any(p[0] is x for x in skips)]
+        if self._all_exact[key]:
+            for b, n, group in plan:
+                t = _act_on_binding(t, b, g[b.space], n, group)
+            return t
+        if not t.is_floating_point():
+            raise SpecError(f"tensor {key!r} ({t.dtype}) is bound to a continuous group; only floating tensors can be")
+        dtype = t.dtype
+        t = t.to(compute_dtype(dtype))
+        for b, n, group in plan:
+            t = _act_on_binding(t, b, g[b.space], n, group, cache)
+        return t.to(dtype)
 
     # ------------------------------------------------------------------ validation
     def check_state_dict(self, state_dict: StateDict, what: str = "state dict") -> None:
@@ -211,7 +385,10 @@ class SymmetrySpec:
         """Prove every parameter and buffer is bound exactly once and every binding fits its shape.
 
         Accepts a model (its ``state_dict()``) or a state dict. Raises :class:`SpecError` naming the
-        tensor that is unbound, bound twice or bound with the wrong size, or a space no tensor writes.
+        tensor that is unbound, bound twice or bound with the wrong size, a space no tensor writes, or a
+        non-floating tensor bound to a continuous group. A child space's bindings nested inside its parent's
+        (heads ⋉ per-head transforms) are not "bound twice"; that nesting, the parent's group, the sizes and
+        ``block = dim`` of head groups are checked when the spec is built.
         """
         sd = (
             model_or_state_dict.state_dict()
@@ -231,6 +408,12 @@ class SymmetrySpec:
         for s, binds in self.bindings_by_space.items():
             if not any(b.side == "out" for _, b in binds):
                 raise SpecError(f"space {s!r} has no output-side (writer) tensor; bindings: {[k for k, _ in binds]}")
+        # float tensors only where continuous groups act
+        for key, binds in self.tensors.items():
+            if not sd[key].is_floating_point():
+                cont = [b.space for b in binds if not self._exact[b.space]]
+                if cont:
+                    raise SpecError(f"tensor {key!r} ({sd[key].dtype}) is bound to continuous spaces {cont}")
 
     def _shape_problems(self, key: str, shape: tuple[int, ...]) -> list[str]:
         problems = []
@@ -241,24 +424,64 @@ class SymmetrySpec:
             if b.axis >= len(shape):
                 problems.append(f"tensor {key!r} has {len(shape)} axes but axis {b.axis} is bound to {b.space!r}")
                 continue
-            end = b.offset + self.spaces[b.space].size * b.block
-            if end > shape[b.axis] or (end != shape[b.axis] and b.offset == 0 and not b.partial):
+            n = self.spaces[b.space].size
+            if b.step == b.block:
+                end = b.offset + n * b.block
+                if end > shape[b.axis] or (end != shape[b.axis] and b.offset == 0 and not b.partial):
+                    problems.append(
+                        f"tensor {key!r} axis {b.axis} has size {shape[b.axis]} but space {b.space!r} "
+                        f"(size {n}, block {b.block}, offset {b.offset}) needs {end}"
+                    )
+            elif b.span(n) > shape[b.axis] or (n * b.step != shape[b.axis] and not b.partial):
                 problems.append(
-                    f"tensor {key!r} axis {b.axis} has size {shape[b.axis]} but space {b.space!r} "
-                    f"(size {self.spaces[b.space].size}, block {b.block}, offset {b.offset}) needs {end}"
+                    f"tensor {key!r} axis {b.axis} has size {shape[b.axis]} but space {b.space!r} (size {n}, "
+                    f"block {b.block}, offset {b.offset}, stride {b.step}) needs {n * b.step} (reaches {b.span(n)})"
                 )
         return problems
 
     def _check_no_overlap(self) -> None:
+        """Bindings of one axis may not overlap, except a child inside its parent: every child binding must
+        lie, unit by unit, inside a binding of its parent on the same axis (same stride)."""
         for key, binds in self.tensors.items():
             by_axis: dict[int, list[AxisBinding]] = {}
             for b in binds:
                 by_axis.setdefault(b.axis, []).append(b)
             for axis, bs in by_axis.items():
-                spans = sorted((b.offset, b.offset + self.spaces[b.space].size * b.block, b.space) for b in bs)
-                for (s0, e0, n0), (s1, _e1, n1) in zip(spans, spans[1:]):
-                    if s1 < e0:
-                        raise SpecError(f"tensor {key!r} axis {axis} is bound twice (spaces {n0!r} and {n1!r} overlap)")
+                roots = [b for b in bs if self.spaces[b.space].parent is None]
+                kids = [b for b in bs if self.spaces[b.space].parent is not None]
+                self._disjoint(key, axis, roots)
+                self._disjoint(key, axis, kids)
+                for c in kids:
+                    parent = self.spaces[c.space].parent
+                    if not any(
+                        p.space == parent and p.step == c.step and p.offset <= c.offset
+                        and c.offset + c.block <= p.offset + p.block
+                        for p in roots
+                    ):
+                        raise SpecError(
+                            f"tensor {key!r} axis {axis}: the binding of {c.space!r} (block {c.block}, offset "
+                            f"{c.offset}, stride {c.step}) is not inside a binding of its parent {parent!r} — its "
+                            "units would be transformed without being moved by the parent permutation"
+                        )
+
+    def _disjoint(self, key: str, axis: int, bs: list[AxisBinding]) -> None:
+        if len(bs) < 2:
+            return
+        size = {b: self.spaces[b.space].size for b in bs}
+        if all(b.step == b.block for b in bs):
+            spans = sorted((b.offset, b.offset + size[b] * b.block, b.space) for b in bs)
+            for (s0, e0, n0), (s1, _e1, n1) in zip(spans, spans[1:]):
+                if s1 < e0:
+                    raise SpecError(f"tensor {key!r} axis {axis} is bound twice (spaces {n0!r} and {n1!r} overlap)")
+            return
+        owner = torch.full((max(b.span(size[b]) for b in bs),), -1, dtype=torch.long)
+        for i, b in enumerate(bs):
+            idx = b.indices(size[b])
+            taken = owner[idx]
+            if (taken >= 0).any():
+                other = bs[int(taken[taken >= 0][0])].space
+                raise SpecError(f"tensor {key!r} axis {axis} is bound twice (spaces {other!r} and {b.space!r} overlap)")
+            owner[idx] = i
 
     # ------------------------------------------------------------------ misc
     def __repr__(self) -> str:
@@ -270,7 +493,8 @@ class SymmetrySpec:
         lines = []
         for s, sp in self.spaces.items():
             keys = ", ".join(f"{k}[{b.axis}{'' if b.side == 'out' else '*'}]" for k, b in self.bindings_by_space[s])
-            lines.append(f"{s} ({sp.group}, n={sp.size}): {keys}")
+            extra = "".join(f", {k}={v}" for k, v in sp.params) + (f", parent={sp.parent}" if sp.parent else "")
+            lines.append(f"{s} ({sp.group}, n={sp.size}{extra}): {keys}")
         return "\n".join(lines)
 
 
@@ -284,9 +508,13 @@ def _parse_axis(axis: int, entry: str | AxisBinding) -> AxisBinding:
     raise SpecError(f"axis {axis}: expected None, a space name or an AxisBinding, got {entry!r}")
 
 
-def _act_on_binding(t: torch.Tensor, b: AxisBinding, g: torch.Tensor, n: int, group) -> torch.Tensor:
+def _act_on_binding(t: torch.Tensor, b: AxisBinding, g: torch.Tensor, n: int, group, cache=None) -> torch.Tensor:
+    kw = {} if cache is None else {"cache": cache}
     length = n * b.block
+    if b.step != b.block:
+        idx = b.indices(n, t.device)
+        return t.index_copy(b.axis, idx, group.act(t.index_select(b.axis, idx), b.axis, g, b.side, b.block, **kw))
     if b.offset == 0 and t.shape[b.axis] == length:
-        return group.act(t, b.axis, g, b.side, b.block)
+        return group.act(t, b.axis, g, b.side, b.block, **kw)
     before, part, after = t.split([b.offset, length, t.shape[b.axis] - b.offset - length], dim=b.axis)
-    return torch.cat([before, group.act(part, b.axis, g, b.side, b.block), after], dim=b.axis)
+    return torch.cat([before, group.act(part, b.axis, g, b.side, b.block, **kw), after], dim=b.axis)
