@@ -45,3 +45,7 @@ class CheckpointError(ModeconnError):
 
 class DataError(ModeconnError):
     """A dataset is missing, truncated, of the wrong format or fails its checksum."""
+
+
+class AbsorptionError(ModeconnError):
+    """A normalization-absorption step changed the model's outputs beyond the tolerance (names the step)."""

@@ -702,23 +702,34 @@ class _Tracer:
 
 def symmetry_spec(
     model: nn.Module,
-    example_input: torch.Tensor | tuple[torch.Tensor, ...],
+    example_input: torch.Tensor | tuple[torch.Tensor, ...] | None = None,
     *,
     on_unsupported: OnUnsupported = "error",
     leaf_modules: tuple[type[nn.Module], ...] = (),
 ) -> SymmetrySpec:
     """Trace ``model`` with torch.fx and derive its permutation symmetries.
 
+    A Hugging Face ``transformers.PreTrainedModel`` (or a module wrapping exactly one) is not traced: its
+    family adapter gives the spec (:func:`modeconn.symmetry.hf.hf_symmetry_spec`; ``example_input`` and the
+    tracing options are ignored).
+
     Args:
         model: any nn.Module built from the supported layers (see module docstring). Not modified: its
             train/eval flags are restored and shape propagation runs under ``no_grad`` in eval mode.
-        example_input: a tensor (or tuple of tensors) of the shape the model takes, e.g. (N, C, H, W).
+        example_input: a tensor (or tuple of tensors) of the shape the model takes, e.g. (N, C, H, W);
+            required unless ``model`` is a Hugging Face model.
         on_unsupported: ``"error"`` (default) raises :class:`UnsupportedOperationError` naming the node;
             ``"freeze"`` leaves every space touching such a node unpermuted.
     Returns: a validated :class:`SymmetrySpec` (every state-dict tensor listed exactly once; input and
         output spaces never permuted).
     Raises: :class:`ConfigError` for a bad option, :class:`TraceError` if fx cannot trace the model.
     """
+    from .hf.registry import find_hf_model, hf_symmetry_spec  # lazy: never imports transformers itself
+
+    if find_hf_model(model) is not None:
+        return hf_symmetry_spec(model)
+    if example_input is None:
+        raise ConfigError(f"symmetry_spec({type(model).__name__}) needs an example_input to trace the model")
     if on_unsupported not in ("error", "freeze"):
         raise ConfigError(f"on_unsupported must be 'error' or 'freeze', got {on_unsupported!r}")
     inputs = example_input if isinstance(example_input, tuple) else (example_input,)

@@ -1,0 +1,204 @@
+"""The structural description of a transformer that an adapter emits (group-agnostic).
+
+An adapter (one module per Hugging Face family) walks a model and describes *where* things are — never
+which group acts on them. A :class:`Structure` lists, by state-dict key, axis and index range:
+
+- the **residual stream**: its writers (embeddings, position embeddings, CLS token, attention output and
+  MLP output projections incl. biases — output side), the normalisation layers sitting on it (their
+  scale/shift, and the linear layers reading each norm's output) and every reader's input columns
+  (Q/K/V, FFN up/gate, LM head, classifier);
+- every **attention** layer: per query head its Q rows and O columns, per key/value head its K and V rows
+  and the query heads sharing it (grouped-query attention), the head dimension and which dims carry
+  rotary position embeddings;
+- every **FFN**: the hidden writers on the linear branch (``up``) and the gate branch (``gate``, GLU
+  only), the readers (``down``) and the activation;
+- other hidden spaces (a pooler read by a classifier), tensors no group acts on, tied tensors.
+
+:func:`modeconn.symmetry.hf.build_spec` turns a structure into a :class:`SymmetrySpec` for a requested
+group per *role* (residual, qk, vo, ffn); the same structure serves richer groups (orthogonal residual
+after normalization absorption, invertible QK/OV circuits, FFN scaling, head permutations) and
+:func:`modeconn.absorb_normalization`.
+
+A :class:`Slice` ``(key, axis, offset, size)`` is one index range of one tensor axis. Its *side* comes from
+the list it is in: writers/``q``/``k``/``v``/``up``/``gate``/norm parameters are output side, readers/``o``/
+``down`` input side.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+NormKind = Literal["layernorm", "rmsnorm", "rms"]
+"""``layernorm``: (x − mean)/std · γ + β; ``rmsnorm``: x/rms · γ; ``rms``: x/rms, no parameters (absorbed)."""
+
+
+@dataclass(frozen=True)
+class Slice:
+    """Entries ``[offset, offset + size)`` of axis ``axis`` of tensor ``key`` (``size=None``: to the end)."""
+
+    key: str
+    axis: int
+    offset: int = 0
+    size: int | None = None
+
+    def sub(self, start: int, size: int) -> Slice:
+        """The part ``[start, start + size)`` of this slice (relative to its offset)."""
+        return Slice(self.key, self.axis, self.offset + start, size)
+
+
+@dataclass(frozen=True)
+class LinearRef:
+    """A Linear-like module at ``path``: its weight key, bias key (or ``None``) and which weight axis holds
+    the outputs and which the inputs (``nn.Linear``: out 0 / in 1; GPT-2's ``Conv1D``: out 1 / in 0;
+    a patch ``Conv2d``: out 0 / in 1 (pixels))."""
+
+    path: str
+    weight: str
+    bias: str | None
+    out_axis: int
+    in_axis: int
+    out_features: int
+    in_features: int
+
+    def rows(self, offset: int = 0, size: int | None = None) -> tuple[Slice, ...]:
+        """Output units ``[offset, offset+size)``: weight along the output axis and the bias."""
+        out = (Slice(self.weight, self.out_axis, offset, size),)
+        return out + ((Slice(self.bias, 0, offset, size),) if self.bias is not None else ())
+
+    def cols(self, offset: int = 0, size: int | None = None) -> tuple[Slice, ...]:
+        """Input units ``[offset, offset+size)``: weight along the input axis."""
+        return (Slice(self.weight, self.in_axis, offset, size),)
+
+
+@dataclass(frozen=True)
+class NormRef:
+    """A normalisation layer on a space: its parameters and the linear layers that read its output
+    (empty when its output is a model output, e.g. a base model's final norm)."""
+
+    path: str
+    kind: NormKind
+    eps: float
+    size: int
+    weight: str | None
+    bias: str | None
+    readers: tuple[LinearRef, ...] = ()
+
+    def params(self) -> tuple[Slice, ...]:
+        return tuple(Slice(k, 0) for k in (self.weight, self.bias) if k is not None)
+
+
+@dataclass(frozen=True)
+class Stream:
+    """The residual stream (hidden size ``size``).
+
+    ``is_output``: the stream itself is returned (a base model's ``last_hidden_state``), so by default no
+    group may act on it. ``post_norm``: the norms sit *on* the stream (BERT: ``x ← LN(x + f(x))``), so their
+    scale/shift cannot be folded into readers.
+    """
+
+    size: int
+    writers: tuple[Slice, ...]
+    norms: tuple[NormRef, ...]
+    readers: tuple[Slice, ...]
+    is_output: bool = False
+    post_norm: bool = False
+
+
+@dataclass(frozen=True)
+class QueryHead:
+    """One query head: its Q rows (output side) and O columns (input side), ``head_dim`` entries each."""
+
+    q: tuple[Slice, ...]
+    o: tuple[Slice, ...]
+
+
+@dataclass(frozen=True)
+class KVHead:
+    """One key/value head: K and V rows, and the indices of the query heads that share it (GQA)."""
+
+    k: tuple[Slice, ...]
+    v: tuple[Slice, ...]
+    queries: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Attention:
+    """One self-attention layer. ``rotary_dims`` leading dims of every Q/K head carry rotary position
+    embeddings; ``rotary_style="half"`` (``rotate_half``) rotates dim ``i`` with dim ``i + rotary_dims/2``
+    at frequency ``θ_i`` (distinct per ``i``), so only 2×2 rotation-commuting maps of each such pair (and no
+    permutation of pairs) preserve the function."""
+
+    path: str
+    head_dim: int
+    heads: tuple[QueryHead, ...]
+    kv_heads: tuple[KVHead, ...]
+    rotary_dims: int = 0
+    rotary_style: str | None = None
+
+
+@dataclass(frozen=True)
+class FFN:
+    """A feed-forward block with hidden size ``size``: ``down(act(gate) * up)`` (GLU) or ``down(act(up))``."""
+
+    path: str
+    size: int
+    up: tuple[Slice, ...]
+    down: tuple[Slice, ...]
+    gate: tuple[Slice, ...] = ()
+    activation: str = ""
+
+
+@dataclass(frozen=True)
+class Hidden:
+    """Any other hidden space (a pooler whose output a classifier reads): writers, norm params, readers.
+
+    ``joins_stream``: the space must carry the residual stream's transform (BERT's MLM transform, whose
+    decoder is tied to the word embeddings)."""
+
+    name: str
+    size: int
+    writers: tuple[Slice, ...]
+    readers: tuple[Slice, ...]
+    norms: tuple[Slice, ...] = ()
+    activation: str = ""
+    joins_stream: bool = False
+
+
+@dataclass(frozen=True)
+class Structure:
+    """Everything an adapter knows about one model (see the module docstring).
+
+    ``frozen``: keys no group acts on and no slice names (output-layer biases, buffers); every state-dict key
+    must be named by a slice, listed here or be a tied alias, else the builder raises SpecError naming it.
+    ``aliases``: tied tensors, ``alias key → primary key`` (same storage in the state dict; filled by
+    :func:`modeconn.symmetry.hf.describe`). ``prefix``: the HF model's path inside a wrapper (``""`` if none).
+    """
+
+    family: str
+    model_type: str
+    model_class: str
+    prefix: str
+    stream: Stream
+    attentions: tuple[Attention, ...] = ()
+    ffns: tuple[FFN, ...] = ()
+    hidden: tuple[Hidden, ...] = ()
+    frozen: tuple[str, ...] = ()
+    aliases: Mapping[str, str] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+    def slices(self) -> list[Slice]:
+        """Every slice the structure names (for coverage checks)."""
+        s = self.stream
+        out = [*s.writers, *s.readers, *(p for n in s.norms for p in n.params())]
+        for a in self.attentions:
+            for h in a.heads:
+                out += [*h.q, *h.o]
+            for kv in a.kv_heads:
+                out += [*kv.k, *kv.v]
+        for f in self.ffns:
+            out += [*f.up, *f.gate, *f.down]
+        for h in self.hidden:
+            out += [*h.writers, *h.readers, *h.norms]
+        return out

@@ -1,0 +1,73 @@
+"""Tiny random Hugging Face models of every adapted family (shared by test_hf_adapters.py and test_absorb.py)."""
+
+from __future__ import annotations
+
+import torch
+import transformers as T
+from torch import nn
+
+T.logging.set_verbosity_error()
+
+_SIZE = {"hidden_size": 32, "num_attention_heads": 4, "intermediate_size": 64, "num_hidden_layers": 2}
+_LM = {**_SIZE, "vocab_size": 50, "max_position_embeddings": 32, "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0}
+_BERT = {**_SIZE, "vocab_size": 50, "max_position_embeddings": 32, "pad_token_id": 0}
+_VIT = {**_SIZE, "image_size": 8, "patch_size": 4, "num_channels": 3}
+
+TINY = {
+    "gpt_neox": lambda: T.GPTNeoXForCausalLM(T.GPTNeoXConfig(rotary_pct=0.5, **_LM)),
+    "gpt_neox_seq": lambda: T.GPTNeoXForCausalLM(
+        T.GPTNeoXConfig(rotary_pct=0.25, use_parallel_residual=False, attention_bias=False, **_LM)),
+    "gpt2": lambda: T.GPT2LMHeadModel(T.GPT2Config(n_embd=32, n_head=4, n_layer=2, vocab_size=50, n_positions=32,
+                                                   bos_token_id=0, eos_token_id=0)),
+    "llama": lambda: T.LlamaForCausalLM(T.LlamaConfig(num_key_value_heads=2, **_LM)),
+    "llama_tied_mqa": lambda: T.LlamaForCausalLM(T.LlamaConfig(num_key_value_heads=1, tie_word_embeddings=True, **_LM)),
+    "bert": lambda: T.BertModel(T.BertConfig(**_BERT)),
+    "bert_cls": lambda: T.BertForSequenceClassification(T.BertConfig(num_labels=3, **_BERT)),
+    "bert_mlm": lambda: T.BertForMaskedLM(T.BertConfig(**_BERT)),
+    "vit": lambda: T.ViTForImageClassification(T.ViTConfig(num_labels=5, **_VIT)),
+    "vit_base": lambda: T.ViTModel(T.ViTConfig(**_VIT)),
+}
+NAMES = list(TINY)
+
+
+def randomize(model: nn.Module, seed: int = 0) -> nn.Module:
+    """Every parameter random (norm scales around 1), so that a missing binding shows in the outputs."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for m in model.modules():
+            for name, p in m.named_parameters(recurse=False):
+                p.copy_(0.3 * torch.randn(p.shape, generator=g))
+                if name == "weight" and (isinstance(m, nn.LayerNorm) or hasattr(m, "variance_epsilon")):
+                    p.add_(1.0)
+    return model.eval()
+
+
+def make(name: str, seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return randomize(TINY[name](), seed)
+
+
+def outputs(model: nn.Module, x: dict) -> dict[str, torch.Tensor]:
+    """logits if the model has them, else last_hidden_state and pooler_output."""
+    with torch.no_grad():
+        out = model.eval()(**x)
+    keys = ("logits",) if "logits" in out else ("last_hidden_state", "pooler_output")
+    return {k: out[k] for k in keys if out.get(k) is not None}
+
+
+def loaded(model: nn.Module, sd: dict) -> nn.Module:
+    import copy
+
+    m = copy.deepcopy(model)
+    m.load_state_dict(sd)
+    return m.eval()
+
+
+def max_diff(a: dict, b: dict) -> float:
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+def digest(model: nn.Module) -> tuple:
+    sd = model.state_dict()
+    return tuple((k, t.dtype, tuple(t.shape), t.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+                 for k, t in sd.items()), tuple(type(m).__name__ for m in model.modules())
