@@ -38,3 +38,20 @@ def model_device(model: nn.Module) -> torch.device:
 def batchnorm_modules(model: nn.Module) -> list[nn.Module]:
     """BatchNorm layers that track running statistics (found by type, never by name)."""
     return [m for m in model.modules() if isinstance(m, _BN_TYPES) and m.track_running_stats]
+
+
+def flatten_sequence_logits(logits: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sequence outputs as per-token predictions: logits ``(B, T, V)`` and labels ``(B, T)`` become
+    ``(B·T, V)`` and ``(B·T,)`` (views where possible), so a classification loss on them is a per-token loss
+    (language models: next-token cross-entropy). Any other shapes (e.g. ``(B, K)`` with ``(B,)``) are
+    returned unchanged."""
+    if logits.ndim == 3 and y.ndim == 2 and tuple(logits.shape[:2]) == tuple(y.shape):
+        return logits.reshape(-1, logits.shape[-1]), y.reshape(-1)
+    return logits, y
+
+
+def mean_cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy (nats) of class logits ``(B, K)`` with ``(B,)`` labels, or per token of sequence
+    logits ``(B, T, V)`` with ``(B, T)`` labels (:func:`flatten_sequence_logits`): the default training loss
+    of every path-finding and matching method."""
+    return torch.nn.functional.cross_entropy(*flatten_sequence_logits(logits, y))

@@ -30,6 +30,7 @@ from .config import StrictConfig
 from .errors import ConfigError, NonFiniteError
 from .io import _check_target, _json_dumps, save_checkpoint
 from .models import build_model, validate_model_kwargs
+from .nn_utils import flatten_sequence_logits
 from .path.evaluate import evaluate_model
 
 __all__ = ["TrainConfig", "evaluate", "fit", "lr_factor", "make_optimizer", "make_scheduler", "train_checkpoint"]
@@ -207,6 +208,9 @@ def _num_examples(dataset: Any) -> int:
 
 # ------------------------------------------------------------------------------------------- evaluation
 
+EVAL_TOKENS_PER_BATCH = 16384
+"""Most tokens per evaluation batch of sequence data (logits of 16k tokens × V = 4096 are 256 MiB in fp32)."""
+
 
 def evaluate(
     model: nn.Module, dataset_or_loader: Any, batch_size: int = 1024
@@ -215,7 +219,10 @@ def evaluate(
 
     Runs in eval mode under ``torch.no_grad`` on the model's device, then restores the model's previous
     training mode. Accepts a TensorDataset of (x (N, ...), y (N,) int64), any map-style Dataset of (x, y),
-    or an iterable of (x, y) batches.
+    or an iterable of (x, y) batches. Language models (logits (B, T, V), labels (B, T)) are scored per
+    token: ``loss`` is nats per token (perplexity ``exp(loss)``), ``acc`` next-token accuracy, ``n`` the
+    number of tokens (:func:`modeconn.path.evaluate.evaluate_model`); for a TensorDataset with (N, T) labels
+    the batch is capped at :data:`EVAL_TOKENS_PER_BATCH` tokens so the (B, T, V) logits stay small.
 
     Returns:
         ``{"loss": float, "acc": float, "n": int}``.
@@ -223,6 +230,9 @@ def evaluate(
     Raises:
         ConfigError: empty data.
     """
+    tensors = _tensors_of(dataset_or_loader)
+    if tensors is not None and tensors[1].ndim == 2 and tensors[1].shape[1] > 0:  # (N, T) token labels
+        batch_size = max(1, min(batch_size, EVAL_TOKENS_PER_BATCH // tensors[1].shape[1]))
     batches = _batches(dataset_or_loader, batch_size, generator=None, drop_last=False, device=_model_device(model))
     return evaluate_model(model, batches)
 
@@ -253,7 +263,8 @@ def fit(
     ``warmup_epochs``, then cosine/linear decay or constant).
 
     Args:
-        model: maps (N, ...) inputs to (N, K) logits.
+        model: maps (N, ...) inputs to (N, K) logits, or (N, T) token ids to (N, T, V) next-token logits
+            with (N, T) labels (a language model: the loss is the mean cross-entropy over all N·T tokens).
         train_set: TensorDataset(x, y) (fast path: shuffled by index, no DataLoader), or a map-style Dataset
             of (x, y) pairs (wrapped in a seeded DataLoader). Labels are class indices (cast to int64).
         config: a :class:`TrainConfig` or a dict of its fields.
@@ -264,7 +275,9 @@ def fit(
         One dict per epoch: ``epoch`` (1-based), ``steps``, ``train_loss`` / ``train_acc`` (mean over the
         epoch's batches in train mode, as seen during training), ``val_loss`` / ``val_acc`` (None when not
         evaluated), ``lr`` (LR of the epoch's last step), ``seconds`` (training wall time of the epoch,
-        evaluation excluded) and ``samples_per_second``.
+        evaluation excluded) and ``samples_per_second``. For language models ``train_loss`` / ``train_acc`` are
+        per token (weighted by token count) and the dict also has ``tokens`` (targets seen in the epoch) and
+        ``tokens_per_second``.
 
     Raises:
         ConfigError: bad config (typo, value) or an empty training set.
@@ -298,15 +311,17 @@ def fit(
                 model.train()
                 loss_sum = torch.zeros((), dtype=torch.float32, device=device)
                 correct = torch.zeros((), dtype=torch.int64, device=device)
-                seen = 0
+                seen = 0  # examples
+                targets = 0  # predictions scored: examples, or tokens for sequence outputs
+                sequence = False
                 lr = optimizer.param_groups[0]["lr"]
                 t0 = time.perf_counter()
                 batches = _batches(
                     train_set, config.batch_size, generator=data_gen, drop_last=config.drop_last, device=device
                 )
                 for xb, yb in batches:
-                    out = model(xb)
-                    loss = F.cross_entropy(out, yb, label_smoothing=config.label_smoothing)
+                    out, yt = flatten_sequence_logits(model(xb), yb)
+                    loss = F.cross_entropy(out, yt, label_smoothing=config.label_smoothing)
                     optimizer.zero_grad(set_to_none=True)
                     loss.backward()
                     if config.grad_clip is not None:
@@ -314,14 +329,15 @@ def fit(
                     lr = optimizer.param_groups[0]["lr"]
                     optimizer.step()
                     scheduler.step()
-                    bs = yb.shape[0]
-                    seen += bs
-                    loss_sum += loss.detach() * bs
-                    correct += (out.detach().argmax(dim=1) == yb).sum()
+                    sequence = sequence or yb.ndim > 1
+                    seen += yb.shape[0]
+                    targets += yt.shape[0]
+                    loss_sum += loss.detach() * yt.shape[0]
+                    correct += (out.detach().argmax(dim=1) == yt).sum()
                     if bar is not None:
                         bar.update(1)
-                train_loss = loss_sum.item() / seen  # one device sync per epoch
-                train_acc = correct.item() / seen
+                train_loss = loss_sum.item() / targets  # one device sync per epoch
+                train_acc = correct.item() / targets
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
                 seconds = time.perf_counter() - t0
@@ -341,6 +357,9 @@ def fit(
                     "seconds": seconds,
                     "samples_per_second": seen / seconds if seconds > 0 else float("inf"),
                 }
+                if sequence:  # sequence outputs: per-token metrics
+                    record["tokens"] = targets
+                    record["tokens_per_second"] = targets / seconds if seconds > 0 else float("inf")
                 if val_set is not None and (config.eval_every_epoch or epoch == config.epochs):
                     val = evaluate(model, val_set, batch_size=max(config.batch_size, 1024))
                     record["val_loss"], record["val_acc"] = val["loss"], val["acc"]
@@ -365,6 +384,7 @@ def train_checkpoint(
     val_set: Any = None,
     test_set: Any = None,
     extra_config: Mapping[str, Any] | None = None,
+    extra_json: Mapping[str, Any] | None = None,
     overwrite: bool = False,
     progress: bool = True,
 ) -> Path:
@@ -374,7 +394,9 @@ def train_checkpoint(
     validated before training starts. ``config.json`` gets ``training`` (the TrainConfig fields) and the
     entries of ``extra_config`` (e.g. ``{"dataset": "mnist"}``); ``metrics.json`` gets ``history`` (per-epoch
     dicts from :func:`fit`), ``final`` (the last epoch's dict), and ``val`` / ``test`` (``{"loss", "acc", "n"}``)
-    when those sets are given.
+    when those sets are given; for language models these also hold ``"ppl"`` = ``exp(loss)`` (perplexity per
+    token). ``extra_json`` maps further ``*.json`` file names to JSON payloads written into the checkpoint
+    (e.g. ``{"tokenizer.json": json.loads(bundle.tokenizer_json())}``), see :func:`modeconn.io.save_checkpoint`.
 
     Returns:
         The checkpoint directory (loadable with :func:`modeconn.io.load_checkpoint`).
@@ -389,14 +411,29 @@ def train_checkpoint(
         raise ConfigError("train_checkpoint: extra_config must not contain 'training' (it is filled from config)")
     extra = {"training": config.model_dump(mode="json"), **dict(extra_config or {})}
     _json_dumps(extra, "extra_config")
+    for name, payload in (extra_json or {}).items():
+        if not isinstance(name, str) or Path(name).name != name or not name.endswith(".json"):
+            raise ConfigError(f"train_checkpoint: extra_json file name {name!r} must be a plain *.json name")
+        _json_dumps(payload, name)
     out_dir = Path(out_dir)
     _check_target(out_dir, overwrite)
 
     model = build_model(architecture, seed=config.seed, **model_kwargs)
     history = fit(model, train_set, config, val_set=val_set, progress=progress)
     metrics: dict[str, Any] = {"history": history, "final": history[-1]}
-    if val_set is not None:
-        metrics["val"] = evaluate(model, val_set)
-    if test_set is not None:
-        metrics["test"] = evaluate(model, test_set)
-    return save_checkpoint(out_dir, model.cpu(), config=extra, metrics=metrics, overwrite=overwrite)
+    sequence = "tokens" in history[-1]
+    for split, data in (("val", val_set), ("test", test_set)):
+        if data is not None:
+            metrics[split] = evaluate(model, data)
+            if sequence:
+                metrics[split]["ppl"] = _perplexity(metrics[split]["loss"])
+    return save_checkpoint(out_dir, model.cpu(), config=extra, metrics=metrics, extra_json=extra_json,
+                           overwrite=overwrite)
+
+
+def _perplexity(loss: float) -> float:
+    """``exp(loss)`` for a loss in nats per token (inf when it overflows)."""
+    try:
+        return math.exp(loss)
+    except OverflowError:
+        return float("inf")

@@ -3,7 +3,8 @@
 ``load_dataset(name)`` returns a :class:`DatasetBundle` of train / val / test ``TensorDataset``\\ s
 (images ``(N, C, H, W)`` float32, labels int64) for "digits" (scikit-learn's bundled 8×8 digits, the
 offline default), "mnist", "fashion-mnist" (IDX files), "cifar10" and "cifar100" (python-pickle batches,
-read with a restricted unpickler). Files are found by :func:`find_data_dir` (explicit root,
+read with a restricted unpickler), and the text dataset "austen" (next-token blocks of a byte-level BPE
+tokenization, :mod:`.text`). Files are found by :func:`find_data_dir` (explicit root,
 ``$MODECONN_DATA``, system directories, the download cache).
 """
 
@@ -14,6 +15,7 @@ from .datasets import DATASETS, DatasetSpec, load_dataset
 from .idx import read_idx, write_idx
 from .locate import ENV_VAR, find_data_dir
 from .synthetic import subspace_mixture
+from .text import TEXT_DATASETS, TextBundle, load_austen, load_tokenizer, text_bundle, train_tokenizer
 
 __all__ = [
     "DATASETS",
@@ -21,14 +23,20 @@ __all__ = [
     "DatasetSpec",
     "ENV_VAR",
     "KNOWN_SHA256",
+    "TEXT_DATASETS",
+    "TextBundle",
     "find_data_dir",
+    "load_austen",
     "load_dataset",
+    "load_tokenizer",
     "make_loader",
     "read_idx",
     "safe_unpickle",
     "sha256_file",
     "split_indices",
     "subspace_mixture",
+    "text_bundle",
+    "train_tokenizer",
     "verify_sha256",
     "write_idx",
 ]

@@ -18,6 +18,7 @@ cifar100       255   (0.5071, 0.4865, 0.4409)   (0.2673, 0.2564, 0.2762)
 
 from __future__ import annotations
 
+import difflib
 import os
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -31,6 +32,7 @@ from .checksums import KNOWN_SHA256, verify_content_sha256
 from .cifar import load_cifar10_dir, load_cifar100_dir
 from .idx import parse_idx, read_idx_bytes
 from .locate import find_data_dir, idx_file
+from .text import TEXT_DATASETS, load_text_dataset
 
 #: Seed of the fixed stratified test split of "digits" (it has no official one).
 DIGITS_TEST_SEED = 0
@@ -153,35 +155,59 @@ def load_dataset(
     name: str,
     root: str | os.PathLike | None = None,
     *,
-    val_fraction: float = 0.1,
+    val_fraction: float | None = None,
     split_seed: int = 0,
     limit_train: int | None = None,
     limit_test: int | None = None,
     download: bool = False,
     verify: bool = True,
+    **options: Any,
 ) -> DatasetBundle:
     """Load dataset ``name`` as normalised in-memory tensors.
 
     Args:
         name: one of ``DATASETS.names()``: "digits" (scikit-learn, bundled), "mnist", "fashion-mnist",
-            "cifar10", "cifar100".
+            "cifar10", "cifar100"; or a text dataset of ``TEXT_DATASETS.names()`` ("austen", see
+            :mod:`modeconn.data.text`), which returns a :class:`~modeconn.data.text.TextBundle`.
         root: directory with the files (the dataset directory or a parent); see
             :func:`modeconn.data.find_data_dir` for the search when omitted. Ignored by "digits".
-        val_fraction: share of the official training set held out as ``val`` (seeded, ``[0, 1)``).
-        split_seed: seed of that split; the same seed gives the same split in every process.
-        limit_train, limit_test: keep only the first N examples of ``train`` / ``test`` after splitting.
+        val_fraction: share of the official training set held out as ``val`` (seeded, ``[0, 1)``; default
+            0.1). Text datasets: the share of the text in the contiguous ``val`` split (default 0.05).
+        split_seed: seed of that split; the same seed gives the same split in every process. Text
+            datasets ignore it (their splits are fixed and contiguous).
+        limit_train, limit_test: keep only the first N examples of ``train`` / ``test`` after splitting
+            (text datasets: the first N blocks).
         download: fetch MNIST / Fashion-MNIST if not found (SHA-256 verified).
-        verify: check MNIST / Fashion-MNIST files against the pinned SHA-256 of their decompressed content.
+        verify: check MNIST / Fashion-MNIST / Austen files against the pinned SHA-256 of their
+            decompressed content.
+        **options: text datasets only, e.g. ``vocab_size=4096, context_length=128, test_fraction=0.05``.
 
     Returns:
         A :class:`DatasetBundle`; images float32 ``(N, C, H, W)`` normalised as in the module table,
-        labels int64.
+        labels int64. Text datasets: a TextBundle of (input_ids, labels) int64 ``(N, T)`` blocks.
 
     Raises:
         ConfigError: unknown ``name`` (lists the valid names) or an invalid option value.
         DataError: files missing (lists every place looked), truncated, malformed, unsafe (pickles) or
             failing their checksum.
     """
+    if name in TEXT_DATASETS:
+        if val_fraction is not None:
+            options["val_fraction"] = val_fraction
+        return load_text_dataset(name, root, limit_train=limit_train, limit_test=limit_test, verify=verify,
+                                 **options)
+    if name not in DATASETS:
+        valid = sorted(DATASETS.names() + TEXT_DATASETS.names())
+        close = difflib.get_close_matches(str(name), valid, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(f"unknown dataset {name!r}; valid datasets: {', '.join(valid)}.{hint}")
+    if options:
+        raise ConfigError(
+            f"dataset {name!r} takes no options {', '.join(map(repr, sorted(options)))}; options such as "
+            f"vocab_size are for text datasets ({', '.join(TEXT_DATASETS.names())})"
+        )
+    if val_fraction is None:
+        val_fraction = 0.1
     spec = DATASETS.get(name)
     _check_limit("limit_train", limit_train)
     _check_limit("limit_test", limit_test)

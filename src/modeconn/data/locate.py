@@ -46,6 +46,10 @@ LAYOUTS: dict[str, Layout] = {
                             system_dirs=("/usr/share/datasets/fashion-mnist",), downloadable=True),
     "cifar10": Layout(("cifar-10-batches-py", "cifar10/cifar-10-batches-py", "cifar10"), CIFAR10_FILES),
     "cifar100": Layout(("cifar-100-python", "cifar100/cifar-100-python", "cifar100"), CIFAR100_FILES),
+    # a text file, found as austen.txt or austen.txt.gz (the same stem[.gz] rule as the IDX files)
+    "austen": Layout(("austen",), ("austen.txt",), idx=True),
+    # pretrained all-MiniLM-L6-v2 (Hugging Face layout) for the planted-recovery checks
+    "minilm": Layout(("minilm",), ("config.json", "model.safetensors", "tokenizer.json")),
 }
 
 
@@ -97,7 +101,7 @@ def _candidates(name: str, layout: Layout, root: Path | None) -> list[tuple[str,
 
 
 def find_data_dir(name: str, root: str | os.PathLike | None = None, *, download: bool = False) -> Path:
-    """The directory holding dataset ``name`` ("mnist", "fashion-mnist", "cifar10", "cifar100").
+    """The directory holding dataset ``name`` ("mnist", "fashion-mnist", "cifar10", "cifar100", "austen").
 
     See the module docstring for the search order. With ``download=True`` a missing MNIST/Fashion-MNIST
     is downloaded (SHA-256 verified) and its directory returned.

@@ -26,8 +26,15 @@ def load_same_architecture(paths: Sequence[Path]) -> tuple[list[nn.Module], list
 
 
 def example_input(config: dict) -> torch.Tensor:
-    """A (2, C, H, W) input of the shape recorded in ``config['kwargs']['in_shape']`` (for tracing)."""
-    in_shape = config.get("kwargs", {}).get("in_shape")
+    """A batch of 2 inputs of the shape recorded in ``config['kwargs']['in_shape']`` (for tracing): standard
+    normal images, or token ids in ``[0, num_classes)`` for the token models (language models)."""
+    from ..models import TOKEN_MODELS
+
+    kwargs = config.get("kwargs", {})
+    in_shape = kwargs.get("in_shape")
     if not in_shape:
         raise ConfigError("config.json has no kwargs.in_shape to trace the model with; pass --dataset")
-    return torch.randn(2, *in_shape, generator=torch.Generator().manual_seed(0))
+    gen = torch.Generator().manual_seed(0)
+    if config.get("architecture") in TOKEN_MODELS:
+        return torch.randint(0, int(kwargs.get("num_classes", 2)), (2, *in_shape), generator=gen)
+    return torch.randn(2, *in_shape, generator=gen)

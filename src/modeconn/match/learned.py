@@ -17,11 +17,11 @@ from typing import Callable, Iterable, Mapping
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from torch.func import functional_call
 
 from ..checks import check_compatible, check_finite, check_one_device
 from ..errors import ConfigError
+from ..nn_utils import mean_cross_entropy
 from ..symmetry import Element, SymmetrySpec
 from .result import Alignment
 from .weight import weight_matching
@@ -43,7 +43,7 @@ def learned_matching(
     init: Element | None = None,
     seed: int = 0,
     wm_iters: int = 5,
-    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = mean_cross_entropy,
     progress: Callable[[int, int, float], None] | None = None,
 ) -> Alignment:
     """Align ``sd_b`` to ``sd_a`` by STE learned matching.

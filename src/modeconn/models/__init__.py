@@ -1,15 +1,17 @@
 """Architectures by name: ``build_model("mlp" | "vgg" | "resnet20" | "cnn" | "mobilenetv2" | "cct",
 in_shape=(C, H, W), num_classes=K)``.
 
-Every model maps (N, C, H, W) float inputs to (N, K) logits, is ``torch.fx.symbolic_trace``-able and
+Every image model maps (N, C, H, W) float inputs to (N, K) logits, is ``torch.fx.symbolic_trace``-able and
 carries ``model.modeconn_config`` (architecture name + full kwargs) so checkpoints can rebuild it.
-Every architecture takes ``asymmetric=None | {...}`` for W-asymmetric layers (:mod:`.asymmetric`).
+Every image architecture takes ``asymmetric=None | {...}`` for W-asymmetric layers (:mod:`.asymmetric`).
+Token models (:data:`TOKEN_MODELS`: "gpt-neox-tiny", :mod:`.causal_lm`, ``in_shape=(T,)``, ``num_classes`` =
+vocabulary size) map (N, T) int64 token ids to (N, T, V) next-token logits and wrap a Hugging Face model.
 Models are leaves of the package: nothing here imports the rest of modeconn beyond errors/registry.
 """
 
 from __future__ import annotations
 
-from . import cct, convnet, mlp, mobilenet, resnet  # noqa: F401  (register the architectures)
+from . import causal_lm, cct, convnet, mlp, mobilenet, resnet  # noqa: F401  (register the architectures)
 from ._blocks import (
     ACTIVATIONS,
     NORM_KINDS,
@@ -29,6 +31,7 @@ from .asymmetric import (
     fixed_structure_keys,
     fixed_structure_mismatches,
 )
+from .causal_lm import TOKEN_MODELS, CausalLM
 from .cct import CCT
 from .convnet import VGG_LAYOUTS, ConvNet
 from .mlp import MLP
@@ -41,11 +44,13 @@ __all__ = [
     "MLP",
     "MODELS",
     "NORM_KINDS",
+    "TOKEN_MODELS",
     "VGG_LAYOUTS",
     "AsymConv2d",
     "AsymLinear",
     "AsymmetricConfig",
     "BasicBlock",
+    "CausalLM",
     "ConvBlock",
     "ConvNet",
     "LinearBlock",

@@ -27,12 +27,12 @@ from typing import Any, Literal
 import numpy as np
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from pydantic import Field
 
 from ..checks import check_compatible, check_finite, check_one_device
 from ..config import StrictConfig
 from ..errors import ConfigError, NonFiniteError
+from ..nn_utils import mean_cross_entropy
 from ._flat import FlatParams
 from ._stream import BatchStream, resolve_dataset
 from .evaluate import check_fixed_structure
@@ -155,7 +155,7 @@ class CurveModule(nn.Module):
 
 
 def _loss_fn(loss_fn):
-    return loss_fn or (lambda logits, y: F.cross_entropy(logits, y))
+    return loss_fn or mean_cross_entropy
 
 
 class CurveConfig(StrictConfig):

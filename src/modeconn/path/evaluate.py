@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from ..checks import check_compatible, check_finite, check_one_device
 from ..errors import ConfigError
 from ..models.asymmetric import fixed_structure_keys
-from ..nn_utils import batchnorm_modules, eval_mode, model_device
+from ..nn_utils import batchnorm_modules, eval_mode, flatten_sequence_logits, model_device
 from ..symmetry import SymmetrySpec, symmetry_spec
 from .batchnorm import check_bn_policy, fixed_batches, reset_bn_stats
 from .curve import Curve
@@ -41,6 +41,11 @@ def evaluate_model(model: nn.Module, loader: Iterable, loss_fn: LossFn | None = 
                    max_batches: int | None = None) -> dict[str, float]:
     """Mean loss (default cross-entropy, nats), accuracy (fraction) and sample count ``n`` of ``model`` in
     eval mode over ``loader`` (batches ``(x, y)``, labels int64); training flags are restored.
+
+    Sequence models (logits ``(B, T, V)``, labels ``(B, T)``) are scored per token via
+    :func:`flatten_sequence_logits`: ``loss`` is the mean next-token cross-entropy in nats per token
+    (perplexity ``exp(loss)``), ``acc`` the fraction of tokens whose argmax is the label, ``n`` the number of
+    tokens; ``loss_fn`` then receives the flattened ``(B·T, V)`` / ``(B·T,)`` tensors.
     Raises ConfigError for an empty loader."""
     loss_fn = loss_fn or (lambda logits, y: F.cross_entropy(logits, y, reduction="sum"))
     device = model_device(model)
@@ -50,7 +55,7 @@ def evaluate_model(model: nn.Module, loader: Iterable, loss_fn: LossFn | None = 
             if max_batches is not None and i >= max_batches:
                 break
             x, y = x.to(device), y.to(device)
-            logits = model(x)
+            logits, y = flatten_sequence_logits(model(x), y)
             total += loss_fn(logits, y).double().cpu()
             correct += int((logits.argmax(-1) == y).sum())
             n += len(y)

@@ -78,7 +78,6 @@ from typing import Annotated, Any, Literal
 import torch
 import torch.fx
 import torch.nn as nn
-import torch.nn.functional as F
 from pydantic import Field, model_validator
 from safetensors import safe_open
 
@@ -86,6 +85,7 @@ from ..checks import check_compatible, check_finite
 from ..config import StrictConfig
 from ..errors import CheckpointError, ConfigError, NonFiniteError
 from ..io import _json_dumps, save_state_dict
+from ..nn_utils import mean_cross_entropy
 from ..symmetry.trace import _fx_trace
 from ._stream import BatchStream, resolve_dataset
 from .curves import check_endpoints
@@ -382,7 +382,7 @@ class _Run:
         else:
             self.groups, self.corrected, self.group_of = [], [], {}
         self.cfg = c
-        self.loss_fn = loss_fn or (lambda logits, y: F.cross_entropy(logits, y))
+        self.loss_fn = loss_fn or mean_cross_entropy
         self.progress = progress
         self.dest = {k: v.detach().to(self.device, copy=True) for k, v in sd_b.items()} if sd_b is not None else None
         self.src_cpu = cpu_clone(sd_a)
