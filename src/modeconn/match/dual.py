@@ -1,0 +1,523 @@
+"""Dual learned matching (LMC-DM, METHODS.md §3) and one-sided learned matching (Theus et al. 2025).
+
+Both endpoints get a group element, ``π_A = g_A`` and ``π_B = g_B``, and the continuous parts of both are
+learned by minimising the expected loss along the linear path between the transformed endpoints,
+
+    θ(λ) = (1 − λ)·π_A(θ_A) + λ·π_B(θ_B),        min over the transforms of  E_λ L(θ(λ)),
+
+with the models' weights frozen and one λ drawn per step (``lambda_schedule``). λ is the weight of B, as in
+:func:`modeconn.evaluate_path` (METHODS §3 writes ``λ·π_A(θ_A) + (1−λ)·π_B(θ_B)``; the same path with λ ↔ 1−λ,
+and every schedule here is symmetric about ``lambda_value``). *One-sided* matching (Theus et al. 2025, the
+baseline) keeps ``π_A`` the identity and learns ``π_B`` only.
+
+Which side carries what (the gauge decision):
+
+* **Discrete parts** (``permutation`` spaces: residual/FFN/head permutations) come from weight matching of
+  (θ_A, θ_B) and are held fixed; they act on **B only** (``g_A`` is the identity there). A permutation applied
+  to both endpoints is a gauge freedom (it changes nothing along the path), so this fixes it.
+* **Continuous parts** (``orthogonal``, ``invertible``, ``scaling``, ``head_*`` spaces) are learned on both sides
+  (dual) or on B only (one-sided). ``init="weight"`` starts B at weight matching's continuous solution and A at
+  the identity; ``init="identity"`` starts both at the identity (B keeps WM's permutations).
+* The continuous gauge ``(g_A, g_B) → (h∘g_A, h∘g_B)`` is **not** fixed. Every group here acts linearly on the
+  parameters, so ``θ(λ) = g_A·((1−λ)θ_A + λ·(g_A^{-1}∘g_B)·θ_B)`` and ``L(θ(λ))`` equals the loss of the one-sided
+  path with the *relative* element ``g_A^{-1}∘g_B`` on B: dual and one-sided matching have the same optimal
+  value, and differ only in how the optimisation moves (two trivialised charts, one per endpoint — the
+  "better conditioned optimisation" the paper argues for). Fixing the gauge (``g_A = I``) would turn the
+  method into the one-sided one, so it is left free; the result reports both elements and the relative one.
+
+The returned :class:`DualAlignment` is an :class:`~modeconn.match.result.Alignment` whose ``element`` is the
+relative element ``g_A^{-1}∘g_B`` (apply it to B, keep A as is: the path has the same losses up to fp32
+rounding, so ``evaluate_path(model, sd_a, res.apply(sd_b), ...)`` measures the dual path), plus ``element_a`` /
+``element_b`` with :meth:`~DualAlignment.apply_a` / :meth:`~DualAlignment.apply_b` for the literal dual path and
+:meth:`~DualAlignment.export_transforms` (plain ``{space: tensor}`` state dicts, safetensors-compatible).
+
+Implementation: the transforms are :mod:`modeconn.match.parametrize` modules (Cayley by default); the
+forward pass is ``torch.func.functional_call`` on a private fp32 eval-mode copy of ``model`` with ``θ(λ)`` built
+from the transformed endpoints by the spec's own (differentiable) ``apply_tensor`` — discrete parts applied
+once up front, only the continuous bindings per step. Adam on the transform parameters only.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import math
+import os
+import pickle
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call
+
+from ..checks import check_compatible, check_finite, check_one_device
+from ..errors import CheckpointError, ConfigError, NonFiniteError, SpecError
+from ..symmetry import Element, SymmetrySpec
+from .parametrize import get_parameterization, make_transform
+from .result import Alignment
+from .weight import weight_matching
+
+StateDict = Mapping[str, torch.Tensor]
+LossFn = Callable[[Any, torch.Tensor], torch.Tensor]
+LAMBDA_SCHEDULES = ("uniform", "narrow", "fixed")
+INITS = ("weight", "identity")
+CHECKPOINT_FILE = "dual_matching.pt"
+_FORMAT = 1
+#: function-preservation check on the final elements: max|Δoutput| ≤ FUNCTION_RTOL · max(1, max|output|)
+FUNCTION_RTOL = 1e-3
+
+
+@dataclass
+class DualAlignment(Alignment):
+    """Result of :func:`dual_matching` / :func:`one_sided_matching`.
+
+    ``element_a``, ``element_b``: full group elements (every space) for A and B; the dual path is
+    ``(1−λ)·apply_a(θ_A) + λ·apply_b(θ_B)``. ``element`` (inherited): the relative element ``g_A^{-1}∘g_B``
+    for B alone (equal to ``element_b`` for one-sided matching); see the module docstring. ``objective``: mean
+    training loss over the last 10% of steps (nats); ``history[0]``: the loss per step; ``stats``: steps,
+    seconds, the options, ``lambdas`` (λ per step), ``wm_objective``, ``continuous_spaces``,
+    ``max_output_change_a/_b`` (function-preservation check), ``resumed_from``.
+    """
+
+    element_a: dict[str, torch.Tensor] = field(default_factory=dict)
+    element_b: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def apply_a(self, state_dict: StateDict) -> dict[str, torch.Tensor]:
+        """``π_A(θ) = element_a · θ`` (a new dict; the input is not mutated)."""
+        return self.spec.apply(state_dict, self.element_a)
+
+    def apply_b(self, state_dict: StateDict) -> dict[str, torch.Tensor]:
+        """``π_B(θ) = element_b · θ`` (a new dict; the input is not mutated)."""
+        return self.spec.apply(state_dict, self.element_b)
+
+    def export_transforms(self) -> dict[str, dict[str, torch.Tensor]]:
+        """``{"a": {space: tensor}, "b": {space: tensor}}``: the learned elements as plain state dicts (contiguous
+        CPU tensors, int64 permutations and fp32/fp64 continuous elements) that ``safetensors.torch.save_file``
+        accepts; load them back with :func:`element_from_state_dict`."""
+        return {side: {s: t.detach().cpu().contiguous().clone() for s, t in el.items()}
+                for side, el in (("a", self.element_a), ("b", self.element_b))}
+
+    def to_json(self) -> dict:
+        out = super().to_json()
+        out["element_a"] = {k: v.tolist() for k, v in self.element_a.items()}
+        out["element_b"] = {k: v.tolist() for k, v in self.element_b.items()}
+        return out
+
+
+def element_from_state_dict(spec: SymmetrySpec, state_dict: StateDict) -> Element:
+    """A group element from an exported ``{space: tensor}`` dict (e.g. a safetensors file written from
+    :meth:`DualAlignment.export_transforms`); SpecError unless it is a valid element of ``spec``."""
+    g = {k: v for k, v in state_dict.items()}
+    spec.check_element(g)
+    return g
+
+
+def one_sided_matching(spec: SymmetrySpec, model: nn.Module, sd_a: StateDict, sd_b: StateDict, loader: Iterable,
+                       **options) -> DualAlignment:
+    """One-sided learned matching (Theus et al. 2025): :func:`dual_matching` with ``one_sided=True`` (``π_A`` the
+    identity, B's continuous transforms learned). Same options, result and errors."""
+    if "one_sided" in options:
+        raise ConfigError("one_sided_matching does not take one_sided= (it is always one-sided)")
+    return dual_matching(spec, model, sd_a, sd_b, loader, one_sided=True, **options)
+
+
+def dual_matching(
+    spec: SymmetrySpec,
+    model: nn.Module,
+    sd_a: StateDict,
+    sd_b: StateDict,
+    loader: Iterable,
+    *,
+    steps: int = 200,
+    lr: float = 1e-2,
+    lambda_schedule: str = "uniform",
+    lambda_value: float = 0.5,
+    lambda_width: float = 0.1,
+    init: str = "weight",
+    parameterization: str = "cayley",
+    one_sided: bool = False,
+    seed: int = 0,
+    loss_fn: LossFn | None = None,
+    progress: Callable[[int, int, float], None] | None = None,
+    checkpoint_dir: str | os.PathLike | None = None,
+    checkpoint_every: int = 50,
+    weight_alignment: Alignment | Element | None = None,
+    verify: bool = True,
+) -> DualAlignment:
+    """Learn continuous symmetry transforms of both endpoints (or of B only) that lower the loss along the path.
+
+    Minimises ``E_λ L((1−λ)·π_A(θ_A) + λ·π_B(θ_B))`` over the continuous transforms (METHODS.md §3; the module
+    docstring gives the equations and the gauge decision) with Adam, ``steps`` steps of one batch each.
+
+    Args:
+        spec: the symmetry spec with continuous spaces (e.g. ``hf_symmetry_spec(absorb_normalization(m),
+            groups={"residual": "orthogonal", "heads": "permutation", "qk": "head_invertible",
+            "vo": "head_invertible"})``).
+        model: an instance of the architecture (only a private fp32 eval-mode copy is used: no dropout, frozen).
+        sd_a, sd_b: endpoint state dicts (same keys/shapes, one device; any float dtype, computed in fp32;
+            never mutated).
+        loader: re-iterable batches ``(x, y, ...)``; cycled epoch after epoch. ``model(x)`` may return a tensor
+            or an object with ``.logits``; sequence outputs ``(B, T, V)`` with labels ``(B, T)`` are scored per token.
+        steps: Adam steps (≥ 1). lr: Adam learning rate on the transform parameters (> 0).
+        lambda_schedule: ``"uniform"`` (λ ~ U(0, 1) per step), ``"narrow"`` (λ ~ U(λ₀ − w, λ₀ + w) ∩ [0, 1]) or
+            ``"fixed"`` (λ = λ₀), with ``λ₀ = lambda_value`` ∈ [0, 1] and ``w = lambda_width`` ∈ (0, 1].
+            λ is drawn from a generator seeded with ``seed``.
+        init: ``"weight"`` (B's continuous parts start at weight matching's solution) or ``"identity"``.
+        parameterization: ``"cayley"`` (default), ``"matrix_exp"`` or ``"unconstrained"``
+            (:mod:`modeconn.match.parametrize`).
+        one_sided: learn B's transform only (``π_A`` = identity).
+        seed: seeds weight matching and the λ draws (same seed and data → same bytes).
+        loss_fn: ``loss_fn(output, y)`` → mean loss (default: cross-entropy on ``output.logits`` or ``output``).
+        progress: called as ``progress(step, steps, loss)`` after each step.
+        checkpoint_dir: a directory for ``dual_matching.pt`` (transform parameters, Adam state, λ generator,
+            losses), written atomically every ``checkpoint_every`` steps and at the end. A call with the same
+            options and endpoints finds it and resumes (``steps`` may be raised); the result is the same bytes as
+            an uninterrupted run when the loader yields the same batches in the same order when re-iterated.
+        weight_alignment: a precomputed weight-matching :class:`Alignment` (or element) of (θ_A, θ_B) to take the
+            discrete parts and the ``init="weight"`` start from; default: ``weight_matching(spec, sd_a, sd_b,
+            seed=seed)``.
+        verify: check at the end, on the first batch, that ``π_A(θ_A)`` and ``π_B(θ_B)`` compute the outputs of
+            θ_A and θ_B (``max|Δ| ≤ 1e-3·max(1, max|output|)``); results in ``stats["max_output_change_a/_b"]``.
+    Returns: :class:`DualAlignment`.
+    Raises (all before any heavy work unless noted): ConfigError naming a bad option (steps, lr, lambda_schedule,
+        lambda_value, lambda_width, init, parameterization, checkpoint_every, a spec without continuous spaces,
+        an empty loader, a checkpoint from other options/endpoints); StateDictMismatchError; DeviceMismatchError;
+        NonFiniteError (also during training: a non-finite loss, naming the step and λ); SpecError (a bad
+        ``weight_alignment``; after training: a learned element that is not a valid group element or does not
+        preserve the function); CheckpointError (an unreadable checkpoint).
+    """
+    opts = _validate_options(steps, lr, lambda_schedule, lambda_value, lambda_width, init, parameterization,
+                             one_sided, seed, checkpoint_every)
+    start_time = time.perf_counter()
+    continuous = [s for s in spec.spaces if not spec.group_of(s).exact]
+    if not continuous:
+        raise ConfigError(
+            "spec has no continuous space (orthogonal, invertible, scaling, head_*): nothing for dual matching to "
+            "learn; use weight_matching or learned_matching for permutation-only specs"
+        )
+    spec.check_state_dict(sd_a, "state dict A")
+    spec.check_state_dict(sd_b, "state dict B")
+    check_compatible([model.state_dict(), sd_a, sd_b], ["model", "A", "B"])
+    device = check_one_device([sd_a, sd_b], ["A", "B"])
+    check_finite(sd_a, "A")
+    check_finite(sd_b, "B")
+    wm_element = _wm_element(spec, weight_alignment)
+    loss_fn = loss_fn or default_loss
+
+    ckpt_path = Path(checkpoint_dir) / CHECKPOINT_FILE if checkpoint_dir is not None else None
+    fingerprint = _fingerprint(spec, sd_a, sd_b, opts) if ckpt_path is not None else None
+    saved = _load_checkpoint(ckpt_path, fingerprint, steps) if ckpt_path is not None and ckpt_path.exists() else None
+    start_step = saved["step"] if saved is not None else 0
+
+    stream = _batch_stream(loader, skip=start_step)
+    first = next(stream) if start_step < steps else None  # ConfigError for an empty loader, before WM
+
+    # ---- discrete parts (B only) and initial continuous elements
+    wm_objective = float("nan")
+    if isinstance(weight_alignment, Alignment):
+        wm_objective = float(weight_alignment.objective)
+    if saved is not None:
+        disc = {s: t.to(device) for s, t in saved["discrete"].items()}
+        wm_objective = saved["wm_objective"]
+    else:
+        if wm_element is None:
+            wm = weight_matching(spec, sd_a, sd_b, seed=seed)
+            wm_element, wm_objective = wm.element, wm.objective
+        disc = {s: wm_element[s].to(device) for s in spec.spaces if s not in continuous}
+    identity = {s: t.to(device) for s, t in spec.identity().items()}
+    init_b = {s: (wm_element[s] if (saved is None and init == "weight") else identity[s]).to(device, torch.float32)
+              for s in continuous}
+    par = opts["parameterization"]
+    mods_b = nn.ModuleList([make_transform(spec.group_of(s), init_b[s], par) for s in continuous]).to(device)
+    mods_a = None if one_sided else nn.ModuleList(
+        [make_transform(spec.group_of(s), identity[s].float(), par) for s in continuous]).to(device)
+    params = list(mods_b.parameters()) + ([] if mods_a is None else list(mods_a.parameters()))
+    optimizer = torch.optim.Adam(params, lr=lr)
+    gen = torch.Generator().manual_seed(seed)
+    losses: list[float] = []
+    lambdas: list[float] = []
+    elapsed = 0.0
+    if saved is not None:
+        mods_b.load_state_dict(saved["mods_b"])
+        if mods_a is not None:
+            mods_a.load_state_dict(saved["mods_a"])
+        optimizer.load_state_dict(saved["optimizer"])
+        gen.set_state(saved["generator"])
+        losses, lambdas, elapsed = list(saved["losses"]), list(saved["lambdas"]), float(saved["seconds"])
+
+    # ---- fixed fp32 endpoint tensors: A as is, B with its discrete part applied
+    a32 = {k: (v.detach().to(torch.float32) if v.is_floating_point() else v) for k, v in sd_a.items()}
+    b_disc = spec.apply(sd_b, {**identity, **disc})
+    b32 = {k: (v.detach().to(torch.float32) if v.is_floating_point() else v) for k, v in b_disc.items()}
+    plan = _ContinuousPlan(spec, continuous, a32)
+    work = copy.deepcopy(model).to(device).float().eval()
+    work.requires_grad_(False)
+
+    def endpoint(mods, base):
+        if mods is None:
+            return base
+        return plan.act(base, {s: m() for s, m in zip(continuous, mods)})
+
+    def save(step: int) -> None:
+        if ckpt_path is None:
+            return
+        _save_checkpoint(ckpt_path, {
+            "format": _FORMAT, "fingerprint": fingerprint, "step": step,
+            "discrete": {s: t.cpu() for s, t in disc.items()}, "wm_objective": wm_objective,
+            "mods_b": mods_b.state_dict(), "mods_a": {} if mods_a is None else mods_a.state_dict(),
+            "optimizer": optimizer.state_dict(), "generator": gen.get_state(),
+            "losses": losses, "lambdas": lambdas, "seconds": elapsed + time.perf_counter() - start_time,
+        })
+
+    batch = first
+    for step in range(start_step, steps):
+        if batch is None:
+            batch = next(stream)
+        lam = _draw_lambda(opts, gen)
+        x, y = _unpack(batch, device)
+        theta_a, theta_b = endpoint(mods_a, a32), endpoint(mods_b, b32)
+        theta = {k: (ta + lam * (theta_b[k] - ta)) if ta.is_floating_point() else ta for k, ta in theta_a.items()}
+        loss = loss_fn(functional_call(work, theta, (x,)), y)
+        if not torch.isfinite(loss):
+            raise NonFiniteError(f"dual matching: the loss became {float(loss)} at step {step + 1} (λ = {lam:.3f}); "
+                              f"lower lr (= {lr})")
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss.detach()))
+        lambdas.append(lam)
+        batch = None
+        if progress is not None:
+            progress(step + 1, steps, losses[-1])
+        if ckpt_path is not None and ((step + 1) % checkpoint_every == 0 or step + 1 == steps):
+            save(step + 1)
+
+    # ---- the learned elements (projected to the group where the parameterisation is not exact), validated
+    element_b = {**identity, **disc, **{s: m.element() for s, m in zip(continuous, mods_b)}}
+    element_a = dict(identity) if mods_a is None else {**identity, **{s: m.element() for s, m in zip(continuous, mods_a)}}
+    element_b = {s: t.cpu() for s, t in element_b.items()}
+    element_a = {s: t.cpu() for s, t in element_a.items()}
+    for side, el in (("A", element_a), ("B", element_b)):
+        try:
+            spec.check_element(el)
+        except SpecError as e:
+            raise SpecError(f"dual matching learned an invalid element for model {side}: {e}") from None
+    relative = element_b if one_sided else spec.compose(spec.inverse(element_a), element_b)
+    stats: dict[str, Any] = {
+        "steps": steps, "seconds": elapsed + time.perf_counter() - start_time, "lr": lr,
+        "lambda_schedule": lambda_schedule, "lambda_value": lambda_value, "lambda_width": lambda_width,
+        "init": init, "parameterization": opts["parameterization"].name, "one_sided": one_sided, "seed": seed,
+        "continuous_spaces": continuous, "wm_objective": wm_objective, "resumed_from": start_step,
+        "lambdas": lambdas,
+    }
+    if verify:
+        check_batch = next(_batch_stream(loader, skip=0))
+        stats.update(_verify_function(spec, work, sd_a, sd_b, element_a, element_b, check_batch, device))
+    tail = losses[-max(1, len(losses) // 10):] if losses else [float("nan")]
+    return DualAlignment(
+        method="one_sided" if one_sided else "dual",
+        spec=spec,
+        element=relative,
+        objective=sum(tail) / len(tail),
+        history=[losses],
+        stats=stats,
+        element_a=element_a,
+        element_b=element_b,
+    )
+
+
+# ------------------------------------------------------------------------------------------ helpers
+def default_loss(output: Any, y: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of ``output`` (a logits tensor, an object with ``.logits`` or a tuple whose first entry
+    is the logits) against integer labels ``y``; logits ``(B, T, V)`` with labels ``(B, T)`` are scored per token."""
+    logits = getattr(output, "logits", output)
+    if isinstance(logits, (tuple, list)):
+        logits = logits[0]
+    if logits.ndim == 3 and y.ndim == 2 and tuple(logits.shape[:2]) == tuple(y.shape):
+        logits, y = logits.reshape(-1, logits.shape[-1]), y.reshape(-1)
+    return F.cross_entropy(logits, y)
+
+
+def _logits(output: Any) -> torch.Tensor:
+    out = getattr(output, "logits", output)
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+def _validate_options(steps, lr, lambda_schedule, lambda_value, lambda_width, init, parameterization, one_sided,
+                      seed, checkpoint_every) -> dict:
+    def is_int(v):
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    def is_real(v):
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+    if not is_int(steps) or steps < 1:
+        raise ConfigError(f"steps must be an int ≥ 1, got {steps!r}")
+    if not is_real(lr) or lr <= 0:
+        raise ConfigError(f"lr must be a finite number > 0, got {lr!r}")
+    if lambda_schedule not in LAMBDA_SCHEDULES:
+        raise ConfigError(f"unknown lambda_schedule {lambda_schedule!r}; valid: {', '.join(LAMBDA_SCHEDULES)}")
+    if not is_real(lambda_value) or not 0 <= lambda_value <= 1:
+        raise ConfigError(f"lambda_value must be in [0, 1], got {lambda_value!r}")
+    if not is_real(lambda_width) or not 0 < lambda_width <= 1:
+        raise ConfigError(f"lambda_width must be in (0, 1], got {lambda_width!r}")
+    if init not in INITS:
+        raise ConfigError(f"init must be one of {', '.join(INITS)}, got {init!r}")
+    par = get_parameterization(parameterization)
+    if not isinstance(one_sided, bool):
+        raise ConfigError(f"one_sided must be a bool, got {one_sided!r}")
+    if not is_int(seed):
+        raise ConfigError(f"seed must be an int, got {seed!r}")
+    if not is_int(checkpoint_every) or checkpoint_every < 1:
+        raise ConfigError(f"checkpoint_every must be an int ≥ 1, got {checkpoint_every!r}")
+    return {"lr": float(lr), "lambda_schedule": lambda_schedule, "lambda_value": float(lambda_value),
+            "lambda_width": float(lambda_width), "init": init, "parameterization": par, "one_sided": one_sided,
+            "seed": seed}
+
+
+def _wm_element(spec: SymmetrySpec, weight_alignment) -> Element | None:
+    if weight_alignment is None:
+        return None
+    el = weight_alignment.element if isinstance(weight_alignment, Alignment) else weight_alignment
+    if not isinstance(el, Mapping):
+        raise ConfigError(f"weight_alignment must be an Alignment or a group element, got {type(weight_alignment).__name__}")
+    el = dict(el)
+    try:
+        spec.check_element(el)
+    except SpecError as e:
+        raise SpecError(f"weight_alignment: {e}") from None
+    return el
+
+
+def _draw_lambda(opts: dict, gen: torch.Generator) -> float:
+    schedule, lam0, width = opts["lambda_schedule"], opts["lambda_value"], opts["lambda_width"]
+    if schedule == "fixed":
+        return lam0
+    u = float(torch.rand((), generator=gen, dtype=torch.float64))
+    if schedule == "uniform":
+        return u
+    lo, hi = max(0.0, lam0 - width), min(1.0, lam0 + width)
+    return lo + (hi - lo) * u
+
+
+def _batch_stream(loader: Iterable, skip: int) -> Iterator:
+    """Batches of ``loader`` epoch after epoch (re-iterating it), the first ``skip`` left out."""
+    seen = 0
+    while True:
+        empty = True
+        for batch in loader:
+            empty = False
+            seen += 1
+            if seen > skip:
+                yield batch
+        if empty:
+            raise ConfigError("dual matching got an empty loader (no batches)")
+
+
+def _unpack(batch, device) -> tuple[torch.Tensor, torch.Tensor]:
+    if not isinstance(batch, (tuple, list)) or len(batch) < 2:
+        raise ConfigError(f"dual matching expects loader batches (x, y, ...), got {type(batch).__name__}")
+    return batch[0].to(device), batch[1].to(device)
+
+
+class _ContinuousPlan:
+    """Which tensors the continuous spaces touch, and how to act on them differentiably: the spec's own
+    ``apply_tensor`` with every discrete binding skipped (those are applied once, up front), tied aliases
+    (``HFSymmetrySpec.aliases``) sharing their primary's result."""
+
+    def __init__(self, spec: SymmetrySpec, continuous: list[str], sd: StateDict) -> None:
+        self.spec = spec
+        cont = set(continuous)
+        self.skips: dict[str, tuple] = {}
+        for key, binds in spec.tensors.items():
+            if key in sd and any(b.space in cont for b in binds):
+                self.skips[key] = tuple(b for b in binds if b.space not in cont)
+        self.aliases = {a: p for a, p in getattr(spec, "aliases", {}).items() if a in sd and p in sd}
+
+    def act(self, sd: StateDict, g: Element) -> dict[str, torch.Tensor]:
+        cache: dict = {}
+        out = {}
+        for key, t in sd.items():
+            if key in self.aliases:
+                continue
+            skip = self.skips.get(key)
+            out[key] = t if skip is None else self.spec.apply_tensor(key, t, g, skip=skip, cache=cache)
+        for alias, primary in self.aliases.items():
+            out[alias] = out[primary]
+        return {k: out[k] for k in sd}
+
+
+@torch.no_grad()
+def _verify_function(spec, work, sd_a, sd_b, element_a, element_b, batch, device) -> dict[str, float]:
+    """max|Δoutput| between θ and π(θ) for both endpoints on one batch; SpecError beyond the tolerance."""
+    x, _ = _unpack(batch, device)
+    out = {}
+    for side, sd, el in (("a", sd_a, element_a), ("b", sd_b, element_b)):
+        ref = _logits(functional_call(work, _float(sd), (x,)))
+        got = _logits(functional_call(work, _float(spec.apply(sd, {s: t.to(device) for s, t in el.items()})), (x,)))
+        diff = float((got - ref).abs().max())
+        tol = FUNCTION_RTOL * max(1.0, float(ref.abs().max()))
+        if not diff <= tol:
+            raise SpecError(
+                f"dual matching: the learned transform of model {side.upper()} changes its outputs by {diff:.3g} "
+                f"(> {tol:.3g}); the element is numerically unusable (ill-conditioned invertible transform?)"
+            )
+        out[f"max_output_change_{side}"] = diff
+    return out
+
+
+def _float(sd: StateDict) -> dict[str, torch.Tensor]:
+    return {k: (v.to(torch.float32) if v.is_floating_point() else v) for k, v in sd.items()}
+
+
+# ------------------------------------------------------------------------------------------ checkpoints
+def _fingerprint(spec: SymmetrySpec, sd_a: StateDict, sd_b: StateDict, opts: dict) -> str:
+    """sha256 over the options (all but ``steps``), the spec's spaces and the endpoints' bytes."""
+    h = hashlib.sha256()
+    meta = {k: (v.name if k == "parameterization" else v) for k, v in opts.items()}
+    meta["spaces"] = [[s, sp.size, sp.group, sp.parent, [list(p) for p in sp.params]] for s, sp in spec.spaces.items()]
+    h.update(json.dumps(meta, sort_keys=True, default=str).encode())
+    for name, sd in (("A", sd_a), ("B", sd_b)):
+        for k in sorted(sd):
+            t = sd[k].detach()
+            h.update(f"{name}/{k}/{t.dtype}/{tuple(t.shape)}".encode())
+            h.update(t.cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def _save_checkpoint(path: Path, state: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _load_checkpoint(path: Path, fingerprint: str, steps: int) -> dict:
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (OSError, RuntimeError, ValueError, EOFError, pickle.UnpicklingError) as e:  # truncated / not a torch file
+        raise CheckpointError(f"cannot read the dual-matching checkpoint {path}: {e}") from None
+    if not isinstance(state, dict) or state.get("format") != _FORMAT:
+        raise CheckpointError(f"{path} is not a dual-matching checkpoint (format {_FORMAT})")
+    if state.get("fingerprint") != fingerprint:
+        raise ConfigError(
+            f"checkpoint {path} was written for other options or endpoints (everything but steps must match); "
+            "use another checkpoint_dir or delete it"
+        )
+    if state["step"] > steps:
+        raise ConfigError(f"checkpoint {path} is at step {state['step']}, beyond steps={steps}")
+    return state
