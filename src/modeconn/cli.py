@@ -119,44 +119,66 @@ def _print_barriers(results: dict) -> None:
 @app.command()
 def train(
     out: Path = typer.Option(..., help="checkpoint directory to write (config.json + model.safetensors + metrics.json)"),
-    model: str = typer.Option("mlp", help="architecture: mlp, vgg, resnet20, cnn"),
-    dataset: str = typer.Option("digits", help="dataset: digits, mnist, fashion-mnist, cifar10, cifar100"),
+    model: str = typer.Option("mlp", help="architecture: mlp, vgg, resnet20, cnn, mobilenetv2, cct; "
+                                          "gpt-neox-tiny (a causal LM, for text datasets)"),
+    dataset: str = typer.Option("digits", help="dataset: digits, mnist, fashion-mnist, cifar10, cifar100; "
+                                               "austen (text: next-token prediction)"),
     data: Optional[Path] = typer.Option(None, help=DATA_HELP),
     model_arg: list[str] = typer.Option([], "--model-arg", "-m", help="architecture option key=value, e.g. -m width=512 -m depth=3"),
+    dataset_arg: list[str] = typer.Option(
+        [], "--dataset-arg", help="text dataset option key=value: vocab_size (default 4096), context_length "
+                                  "(default 128), val_fraction, test_fraction (default 0.05 each)"),
     seed: int = typer.Option(0, help="seed of initialisation and data order"),
     epochs: int = typer.Option(10, min=1),
-    lr: float = typer.Option(0.05, help="peak learning rate"),
-    batch_size: int = typer.Option(128, min=1),
+    lr: float = typer.Option(0.05, help="peak learning rate (language models: try --optimizer adamw --lr 3e-3)"),
+    batch_size: int = typer.Option(128, min=1, help="examples per step (text: blocks of context_length tokens)"),
     optimizer: str = typer.Option("sgd", help="sgd or adamw"),
     weight_decay: float = typer.Option(5e-4, min=0.0),
     warmup_epochs: float = typer.Option(0.0, min=0.0),
     schedule: str = typer.Option("cosine", help="cosine, linear or constant"),
-    limit_train: Optional[int] = typer.Option(None, min=1, help="use only the first N training examples"),
+    grad_clip: Optional[float] = typer.Option(None, min=0.0, help="clip the global gradient norm to this value"),
+    limit_train: Optional[int] = typer.Option(None, min=1, help="use only the first N training examples (text: blocks)"),
     device: str = typer.Option("cpu", help="torch device, e.g. cpu or cuda"),
     overwrite: bool = typer.Option(False, help="replace a non-empty --out"),
 ) -> None:
     """Train one model on a dataset and write a checkpoint directory.
 
     The directory holds config.json (architecture, kwargs, training config, dataset), model.safetensors
-    and metrics.json (per-epoch history, validation and test metrics).
+    and metrics.json (per-epoch history, validation and test metrics). For a text dataset (austen) the
+    model maps token blocks to next-token logits (e.g. --model gpt-neox-tiny); losses are nats per token,
+    metrics.json also gives perplexity, config.json records dataset_options, and the tokenizer is saved as
+    tokenizer.json (load it with tokenizers.Tokenizer.from_file to decode).
     """
-    from .data import load_dataset
+    from .data import TextBundle, load_dataset
     from .models import validate_model_kwargs
     from .train import TrainConfig, train_checkpoint
 
     try:
         cfg = TrainConfig(seed=seed, epochs=epochs, lr=lr, batch_size=batch_size, optimizer=optimizer,
-                          weight_decay=weight_decay, warmup_epochs=warmup_epochs, schedule=schedule, device=device)
+                          weight_decay=weight_decay, warmup_epochs=warmup_epochs, schedule=schedule,
+                          grad_clip=grad_clip, device=device)
         kwargs = _parse_kv(model_arg, "--model-arg")
-        bundle = load_dataset(dataset, data, limit_train=limit_train)
+        options = _parse_kv(dataset_arg, "--dataset-arg")
+        bundle = load_dataset(dataset, data, limit_train=limit_train, **options)
         kwargs = {"in_shape": bundle.input_shape, "num_classes": bundle.num_classes, **kwargs}
         validate_model_kwargs(model, kwargs)
+        extra_config: dict[str, Any] = {"dataset": dataset}
+        extra_json = None
+        if isinstance(bundle, TextBundle):
+            extra_config["dataset_options"] = bundle.options
+            extra_config["tokenizer_sha256"] = bundle.tokenizer_sha256
+            extra_json = {"tokenizer.json": json.loads(bundle.tokenizer_json())}
         path = train_checkpoint(model, kwargs, bundle.train, cfg, out, val_set=bundle.val, test_set=bundle.test,
-                                extra_config={"dataset": dataset}, overwrite=overwrite)
+                                extra_config=extra_config, extra_json=extra_json, overwrite=overwrite)
     except ModeconnError as err:
         _fail(err)
     metrics = json.loads((path / "metrics.json").read_text())
-    console.print(f"test acc {100 * metrics['test']['acc']:.2f}%, test loss {metrics['test']['loss']:.4f}")
+    test = metrics["test"]
+    if "ppl" in test:
+        console.print(f"test loss {test['loss']:.4f} nats/token (perplexity {test['ppl']:.2f}), "
+                      f"next-token acc {100 * test['acc']:.2f}%")
+    else:
+        console.print(f"test acc {100 * test['acc']:.2f}%, test loss {test['loss']:.4f}")
     console.print(f"[bold green]checkpoint written to[/] {path.resolve()}")
 
 
@@ -173,7 +195,7 @@ def _dataset_for(config: dict, dataset: Optional[str], data: Optional[Path], lim
     name = dataset or config.get("dataset")
     if name is None:
         raise ModeconnError("the checkpoint does not record its dataset; pass --dataset")
-    return load_dataset(name, data, limit_train=limit_train)
+    return load_dataset(name, data, limit_train=limit_train, **config.get("dataset_options", {}))
 
 
 @app.command()
@@ -223,17 +245,31 @@ def align(
     a: Path = typer.Argument(..., help="checkpoint directory of the reference model A"),
     b: Path = typer.Argument(..., help="checkpoint directory of model B (to be permuted into A's basin)"),
     out: Path = typer.Option(..., help="checkpoint directory for the aligned B (plus alignment.json)"),
-    method: str = typer.Option("weight", help="weight, activation or learned"),
+    method: str = typer.Option("weight", help="weight, activation, learned or dual (dual: language models only; "
+                                              "for language models learned is one-sided learned matching)"),
     dataset: Optional[str] = typer.Option(None, help="dataset for activation/learned matching (default: A's)"),
     data: Optional[Path] = typer.Option(None, help=DATA_HELP),
     limit_train: Optional[int] = typer.Option(None, min=1),
     seed: int = typer.Option(0),
+    steps: int = typer.Option(200, min=1, help="language models (dual / learned): Adam steps of learned matching"),
+    lr: float = typer.Option(0.01, help="language models (dual / learned): Adam learning rate of the transforms"),
+    lambda_schedule: str = typer.Option("uniform", help="language models: λ per step: uniform, narrow or fixed"),
+    lambda_value: float = typer.Option(0.5, help="language models: centre λ₀ ∈ [0, 1] of the narrow / fixed schedule"),
+    parameterization: str = typer.Option("cayley", help="language models: cayley, matrix_exp or unconstrained"),
+    batch_size: int = typer.Option(16, min=1, help="language models: training blocks per learned-matching step"),
     overwrite: bool = typer.Option(False, help="replace a non-empty --out"),
 ) -> None:
     """Align B to A and write the aligned B as a checkpoint directory.
 
     The aligned B computes the same function as B (checked on an input batch); alignment.json records
     the group element, objective and timings.
+
+    Language-model checkpoints (gpt-neox-tiny) with --method dual (LMC-DM, METHODS.md §3) or learned
+    (one-sided): both models are absorbed (normalizations folded), the full group is bound (orthogonal
+    residual, head permutation, per-head invertible QK / OV, FFN permutation), weight matching gives the
+    discrete parts and the start, and the continuous transforms are learned on the training split. --out
+    then holds a/ and b/ (the transformed absorbed endpoints; load with modeconn.symmetry.load_absorbed),
+    transforms.safetensors and alignment.json.
     """
     from .experiments.checkpoints import example_input
     from .experiments.compare import align as run_align
@@ -242,6 +278,11 @@ def align(
     from .symmetry import symmetry_spec
 
     try:
+        if method not in ("weight", "activation", "learned", "dual"):
+            raise ModeconnError(f"--method must be one of weight, activation, learned, dual (got {method!r})")
+        if _align_lm_if_applicable(a, b, out, method, dataset, data, limit_train, seed, steps, lr, lambda_schedule,
+                                   lambda_value, parameterization, batch_size, overwrite):
+            return
         if method == "naive" or method not in check_methods([method]):
             raise ModeconnError(f"--method must be one of weight, activation, learned (got {method!r})")
         ma, mb, cfg = _load_pair(a, b)
@@ -263,6 +304,50 @@ def align(
         _fail(err)
     console.print(f"{method} matching objective {res.objective:.4f} ({len(spec.spaces)} spaces)")
     console.print(f"[bold green]aligned checkpoint written to[/] {path.resolve()}")
+
+
+def _align_lm_if_applicable(a, b, out, method, dataset, data, limit_train, seed, steps, lr, lambda_schedule,
+                            lambda_value, parameterization, batch_size, overwrite) -> bool:
+    """``align`` for language-model checkpoints with --method dual / learned; False if it does not apply.
+    Every option and both configs are checked before any weights are read."""
+    from .io import load_checkpoint, read_config
+    from .match.dual import LAMBDA_SCHEDULES
+    from .match.parametrize import get_parameterization
+    from .models import TOKEN_MODELS
+
+    configs = [read_config(a), read_config(b)]
+    is_lm = any(c.get("architecture") in TOKEN_MODELS for c in configs)
+    if not is_lm:
+        if method == "dual":
+            raise ModeconnError("--method dual needs language-model checkpoints (architecture gpt-neox-tiny); "
+                                f"{a} is {configs[0].get('architecture')!r}: use weight, activation or learned")
+        return False
+    if method not in ("dual", "learned"):
+        return False
+    from .experiments.lmc_dm import align_lm_checkpoints, check_same_lm_configs
+
+    if lambda_schedule not in LAMBDA_SCHEDULES:
+        raise ModeconnError(f"--lambda-schedule must be one of {', '.join(LAMBDA_SCHEDULES)} (got {lambda_schedule!r})")
+    if not 0.0 <= lambda_value <= 1.0:
+        raise ModeconnError(f"--lambda-value must lie in [0, 1] (got {lambda_value}); λ is the weight of B on the path")
+    if not lr > 0:
+        raise ModeconnError(f"--lr must be > 0 (got {lr})")
+    get_parameterization(parameterization)  # ConfigError naming the choices
+    check_same_lm_configs(configs, [a, b])
+    ma, ca = load_checkpoint(a)
+    mb, _ = load_checkpoint(b)
+    bundle = _dataset_for(ca, dataset, data, limit_train)
+    with console.status(f"{method} matching ({steps} steps)"):
+        rec = align_lm_checkpoints(ma, mb, bundle, out, method=method, steps=steps, lr=lr,
+                                   lambda_schedule=lambda_schedule, lambda_value=lambda_value,
+                                   parameterization=parameterization, batch_size=batch_size, seed=seed,
+                                   overwrite=overwrite, log=lambda s: console.log(s))
+    console.print(f"{'dual' if method == 'dual' else 'one-sided learned'} matching: path loss "
+                  f"{rec['first_loss']:.4f} → {rec['objective']:.4f} nats/token over {steps} steps "
+                  f"({len(rec['spaces'])} spaces, weight-matching objective {rec['wm_objective']:.4f})")
+    console.print(f"[bold green]aligned endpoints written to[/] {Path(out).resolve()}  (a/, b/, "
+                  "transforms.safetensors, alignment.json)")
+    return True
 
 
 def _check_same_function(m1, m2, x) -> None:
@@ -357,7 +442,7 @@ def path_command(
 
 @app.command()
 def experiment(
-    name: str = typer.Argument(..., help="llpf, identifiability-sigma, identifiability-k, identifiability-coherence, "
+    name: str = typer.Argument(..., help="llpf, transformer-wm, lmc-dm, identifiability-sigma, identifiability-k, identifiability-coherence, "
                                          "identifiability-resnet"),
     quick: bool = typer.Option(False, help="the small CI size (minutes on 2 cores) instead of the full size"),
     pairs: Optional[int] = typer.Option(None, min=1, help="model pairs per setting (default: 1 quick, 3 full)"),
@@ -373,6 +458,11 @@ def experiment(
     llpf (METHODS.md §2) trains three BN ResNet20s on Fashion-MNIST and compares the linear path, LLPF (three
     seeds), the all-at-once ablation, Bezier and AutoNEB at LLPF's gradient budget, and cross-sphere LLPF
     between models trained with and without weight decay (writes paths_loss.png and paths_pca.png).
+    transformer-wm (METHODS.md §0, §3) trains two GPT-NeoX LMs on the Austen text and reports held-out
+    loss barriers naive / weight matching (permutations) / weight matching (full group after normalization
+    absorption), and recovers a planted full-group element on the pretrained MiniLM.
+    lmc-dm (METHODS.md §3) trains the same LM pair and reports held-out barriers naive / WM / one-sided
+    learned / dual matching, with ablations (no QK, no OV, no residual rotation, parameterisations).
     The identifiability experiments (METHODS.md §1) train pairs of W-asymmetric and standard networks and
     report unaligned vs weight-matched barriers, the identity/optimal activation-matching ratio, accuracy,
     swap costs (k sweep) and subspace coherence (coherence sweep), mean ± std over pairs.
@@ -381,11 +471,18 @@ def experiment(
     from .experiments.output import default_out
 
     try:
-        if name not in (*EXPERIMENTS, "llpf"):
-            raise ModeconnError(f"unknown experiment {name!r}; valid: llpf, {', '.join(EXPERIMENTS)}")
+        if name not in (*EXPERIMENTS, "llpf", "transformer-wm", "lmc-dm"):
+            raise ModeconnError(f"unknown experiment {name!r}; valid: llpf, transformer-wm, lmc-dm, "
+                                f"{', '.join(EXPERIMENTS)}")
         out = out or default_out(name)
         if name == "llpf":
             _run_llpf_experiment(out, quick, pairs, epochs, width, limit_train, data, overwrite)
+            return
+        if name == "transformer-wm":
+            _run_transformer_wm(out, quick, pairs, epochs, width, limit_train, data, overwrite)
+            return
+        if name == "lmc-dm":
+            _run_lmc_dm(out, quick, pairs, epochs, width, limit_train, data, overwrite)
             return
         with console.status(f"running {name}"):
             results = run_identifiability(name, out, quick=quick, pairs=pairs, epochs=epochs, width=width,
@@ -443,6 +540,41 @@ def sweep(
     console.print((out / "report.md").read_text())
     console.print(f"[bold green]{len(results['rows'])} runs aggregated in[/] {out.resolve()}  "
                   "(results.json, results.csv, report.md, runs/)")
+
+
+def _run_transformer_wm(out, quick, pairs, epochs, width, limit_train, data, overwrite) -> None:
+    from dataclasses import replace
+
+    from .experiments.transformer_wm import SIZES, report, run_transformer_wm
+
+    if pairs is not None:
+        raise ModeconnError("--pairs does not apply to transformer-wm (one pair of language models)")
+    size = SIZES["quick" if quick else "full"]
+    changes = {k: v for k, v in (("epochs", epochs), ("hidden_size", width), ("limit_train", limit_train))
+               if v is not None}
+    with console.status("running transformer-wm"):
+        results = run_transformer_wm(out, data=data, overwrite=overwrite, size=replace(size, **changes),
+                                     log=lambda s: console.log(s))
+    console.print(report(results).split("![")[0])
+    console.print(f"[bold green]outputs written to[/] {out.resolve()}  (report.md, results.json, lm_barrier.png, "
+                  "minilm_recovery.png)")
+
+
+def _run_lmc_dm(out, quick, pairs, epochs, width, limit_train, data, overwrite) -> None:
+    from dataclasses import replace
+
+    from .experiments.lmc_dm import SIZES, report, run_lmc_dm
+
+    if pairs is not None:
+        raise ModeconnError("--pairs does not apply to lmc-dm (one pair of language models)")
+    size = SIZES["quick" if quick else "full"]
+    changes = {k: v for k, v in (("epochs", epochs), ("hidden_size", width), ("limit_train", limit_train))
+               if v is not None}
+    with console.status("running lmc-dm"):
+        results = run_lmc_dm(out, data=data, overwrite=overwrite, size=replace(size, lm=replace(size.lm, **changes)),
+                             log=lambda s: console.log(s))
+    console.print(report(results).split("![")[0])
+    console.print(f"[bold green]outputs written to[/] {out.resolve()}  (report.md, results.json, lm_dm_barrier.png)")
 
 
 def main() -> None:  # pragma: no cover - entry point

@@ -70,8 +70,8 @@ SIZES = {
     "quick": LLPFSize(width=0.5, limit_train=1000, epochs=2, eval_limit=128, ticks=8, step=0.4, min_steps=2,
                       max_steps=10, record_every=1, lr=0.02, margin=0.03, m2o_step=0.2, m2o_max_ticks=4,
                       bn_batches=2, curve_points=9),
-    "full": LLPFSize(width=1.0, limit_train=10000, epochs=5, eval_limit=1000, ticks=120, step=0.05, min_steps=5,
-                     max_steps=200, record_every=6, lr=0.02, margin=0.02, m2o_step=0.02, m2o_max_ticks=100,
+    "full": LLPFSize(width=0.5, limit_train=10000, epochs=5, eval_limit=1000, ticks=60, step=0.08, min_steps=5,
+                     max_steps=100, record_every=3, lr=0.02, margin=0.03, m2o_step=0.03, m2o_max_ticks=60,
                      bn_batches=5),
 }
 TRAIN = dict(optimizer="sgd", lr=0.05, momentum=0.9, batch_size=128, schedule="cosine")

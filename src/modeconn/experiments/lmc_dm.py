@@ -1,0 +1,321 @@
+"""`modeconn experiment lmc-dm`: dual learned matching (LMC-DM, METHODS.md §3) for a pair of language models.
+
+Two GPT-NeoX-configured causal LMs are trained on the Austen text from seeds 0 and 1 (the training of
+``transformer-wm``: :func:`modeconn.experiments.transformer_wm.train_pair`), their normalizations are absorbed
+(:func:`~modeconn.symmetry.absorb_normalization`), and the full symmetry group is bound on the absorbed
+models: orthogonal residual rotation, head permutation, per-head invertible QK and OV transforms, FFN
+permutation (:data:`GROUPS`). Weight matching (WM) is computed **once** and passed as ``weight_alignment`` to
+every learned run of the full group (it fixes the discrete parts and the ``init="weight"`` start).
+
+Barrier table (held-out test blocks, next-token cross-entropy in nats per token, ``barrier_mean`` and
+``barrier_interp``): naive (the models as trained), naive in the absorbed coordinates, WM, one-sided learned
+matching (Theus et al. 2025; B's continuous transforms learned) and dual matching (both endpoints' transforms
+learned; the literal dual path ``(1−λ)·π_A(θ_A) + λ·π_B(θ_B)``, whose endpoints compute the trained models'
+functions). Ablations at the same step budget: dual without the QK transforms (``qk=None``), without the OV
+transforms (``vo=None``), without the residual rotation (``residual="permutation"``), and the parameterisation
+(Cayley = the main run, unconstrained, matrix exponential). An ablation whose spec is a restriction of the full
+spec reuses WM's element restricted to its spaces; one with another group (residual permutation) runs its own
+WM (``results["ablations"][k]["wm"]`` says which).
+
+Sizes: ``--quick`` (CI, about a minute on two shared cores: a 2-layer × 64 LM on 400 training blocks, 40
+matching steps, 24 test blocks) and the full size (:data:`SIZES` ``"full"``: 2 layers × 128, every training
+block for 2 epochs, 300 matching steps, 200 test blocks; tens of minutes on a laptop CPU).
+
+Writes ``results.json``, ``report.md`` and ``lm_dm_barrier.png`` (held-out loss and accuracy vs λ for the main
+methods).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..data import load_dataset, make_loader
+from ..errors import ConfigError
+from ..path import Curve, evaluate_path
+from ..report import markdown_table, plot_curves
+from .output import output_directory, write_json
+from .transformer_wm import SIZES as LM_SIZES
+from .transformer_wm import LMSize, train_pair
+
+Log = Callable[[str], None]
+#: the full group bound on the absorbed GPT-NeoX models
+GROUPS = {"residual": "orthogonal", "heads": "permutation", "qk": "head_invertible", "vo": "head_invertible",
+          "ffn": "permutation"}
+#: ablation label → (group overrides, parameterisation); all at the main run's step budget
+ABLATIONS: dict[str, tuple[dict[str, Any], str]] = {
+    "dual (full, cayley)": ({}, "cayley"),
+    "dual without QK": ({"qk": None}, "cayley"),
+    "dual without OV": ({"vo": None}, "cayley"),
+    "dual without residual rotation": ({"residual": "permutation"}, "cayley"),
+    "dual (unconstrained)": ({}, "unconstrained"),
+    "dual (matrix_exp)": ({}, "matrix_exp"),
+}
+MAIN = ("naive", "naive (absorbed)", "WM", "one-sided learned", "dual")
+
+
+@dataclass(frozen=True)
+class DMSize:
+    """``lm``: the language models and their training (also the test blocks and λ points); the rest: the
+    learned matching (Adam steps of one ``batch_size`` batch of training blocks, λ ~ U(0, 1) per step)."""
+
+    lm: LMSize
+    steps: int
+    lr: float = 0.02
+    batch_size: int = 16
+    lambda_schedule: str = "uniform"
+
+
+SIZES = {
+    "quick": DMSize(lm=replace(LM_SIZES["quick"], epochs=3, eval_blocks=24, lambdas=5), steps=40),
+    "full": DMSize(lm=LM_SIZES["full"], steps=300, lr=0.01, batch_size=32),
+}
+
+
+def learned_options(size: DMSize) -> dict[str, Any]:
+    return {"steps": size.steps, "lr": size.lr, "lambda_schedule": size.lambda_schedule, "init": "weight"}
+
+
+def _restricted(spec, wm) -> tuple[Any, str]:
+    """WM's element restricted to ``spec``'s spaces if that is a valid element of ``spec``; else None."""
+    from ..errors import SpecError
+
+    g = {s: wm.element[s] for s in spec.spaces if s in wm.element}
+    if len(g) != len(spec.spaces):
+        return None, "recomputed"
+    try:
+        spec.check_element(g)
+    except (SpecError, ConfigError, ValueError):
+        return None, "recomputed"
+    return g, "restricted from the full-group WM"
+
+
+def _row(c: Curve) -> dict[str, Any]:
+    loss = np.asarray(c.values("test", "loss"), dtype=float)
+    lam = np.asarray(c.lambdas, dtype=float)
+    excess = loss - ((1 - lam) * loss[0] + lam * loss[-1])
+    return {"excess_mean": float(excess.mean()), "barrier_mean": c.barrier("mean", "test"), "barrier_interp": c.barrier("interp", "test"),
+            "endpoint_loss": [float(loss[0]), float(loss[-1])], "midpoint_loss": float(loss[len(c.lambdas) // 2])}
+
+
+def lm_dm_barriers(size: DMSize, bundle, models: list[nn.Module], log: Log
+                   ) -> tuple[dict[str, Curve], dict[str, Curve], dict[str, Any]]:
+    """(main curves, ablation curves, stats): see the module docstring."""
+    from ..match import dual_matching, one_sided_matching, weight_matching
+    from ..symmetry import absorb_normalization
+    from ..symmetry.hf import hf_symmetry_spec
+
+    a, b = models
+    lam = size.lm.lambdas
+    test = torch.utils.data.Subset(bundle.test, range(min(size.lm.eval_blocks, len(bundle.test))))
+    evl = {"test": make_loader(test, 16)}
+    train_loader = make_loader(bundle.train, size.batch_size, shuffle=True, seed=0)
+    opts = learned_options(size)
+    curves: dict[str, Curve] = {}
+    stats: dict[str, Any] = {}
+
+    curves["naive"] = evaluate_path(a, a.state_dict(), b.state_dict(), evl, lambdas=lam)
+    abs_a, abs_b = absorb_normalization(a), absorb_normalization(b)
+    sa, sb = abs_a.state_dict(), abs_b.state_dict()
+    curves["naive (absorbed)"] = evaluate_path(abs_a, sa, sb, evl, lambdas=lam)
+    t0 = time.perf_counter()
+    spec = hf_symmetry_spec(abs_a, groups=GROUPS)
+    wm = weight_matching(spec, sa, sb)
+    stats["WM"] = {"seconds": time.perf_counter() - t0, "objective": wm.objective, "spaces": len(spec.spaces)}
+    curves["WM"] = evaluate_path(abs_a, sa, wm.apply(sb), evl, lambdas=lam)
+    log(f"weight matching done ({len(spec.spaces)} spaces)")
+
+    def learned(label: str, fn, sp, weight_alignment, **extra) -> Any:
+        t = time.perf_counter()
+        res = fn(sp, abs_a, sa, sb, train_loader, weight_alignment=weight_alignment, **opts, **extra)
+        seconds = time.perf_counter() - t
+        if fn is one_sided_matching:
+            c = evaluate_path(abs_a, sa, res.apply(sb), evl, lambdas=lam)
+        else:  # the literal dual path: both endpoints transformed (each keeps its model's function)
+            c = evaluate_path(abs_a, res.apply_a(sa), res.apply_b(sb), evl, lambdas=lam)
+        stats[label] = {"seconds": seconds, "objective": res.objective, "steps": size.steps,
+                        "first_loss": float(res.history[0][0]), "spaces": len(sp.spaces),
+                        "max_output_change": [res.stats.get("max_output_change_a"), res.stats.get("max_output_change_b")]}
+        log(f"{label}: {size.steps} steps in {seconds:.1f} s, objective {res.objective:.4f}")
+        return c
+
+    curves["one-sided learned"] = learned("one-sided learned", one_sided_matching, spec, wm)
+    curves["dual"] = learned("dual", dual_matching, spec, wm, parameterization="cayley")
+
+    ablations: dict[str, Curve] = {}
+    for label, (changes, par) in ABLATIONS.items():
+        if not changes and par == "cayley":
+            ablations[label] = curves["dual"]
+            stats.setdefault("ablation_wm", {})[label] = "the full-group WM"
+            continue
+        sp = spec if not changes else hf_symmetry_spec(abs_a, groups=GROUPS | changes)
+        g, how = (wm, "the full-group WM") if sp is spec else _restricted(sp, wm)
+        if g is None:
+            g = weight_matching(sp, sa, sb)
+        stats.setdefault("ablation_wm", {})[label] = how
+        ablations[label] = learned(label, dual_matching, sp, g, parameterization=par)
+    return curves, ablations, stats
+
+
+def run_lmc_dm(out: str | Path, *, quick: bool = False, data: str | Path | None = None, overwrite: bool = False,
+               size: DMSize | None = None, log: Log = print) -> dict[str, Any]:
+    """Run the experiment (module docstring) and write its outputs into ``out`` (atomically)."""
+    size = size or SIZES["quick" if quick else "full"]
+    start = time.perf_counter()
+    with output_directory(out, overwrite) as tmp:
+        lm = size.lm
+        bundle = load_dataset("austen", data, vocab_size=lm.vocab_size, context_length=lm.context,
+                              limit_train=lm.limit_train)
+        t0 = time.perf_counter()
+        models = train_pair(lm, bundle, log)
+        train_seconds = time.perf_counter() - t0
+        curves, ablations, stats = lm_dm_barriers(size, bundle, models, log)
+        plot_curves(curves, tmp / "lm_dm_barrier.png", title="GPT-NeoX pair on Austen: held-out loss vs λ")
+        results = {
+            "task": "dual learned matching for language models (LMC-DM, METHODS.md §3)",
+            "size": asdict(size),
+            "groups": GROUPS,
+            "learned_options": learned_options(size),
+            "data": {"train_blocks": len(bundle.train), "train_tokens": int(bundle.train.tensors[0].numel()),
+                     "test_blocks": min(lm.eval_blocks, len(bundle.test))},
+            "training": {"seconds": train_seconds, "epochs": lm.epochs, "optimizer": "adamw", "lr": lm.lr,
+                         "batch_size": lm.batch_size},
+            "barriers": {k: _row(c) for k, c in curves.items()},
+            "ablations": {k: _row(c) | {"wm": stats.get("ablation_wm", {}).get(k)} for k, c in ablations.items()},
+            "stats": {k: v for k, v in stats.items() if k != "ablation_wm"},
+            "curves": {k: c.to_json() for k, c in curves.items()},
+            "ablation_curves": {k: c.to_json() for k, c in ablations.items()},
+        }
+        results["seconds"] = time.perf_counter() - start
+        write_json(tmp / "results.json", results)
+        (tmp / "report.md").write_text(report(results))
+    return results
+
+
+def report(r: dict[str, Any]) -> str:
+    s, lm, o = r["size"], r["size"]["lm"], r["learned_options"]
+
+    def rows(d: Mapping[str, Any]) -> list[list]:
+        return [[k, v["barrier_mean"], v["barrier_interp"], v["excess_mean"], v["midpoint_loss"],
+                 " / ".join(f"{x:.4f}" for x in v["endpoint_loss"])] for k, v in d.items()]
+
+    header = ["method", "barrier_mean (test loss)", "barrier_interp (test loss)", "mean excess over the chord",
+              "midpoint loss", "endpoint losses"]
+    steps = {k: v.get("seconds") for k, v in r["stats"].items()}
+    return "\n".join([
+        f"# {r['task']}",
+        "",
+        (f"GPT-NeoX pair ({lm['layers']} layers × {lm['hidden_size']}, {lm['heads']} heads, MLP {lm['intermediate']}, "
+        f"vocab {lm['vocab_size']}, context {lm['context']}), seeds 0 and 1. **Training budget:** {lm['epochs']} "
+        f"epoch(s) of AdamW (lr {lm['lr']}, batch {lm['batch_size']}) over {r['data']['train_blocks']} blocks "
+        f"({r['data']['train_tokens']:,} tokens) of the Austen text, {r['training']['seconds']:.0f} s for both. "
+        f"Losses are next-token cross-entropy (nats per token) on {r['data']['test_blocks']} held-out blocks, "
+        f"{lm['lambdas']} points on each path."),
+        "",
+        (f"Group (absorbed models): {r['groups']}. WM computed once and used as every learned run's discrete part "
+        f"and start. **Learned-matching budget:** {o['steps']} Adam steps (lr {o['lr']}, batch {s['batch_size']} "
+        f"training blocks, λ {o['lambda_schedule']}) for each learned row, ablations included."),
+        "",
+        "## Barriers",
+        "",
+        markdown_table(header, rows(r["barriers"])),
+        "",
+        "## Ablations (dual matching, same step budget)",
+        "",
+        markdown_table(header + ["WM"], [row + [r["ablations"][row[0]]["wm"]] for row in rows(r["ablations"])]),
+        "",
+        "Seconds per stage: " + ", ".join(f"{k} {v:.1f}" for k, v in steps.items() if v is not None)
+        + f"; total {r['seconds']:.0f} s.",
+        "",
+        "![loss vs λ](lm_dm_barrier.png)",
+        "",
+    ])
+
+
+def quick_size(**changes: Any) -> DMSize:
+    return replace(SIZES["quick"], **changes)
+
+
+# ------------------------------------------------------------------------------------------ checkpoints (CLI align)
+def check_same_lm_configs(configs: list[dict], paths: list[Path]) -> None:
+    """ConfigError naming every differing architecture / kwargs field of two checkpoint configs (before any
+    weights are read)."""
+    ca, cb = configs
+    problems = []
+    if ca.get("architecture") != cb.get("architecture"):
+        problems.append(f"architecture: {ca.get('architecture')!r} vs {cb.get('architecture')!r}")
+    ka, kb = ca.get("kwargs", {}) or {}, cb.get("kwargs", {}) or {}
+    for k in sorted(set(ka) | set(kb)):
+        va, vb = ka.get(k, "<absent>"), kb.get(k, "<absent>")
+        if va != vb:
+            problems.append(f"kwargs.{k}: {va!r} vs {vb!r}")
+    da, db = ca.get("dataset_options"), cb.get("dataset_options")
+    if da != db:
+        problems.append(f"dataset_options (tokenizer/context): {da!r} vs {db!r}")
+    if problems:
+        raise ConfigError(f"{paths[0]} and {paths[1]} differ:\n  " + "\n  ".join(problems))
+
+
+def align_lm_checkpoints(ma: nn.Module, mb: nn.Module, bundle, out: Path, *, method: str, steps: int, lr: float,
+                         lambda_schedule: str, lambda_value: float, parameterization: str, batch_size: int,
+                         seed: int, overwrite: bool, progress=None, log: Log = print) -> dict[str, Any]:
+    """Absorb both models, bind :data:`GROUPS`, weight-match, learn the transforms (``method``: ``"dual"`` or
+    ``"learned"`` = one-sided) on the training split, and write ``out/a`` and ``out/b`` (the transformed,
+    absorbed endpoints, :func:`~modeconn.symmetry.save_absorbed`), ``transforms.safetensors`` (``a.<space>``
+    and ``b.<space>``) and ``alignment.json``. Every saved endpoint is reloaded and checked against its
+    checkpoint's logits. Returns the alignment record."""
+    import json
+
+    from ..io import save_state_dict
+    from ..match import dual_matching, one_sided_matching, weight_matching
+    from ..symmetry import absorb_normalization, load_absorbed, save_absorbed
+    from ..symmetry.hf import check_same_config, hf_symmetry_spec
+
+    check_same_config(ma, mb)
+    with output_directory(out, overwrite) as tmp:
+        t0 = time.perf_counter()
+        abs_a, abs_b = absorb_normalization(ma), absorb_normalization(mb)
+        sa, sb = abs_a.state_dict(), abs_b.state_dict()
+        spec = hf_symmetry_spec(abs_a, groups=GROUPS)
+        wm = weight_matching(spec, sa, sb, seed=seed)
+        log(f"weight matching: objective {wm.objective:.4f} ({len(spec.spaces)} spaces)")
+        loader = make_loader(bundle.train, batch_size, shuffle=True, seed=seed)
+        fn = dual_matching if method == "dual" else one_sided_matching
+        res = fn(spec, abs_a, sa, sb, loader, steps=steps, lr=lr, lambda_schedule=lambda_schedule,
+                 lambda_value=lambda_value, parameterization=parameterization, seed=seed, weight_alignment=wm,
+                 progress=progress)
+        x = bundle.train.tensors[0][:2]
+        checks = {}
+        for side, model, base, state in (("a", ma, abs_a, res.apply_a(sa)), ("b", mb, abs_b, res.apply_b(sb))):
+            m = copy.deepcopy(base)
+            m.load_state_dict(state)
+            save_absorbed(m, tmp / side)
+            reloaded = load_absorbed(tmp / side).eval()
+            with torch.no_grad():
+                ref = model.eval()(x)
+                got = reloaded(input_ids=x).logits
+            diff = float((got - ref).abs().max())
+            if diff > 1e-3 * max(1.0, float(ref.abs().max())):
+                raise ConfigError(f"internal error: the saved endpoint {side} changed the function "
+                                  f"(max |Δlogit| = {diff:.3g})")
+            checks[side] = diff
+        flat = {f"{side}.{space}": t for side, el in res.export_transforms().items() for space, t in el.items()}
+        save_state_dict(tmp / "transforms.safetensors", flat, {"modeconn": "lmc-dm transforms"})
+        record = {"method": method, "one_sided": method != "dual", "groups": GROUPS, "spaces": list(spec.spaces),
+                  "options": {"steps": steps, "lr": lr, "lambda_schedule": lambda_schedule,
+                              "lambda_value": lambda_value, "parameterization": parameterization,
+                              "batch_size": batch_size, "seed": seed},
+                  "wm_objective": wm.objective, "objective": res.objective,
+                  "first_loss": float(res.history[0][0]) if res.history and res.history[0] else None,
+                  "max_logit_change_after_reload": checks, "seconds": time.perf_counter() - t0,
+                  "files": {"a": "a/", "b": "b/", "transforms": "transforms.safetensors"}}
+        (tmp / "alignment.json").write_text(json.dumps(record, indent=2, default=str))
+    return record
