@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -471,18 +472,11 @@ def experiment(
     from .experiments.output import default_out
 
     try:
-        if name not in (*EXPERIMENTS, "llpf", "transformer-wm", "lmc-dm"):
-            raise ModeconnError(f"unknown experiment {name!r}; valid: llpf, transformer-wm, lmc-dm, "
-                                f"{', '.join(EXPERIMENTS)}")
+        if name not in (*SIZED_EXPERIMENTS, *EXPERIMENTS):
+            raise ModeconnError(f"unknown experiment {name!r}; valid: {', '.join((*SIZED_EXPERIMENTS, *EXPERIMENTS))}")
         out = out or default_out(name)
-        if name == "llpf":
-            _run_llpf_experiment(out, quick, pairs, epochs, width, limit_train, data, overwrite)
-            return
-        if name == "transformer-wm":
-            _run_transformer_wm(out, quick, pairs, epochs, width, limit_train, data, overwrite)
-            return
-        if name == "lmc-dm":
-            _run_lmc_dm(out, quick, pairs, epochs, width, limit_train, data, overwrite)
+        if name in SIZED_EXPERIMENTS:
+            _run_sized_experiment(name, out, quick, pairs, epochs, width, limit_train, data, overwrite)
             return
         with console.status(f"running {name}"):
             results = run_identifiability(name, out, quick=quick, pairs=pairs, epochs=epochs, width=width,
@@ -494,23 +488,6 @@ def experiment(
 
     console.print(report(results).split("![summary]")[0])
     console.print(f"[bold green]outputs written to[/] {out.resolve()}  (report.md, results.json, summary.png)")
-
-
-def _run_llpf_experiment(out, quick, pairs, epochs, width, limit_train, data, overwrite) -> None:
-    from dataclasses import replace
-
-    from .experiments.llpf_experiment import SIZES, report, run_llpf_experiment
-
-    if pairs is not None:
-        raise ModeconnError("--pairs does not apply to the llpf experiment (it trains three models A, B, C)")
-    size = SIZES["quick" if quick else "full"]
-    changes = {k: v for k, v in (("epochs", epochs), ("width", width), ("limit_train", limit_train)) if v is not None}
-    with console.status("running llpf"):
-        results = run_llpf_experiment(out, data=data, overwrite=overwrite, size=replace(size, **changes),
-                                      log=lambda s: console.log(s))
-    console.print(report(results).split("![")[0])
-    console.print(f"[bold green]outputs written to[/] {out.resolve()}  (report.md, results.json, paths_loss.png, "
-                  "paths_pca.png, paths/)")
 
 
 @app.command()
@@ -542,39 +519,46 @@ def sweep(
                   "(results.json, results.csv, report.md, runs/)")
 
 
-def _run_transformer_wm(out, quick, pairs, epochs, width, limit_train, data, overwrite) -> None:
+@dataclass(frozen=True)
+class _SizedExperiment:
+    """An experiment module with ``SIZES`` (quick/full dataclasses), ``report(results)`` and a runner."""
+
+    module: str
+    run: str
+    width_field: str
+    outputs: str
+    one_pair: str
+    nested: str | None = None
+
+
+SIZED_EXPERIMENTS = {
+    "llpf": _SizedExperiment("llpf_experiment", "run_llpf_experiment", "width",
+                             "report.md, results.json, paths_loss.png, paths_pca.png, paths/", "it trains three models A, B, C"),
+    "transformer-wm": _SizedExperiment("transformer_wm", "run_transformer_wm", "hidden_size",
+                                       "report.md, results.json, lm_barrier.png, minilm_recovery.png",
+                                       "one pair of language models"),
+    "lmc-dm": _SizedExperiment("lmc_dm", "run_lmc_dm", "hidden_size", "report.md, results.json, lm_dm_barrier.png",
+                               "one pair of language models", nested="lm"),
+}
+
+
+def _run_sized_experiment(name, out, quick, pairs, epochs, width, limit_train, data, overwrite) -> None:
+    import importlib
     from dataclasses import replace
 
-    from .experiments.transformer_wm import SIZES, report, run_transformer_wm
-
+    exp = SIZED_EXPERIMENTS[name]
     if pairs is not None:
-        raise ModeconnError("--pairs does not apply to transformer-wm (one pair of language models)")
-    size = SIZES["quick" if quick else "full"]
-    changes = {k: v for k, v in (("epochs", epochs), ("hidden_size", width), ("limit_train", limit_train))
+        raise ModeconnError(f"--pairs does not apply to {name} ({exp.one_pair})")
+    mod = importlib.import_module(f".experiments.{exp.module}", __package__)
+    size = mod.SIZES["quick" if quick else "full"]
+    changes = {k: v for k, v in (("epochs", epochs), (exp.width_field, width), ("limit_train", limit_train))
                if v is not None}
-    with console.status("running transformer-wm"):
-        results = run_transformer_wm(out, data=data, overwrite=overwrite, size=replace(size, **changes),
-                                     log=lambda s: console.log(s))
-    console.print(report(results).split("![")[0])
-    console.print(f"[bold green]outputs written to[/] {out.resolve()}  (report.md, results.json, lm_barrier.png, "
-                  "minilm_recovery.png)")
-
-
-def _run_lmc_dm(out, quick, pairs, epochs, width, limit_train, data, overwrite) -> None:
-    from dataclasses import replace
-
-    from .experiments.lmc_dm import SIZES, report, run_lmc_dm
-
-    if pairs is not None:
-        raise ModeconnError("--pairs does not apply to lmc-dm (one pair of language models)")
-    size = SIZES["quick" if quick else "full"]
-    changes = {k: v for k, v in (("epochs", epochs), ("hidden_size", width), ("limit_train", limit_train))
-               if v is not None}
-    with console.status("running lmc-dm"):
-        results = run_lmc_dm(out, data=data, overwrite=overwrite, size=replace(size, lm=replace(size.lm, **changes)),
-                             log=lambda s: console.log(s))
-    console.print(report(results).split("![")[0])
-    console.print(f"[bold green]outputs written to[/] {out.resolve()}  (report.md, results.json, lm_dm_barrier.png)")
+    size = (replace(size, **{exp.nested: replace(getattr(size, exp.nested), **changes)}) if exp.nested
+            else replace(size, **changes))
+    with console.status(f"running {name}"):
+        results = getattr(mod, exp.run)(out, data=data, overwrite=overwrite, size=size, log=lambda m: console.log(m))
+    console.print(mod.report(results).split("![")[0])
+    console.print(f"[bold green]outputs written to[/] {out.resolve()}  ({exp.outputs})")
 
 
 def main() -> None:  # pragma: no cover - entry point
