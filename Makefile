@@ -5,6 +5,10 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.modeconn-installed
 MODECONN_DATA ?= $(abspath ../shared/data)
 export MODECONN_DATA
+# One OpenMP thread unless told otherwise: on small shared machines torch's default thread pool can be 20x
+# slower when other processes compete for the cores (the tests' models are tiny anyway).
+OMP_NUM_THREADS ?= 1
+export OMP_NUM_THREADS
 
 .PHONY: demo test bench clean
 
@@ -23,7 +27,9 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m pip install -q rebasin
-	cd benchmarks && ../$(PY) bench_weight_matching.py && ../$(PY) bench_train.py
+	$(PY) -m pip install -q 'lapx>=0.5'
+	cd benchmarks && ../$(PY) bench_weight_matching.py && ../$(PY) bench_train.py && ../$(PY) bench_lap.py && \
+		../$(PY) bench_evaluate_path.py && ../$(PY) bench_wm_scaling.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
