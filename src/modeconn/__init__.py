@@ -11,16 +11,21 @@ __version__ = "0.1.0"
 
 from . import errors
 from .io import load_checkpoint, save_checkpoint
-from .match import Alignment, activation_matching, learned_matching, weight_matching
-from .match import DualAlignment, dual_matching, one_sided_matching
+from .match import (
+    Alignment,
+    DualAlignment,
+    activation_matching,
+    dual_matching,
+    learned_matching,
+    one_sided_matching,
+    weight_matching,
+)
 from .models import build_model
 from .path import Curve, evaluate_path, interpolate, merge
 from .symmetry import Space, SymmetrySpec, absorb_normalization, symmetry_spec
 
 __all__ = [
-    "absorb_normalization",
-    "Alignment", "Curve", "Space", "SymmetrySpec", "activation_matching", "build_model", "errors",
-    "evaluate_path", "interpolate", "learned_matching", "load_checkpoint", "merge", "save_checkpoint",
-    "symmetry_spec", "weight_matching",
+    "Alignment", "Curve", "DualAlignment", "Space", "SymmetrySpec", "absorb_normalization", "activation_matching",
+    "build_model", "dual_matching", "errors", "evaluate_path", "interpolate", "learned_matching", "load_checkpoint",
+    "merge", "one_sided_matching", "save_checkpoint", "symmetry_spec", "weight_matching",
 ]
-__all__ += ["DualAlignment", "dual_matching", "one_sided_matching"]
