@@ -8,7 +8,8 @@
    full group after normalization absorption (orthogonal residual rotation, head permutation, per-head
    orthogonal QK / OV transforms, FFN permutation), interpolated in the absorbed coordinates.
 2. **Planted MiniLM.** The pretrained all-MiniLM-L6-v2 (BERT, post-LN) is moved by a random element of its
-   group (residual permutation, head permutation with per-head orthogonal QK / OV, FFN permutation); weight
+   group (head permutation with per-head orthogonal QK / OV, FFN permutation; the residual stream of a bare
+   ``BertModel`` is its output, so it stays fixed); weight
    matching against the original must recover it: parameters equal to fp32 error, outputs on real sentences
    allclose. Figure: per-tensor relative error of the planted and of the recovered parameters.
 
