@@ -174,6 +174,9 @@ def test_activation_matching_recovers_a_planted_element():
     loader = [torch.randint(0, 50, (4, 16), generator=gen) for _ in range(3)]
     res = mc.activation_matching(spec, model, model_b, loader)
     assert spec.equal(res.element, spec.inverse(g))
+    full = hf.hf_symmetry_spec(model, groups={"heads": "permutation", "qk": "head_orthogonal", "vo": "head_orthogonal"})
+    with pytest.raises(ConfigError, match="activation matching solves permutations only"):
+        mc.activation_matching(full, model, model_b, loader)
 
 
 class _Wrap(nn.Module):

@@ -113,6 +113,13 @@ def activation_matching(
     """
     if max_batches is not None and (isinstance(max_batches, bool) or not isinstance(max_batches, int) or max_batches < 1):
         raise ConfigError(f"max_batches must be a positive integer or None, got {max_batches!r}")
+    continuous = {n: sp.group for n, sp in spec.spaces.items() if sp.group != "permutation"}
+    if continuous:
+        name, group = next(iter(continuous.items()))
+        raise ConfigError(
+            f"activation matching solves permutations only; {len(continuous)} space(s) have continuous groups "
+            f"(e.g. {name!r}: {group}) — use weight_matching or dual_matching, or build the spec with "
+            "permutation groups")
     start = time.perf_counter()
     spec.check_state_dict(model_a.state_dict(), "model A")
     spec.check_state_dict(model_b.state_dict(), "model B")
