@@ -264,12 +264,13 @@ class _Continuous(Group):
 
     exact = False
 
+    @abstractmethod
     def _side_matrix(self, g: torch.Tensor, side: Side) -> torch.Tensor:
         """The matrix (stack, vector) applied along an axis on ``side``: ``M`` or ``M^{-T}`` (fp64)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _apply(self, x: torch.Tensor, m: torch.Tensor, n: int) -> torch.Tensor:
-        raise NotImplementedError
+        """``x`` (n, rest) with each unit transformed by ``m`` (the side matrix)."""
 
     def act(self, t, axis, g, side, block, cache=None):
         if not t.is_floating_point():
