@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path as FsPath
 from typing import Any
 
@@ -218,8 +218,3 @@ def report(results: dict[str, Any]) -> str:
         "",
     ]
     return "\n".join(lines)
-
-
-def quick_size(**changes: Any) -> LLPFSize:
-    """The quick size with some fields changed (tests)."""
-    return replace(SIZES["quick"], **changes)

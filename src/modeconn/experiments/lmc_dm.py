@@ -240,10 +240,6 @@ def report(r: dict[str, Any]) -> str:
     ])
 
 
-def quick_size(**changes: Any) -> DMSize:
-    return replace(SIZES["quick"], **changes)
-
-
 # ------------------------------------------------------------------------------------------ checkpoints (CLI align)
 def check_same_lm_configs(configs: list[dict], paths: list[Path]) -> None:
     """ConfigError naming every differing architecture / kwargs field of two checkpoint configs (before any

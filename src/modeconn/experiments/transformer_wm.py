@@ -22,7 +22,7 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -237,7 +237,3 @@ def report(r: dict[str, Any]) -> str:
         "![MiniLM recovery](minilm_recovery.png)",
         "",
     ])
-
-
-def quick_size(**changes: Any) -> LMSize:
-    return replace(SIZES["quick"], **changes)
