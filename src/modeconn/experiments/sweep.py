@@ -27,6 +27,7 @@ per task configurable) and ``sequential`` (in-process; the default when Ray is n
 from __future__ import annotations
 
 import csv
+import functools
 import hashlib
 import io
 import itertools
@@ -39,6 +40,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, ValidationError
+from torch import nn
 
 from ..config import StrictConfig
 from ..errors import ConfigError, ModeconnError
@@ -89,16 +91,16 @@ def _model_kwargs(p: BarrierTask) -> dict[str, Any]:
     return {}
 
 
-def run_barrier_task(p: BarrierTask) -> dict[str, Any]:
-    """Train the pair, align, evaluate the linear path on the test split; barrier_mean / interp (loss)."""
-    from ..data import load_dataset, make_loader
+@functools.lru_cache(maxsize=2)
+def _trained_pair(training: str) -> tuple[Any, tuple[nn.Module, nn.Module]]:
+    """The dataset and the two trained models of one training setting (``BarrierTask`` JSON without the
+    evaluation-only fields). Cached per process: grid points that differ only in ``method`` / ``lambdas``
+    reuse the pair instead of training it again (alignment and evaluation never mutate the models)."""
+    from ..data import load_dataset
     from ..models import build_model
-    from ..path import evaluate_model, evaluate_path
-    from ..symmetry import symmetry_spec
     from ..train import TrainConfig, fit
-    from .compare import align
 
-    start = time.perf_counter()
+    p = BarrierTask(**json.loads(training))
     bundle = load_dataset(p.dataset, limit_train=p.limit_train)
     models = []
     for seed in (p.seed, p.seed + 1):
@@ -106,7 +108,19 @@ def run_barrier_task(p: BarrierTask) -> dict[str, Any]:
                         **_model_kwargs(p))
         fit(m, bundle.train, TrainConfig(seed=seed, epochs=p.epochs, lr=p.lr, batch_size=p.batch_size), progress=False)
         models.append(m.eval())
-    a, b = models
+    return bundle, (models[0], models[1])
+
+
+def run_barrier_task(p: BarrierTask) -> dict[str, Any]:
+    """Train the pair (or reuse it, :func:`_trained_pair`), align, evaluate the linear path on the test split;
+    barrier_mean / interp (loss)."""
+    from ..data import make_loader
+    from ..path import evaluate_model, evaluate_path
+    from ..symmetry import symmetry_spec
+    from .compare import align
+
+    start = time.perf_counter()
+    bundle, (a, b) = _trained_pair(p.model_copy(update={"method": "naive", "lambdas": 3}).model_dump_json())
     spec = symmetry_spec(a, bundle.train.tensors[0][:2])
     res = align(p.method, spec, a, a.state_dict(), b.state_dict(), bundle, seed=p.seed)
     sd_b = b.state_dict() if res is None else res.apply(b.state_dict())
