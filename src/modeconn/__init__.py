@@ -11,6 +11,7 @@ __version__ = "0.1.0"
 
 from . import errors
 from .io import load_checkpoint, save_checkpoint
+from .io_stream import LazyCheckpoint
 from .match import (
     Alignment,
     DualAlignment,
@@ -22,10 +23,12 @@ from .match import (
 )
 from .models import build_model
 from .path import Curve, evaluate_path, interpolate, merge
+from .stream import stream_apply, stream_merge, stream_weight_matching
 from .symmetry import Space, SymmetrySpec, absorb_normalization, symmetry_spec
 
 __all__ = [
-    "Alignment", "Curve", "DualAlignment", "Space", "SymmetrySpec", "absorb_normalization", "activation_matching",
-    "build_model", "dual_matching", "errors", "evaluate_path", "interpolate", "learned_matching", "load_checkpoint",
-    "merge", "one_sided_matching", "save_checkpoint", "symmetry_spec", "weight_matching",
+    "Alignment", "Curve", "DualAlignment", "LazyCheckpoint", "Space", "SymmetrySpec", "absorb_normalization",
+    "activation_matching", "build_model", "dual_matching", "errors", "evaluate_path", "interpolate", "learned_matching",
+    "load_checkpoint", "merge", "one_sided_matching", "save_checkpoint", "stream_apply", "stream_merge",
+    "stream_weight_matching", "symmetry_spec", "weight_matching",
 ]

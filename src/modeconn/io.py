@@ -32,7 +32,8 @@ import math
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -283,12 +284,7 @@ def save_checkpoint(
             raise ConfigError(f"save_checkpoint: extra_json file name {name!r} must be a plain *.json name other than "
                               f"{CONFIG_NAME} / {METRICS_NAME}")
         extra_text[name] = _json_dumps(payload, f"{path / name}")
-    _check_target(path, overwrite)
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
-    backup: Path | None = None
-    try:
+    with atomic_directory(path, overwrite) as tmp:
         _fsync_write(tmp / CONFIG_NAME, config_text.encode())
         meta = {"modeconn_format_version": str(FORMAT_VERSION)}
         save_state_dict(tmp / WEIGHTS_NAME, model.state_dict(), metadata=meta)
@@ -296,9 +292,29 @@ def save_checkpoint(
             _fsync_write(tmp / METRICS_NAME, metrics_text.encode())
         for name, text in extra_text.items():
             _fsync_write(tmp / name, text.encode())
+    return path
+
+
+@contextmanager
+def atomic_directory(path: str | os.PathLike, overwrite: bool = False, what: str = "checkpoint") -> Iterator[Path]:
+    """Assemble a directory atomically: yields an empty temporary sibling of ``path`` to write into; when the block
+    ends without an exception it is renamed to ``path`` (an existing non-empty ``path`` is swapped out and deleted,
+    only with ``overwrite``); on an exception the temporary directory is deleted and ``path`` is left as it was.
+
+    Raises:
+        CheckpointError: ``path`` is a file, or a non-empty directory without ``overwrite`` (checked before the block
+            runs and again before the rename); an OSError while writing or renaming (``what`` names the output).
+    """
+    path = Path(path)
+    _check_target(path, overwrite)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    backup: Path | None = None
+    try:
+        yield tmp
         _check_target(path, overwrite)  # re-check: another writer may have appeared meanwhile
         if path.is_dir() and any(path.iterdir()):
-            # overwrite: move the old checkpoint aside, swap the new one in, then delete the old one
+            # overwrite: move the old directory aside, swap the new one in, then delete the old one
             backup = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))
             os.rename(path, backup / "ckpt")
         os.replace(tmp, path)  # atomic; replaces an empty directory on POSIX
@@ -309,11 +325,10 @@ def save_checkpoint(
         if backup is not None:
             shutil.rmtree(backup, ignore_errors=True)
         if isinstance(err, OSError):
-            raise CheckpointError(f"{path}: writing checkpoint failed: {err}") from err
+            raise CheckpointError(f"{path}: writing {what} failed: {err}") from err
         raise
     if backup is not None:
         shutil.rmtree(backup, ignore_errors=True)
-    return path
 
 
 def read_json_object(path: str | os.PathLike, what: str = "JSON file") -> dict[str, Any]:

@@ -32,33 +32,52 @@ of :mod:`modeconn.match.solvers`:
 
 The greedy start applies the same solvers to writer terms only. Planted elements of every group are recovered
 exactly (up to fp32 error): ``S`` vanishes at the planted element and the solvers return its zero.
+
+*Streaming* (checkpoints larger than memory). When A or B is a :class:`~modeconn.io_stream.LazyCheckpoint` the same
+algorithm (same starts, orders, solvers and acceptance tests) runs without holding either model: every term reads
+its tensors when it is formed and drops them after; tensors only permutations act on stay in their stored dtype
+(fp16/bf16 gathers are exact) and only the chunk in use is gathered (:meth:`SymmetrySpec.permutation_gathers`);
+each ``A_k B_kᵀ`` is accumulated in fp32 over chunks of ``chunk`` elements along the tensor's largest other axis,
+in place, inside the fp64 buffer the LAP then reads (converted in place), so a space costs its n×n fp64 score plus
+one chunk. Objective and norms are summed chunk by chunk in fp64. Spaces of continuous groups (and permutations
+with children) read their whole fp32 unit matrices, one tensor at a time. The result equals the in-memory one up to
+the summation order of the products (same element unless two candidates tie to fp32 rounding).
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
+import math
 import time
-from typing import Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import torch
 
 from ..checks import check_compatible, check_finite, check_one_device
-from ..errors import ConfigError
+from ..errors import ConfigError, DeviceMismatchError
+from ..io_stream import LazyCheckpoint
 from ..symmetry import AxisBinding, Element, SymmetrySpec
 from . import solvers
 from .lap import LapTimer, solve_lap
 from .result import Alignment
 
 StateDict = Mapping[str, torch.Tensor]
+Progress = Callable[[str, int, int], None]
+"""``progress(stage, done, total)``: e.g. ``("run 1/4 sweep 2", 17, 40)`` after the 17th of 40 spaces."""
+
+
+def _restrict(t: torch.Tensor, b: AxisBinding, n: int) -> torch.Tensor:
+    """``t`` restricted to the ``n`` units of ``b`` along ``b.axis``, unit by unit (a view for a contiguous binding)."""
+    if b.step != b.block:
+        return t.index_select(b.axis, b.indices(n, t.device))
+    return t.narrow(b.axis, b.offset, n * b.block)
 
 
 def unit_matrix(t: torch.Tensor, b: AxisBinding, n: int) -> torch.Tensor:
     """The (n, -1) matrix of ``t`` with one row per unit of ``b``'s space (block entries kept together;
     row ``i`` is the unit's ``block`` entries along the axis, each followed by the rest of the tensor)."""
-    if b.step != b.block:
-        part = t.index_select(b.axis, b.indices(n, t.device))
-    else:
-        part = t.narrow(b.axis, b.offset, n * b.block)
-    return part.movedim(b.axis, 0).reshape(n, -1)
+    return _restrict(t, b, n).movedim(b.axis, 0).reshape(n, -1)
 
 
 def weight_matching(
@@ -72,12 +91,17 @@ def weight_matching(
     seed: int = 0,
     init: Element | str = "greedy",
     keys: list[str] | None = None,
+    chunk: int = 1 << 20,
+    progress: Progress | None = None,
 ) -> Alignment:
     """Align ``sd_b`` to ``sd_a`` by weight matching.
 
     Args:
         spec: the symmetry spec of the architecture (``modeconn.symmetry_spec``).
-        sd_a, sd_b: state dicts of the same architecture; any float dtype (computed in fp32); one device.
+        sd_a, sd_b: state dicts of the same architecture; any float dtype (computed in fp32); one device. Either
+            may be a :class:`~modeconn.io_stream.LazyCheckpoint` (a checkpoint read tensor by tensor): the match
+            then *streams* on the CPU (module docstring) — peak memory is about the largest space's n×n fp64 score
+            plus a few ``chunk``-sized fp32 blocks, not the model size.
         restarts: number of coordinate-descent runs; the first starts at ``init``, the second at the
             identity, the others at random elements; the best objective is returned.
         max_iter: maximum sweeps over all spaces per run.
@@ -87,47 +111,66 @@ def weight_matching(
         init: start of the first run: ``"greedy"`` (default, see module docstring), ``"identity"`` or
             an element (warm start).
         keys: restrict the objective to these tensors (default: every floating tensor bound to a space).
+        chunk: streaming only — elements per chunk of a tensor read, converted and multiplied at a time (≥ 1).
+        progress: called as ``progress(stage, done, total)`` after every space (e.g. a progress bar).
     Returns: :class:`Alignment` with ``element`` (apply to B), ``objective`` (``J``, or ``J̃`` when a space is
         not isometric — see the module docstring), ``history`` (objective per sweep per run) and ``stats``
-        (iterations, seconds, lap_seconds, restart objectives, upper bound, isometric).
-    Raises: ConfigError (bad option: restarts, max_iter, rtol, init, unknown keys), StateDictMismatchError,
-        NonFiniteError, DeviceMismatchError, SpecError (all before any LAP).
+        (iterations, seconds, lap_seconds, restart objectives, upper bound, isometric; ``streaming`` and
+        ``chunk`` when streamed).
+    Raises: ConfigError (bad option: restarts, max_iter, rtol, init, unknown keys, chunk), StateDictMismatchError,
+        NonFiniteError, DeviceMismatchError (streaming: an in-memory partner off the CPU), SpecError (all before any
+        LAP); CheckpointError if a lazy checkpoint's file changes while it is read.
     """
     if restarts < 1 or max_iter < 1:
         raise ConfigError(f"restarts and max_iter must be ≥ 1 (got restarts={restarts}, max_iter={max_iter})")
     if isinstance(rtol, bool) or not isinstance(rtol, (int, float)) or not 0 <= rtol < 1:
         raise ConfigError(f"rtol is a relative tolerance in [0, 1), got {rtol!r}")
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        raise ConfigError(f"chunk is a number of tensor elements ≥ 1, got {chunk!r}")
     unknown = [k for k in keys or () if k not in spec.tensors]
     if unknown:
         raise ConfigError(f"keys {unknown} are not tensors of the symmetry spec")
     start = time.perf_counter()
-    spec.check_state_dict(sd_a, "state dict A")
-    spec.check_state_dict(sd_b, "state dict B")
-    check_compatible([sd_a, sd_b], ["A", "B"])
-    device = check_one_device([sd_a, sd_b], ["A", "B"])
+    streaming = isinstance(sd_a, LazyCheckpoint) or isinstance(sd_b, LazyCheckpoint)
+    view_a, view_b = (_meta(sd_a), _meta(sd_b)) if streaming else (sd_a, sd_b)  # shapes and dtypes only
+    spec.check_state_dict(view_a, "state dict A")
+    spec.check_state_dict(view_b, "state dict B")
+    check_compatible([view_a, view_b], ["A", "B"])
+    if streaming:
+        for sd, name in ((sd_a, "A"), (sd_b, "B")):
+            if not isinstance(sd, LazyCheckpoint) and check_one_device([sd], [name]).type != "cpu":
+                raise DeviceMismatchError(f"streaming weight matching runs on the CPU; move state dict {name} there")
+        device = torch.device("cpu")
+    else:
+        device = check_one_device([sd_a, sd_b], ["A", "B"])
     if isinstance(init, str):
         if init not in ("greedy", "identity"):
             raise ConfigError(f"init must be 'greedy', 'identity' or a group element, got {init!r}")
     else:
         spec.check_element(init)
     keys = keys if keys is not None else [
-        k for k, binds in spec.tensors.items() if binds and sd_a[k].is_floating_point()
+        k for k, binds in spec.tensors.items() if binds and view_a[k].is_floating_point()
     ]
-    check_finite(sd_a, "A", keys)
-    check_finite(sd_b, "B", keys)
-    a = {k: sd_a[k].detach().to(device, torch.float32) for k in keys}
-    b = {k: sd_b[k].detach().to(device, torch.float32) for k in keys}
-    problem = _Problem(spec, a, b)
-    if problem.isometric:
-        bound = float(sum(t.norm() ** 2 for t in a.values()) ** 0.5 * sum(t.norm() ** 2 for t in b.values()) ** 0.5)
+    if streaming:
+        stream = _Stream(spec, sd_a, sd_b, keys, chunk)
+        a_sq, b_sq = stream.squared_norms()  # one pass over A and B; NonFiniteError naming the tensor
+        problem = _Problem(spec, _Float32(sd_a, keys), _Float32(sd_b, keys), stream)
     else:
-        bound = float(sum(t.norm() ** 2 for t in a.values()) + sum(t.norm() ** 2 for t in b.values())) / 2
+        check_finite(sd_a, "A", keys)
+        check_finite(sd_b, "B", keys)
+        a = {k: sd_a[k].detach().to(device, torch.float32) for k in keys}
+        b = {k: sd_b[k].detach().to(device, torch.float32) for k in keys}
+        a_sq, b_sq = sum(t.norm() ** 2 for t in a.values()), sum(t.norm() ** 2 for t in b.values())
+        problem = _Problem(spec, a, b)
+    problem.progress = progress
+    bound = float(a_sq ** 0.5 * b_sq ** 0.5) if problem.isometric else float(a_sq + b_sq) / 2
 
     gen = torch.Generator().manual_seed(seed)
     best: tuple[float, Element] | None = None
     history, iterations = [], []
     starts = [init, "identity"] if init != "identity" else ["identity"]
     for r in range(restarts):
+        problem.run = f"run {r + 1}/{restarts}"
         g0 = problem.start(starts[r] if r < len(starts) else "random", gen)
         g, hist = problem.coordinate_descent(g0, gen, max_iter, rtol)
         history.append(hist)
@@ -152,30 +195,61 @@ def weight_matching(
             "lap_seconds": problem.timer.seconds,
             "lap_calls": problem.timer.calls,
             "isometric": problem.isometric,
+            **({"streaming": True, "chunk": chunk} if streaming else {}),
         },
     )
 
 
-class _Problem:
-    """The weight-matching problem for fixed (fp32) A and B tensors."""
+def _meta(sd: StateDict) -> dict[str, torch.Tensor]:
+    """Shapes and dtypes of a (lazy) state dict as meta tensors, for the checks that read no data."""
+    return sd.meta() if isinstance(sd, LazyCheckpoint) else {k: t.detach().to("meta") for k, t in sd.items()}
 
-    def __init__(self, spec: SymmetrySpec, a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
-        self.spec, self.a, self.b = spec, a, b
+
+class _Problem:
+    """The weight-matching problem for fixed A and B: fp32 tensors in memory, or — with ``stream`` — lazy tensors
+    read when needed (``a``/``b`` then load fp32 tensors on access, for :meth:`solve_block`; everything else goes
+    through the :class:`_Stream`)."""
+
+    def __init__(self, spec: SymmetrySpec, a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor],
+                 stream: _Stream | None = None) -> None:
+        self.spec, self.a, self.b, self.stream = spec, a, b, stream
         self.timer = LapTimer()
+        self.progress: Progress | None = None
+        self.run = ""
+        # (tensor, binding, A unit matrix); streaming: the unit matrix is formed when needed (None here)
         self.terms = {
-            s: [(k, bd, unit_matrix(a[k], bd, spec.spaces[s].size)) for k, bd in spec.bindings_by_space[s] if k in a]
+            s: [(k, bd, unit_matrix(a[k], bd, spec.spaces[s].size) if stream is None else None)
+                for k, bd in spec.bindings_by_space[s] if k in a]
             for s in spec.spaces
         }
         self.groups = {s: spec.group_of(s) for s in spec.spaces}
         # spaces solved by the plain LAP path (git re-basin); everything else goes through ``solve_block``
         self.plain = {s for s, sp in spec.spaces.items() if sp.group == "permutation" and not spec.children[s]}
         self.isometric = all(gr.isometric for gr in self.groups.values())
-        self.half_b_sq = 0.0 if self.isometric else float(sum((t.double() ** 2).sum() for t in b.values())) / 2
+        if self.isometric:
+            self.half_b_sq = 0.0
+        elif stream is not None:
+            self.half_b_sq = stream.b_sq / 2
+        else:
+            self.half_b_sq = float(sum((t.double() ** 2).sum() for t in b.values())) / 2
 
-    def score(self, s: str, g: Element) -> torch.Tensor:
+    def _amat(self, k: str, bd: AxisBinding, a_mat: torch.Tensor | None) -> torch.Tensor:
+        """The A unit matrix of a term: precomputed in memory; streaming: read (fp32) now."""
+        return a_mat if a_mat is not None else unit_matrix(self.a[k], bd, self.spec.spaces[bd.space].size)
+
+    def _tick(self, stage: str, done: int, total: int) -> None:
+        if self.progress is not None:
+            self.progress(f"{self.run} {stage}".strip(), done, total)
+
+    def score(self, s: str, g: Element, terms: list | None = None) -> torch.Tensor:
+        """The (n, n) LAP score of plain space ``s`` with every other space at ``g``, summed over ``terms``
+        (default: all of the space's terms). In memory fp32; streaming fp64 (accumulated in fp32 per chunk)."""
         n = self.spec.spaces[s].size
+        terms = self.terms[s] if terms is None else terms
+        if self.stream is not None:
+            return self.stream.score(terms, g, n)
         total = None
-        for k, bd, a_mat in self.terms[s]:
+        for k, bd, a_mat in terms:
             b_k = self.spec.apply_tensor(k, self.b[k], g, skip=bd)
             term = a_mat @ unit_matrix(b_k, bd, n).T
             total = term if total is None else total + term
@@ -200,25 +274,26 @@ class _Problem:
         """
         g = self.spec.identity()
         done: set[str] = set()
-        for s in self.spec.spaces:
+        for i, s in enumerate(self.spec.spaces):
+            self._tick("greedy start", i, len(self.spec.spaces))
             if s not in self.plain:
                 root = self.spec.spaces[s].parent or s
                 if root not in done:
                     self.solve_block(root, g, greedy_done=done)
                     done.update((root, *self.spec.children[root]))
                 continue
-            n = self.spec.spaces[s].size
             writers = [(k, bd, a_mat) for k, bd, a_mat in self.terms[s] if bd.side == "out"]
             ready = [(k, bd, a_mat) for k, bd, a_mat in writers
                      if all(b.space in done for b in self.spec.tensors[k] if b is not bd)]
-            terms = [a_mat @ unit_matrix(self.spec.apply_tensor(k, self.b[k], g, skip=bd), bd, n).T
-                     for k, bd, a_mat in ready or writers]
-            if terms:
-                g[s] = solve_lap(sum(terms), s, self.timer)
+            if ready or writers:
+                g[s] = solve_lap(self.score(s, g, ready or writers), s, self.timer)
             done.add(s)
+        self._tick("greedy start", len(self.spec.spaces), len(self.spec.spaces))
         return g
 
     def objective(self, g: Element) -> float:
+        if self.stream is not None:
+            return self.stream.objective(g, self.isometric, self.half_b_sq)
         if self.isometric:
             return float(sum((self.a[k] * self.spec.apply_tensor(k, self.b[k], g)).sum() for k in self.a))
         total, cache = self.half_b_sq, {}
@@ -230,22 +305,30 @@ class _Problem:
     def coordinate_descent(self, g: Element, gen: torch.Generator, max_iter: int, rtol: float):
         spaces = list(self.spec.spaces)
         hist = [self.objective(g)]
-        for _ in range(max_iter):
-            for i in torch.randperm(len(spaces), generator=gen).tolist():
+        for it in range(max_iter):
+            for j, i in enumerate(torch.randperm(len(spaces), generator=gen).tolist()):
+                self._tick(f"sweep {it + 1}", j, len(spaces))
                 s = spaces[i]
                 if s not in self.plain:
                     if self.spec.spaces[s].parent is None:  # children are solved with their parent
                         self.solve_block(s, g)
                     continue
-                score = self.score(s, g)
-                new = solve_lap(score, s, self.timer)
-                idx = torch.arange(len(new), device=score.device)
-                if score[idx, new.to(score.device)].sum() > score[idx, g[s].to(score.device)].sum():
-                    g[s] = new
+                g[s] = self.lap_step(s, g)
+            self._tick(f"sweep {it + 1}", len(spaces), len(spaces))
             hist.append(self.objective(g))
             if hist[-1] - hist[-2] <= rtol * max(abs(hist[-2]), 1e-30):
                 break
         return g, hist
+
+    def lap_step(self, s: str, g: Element) -> torch.Tensor:
+        """The LAP solution for plain space ``s`` (others at ``g``) if it raises the score over ``g[s]``, else
+        ``g[s]``. A method of its own so that the n×n score is freed before the next space allocates its own."""
+        score = self.score(s, g)
+        new = solve_lap(score, s, self.timer)
+        idx = torch.arange(len(new), device=score.device)
+        if score[idx, new.to(score.device)].sum() > score[idx, g[s].to(score.device)].sum():
+            return new
+        return g[s]
 
     # ------------------------------------------------------------------ continuous spaces and parents
     def _views(self, s: str, mat: torch.Tensor) -> torch.Tensor:
@@ -272,7 +355,9 @@ class _Problem:
         return m.to(like.device, torch.float32 if like.dtype != torch.float64 else like.dtype)
 
     def device_of(self) -> torch.device:
-        return next(iter(self.a.values())).device if self.a else torch.device("cpu")
+        if self.stream is not None or not self.a:
+            return torch.device("cpu")
+        return next(iter(self.a.values())).device
 
     def _terms_for(self, s: str, members: set[str], greedy_done: set[str] | None):
         """(tensor, binding, A unit matrix) of space ``s``; for the greedy start only the terms whose other
@@ -297,7 +382,7 @@ class _Problem:
             acc[name] = x if name not in acc else acc[name] + x
 
         for k, bd, a_mat in terms:
-            x = self._views(s, a_mat)
+            x = self._views(s, self._amat(k, bd, a_mat))
             y = self._views(s, unit_matrix(b_of(k), bd, n))
             if pairs:
                 bsz, d, m = x.shape
@@ -398,9 +483,169 @@ class _Problem:
                     covered[cb.offset - pb.offset: cb.offset - pb.offset + cb.block] = True
             if bool(covered.all()):
                 continue
+            a_mat = self._amat(k, pb, a_mat)
             keep = (~covered).to(a_mat.device)
             x = a_mat.reshape(n, pb.block, -1)[:, keep].reshape(n, -1)
             y = unit_matrix(b_of(k), pb, n).reshape(n, pb.block, -1)[:, keep].reshape(n, -1)
             term = (x @ y.T).double()
             total = term if total is None else total + term
         return total
+
+
+# ------------------------------------------------------------------------------------------ streaming
+class _Float32(Mapping[str, torch.Tensor]):
+    """``src`` restricted to ``keys``, each tensor read as fp32 when it is looked up (never cached)."""
+
+    def __init__(self, src: StateDict, keys: list[str]) -> None:
+        self.src, self.keys_ = src, dict.fromkeys(keys)
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        if key not in self.keys_:
+            raise KeyError(key)
+        return self.src[key].detach().float()
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.keys_
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.keys_)
+
+    def __len__(self) -> int:
+        return len(self.keys_)
+
+
+class _Stream:
+    """A and B read tensor by tensor (lazy mappings) for streaming weight matching: products are formed chunk by
+    chunk in fp32, pure-permutation tensors are gathered chunk by chunk in their stored dtype."""
+
+    def __init__(self, spec: SymmetrySpec, a: StateDict, b: StateDict, keys: list[str], chunk: int) -> None:
+        self.spec, self.a, self.b, self.keys, self.chunk = spec, a, b, list(keys), chunk
+        self.b_sq = 0.0
+
+    def squared_norms(self) -> tuple[float, float]:
+        """``(Σ‖A_k‖², Σ‖B_k‖²)`` over the keys in fp64, one pass; NonFiniteError naming the first tensor with
+        NaN/Inf entries (a finite sum of squares means every entry is finite)."""
+        out = []
+        for name, src in (("A", self.a), ("B", self.b)):
+            total = 0.0
+            for k in self.keys:
+                t = src[k].detach()
+                flat = t.reshape(-1)
+                sq = 0.0
+                for i in range(0, flat.numel(), self.chunk):
+                    c = flat[i:i + self.chunk].double()
+                    sq += float(torch.dot(c, c))
+                if not math.isfinite(sq):
+                    check_finite({k: t}, name)
+                total += sq
+            out.append(total)
+        self.b_sq = out[1]
+        return out[0], out[1]
+
+    def pieces(self, key: str, g: Element, bd: AxisBinding | None = None,
+               cache: dict | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Matching chunks ``(A_k piece, g·B_k piece)`` of tensor ``key``. With ``bd``: both restricted to ``bd``'s
+        units along ``bd.axis`` and ``g`` acting on every other binding (as ``apply_tensor(..., skip=bd)``), chunked
+        along the largest other axis; without: ``g`` on every binding, chunked along the largest axis. A tensor only
+        permutations act on keeps its stored dtype and only the chunk in use is gathered; a tensor a continuous
+        group acts on is converted to fp32 and transformed whole, as in memory."""
+        a, b = self.a[key].detach(), self.b[key].detach()
+        plan = self.spec.permutation_gathers(key, b.shape, g, skip=bd)
+        if plan is None:
+            a = a.float()
+            b = self.spec.apply_tensor(key, b.float(), g, skip=bd, cache=cache)
+            plan = {}
+        axes = list(range(a.dim()))
+        if bd is not None:
+            n = self.spec.spaces[bd.space].size
+            a, b = _restrict(a, bd, n), _restrict(b, bd, n)
+            plan.pop(bd.axis, None)  # other bindings of bd's axis never move bd's own units
+            axes.remove(bd.axis)
+        if not axes or a.numel() == 0:
+            yield a, _gather(b, plan)
+            return
+        r = max(axes, key=lambda i: a.shape[i])
+        step = max(1, self.chunk * a.shape[r] // a.numel())
+        rest = {ax: idx for ax, idx in plan.items() if ax != r}
+        for i in range(0, a.shape[r], step):
+            m = min(step, a.shape[r] - i)
+            pb = b.index_select(r, plan[r][i:i + m]) if r in plan else b.narrow(r, i, m)
+            yield a.narrow(r, i, m), _gather(pb, rest)
+
+    def score(self, terms: list, g: Element, n: int) -> torch.Tensor:
+        """Σ over ``terms`` of ``unit(A_k) · unit(g·B_k)ᵀ`` as an (n, n) fp64 tensor. The products accumulate in fp32
+        (``addmm_``, no temporaries) in the first half of the fp64 buffer, which is then widened in place: one n×n
+        fp64 allocation in all, and its second half is not touched (not resident) while the terms are read."""
+        big = n * n * 8 >= _TRIM_BYTES
+        if big:
+            _trim_heap()
+        buf = torch.empty(n * n, dtype=torch.float64)
+        acc = buf.view(torch.float32)[: n * n].view(n, n).zero_()
+        for k, bd, _ in terms:
+            self._accumulate(acc, k, bd, g)
+        if big:
+            _trim_heap()  # the chunk temporaries just freed, before the second half of the buffer is touched
+        return _widen(buf).view(n, n)
+
+    def _accumulate(self, acc: torch.Tensor, key: str, bd: AxisBinding, g: Element) -> None:
+        """``acc += unit(A_k) · unit(g·B_k)ᵀ`` chunk by chunk (a function of its own, so that the last chunk — a view
+        of the memory-mapped tensor — is released before the caller goes on)."""
+        n = acc.shape[0]
+        for pa, pb in self.pieces(key, g, bd):
+            acc.addmm_(_rows(pa, bd, n), _rows(pb, bd, n).T)
+
+    def objective(self, g: Element, isometric: bool, half_b_sq: float) -> float:
+        """``J(g)`` (isometric) or ``J̃(g)`` summed chunk by chunk in fp64."""
+        total, cache = (0.0 if isometric else half_b_sq), {}
+        for k in self.keys:
+            for pa, pb in self.pieces(k, g, cache=cache):
+                x, y = pa.reshape(-1).float(), pb.reshape(-1).float()
+                if isometric:
+                    total += float(torch.dot(x, y))
+                else:
+                    x, y = x.double(), y.double()
+                    total += float(torch.dot(x, y) - torch.dot(y, y) / 2)
+        return total
+
+
+def _rows(piece: torch.Tensor, bd: AxisBinding, n: int) -> torch.Tensor:
+    """The (n, -1) fp32 unit matrix of a restricted piece (one copy at most)."""
+    return piece.movedim(bd.axis, 0).to(torch.float32, memory_format=torch.contiguous_format).reshape(n, -1)
+
+
+def _gather(t: torch.Tensor, plan: Mapping[int, torch.Tensor]) -> torch.Tensor:
+    for axis in sorted(plan):
+        t = t.index_select(axis, plan[axis])
+    return t
+
+
+_TRIM_BYTES = 32 << 20
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        return ctypes.CDLL(None).malloc_trim  # glibc
+    except (AttributeError, OSError):
+        return None
+
+
+def _trim_heap() -> None:
+    """Return freed heap memory to the OS (glibc ``malloc_trim``; a no-op elsewhere) before a large n×n buffer is
+    allocated: glibc keeps the freed chunk temporaries of earlier terms resident (~60 MiB measured on Pythia-1B
+    shapes), which would add to the buffer in the peak."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+def _widen(buf: torch.Tensor) -> torch.Tensor:
+    """Convert in place the fp32 values stored in the first half of ``buf``'s bytes (fp64, m entries) to fp64,
+    back to front in blocks: block ``[i0, i1)`` lands on the bytes of fp32 entries ``[2·i0, 2·i1)``, which were read
+    already (later blocks) or are in the block itself (copied first)."""
+    src, end, step = buf.view(torch.float32), buf.numel(), 1 << 20
+    while end > 0:
+        start = max(0, end - step)
+        buf[start:end] = src[start:end].clone()
+        end = start
+    return buf

@@ -351,7 +351,7 @@ class SymmetrySpec:
         continuous group would act on a non-floating tensor."""
         plan = self._plan[key]
         if skip is not None:
-            skips = (skip,) if isinstance(skip, AxisBinding) else tuple(skip)
+            skips = _skips(skip)
             plan = [p for p in plan if not any(p[0] is x for x in skips)]
         if self._all_exact[key]:
             for b, n, group in plan:
@@ -364,6 +364,36 @@ class SymmetrySpec:
         for b, n, group in plan:
             t = _act_on_binding(t, b, g[b.space], n, group, cache)
         return t.to(dtype)
+
+    def permutation_gathers(
+        self,
+        key: str,
+        shape: tuple[int, ...] | torch.Size,
+        g: Element,
+        skip: AxisBinding | Iterable[AxisBinding] | None = None,
+        device: torch.device | str | None = None,
+    ) -> dict[int, torch.Tensor] | None:
+        """``g`` on tensor ``key`` (of ``shape``; bindings except ``skip``) as one index gather per axis:
+        ``{axis: index}`` (LongTensor of the axis length) with ``apply_tensor(key, t, g, skip) ==
+        t.index_select(a0, index_0).index_select(a1, index_1)…`` exactly, in any dtype and in any order of the
+        axes. ``None`` if a non-permutation group or a child space acts on the tensor (use :meth:`apply_tensor`).
+        Bindings of one axis are disjoint, so fusing them into one gather equals acting with them in turn; a
+        gather restricted to a slice of one axis (``index[i0:i1]``) gives that slice of ``g·t`` without forming
+        the rest, which is how streaming weight matching reads large tensors chunk by chunk."""
+        binds = self.tensors[key]
+        if skip is not None:
+            skips = _skips(skip)
+            binds = tuple(b for b in binds if not any(b is x for x in skips))
+        if not all(self.spaces[b.space].group == "permutation" and self.spaces[b.space].parent is None for b in binds):
+            return None
+        out: dict[int, torch.Tensor] = {}
+        for b in binds:
+            if b.axis not in out:
+                out[b.axis] = torch.arange(shape[b.axis], device=device)
+            n = self.spaces[b.space].size
+            pos = b.indices(n, device).reshape(n, b.block)
+            out[b.axis][pos.reshape(-1)] = pos[g[b.space].to(pos.device)].reshape(-1)
+        return out
 
     # ------------------------------------------------------------------ validation
     def check_state_dict(self, state_dict: StateDict, what: str = "state dict") -> None:
@@ -496,6 +526,11 @@ class SymmetrySpec:
             extra = "".join(f", {k}={v}" for k, v in sp.params) + (f", parent={sp.parent}" if sp.parent else "")
             lines.append(f"{s} ({sp.group}, n={sp.size}{extra}): {keys}")
         return "\n".join(lines)
+
+
+def _skips(skip: AxisBinding | Iterable[AxisBinding]) -> tuple[AxisBinding, ...]:
+    """``skip`` of :meth:`SymmetrySpec.apply_tensor` as a tuple (bindings are compared by identity)."""
+    return (skip,) if isinstance(skip, AxisBinding) else tuple(skip)
 
 
 def _parse_axis(axis: int, entry: str | AxisBinding) -> AxisBinding:

@@ -55,7 +55,7 @@ import torch
 
 from ...errors import ConfigError, SpecError, StateDictMismatchError
 from ..groups import GROUPS
-from ..spec import AxisBinding, Element, Probe, Space, StateDict, SymmetrySpec
+from ..spec import AxisBinding, Element, Probe, Space, StateDict, SymmetrySpec, _skips
 from .structure import Attention, Slice, Structure
 
 ROLES = ("residual", "heads", "qk", "vo", "ffn", "ffn_scale", "hidden")
@@ -110,7 +110,7 @@ class HFSymmetrySpec(SymmetrySpec):
         for a, p in self.aliases.items():
             if a in state_dict and p in state_dict:
                 ta, tp = state_dict[a], state_dict[p]
-                if ta is tp or (ta.shape == tp.shape and ta.data_ptr() == tp.data_ptr()):
+                if ta is tp or (ta.shape == tp.shape and storage_key(ta) == storage_key(tp)):
                     continue
                 if ta.shape != tp.shape or not torch.equal(ta, tp):
                     raise SpecError(
@@ -140,22 +140,13 @@ class HFSymmetrySpec(SymmetrySpec):
         Anything else (continuous groups, parent/child spaces) goes to the base implementation."""
         binds = self.tensors[key]
         if skip is not None:
-            skips = (skip,) if isinstance(skip, AxisBinding) else tuple(skip)
+            skips = _skips(skip)
             binds = tuple(b for b in binds if not any(b is x for x in skips))
-        if len(binds) < 2 or not all(
-            self.spaces[b.space].group == "permutation" and getattr(self.spaces[b.space], "parent", None) is None
-            for b in binds
-        ):
+        plan = self.permutation_gathers(key, t.shape, g, skip, t.device) if len(binds) >= 2 else None
+        if plan is None:
             return super().apply_tensor(key, t, g, skip=skip, cache=cache)
-        for axis in sorted({b.axis for b in binds}):
-            idx = torch.arange(t.shape[axis], device=t.device)
-            for b in binds:
-                if b.axis != axis:
-                    continue
-                n, step = self.spaces[b.space].size, getattr(b, "stride", None) or b.block
-                pos = b.offset + torch.arange(n, device=t.device)[:, None] * step + torch.arange(b.block, device=t.device)
-                idx[pos.reshape(-1)] = pos[g[b.space].to(t.device)].reshape(-1)
-            t = t.index_select(axis, idx)
+        for axis in sorted(plan):
+            t = t.index_select(axis, plan[axis])
         return t
 
     def validate(self, model_or_state_dict: torch.nn.Module | StateDict) -> None:
@@ -169,6 +160,12 @@ class HFSymmetrySpec(SymmetrySpec):
             if self.tensors.get(a):
                 raise SpecError(f"tied tensor {a!r} (alias of {p!r}) must not carry bindings of its own")
         self.check_tied(sd)
+
+
+def storage_key(t: torch.Tensor) -> tuple:
+    """Identifies the memory ``t`` views: ``(device, data pointer)``; on the meta device, where every data pointer
+    is 0, the storage object itself (tied parameters of a model built on the meta device share one storage)."""
+    return (t.device, t.untyped_storage()._cdata if t.is_meta else t.data_ptr())
 
 
 def resolve_groups(groups: Groups) -> dict[str, str | None]:

@@ -12,7 +12,7 @@ from torch import nn
 
 from ...errors import ConfigError, SpecError, UnsupportedOperationError
 from ...registry import Registry
-from .builder import Groups, HFSymmetrySpec, build_spec
+from .builder import Groups, HFSymmetrySpec, build_spec, storage_key
 from .structure import Structure
 
 
@@ -98,13 +98,14 @@ def _require_hf(model: nn.Module) -> tuple[str, nn.Module]:
 
 
 def tied_aliases(state_dict: dict[str, torch.Tensor]) -> dict[str, str]:
-    """``alias → primary`` for state-dict entries sharing storage (tied weights; the first key is primary)."""
+    """``alias → primary`` for state-dict entries sharing storage (tied weights; the first key is primary).
+    Works on models built on the meta device too (storage identity instead of the data pointer, which is 0 there)."""
     seen: dict[tuple, str] = {}
     out: dict[str, str] = {}
     for k, t in state_dict.items():
         if not isinstance(t, torch.Tensor) or t.numel() == 0:
             continue
-        sig = (t.device, t.data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
+        sig = (*storage_key(t), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
         if sig in seen:
             out[k] = seen[sig]
         else:
@@ -167,17 +168,26 @@ def check_same_config(model_a: nn.Module, model_b: nn.Module) -> None:
     problems = []
     if type(a) is not type(b):
         problems.append(f"model classes differ: {type(a).__name__} vs {type(b).__name__}")
-    da, db = _config_dict(a), _config_dict(b)
+    problems += config_differences(a.config, b.config)
+    if problems:
+        raise ConfigError("the two models differ:\n  " + "\n  ".join(problems))
+
+
+def config_differences(config_a: Any, config_b: Any) -> list[str]:
+    """``["config.FIELD: value_a vs value_b", …]`` for every field (of two ``PretrainedConfig`` objects or plain
+    dicts) that differs, ignoring fields that do not change the function computed by the weights."""
+    da, db = _config_dict(config_a), _config_dict(config_b)
+    problems = []
     for k in sorted(set(da) | set(db)):
         if k in _IGNORED_CONFIG_FIELDS:
             continue
         va, vb = da.get(k, "<absent>"), db.get(k, "<absent>")
         if va != vb:
             problems.append(f"config.{k}: {va!r} vs {vb!r}")
-    if problems:
-        raise ConfigError("the two models differ:\n  " + "\n  ".join(problems))
+    return problems
 
 
-def _config_dict(model: nn.Module) -> dict[str, Any]:
-    cfg = model.config
+def _config_dict(cfg: Any) -> dict[str, Any]:
+    if isinstance(cfg, dict):
+        return cfg
     return cfg.to_dict() if hasattr(cfg, "to_dict") else dict(vars(cfg))

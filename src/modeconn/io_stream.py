@@ -1,0 +1,352 @@
+"""Checkpoints larger than memory: lazy (memory-mapped) reading and shard-by-shard writing of safetensors weights.
+
+The weights of a checkpoint directory are either one ``model.safetensors`` or Hugging Face shards listed by
+``model.safetensors.index.json``::
+
+    {"metadata": {"total_size": 2023862272}, "weight_map": {"gpt_neox.embed_in.weight": "model-00001-of-00002.safetensors", ...}}
+
+:class:`LazyCheckpoint` is a read-only ``Mapping[str, Tensor]`` over them. Opening it reads only the headers and
+checks them (every listed shard exists and is complete, every key sits in the shard the index names, dtypes are
+known); a tensor is read when it is looked up: its shard is opened with ``safetensors.safe_open`` for that one
+access and the tensor is returned backed by a private (copy-on-write) memory map of the file, so its pages are
+read from disk as they are touched and given back when the tensor is dropped. Peak memory therefore follows the
+tensors alive at a time, not the checkpoint size; the files are never written to.
+
+:func:`write_like` writes new tensors in the layout of an existing lazy checkpoint — the same shard file names
+holding the same keys, the same index (``weight_map`` and ``metadata``), each shard's safetensors metadata — one
+tensor at a time (the safetensors header is computed from the known shapes and dtypes and written first), into a
+temporary directory renamed into place (:func:`modeconn.io.atomic_directory`): peak memory is one tensor and its
+result, and a failure leaves no partial output.
+
+Layering: this module sits with :mod:`modeconn.io` (no imports from symmetry/match/path); streaming weight
+matching lives in :mod:`modeconn.match.weight`, streaming apply/merge and Hugging Face directories in
+:mod:`modeconn.stream`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from .errors import CheckpointError, ConfigError, StateDictMismatchError
+from .io import PICKLE_SUFFIXES, WEIGHTS_NAME, _fsync_write, _json_dumps, atomic_directory, read_json_object
+
+INDEX_NAME = "model.safetensors.index.json"
+"""The Hugging Face index of a sharded safetensors checkpoint (``weight_map``: key → shard file name)."""
+
+DTYPES: dict[str, torch.dtype] = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+    "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+}
+"""safetensors dtype names → torch dtypes (the dtypes a lazy checkpoint can hold)."""
+_NAMES = {v: k for k, v in DTYPES.items()}
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Where a tensor of a lazy checkpoint lives and what it is, from the safetensors header."""
+
+    key: str
+    shard: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n * self.dtype.itemsize
+
+
+@dataclass(frozen=True)
+class ShardLayout:
+    """How a checkpoint's tensors are laid out on disk: ``infos`` (key → :class:`TensorInfo`, in index order),
+    ``shards`` (shard file name → its keys), ``shard_metadata`` (shard → safetensors ``__metadata__``) and ``index``
+    (the index JSON object; ``None`` for a single ``model.safetensors``). :attr:`LazyCheckpoint.layout` gives an
+    existing checkpoint's; :meth:`plan` lays out new tensors the way ``save_pretrained`` does."""
+
+    infos: Mapping[str, TensorInfo]
+    shards: Mapping[str, tuple[str, ...]]
+    shard_metadata: Mapping[str, Mapping[str, str] | None]
+    index: Mapping[str, Any] | None
+
+    @classmethod
+    def plan(cls, tensors: Mapping[str, tuple[torch.dtype, tuple[int, ...]]], max_shard_bytes: int,
+             metadata: Mapping[str, str] | None = None) -> ShardLayout:
+        """Tensors ``{key: (dtype, shape)}`` packed in order into shards of at most ``max_shard_bytes`` (a larger
+        tensor gets a shard of its own): one ``model.safetensors`` if everything fits, else
+        ``model-0000i-of-0000n.safetensors`` and an index with ``total_size``. ``metadata``: every shard's
+        safetensors metadata (default ``{"format": "pt"}``). Raises ConfigError for a non-positive size."""
+        if max_shard_bytes < 1:
+            raise ConfigError(f"max_shard_bytes must be ≥ 1, got {max_shard_bytes}")
+        groups: list[list[TensorInfo]] = [[]]
+        size = 0
+        for key, (dtype, shape) in tensors.items():
+            info = TensorInfo(key, "", dtype, tuple(shape))
+            if groups[-1] and size + info.nbytes > max_shard_bytes:
+                groups.append([])
+                size = 0
+            groups[-1].append(info)
+            size += info.nbytes
+        n = len(groups)
+        names = [WEIGHTS_NAME] if n == 1 else [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
+        infos = {i.key: TensorInfo(i.key, name, i.dtype, i.shape) for name, grp in zip(names, groups) for i in grp}
+        meta = dict(metadata) if metadata is not None else {"format": "pt"}
+        index = None if n == 1 else {"metadata": {"total_size": sum(i.nbytes for i in infos.values())},
+                                     "weight_map": {k: i.shard for k, i in infos.items()}}
+        return cls(infos, {name: tuple(i.key for i in grp) for name, grp in zip(names, groups)},
+                   dict.fromkeys(names, meta), index)
+
+
+class LazyCheckpoint(Mapping[str, torch.Tensor]):
+    """The weights of a checkpoint directory (``model.safetensors`` or shards + ``model.safetensors.index.json``),
+    read tensor by tensor.
+
+    ``ckpt[key]`` is a CPU tensor of the stored dtype and shape, backed by a private memory map of its shard (read
+    lazily by the OS, released when the tensor is dropped; writing to it never reaches the file). ``ckpt.meta()``
+    gives the same keys as meta tensors (shapes and dtypes, no data) for cheap checks. The mapping is read-only.
+
+    Layout: a single ``model.safetensors`` is used when present (as transformers does), else the index. Also accepts
+    the path of one ``.safetensors`` file.
+
+    Attributes: ``path`` (the directory), ``infos`` (key → :class:`TensorInfo`, in index/header order), ``shards``
+    (shard file name → its keys), ``index`` (the parsed index JSON, ``None`` for a single file), ``shard_metadata``
+    (shard → its safetensors ``__metadata__`` or ``None``).
+
+    Raises (on opening, before any tensor is read): CheckpointError naming the directory or file — no weights
+    (pickle-only weights are refused), an invalid index (not JSON, no ``weight_map``, a shard name with a path in
+    it), shards listed in the index but missing on disk (named, with how many keys and one key they should hold),
+    a truncated or corrupt shard, a key of the index absent from its shard or a shard holding keys the index does
+    not list, a tensor in two shards, a dtype modeconn cannot read. On access: KeyError for an unknown key,
+    CheckpointError naming the file and key if the shard changed or vanished since opening.
+    """
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        path = Path(path)
+        if path.is_file() and path.suffix == ".safetensors":
+            self.path, single = path.parent, path
+        elif path.is_dir():
+            self.path, single = path, path / WEIGHTS_NAME
+        else:
+            raise CheckpointError(f"{path}: checkpoint directory not found")
+        self.index: dict[str, Any] | None = None
+        if single.is_file():
+            weight_map = None
+            shards = [single.name]
+        elif (self.path / INDEX_NAME).is_file():
+            self.index = read_json_object(self.path / INDEX_NAME, "safetensors index")
+            weight_map = self.index.get("weight_map")
+            if not isinstance(weight_map, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()
+            ):
+                raise CheckpointError(f"{self.path / INDEX_NAME}: 'weight_map' must map tensor names to shard file names")
+            shards = list(dict.fromkeys(weight_map.values()))
+            bad = [s for s in shards if Path(s).name != s or not s.endswith(".safetensors")]
+            if bad:
+                raise CheckpointError(f"{self.path / INDEX_NAME}: shard names must be plain *.safetensors file names "
+                                      f"in the checkpoint directory, got {bad}")
+            missing = [s for s in shards if not (self.path / s).is_file()]
+            if missing:
+                listed = {s: [k for k, v in weight_map.items() if v == s] for s in missing}
+                raise CheckpointError(
+                    f"{self.path}: shard(s) listed in {INDEX_NAME} but missing on disk: "
+                    + "; ".join(f"{s} ({len(ks)} tensors, e.g. {ks[0]!r})" for s, ks in listed.items())
+                )
+        else:
+            pickles = sorted(p.name for p in self.path.iterdir() if p.suffix.lower() in PICKLE_SUFFIXES)
+            hint = (f"; only pickle weights ({', '.join(pickles)}), which are not loaded because unpickling can "
+                    "execute arbitrary code — convert them to safetensors") if pickles else ""
+            raise CheckpointError(f"{self.path}: no {WEIGHTS_NAME} and no {INDEX_NAME}{hint}")
+
+        self.infos: dict[str, TensorInfo] = {}
+        self.shards: dict[str, tuple[str, ...]] = {}
+        self.shard_metadata: dict[str, dict[str, str] | None] = {}
+        found: dict[str, TensorInfo] = {}
+        for shard in shards:
+            header, meta = _read_header(self.path / shard)
+            self.shard_metadata[shard] = meta
+            for key, (dtype, shape) in header.items():
+                if key in found:
+                    raise CheckpointError(f"{self.path}: tensor {key!r} is stored twice, in {found[key].shard} and {shard}")
+                found[key] = TensorInfo(key, shard, dtype, shape)
+            self.shards[shard] = tuple(header)
+        if weight_map is not None:
+            absent = [k for k, s in weight_map.items() if found.get(k) is None or found[k].shard != s]
+            if absent:
+                k = absent[0]
+                where = f"it is in {found[k].shard}" if k in found else "no shard holds it"
+                raise CheckpointError(f"{self.path / INDEX_NAME}: {len(absent)} tensor(s) not in the shard the index "
+                                      f"names, e.g. {k!r} → {weight_map[k]} ({where})")
+            unlisted = [k for k in found if k not in weight_map]
+            if unlisted:
+                raise CheckpointError(f"{self.path}: shard {found[unlisted[0]].shard} holds tensors {unlisted[:5]} that "
+                                      f"{INDEX_NAME} does not list (index and shards out of sync)")
+            self.infos = {k: found[k] for k in weight_map}
+        else:
+            self.infos = found
+
+    # ------------------------------------------------------------------ Mapping
+    def __getitem__(self, key: str) -> torch.Tensor:
+        info = self.infos[key]  # KeyError for unknown keys, as a dict
+        file = self.path / info.shard
+        try:
+            with safe_open(str(file), framework="pt", device="cpu") as f:
+                t = f.get_tensor(key)
+        except (SafetensorError, OSError, RuntimeError) as err:
+            raise CheckpointError(f"{file}: reading tensor {key!r} failed (file changed, truncated or removed since "
+                                  f"the checkpoint was opened?): {err}") from None
+        if t.dtype != info.dtype or tuple(t.shape) != info.shape:
+            raise CheckpointError(f"{file}: tensor {key!r} is {t.dtype} {tuple(t.shape)} but the header read at opening "
+                                  f"said {info.dtype} {info.shape} (file changed since?)")
+        return t
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.infos)
+
+    def __len__(self) -> int:
+        return len(self.infos)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.infos
+
+    def __repr__(self) -> str:
+        return (f"LazyCheckpoint({str(self.path)!r}, {len(self)} tensors in {len(self.shards)} shard(s), "
+                f"{self.nbytes / 2**30:.2f} GiB)")
+
+    # ------------------------------------------------------------------ header information
+    def meta(self) -> dict[str, torch.Tensor]:
+        """``{key: meta tensor}`` with every tensor's shape and dtype (no data): for key/shape checks."""
+        return {k: torch.empty(i.shape, dtype=i.dtype, device="meta") for k, i in self.infos.items()}
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of tensor data in the checkpoint."""
+        return sum(i.nbytes for i in self.infos.values())
+
+    @property
+    def layout(self) -> ShardLayout:
+        """The checkpoint's :class:`ShardLayout` (to write new tensors the same way, :func:`write_like`)."""
+        return ShardLayout(self.infos, self.shards, self.shard_metadata, self.index)
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the weights are Hugging Face shards with an index (else one ``model.safetensors``)."""
+        return self.index is not None
+
+
+def _read_header(file: Path) -> tuple[dict[str, tuple[torch.dtype, tuple[int, ...]]], dict[str, str] | None]:
+    """``({key: (dtype, shape)}, metadata)`` of one safetensors file; opening it validates that the file is complete.
+    Raises CheckpointError naming the file (missing, pickle, truncated/corrupt, unknown dtype)."""
+    if file.suffix.lower() in PICKLE_SUFFIXES:
+        raise CheckpointError(f"{file}: pickle-based weight files are not loaded (unpickling can execute code)")
+    try:
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            meta, keys = f.metadata(), f.keys()
+            entries = {k: (f.get_slice(k).get_dtype(), tuple(f.get_slice(k).get_shape())) for k in keys}
+    except (SafetensorError, OSError, RuntimeError) as err:
+        raise CheckpointError(f"{file}: not a valid safetensors file (truncated or corrupt?): {err}") from None
+    out = {}
+    for k, (name, shape) in entries.items():
+        if name not in DTYPES:
+            raise CheckpointError(f"{file}: tensor {k!r} has dtype {name}, which modeconn cannot read "
+                                  f"(supported: {', '.join(DTYPES)})")
+        out[k] = (DTYPES[name], shape)
+    return out, meta
+
+
+# --------------------------------------------------------------------------------------------- writing
+
+
+def write_like(
+    out: str | os.PathLike,
+    like: LazyCheckpoint | ShardLayout,
+    produce: Callable[[str], torch.Tensor],
+    *,
+    files: Mapping[str, str | os.PathLike | bytes | Mapping] | None = None,
+    overwrite: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+) -> Path:
+    """Write a checkpoint directory holding ``produce(key)`` for every key of ``like`` (a lazy checkpoint, or a
+    :class:`ShardLayout` e.g. from :meth:`ShardLayout.plan`), in ``like``'s layout.
+
+    Same shard file names with the same keys (a single ``model.safetensors`` stays single), each shard's safetensors
+    metadata kept, the index rewritten with the same ``weight_map`` and ``metadata``. Tensors are produced and
+    written one at a time, in each shard's order (widest dtype first, so every tensor is aligned), so peak memory is
+    one input tensor and its result. ``files`` adds other files: name → a path to copy, bytes, or a JSON object.
+    ``progress(done, total)`` is called after every tensor.
+
+    Returns: ``out``. The directory appears complete or not at all (:func:`modeconn.io.atomic_directory`).
+    Raises: StateDictMismatchError if a produced tensor's shape or dtype differs from ``like``'s (names the key);
+        CheckpointError if ``out`` exists and is not empty (without ``overwrite``) or writing fails; whatever
+        ``produce`` raises (the output is then not created).
+    """
+    like = like.layout if isinstance(like, LazyCheckpoint) else like
+    files = dict(files or {})
+    reserved = {INDEX_NAME, *like.shards}
+    clash = [n for n in files if n in reserved or Path(n).name != n]
+    if clash:
+        raise CheckpointError(f"{out}: extra files {clash} would overwrite weights or are not plain file names")
+    payloads = {n: _json_dumps(v, f"{out}/{n}").encode() if isinstance(v, Mapping) else v for n, v in files.items()}
+    total, done = len(like.infos), 0
+    with atomic_directory(out, overwrite, "checkpoint") as tmp:
+        for shard, keys in like.shards.items():
+            order = sorted(keys, key=lambda k: -like.infos[k].dtype.itemsize)
+
+            def checked(key: str) -> torch.Tensor:
+                t = produce(key)
+                info = like.infos[key]
+                if not isinstance(t, torch.Tensor) or t.dtype != info.dtype or tuple(t.shape) != info.shape:
+                    got = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+                    raise StateDictMismatchError(f"tensor {key!r}: produced {got}, expected {info.dtype} {info.shape}")
+                return t
+
+            def tick() -> None:
+                nonlocal done
+                done += 1
+                if progress is not None:
+                    progress(done, total)
+
+            _write_safetensors(tmp / shard, [like.infos[k] for k in order], checked, like.shard_metadata[shard], tick)
+        if like.index is not None:
+            index = {**like.index, "weight_map": {k: i.shard for k, i in like.infos.items()}}
+            _fsync_write(tmp / INDEX_NAME, (json.dumps(index, indent=2) + "\n").encode())
+        for name, payload in payloads.items():
+            if isinstance(payload, bytes):
+                _fsync_write(tmp / name, payload)
+            else:
+                shutil.copyfile(payload, tmp / name)
+    return Path(out)
+
+
+def _write_safetensors(file: Path, infos: list[TensorInfo], produce: Callable[[str], torch.Tensor],
+                       metadata: Mapping[str, str] | None, tick: Callable[[], None]) -> None:
+    """A safetensors file written tensor by tensor: the header (offsets from the known shapes) first, then each
+    tensor's bytes as it is produced (little-endian, C order, as the format prescribes)."""
+    header: dict[str, Any] = {"__metadata__": dict(metadata)} if metadata else {}
+    offset = 0
+    for i in infos:
+        header[i.key] = {"dtype": _NAMES[i.dtype], "shape": list(i.shape), "data_offsets": [offset, offset + i.nbytes]}
+        offset += i.nbytes
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # pad the header so that the data starts 8-byte aligned
+    with open(file, "wb") as fh:
+        fh.write(struct.pack("<Q", len(text)))
+        fh.write(text)
+        for i in infos:
+            t = produce(i.key).detach().contiguous().reshape(-1)
+            fh.write(memoryview(t.view(torch.uint8).numpy()))
+            del t
+            tick()
+        fh.flush()
+        os.fsync(fh.fileno())

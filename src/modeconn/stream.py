@@ -1,0 +1,363 @@
+"""Align, apply and merge checkpoints larger than memory, streaming them tensor by tensor.
+
+    from modeconn.stream import hf_checkpoint_spec, stream_apply, stream_merge, stream_weight_matching
+
+    spec = hf_checkpoint_spec("ckpt/a")                              # skeleton on the meta device: no weights read
+    res = stream_weight_matching(spec, "ckpt/a", "ckpt/b", restarts=1, max_iter=3)
+    stream_apply(spec, "ckpt/b", res.element, "ckpt/b_aligned")      # same shards and index as ckpt/b
+    stream_merge(spec, ["ckpt/a", "ckpt/b"], "ckpt/merged", elements=[None, res.element])
+
+Checkpoints are directories with ``model.safetensors`` or Hugging Face shards + ``model.safetensors.index.json``
+(:class:`~modeconn.io_stream.LazyCheckpoint`). Weight matching reads each tensor when a term needs it (see
+:mod:`modeconn.match.weight`, "Streaming"); :func:`stream_apply` and :func:`stream_merge` write the result shard by
+shard, one tensor at a time, into a temporary directory renamed into place. Peak memory is about the largest
+space's n×n score (weight matching) or one tensor per input (apply, merge), not the model size.
+
+Hugging Face directories (``config.json`` with ``model_type``): :func:`hf_checkpoint_spec` builds the model on the
+meta device from its config (no weights are read or allocated) and takes its spec from the family adapter
+(:func:`modeconn.symmetry.hf.hf_symmetry_spec`), with tensor names as stored in the checkpoint (transformers ≥ 5
+renames a few on load, e.g. GPT-NeoX's ``embed_out`` → ``lm_head``). Streaming uses permutation groups (residual,
+per-head q·k / v·o, FFN permutations; head permutations with per-head transforms work too): normalization
+absorption (:func:`modeconn.absorb_normalization`), which the orthogonal residual group needs, rewrites the model
+in memory and is not available here. Tied tensors (GPT-2's ``wte`` / ``lm_head``) are transformed once and stay
+equal; a checkpoint that stores only one of them (as ``save_pretrained`` does) is supported.
+
+:func:`align_hf_checkpoints` and :func:`merge_hf_checkpoints` are the recipes behind ``modeconn align`` /
+``modeconn merge`` on Hugging Face directories. Merging here is the weighted average only: transformer LMs carry no
+BatchNorm statistics to re-estimate, and nothing is evaluated (no data is read).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .checks import check_compatible, check_finite
+from .errors import CheckpointError, ConfigError, UnsupportedOperationError
+from .io import CONFIG_NAME, PICKLE_SUFFIXES, _check_target, read_json_object
+from .io_stream import INDEX_NAME, LazyCheckpoint, write_like
+from .match.result import Alignment
+from .match.weight import weight_matching
+from .path.interpolate import weighted_average
+from .symmetry import Element, SymmetrySpec
+
+PathLike = str | os.PathLike
+Checkpoint = PathLike | LazyCheckpoint
+Progress = Callable[[str, int, int], None]
+"""``progress(stage, done, total)``: the stage (``"run 1/1 sweep 2"``, ``"writing"``), units done and their total."""
+
+WEIGHT_SUFFIXES = (".safetensors", ".msgpack", ".h5", ".gguf", ".onnx", *PICKLE_SUFFIXES)
+"""Files never copied next to streamed weights (the weights are rewritten, other formats would be stale)."""
+RECORDS = ("alignment.json", "merge.json")
+
+
+def _lazy(ckpt: Checkpoint) -> LazyCheckpoint:
+    return ckpt if isinstance(ckpt, LazyCheckpoint) else LazyCheckpoint(ckpt)
+
+
+# ------------------------------------------------------------------------------ Hugging Face directories
+def is_hf_checkpoint(path: PathLike) -> bool:
+    """Whether ``path`` is a Hugging Face checkpoint directory: its ``config.json`` is a JSON object with a
+    ``model_type`` and no modeconn ``architecture``. False when there is no readable config.json."""
+    file = Path(path) / CONFIG_NAME
+    try:
+        cfg = read_json_object(file, "config file")
+    except CheckpointError:
+        return False
+    return isinstance(cfg.get("model_type"), str) and "architecture" not in cfg
+
+
+def hf_config(path: PathLike):
+    """The ``transformers`` config of a Hugging Face checkpoint directory (read locally; never runs remote code).
+    Raises CheckpointError (no/invalid config.json), ConfigError (no ``model_type``, or one transformers does not
+    know — the file is named)."""
+    path = Path(path)
+    raw = read_json_object(path / CONFIG_NAME, "config file")
+    if not isinstance(raw.get("model_type"), str):
+        raise ConfigError(f"{path / CONFIG_NAME}: no 'model_type'; not a Hugging Face checkpoint directory")
+    import transformers
+
+    try:
+        return transformers.AutoConfig.from_pretrained(str(path), local_files_only=True)
+    except (ValueError, KeyError, OSError) as err:
+        raise ConfigError(f"{path / CONFIG_NAME}: transformers cannot read this config "
+                          f"(model_type {raw['model_type']!r}): {err}") from None
+
+
+def check_same_hf_configs(paths: Sequence[PathLike]) -> list:
+    """The configs of ``paths`` (see :func:`hf_config`); ConfigError naming every field that differs from the first
+    (fields that do not change the computed function — names, dtype, attention backend … — are ignored)."""
+    from .symmetry.hf import config_differences
+
+    configs = [hf_config(p) for p in paths]
+    problems = []
+    for p, cfg in zip(paths[1:], configs[1:]):
+        problems += [f"{p}: {d}" for d in config_differences(configs[0], cfg)]
+    if problems:
+        raise ConfigError(f"the checkpoints are not the same architecture as {paths[0]}:\n  " + "\n  ".join(problems))
+    return configs
+
+
+def hf_checkpoint_spec(path: PathLike, groups: str | Mapping[str, str | None] = "permutation", *,
+                       config=None, checkpoint: LazyCheckpoint | None = None):
+    """The symmetry spec of a Hugging Face checkpoint directory, without reading its weights.
+
+    Builds the model class named by ``config.architectures`` (else the causal-LM, else the base auto class) on the
+    meta device, takes its :func:`~modeconn.symmetry.hf.hf_symmetry_spec` with ``groups`` and renames the tensors
+    to the names stored in the checkpoint (transformers' save-time conversion, pure renamings only). The spec is
+    checked against the checkpoint's safetensors headers (keys and shapes; a tied alias may be absent). Tensors the
+    checkpoint stores but the model does not have (buffers older conversions saved and transformers ignores on load,
+    e.g. Pythia's ``attention.masked_bias``) are kept as unbound tensors: carried through apply and merge unchanged.
+    A model tensor missing from the checkpoint is an error.
+
+    Args:
+        path: the directory (``config.json`` + safetensors weights).
+        groups: as for :func:`~modeconn.symmetry.hf.hf_symmetry_spec` (default: permutations).
+        config: the transformers config if already read; ``checkpoint``: the lazy checkpoint if already opened.
+    Returns: an :class:`~modeconn.symmetry.hf.HFSymmetrySpec` keyed by checkpoint tensor names.
+    Raises: CheckpointError (config/weights missing, corrupt, a shard missing), ConfigError (config unreadable),
+        UnsupportedOperationError (no adapter for the model type; a checkpoint format that is converted, not
+        renamed, on load), SpecError / StateDictMismatchError (the checkpoint does not match the config's model).
+    """
+    import transformers
+
+    from .symmetry.hf import hf_symmetry_spec
+
+    path = Path(path)
+    config = config if config is not None else hf_config(path)
+    ckpt = checkpoint if checkpoint is not None else LazyCheckpoint(path)
+    cls = None
+    for name in getattr(config, "architectures", None) or ():
+        cand = getattr(transformers, name, None)
+        if isinstance(cand, type) and issubclass(cand, transformers.PreTrainedModel):
+            cls = cand
+            break
+    with torch.device("meta"):
+        if cls is not None:
+            model = cls(config)
+        else:
+            try:
+                model = transformers.AutoModelForCausalLM.from_config(config)
+            except ValueError:
+                model = transformers.AutoModel.from_config(config)
+    spec = hf_symmetry_spec(model, groups)
+    names = checkpoint_tensor_names(model)
+    stored = set(names.values())
+    spec = _renamed(spec, names, {k: ckpt.infos[k].shape for k in ckpt if k not in stored})
+    spec.check_state_dict(ckpt.meta(), f"checkpoint {path}")
+    return spec
+
+
+def checkpoint_tensor_names(model: torch.nn.Module) -> dict[str, str]:
+    """Model state-dict key → the name ``save_pretrained`` stores the tensor under (transformers ≥ 5 renames a few,
+    e.g. GPT-NeoX's ``lm_head.weight`` is stored as ``embed_out.weight``; the identity before transformers 5).
+    Works on a model built on the meta device. Raises UnsupportedOperationError if saving converts (fuses/splits)
+    tensors instead of renaming them."""
+    sd = model.state_dict()
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+    except ImportError:  # transformers < 5: keys are stored as named
+        return {k: k for k in sd}
+    saved = revert_weight_conversion(model, dict(sd))
+    ids = {id(t): k for k, t in sd.items()}
+    names = {ids[id(t)]: k for k, t in saved.items() if id(t) in ids}
+    if len(names) != len(sd) or len(saved) != len(sd):
+        raise UnsupportedOperationError(
+            f"{type(model).__name__}: transformers converts (fuses/splits) some tensors between the checkpoint and "
+            f"the model ({sorted(set(sd) - set(names))[:5]}); streaming needs checkpoint tensors that map one to one "
+            "to model tensors"
+        )
+    return names
+
+
+def _renamed(spec, names: Mapping[str, str], passengers: Mapping[str, tuple[int, ...]]):
+    """``spec`` keyed by checkpoint names, plus unbound ``passengers`` (checkpoint-only tensors, with their shapes)."""
+    if all(k == v for k, v in names.items()) and not passengers:
+        return spec
+    return type(spec)(spaces=spec.spaces, tensors={**{names[k]: v for k, v in spec.tensors.items()},
+                                                   **dict.fromkeys(passengers, ())},
+                      shapes={**{names[k]: v for k, v in spec.shapes.items()}, **passengers}, probes=spec.probes,
+                      repair_points=spec.repair_points,
+                      aliases={names[a]: names[p] for a, p in spec.aliases.items()})
+
+
+# -------------------------------------------------------------------------------------------- streaming
+def stream_weight_matching(spec: SymmetrySpec, a: Checkpoint, b: Checkpoint, **kwargs: Any) -> Alignment:
+    """:func:`modeconn.weight_matching` of two checkpoint directories (or lazy checkpoints), streamed: B's element
+    aligning it to A. ``kwargs``: restarts, max_iter, rtol, seed, init, keys, chunk, progress. Raises as
+    :func:`modeconn.weight_matching` and :class:`~modeconn.io_stream.LazyCheckpoint`."""
+    return weight_matching(spec, _lazy(a), _lazy(b), **kwargs)
+
+
+def _tensor(spec: SymmetrySpec, ckpt: LazyCheckpoint, key: str, g: Element | None, cache: dict) -> torch.Tensor:
+    """``(g·θ)[key]`` read from ``ckpt``; a tied alias is its primary transformed (so the tie survives)."""
+    primary = getattr(spec, "aliases", {}).get(key)
+    src = primary if primary is not None and primary in ckpt else key
+    t = ckpt[src]
+    return t if g is None else spec.apply_tensor(src, t, g, cache=cache)
+
+
+def _check_inputs(spec: SymmetrySpec, ckpts: list[LazyCheckpoint], elements: Sequence[Element | None]) -> None:
+    metas = [c.meta() for c in ckpts]
+    for c, m in zip(ckpts, metas):
+        spec.check_state_dict(m, f"checkpoint {c.path}")
+    check_compatible(metas, [str(c.path) for c in ckpts])
+    for g in elements:
+        if g is not None:
+            spec.check_element(g)
+    check_tied = getattr(spec, "check_tied", None)
+    for c in ckpts:  # tied tensors stored twice must be equal (read before anything is written)
+        for alias, primary in getattr(spec, "aliases", {}).items():
+            if alias in c and primary in c and check_tied is not None:
+                check_tied({alias: c[alias], primary: c[primary]}, f"checkpoint {c.path}")
+
+
+def stream_apply(spec: SymmetrySpec, src: Checkpoint, element: Element, out: PathLike, *,
+                 files: Mapping[str, Any] | None = None, overwrite: bool = False,
+                 progress: Progress | None = None) -> Path:
+    """Write ``element · θ`` of checkpoint ``src`` to ``out``, tensor by tensor, in ``src``'s layout.
+
+    Same shard file names, keys per shard, index (``weight_map`` and ``metadata``) and safetensors metadata; dtypes
+    kept (permutations are exact in every dtype: the result equals ``spec.apply`` bit for bit). ``files``: other
+    files for ``out`` (name → path to copy, bytes, or a JSON object). Peak memory: one tensor and its image.
+
+    Returns: ``out``, created atomically. Raises: CheckpointError (src unreadable, ``out`` non-empty without
+    ``overwrite``), StateDictMismatchError (src does not fit the spec), SpecError (bad element; tied tensors stored
+    with different values).
+    """
+    ckpt = _lazy(src)
+    _check_inputs(spec, [ckpt], [element])
+    cache: dict = {}
+    tick = (lambda d, t: progress("writing", d, t)) if progress is not None else None
+    return write_like(out, ckpt, lambda k: _tensor(spec, ckpt, k, element, cache), files=files,
+                      overwrite=overwrite, progress=tick)
+
+
+def stream_merge(spec: SymmetrySpec, srcs: Sequence[Checkpoint], out: PathLike, *,
+                 weights: Sequence[float] | None = None, elements: Sequence[Element | None] | None = None,
+                 files: Mapping[str, Any] | None = None, overwrite: bool = False,
+                 progress: Progress | None = None) -> Path:
+    """Write ``Σ_i w_i · (g_i · θ_i)`` of two or more checkpoints to ``out``, tensor by tensor, in the first one's
+    layout (as :func:`modeconn.path.interpolate.weighted_average`: fp32 accumulation, the first model's dtype,
+    integer tensors and tensors equal in every model kept exactly).
+
+    Args:
+        srcs: checkpoint directories (or lazy checkpoints) of one architecture; the first is the reference.
+        weights: one finite weight per model (default uniform).
+        elements: per model the group element to apply first (``None``: as stored), e.g. from
+            :func:`stream_weight_matching` against the first model.
+        files, overwrite, progress: as in :func:`stream_apply`.
+    Returns: ``out``, created atomically. Peak memory: one tensor per model plus the fp32 sum.
+    Raises: ConfigError (fewer than two models, bad weights, elements not one per model), StateDictMismatchError
+        (keys/shapes differ), SpecError, CheckpointError; NonFiniteError naming the model and tensor with NaN/Inf
+        (or an fp16 overflow of the average) — nothing is written then.
+    """
+    ckpts = [_lazy(s) for s in srcs]
+    if len(ckpts) < 2:
+        raise ConfigError(f"merging needs at least two checkpoints, got {len(ckpts)}")
+    weights = list(weights) if weights is not None else [1.0 / len(ckpts)] * len(ckpts)
+    weighted_average([{} for _ in ckpts], weights, check=False)  # validates the weights before any work
+    elements = list(elements) if elements is not None else [None] * len(ckpts)
+    if len(elements) != len(ckpts):
+        raise ConfigError(f"elements must have one entry (or None) per checkpoint: {len(elements)} for {len(ckpts)}")
+    _check_inputs(spec, ckpts, elements)
+    names = [str(c.path) for c in ckpts]
+    caches: list[dict] = [{} for _ in ckpts]
+
+    def produce(key: str) -> torch.Tensor:
+        sds = [{key: _tensor(spec, c, key, g, cache)} for c, g, cache in zip(ckpts, elements, caches)]
+        for sd, name in zip(sds, names):
+            check_finite(sd, name)
+        return weighted_average(sds, weights, check=False)[key]
+
+    tick = (lambda d, t: progress("writing", d, t)) if progress is not None else None
+    return write_like(out, ckpts[0], produce, files=files, overwrite=overwrite, progress=tick)
+
+
+# ---------------------------------------------------------------------------------------------- recipes
+def side_files(path: PathLike) -> dict[str, Path]:
+    """The files of a checkpoint directory that travel with its weights (config.json, generation config, tokenizer
+    files …): every top-level regular file except weights (safetensors, index, pickles, other weight formats) and
+    modeconn's own alignment/merge records."""
+    path = Path(path)
+    return {p.name: p for p in sorted(path.iterdir())
+            if p.is_file() and not p.name.startswith(".") and p.suffix.lower() not in WEIGHT_SUFFIXES
+            and p.name != INDEX_NAME and p.name not in RECORDS}
+
+
+def _open_pair(paths: Sequence[PathLike], out: PathLike, overwrite: bool):
+    """Every cheap check before heavy work: configs agree, weights complete, spec fits, ``out`` writable."""
+    for p in paths:
+        if not is_hf_checkpoint(p):
+            raise CheckpointError(f"{p}: not a Hugging Face checkpoint directory (config.json with model_type)")
+    configs = check_same_hf_configs(paths)
+    ckpts = [LazyCheckpoint(p) for p in paths]
+    spec = hf_checkpoint_spec(paths[0], config=configs[0], checkpoint=ckpts[0])
+    _check_inputs(spec, ckpts, [])
+    _check_target(Path(out), overwrite)
+    return spec, ckpts
+
+
+def align_hf_checkpoints(a: PathLike, b: PathLike, out: PathLike, *, seed: int = 0, restarts: int = 4,
+                         max_iter: int = 100, chunk: int = 1 << 20, overwrite: bool = False,
+                         progress: Progress | None = None) -> Alignment:
+    """Streaming weight matching of Hugging Face checkpoint B to A, and B aligned written to ``out``.
+
+    ``out`` gets B's layout (same shards and index), B's side files (config.json …) and ``alignment.json`` (the
+    element, objective, history and stats of :func:`modeconn.weight_matching`, plus ``aligned_to`` and ``source``).
+    The aligned B computes the same function as B (permutations are exact). Every check (configs field by field,
+    shards, spec, ``out``) runs before the matching. Returns the :class:`~modeconn.match.Alignment`.
+    Raises: see :func:`hf_checkpoint_spec`, :func:`modeconn.weight_matching`, :func:`stream_apply`.
+    """
+    spec, (ca, cb) = _open_pair([a, b], out, overwrite)
+    res = weight_matching(spec, ca, cb, restarts=restarts, max_iter=max_iter, seed=seed, chunk=chunk,
+                          progress=progress)
+    record = {**res.to_json(), "aligned_to": str(a), "source": str(b)}
+    stream_apply(spec, cb, res.element, out, files={**side_files(b), "alignment.json": record},
+                 overwrite=overwrite, progress=progress)
+    return res
+
+
+def merge_hf_checkpoints(paths: Sequence[PathLike], out: PathLike, *, weights: Sequence[float] | None = None,
+                         align: str = "weight", seed: int = 0, restarts: int = 4, max_iter: int = 100,
+                         chunk: int = 1 << 20, overwrite: bool = False,
+                         progress: Progress | None = None) -> dict[str, Any]:
+    """Merge Hugging Face checkpoints: align every one to the first (``align="weight"``: streaming weight matching;
+    ``"none"``: as stored), then write the weighted average to ``out`` (the first one's layout and side files, plus
+    ``merge.json``: sources, weights, alignment objectives and stats). Returns that record.
+    Raises: ConfigError (align not weight/none, fewer than two models, bad weights) and as
+    :func:`align_hf_checkpoints`.
+    """
+    if align not in ("weight", "none"):
+        raise ConfigError(f"Hugging Face checkpoints are aligned by streaming weight matching: align must be "
+                          f"'weight' or 'none', got {align!r}")
+    if len(paths) < 2:
+        raise ConfigError(f"merging needs at least two checkpoints, got {len(paths)}")
+    w = list(weights) if weights is not None else [1.0 / len(paths)] * len(paths)
+    weighted_average([{} for _ in paths], w, check=False)  # weights checked before heavy work
+    spec, ckpts = _open_pair(paths, out, overwrite)
+    elements: list[Element | None] = [None]
+    alignments = []
+    for i, c in enumerate(ckpts[1:], 1):
+        if align == "none":
+            elements.append(None)
+            continue
+        tick = (lambda s, d, t, i=i: progress(f"model {i + 1}: {s}", d, t)) if progress is not None else None
+        res = weight_matching(spec, ckpts[0], c, restarts=restarts, max_iter=max_iter, seed=seed, chunk=chunk,
+                              progress=tick)
+        elements.append(res.element)
+        alignments.append({"model": str(paths[i]), "objective": res.objective, "stats": res.stats})
+    record = {"merged_from": [str(p) for p in paths], "weights": w, "align": align, "alignments": alignments}
+    stream_merge(spec, ckpts, out, weights=w, elements=elements, files={**side_files(paths[0]), "merge.json": record},
+                 overwrite=overwrite, progress=progress)
+    return record
+
+
+__all__ = [
+    "align_hf_checkpoints", "check_same_hf_configs", "checkpoint_tensor_names", "hf_checkpoint_spec", "hf_config", "is_hf_checkpoint",
+    "merge_hf_checkpoints", "side_files", "stream_apply", "stream_merge", "stream_weight_matching",
+]
