@@ -49,3 +49,7 @@ class DataError(ModeconnError):
 
 class AbsorptionError(ModeconnError):
     """A normalization-absorption step changed the model's outputs beyond the tolerance (names the step)."""
+
+
+class DistributedError(ModeconnError, RuntimeError):
+    """Ranks of a multi-process run disagree (different batches, λ or learned elements on different ranks)."""
