@@ -12,6 +12,7 @@ from torch import nn
 from modeconn.errors import ConfigError
 from modeconn.models import (
     ACTIVATIONS,
+    HF_IMAGE_MODELS,
     MODELS,
     NORM_KINDS,
     TOKEN_MODELS,
@@ -198,7 +199,7 @@ def test_helpers():
 # ------------------------------------------------------------------ the asymmetric option (W-asymmetric layers)
 
 
-@pytest.mark.parametrize("arch", sorted(set(MODELS.names()) - TOKEN_MODELS))
+@pytest.mark.parametrize("arch", sorted(set(MODELS.names()) - TOKEN_MODELS - HF_IMAGE_MODELS))
 def test_every_architecture_takes_the_asymmetric_option(arch):
     from modeconn.models import validate_model_kwargs
 

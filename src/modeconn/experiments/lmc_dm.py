@@ -11,7 +11,9 @@ Barrier table (held-out test blocks, next-token cross-entropy in nats per token,
 ``barrier_interp``): naive (the models as trained), naive in the absorbed coordinates, WM, one-sided learned
 matching (Theus et al. 2025; B's continuous transforms learned) and dual matching (both endpoints' transforms
 learned; the literal dual path ``(1−λ)·π_A(θ_A) + λ·π_B(θ_B)``, whose endpoints compute the trained models'
-functions). Ablations at the same step budget: dual without the QK transforms (``qk=None``), without the OV
+functions). Dual matching runs at half the one-sided learning rate (:data:`DUAL_LR_SCALE`: the same effective
+step on the relative element), and every learned run sees the same batches in the same order. Ablations at the
+same step budget: dual at the one-sided learning rate, dual without the QK transforms (``qk=None``), without the OV
 transforms (``vo=None``), without the residual rotation (``residual="permutation"``), and the parameterisation
 (Cayley = the main run, unconstrained, matrix exponential). An ablation whose spec is a restriction of the full
 spec reuses WM's element restricted to its spaces; one with another group (residual permutation) runs its own
@@ -29,10 +31,10 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -50,14 +52,32 @@ Log = Callable[[str], None]
 #: the full group bound on the absorbed GPT-NeoX models
 GROUPS = {"residual": "orthogonal", "heads": "permutation", "qk": "head_invertible", "vo": "head_invertible",
           "ffn": "permutation"}
-#: ablation label → (group overrides, parameterisation); all at the main run's step budget
-ABLATIONS: dict[str, tuple[dict[str, Any], str]] = {
-    "dual (full, cayley)": ({}, "cayley"),
-    "dual without QK": ({"qk": None}, "cayley"),
-    "dual without OV": ({"vo": None}, "cayley"),
-    "dual without residual rotation": ({"residual": "permutation"}, "cayley"),
-    "dual (unconstrained)": ({}, "unconstrained"),
-    "dual (matrix_exp)": ({}, "matrix_exp"),
+#: Adam learning rate of dual matching relative to one-sided matching (``lr``). Both methods reach the same optimum
+#: (the gauge argument in :mod:`modeconn.match.dual`: the path's loss depends only on the relative element
+#: ``g_A⁻¹∘g_B``), but dual matching moves that element through two charts, each updated by Adam at about ``lr``
+#: per step, so at equal ``lr`` its effective step is about twice as large. Halving it compares the two at the same
+#: effective step size; the ablation "dual at the one-sided lr" shows the other choice.
+DUAL_LR_SCALE = 0.5
+
+
+class Ablation(NamedTuple):
+    """One dual-matching ablation: ``groups`` (overrides of :data:`GROUPS`), ``parameterization`` and ``lr_scale``
+    (dual lr = ``lr_scale`` × the one-sided ``lr``)."""
+
+    groups: dict[str, Any]
+    parameterization: str = "cayley"
+    lr_scale: float = DUAL_LR_SCALE
+
+
+#: ablation label → :class:`Ablation`; all at the main run's step budget
+ABLATIONS: dict[str, Ablation] = {
+    "dual (full, cayley)": Ablation({}),
+    "dual at the one-sided lr": Ablation({}, lr_scale=1.0),
+    "dual without QK": Ablation({"qk": None}),
+    "dual without OV": Ablation({"vo": None}),
+    "dual without residual rotation": Ablation({"residual": "permutation"}),
+    "dual (unconstrained)": Ablation({}, "unconstrained"),
+    "dual (matrix_exp)": Ablation({}, "matrix_exp"),
 }
 MAIN = ("naive", "naive (absorbed)", "WM", "one-sided learned", "dual")
 
@@ -81,6 +101,8 @@ SIZES = {
 
 
 def learned_options(size: DMSize) -> dict[str, Any]:
+    """The learned-matching options of every learned row; ``lr`` is one-sided matching's, dual matching runs at
+    ``lr × lr_scale`` of its :class:`Ablation` (:data:`DUAL_LR_SCALE` for the main row)."""
     return {"steps": size.steps, "lr": size.lr, "lambda_schedule": size.lambda_schedule, "init": "weight"}
 
 
@@ -98,71 +120,123 @@ def _restricted(spec, wm) -> tuple[Any, str]:
     return g, "restricted from the full-group WM"
 
 
-def _row(c: Curve) -> dict[str, Any]:
+def barrier_row(c: Curve) -> dict[str, Any]:
+    """One barrier-table row of a path's held-out (``"test"`` split) curve.
+
+    Loss entries are in the curve's loss units (nats; per token for language models): ``barrier_mean`` and
+    ``barrier_interp`` (:meth:`~modeconn.path.Curve.barrier`), ``excess_mean`` (mean over λ of the loss above
+    the chord between the endpoints), ``endpoint_loss`` ``[λ=0, λ=1]`` and ``midpoint_loss`` (the middle λ
+    point). Accuracy entries are fractions: ``acc_barrier_mean`` / ``acc_barrier_interp`` (the barriers of the
+    error ``1 − acc``, i.e. the accuracy lost along the path), ``endpoint_acc``, ``midpoint_acc`` and
+    ``min_acc`` (the lowest accuracy anywhere on the λ grid)."""
     loss = np.asarray(c.values("test", "loss"), dtype=float)
+    acc = np.asarray(c.values("test", "acc"), dtype=float)
     lam = np.asarray(c.lambdas, dtype=float)
     excess = loss - ((1 - lam) * loss[0] + lam * loss[-1])
-    return {"excess_mean": float(excess.mean()), "barrier_mean": c.barrier("mean", "test"), "barrier_interp": c.barrier("interp", "test"),
-            "endpoint_loss": [float(loss[0]), float(loss[-1])], "midpoint_loss": float(loss[len(c.lambdas) // 2])}
+    mid = len(c.lambdas) // 2
+    return {"excess_mean": float(excess.mean()), "barrier_mean": c.barrier("mean", "test"),
+            "barrier_interp": c.barrier("interp", "test"), "endpoint_loss": [float(loss[0]), float(loss[-1])],
+            "midpoint_loss": float(loss[mid]), "acc_barrier_mean": c.barrier("mean", "test", "error"),
+            "acc_barrier_interp": c.barrier("interp", "test", "error"), "endpoint_acc": [float(acc[0]), float(acc[-1])],
+            "midpoint_acc": float(acc[mid]), "min_acc": float(acc.min())}
 
 
-def lm_dm_barriers(size: DMSize, bundle, models: list[nn.Module], log: Log
-                   ) -> tuple[dict[str, Curve], dict[str, Curve], dict[str, Any]]:
-    """(main curves, ablation curves, stats): see the module docstring."""
+def dm_barriers(models: list[nn.Module], evl: Mapping[str, Any], train_loader: Callable[[], Iterable], *, lambdas: int,
+                opts: Mapping[str, Any], groups: Mapping[str, Any], ablations: Mapping[str, Ablation], log: Log
+                ) -> tuple[dict[str, Curve], dict[str, Curve], dict[str, Any]]:
+    """Barriers of the main methods (:data:`MAIN`) and of dual-matching ablations for a pair of HF-backed models.
+
+    Args:
+        models: ``[A, B]``, the same architecture wrapping a Hugging Face model that
+            :func:`~modeconn.symmetry.absorb_normalization` supports (e.g. ``gpt-neox-tiny``, ``vit-tiny``).
+        evl: the evaluation loaders of :func:`~modeconn.path.evaluate_path` (must hold ``"test"``).
+        train_loader: makes the loader the learned transforms are fitted on; called once per learned run, so every
+            run sees the same batches in the same order (a shared seeded loader would continue its shuffle).
+        lambdas: λ points on each path.
+        opts: :func:`learned_options` (``steps``, ``lr``, ``lambda_schedule``, ``init``).
+        groups: the full group bound on the absorbed models (``hf_symmetry_spec(groups=...)``).
+        ablations: label → :class:`Ablation` of extra dual-matching runs; ``Ablation({})`` is the main dual run
+            (not rerun).
+    Returns: (main curves by label, ablation curves by label, stats: seconds/objectives per stage and, under
+        ``"ablation_wm"``, where each ablation's weight-matching element came from).
+    Raises: what absorption, the spec builder, weight matching and dual matching raise (see those).
+    """
     from ..match import dual_matching, one_sided_matching, weight_matching
     from ..symmetry import absorb_normalization
     from ..symmetry.hf import hf_symmetry_spec
 
     a, b = models
-    lam = size.lm.lambdas
-    test = torch.utils.data.Subset(bundle.test, range(min(size.lm.eval_blocks, len(bundle.test))))
-    evl = {"test": make_loader(test, 16)}
-    train_loader = make_loader(bundle.train, size.batch_size, shuffle=True, seed=0)
-    opts = learned_options(size)
     curves: dict[str, Curve] = {}
     stats: dict[str, Any] = {}
+    steps = opts["steps"]
 
-    curves["naive"] = evaluate_path(a, a.state_dict(), b.state_dict(), evl, lambdas=lam)
+    curves["naive"] = evaluate_path(a, a.state_dict(), b.state_dict(), evl, lambdas=lambdas)
     abs_a, abs_b = absorb_normalization(a), absorb_normalization(b)
     sa, sb = abs_a.state_dict(), abs_b.state_dict()
-    curves["naive (absorbed)"] = evaluate_path(abs_a, sa, sb, evl, lambdas=lam)
+    curves["naive (absorbed)"] = evaluate_path(abs_a, sa, sb, evl, lambdas=lambdas)
     t0 = time.perf_counter()
-    spec = hf_symmetry_spec(abs_a, groups=GROUPS)
+    spec = hf_symmetry_spec(abs_a, groups=dict(groups))
     wm = weight_matching(spec, sa, sb)
     stats["WM"] = {"seconds": time.perf_counter() - t0, "objective": wm.objective, "spaces": len(spec.spaces)}
-    curves["WM"] = evaluate_path(abs_a, sa, wm.apply(sb), evl, lambdas=lam)
+    curves["WM"] = evaluate_path(abs_a, sa, wm.apply(sb), evl, lambdas=lambdas)
     log(f"weight matching done ({len(spec.spaces)} spaces)")
 
     def learned(label: str, fn, sp, weight_alignment, **extra) -> Any:
         t = time.perf_counter()
-        res = fn(sp, abs_a, sa, sb, train_loader, weight_alignment=weight_alignment, **opts, **extra)
+        res = fn(sp, abs_a, sa, sb, train_loader(), weight_alignment=weight_alignment, **(dict(opts) | extra))
         seconds = time.perf_counter() - t
         if fn is one_sided_matching:
-            c = evaluate_path(abs_a, sa, res.apply(sb), evl, lambdas=lam)
+            c = evaluate_path(abs_a, sa, res.apply(sb), evl, lambdas=lambdas)
         else:  # the literal dual path: both endpoints transformed (each keeps its model's function)
-            c = evaluate_path(abs_a, res.apply_a(sa), res.apply_b(sb), evl, lambdas=lam)
-        stats[label] = {"seconds": seconds, "objective": res.objective, "steps": size.steps,
+            c = evaluate_path(abs_a, res.apply_a(sa), res.apply_b(sb), evl, lambdas=lambdas)
+        stats[label] = {"seconds": seconds, "objective": res.objective, "steps": steps,
                         "first_loss": float(res.history[0][0]), "spaces": len(sp.spaces),
                         "max_output_change": [res.stats.get("max_output_change_a"), res.stats.get("max_output_change_b")]}
-        log(f"{label}: {size.steps} steps in {seconds:.1f} s, objective {res.objective:.4f}")
+        log(f"{label}: {steps} steps in {seconds:.1f} s, objective {res.objective:.4f}")
         return c
 
     curves["one-sided learned"] = learned("one-sided learned", one_sided_matching, spec, wm)
-    curves["dual"] = learned("dual", dual_matching, spec, wm, parameterization="cayley")
+    dual_lr = opts["lr"] * DUAL_LR_SCALE
+    curves["dual"] = learned("dual", dual_matching, spec, wm, parameterization="cayley", lr=dual_lr)
 
-    ablations: dict[str, Curve] = {}
-    for label, (changes, par) in ABLATIONS.items():
-        if not changes and par == "cayley":
-            ablations[label] = curves["dual"]
+    out: dict[str, Curve] = {}
+    for label, (changes, par, lr_scale) in ablations.items():
+        if not changes and par == "cayley" and lr_scale == DUAL_LR_SCALE:
+            out[label] = curves["dual"]
             stats.setdefault("ablation_wm", {})[label] = "the full-group WM"
             continue
-        sp = spec if not changes else hf_symmetry_spec(abs_a, groups=GROUPS | changes)
+        sp = spec if not changes else hf_symmetry_spec(abs_a, groups=dict(groups) | changes)
         g, how = (wm, "the full-group WM") if sp is spec else _restricted(sp, wm)
         if g is None:
             g = weight_matching(sp, sa, sb)
         stats.setdefault("ablation_wm", {})[label] = how
-        ablations[label] = learned(label, dual_matching, sp, g, parameterization=par)
-    return curves, ablations, stats
+        out[label] = learned(label, dual_matching, sp, g, parameterization=par, lr=opts["lr"] * lr_scale)
+    return curves, out, stats
+
+
+def lm_dm_barriers(size: DMSize, bundle, models: list[nn.Module], log: Log
+                   ) -> tuple[dict[str, Curve], dict[str, Curve], dict[str, Any]]:
+    """(main curves, ablation curves, stats) of the language-model pair: see the module docstring."""
+    test = torch.utils.data.Subset(bundle.test, range(min(size.lm.eval_blocks, len(bundle.test))))
+    evl = {"test": make_loader(test, 16)}
+    def train_loader():
+        return make_loader(bundle.train, size.batch_size, shuffle=True, seed=0)
+
+    return dm_barriers(models, evl, train_loader, lambdas=size.lm.lambdas, opts=learned_options(size), groups=GROUPS,
+                       ablations=ABLATIONS, log=log)
+
+
+def dm_results(curves: Mapping[str, Curve], ablations: Mapping[str, Curve], stats: Mapping[str, Any]) -> dict[str, Any]:
+    """The results.json entries shared by the LMC-DM experiments: ``barriers`` / ``ablations`` (label →
+    :func:`barrier_row`; ablations also name their WM source), ``stats``, ``curves`` / ``ablation_curves``
+    (:meth:`~modeconn.path.Curve.to_json`)."""
+    return {
+        "barriers": {k: barrier_row(c) for k, c in curves.items()},
+        "ablations": {k: barrier_row(c) | {"wm": stats.get("ablation_wm", {}).get(k)} for k, c in ablations.items()},
+        "stats": {k: v for k, v in stats.items() if k != "ablation_wm"},
+        "curves": {k: c.to_json() for k, c in curves.items()},
+        "ablation_curves": {k: c.to_json() for k, c in ablations.items()},
+    }
 
 
 def run_lmc_dm(out: str | Path, *, quick: bool = False, data: str | Path | None = None, overwrite: bool = False,
@@ -188,12 +262,7 @@ def run_lmc_dm(out: str | Path, *, quick: bool = False, data: str | Path | None 
                      "test_blocks": min(lm.eval_blocks, len(bundle.test))},
             "training": {"seconds": train_seconds, "epochs": lm.epochs, "optimizer": "adamw", "lr": lm.lr,
                          "batch_size": lm.batch_size},
-            "barriers": {k: _row(c) for k, c in curves.items()},
-            "ablations": {k: _row(c) | {"wm": stats.get("ablation_wm", {}).get(k)} for k, c in ablations.items()},
-            "stats": {k: v for k, v in stats.items() if k != "ablation_wm"},
-            "curves": {k: c.to_json() for k, c in curves.items()},
-            "ablation_curves": {k: c.to_json() for k, c in ablations.items()},
-        }
+        } | dm_results(curves, ablations, stats)
         results["seconds"] = time.perf_counter() - start
         write_json(tmp / "results.json", results)
         (tmp / "report.md").write_text(report(results))
@@ -201,15 +270,7 @@ def run_lmc_dm(out: str | Path, *, quick: bool = False, data: str | Path | None 
 
 
 def report(r: dict[str, Any]) -> str:
-    s, lm, o = r["size"], r["size"]["lm"], r["learned_options"]
-
-    def rows(d: Mapping[str, Any]) -> list[list]:
-        return [[k, v["barrier_mean"], v["barrier_interp"], v["excess_mean"], v["midpoint_loss"],
-                 " / ".join(f"{x:.4f}" for x in v["endpoint_loss"])] for k, v in d.items()]
-
-    header = ["method", "barrier_mean (test loss)", "barrier_interp (test loss)", "mean excess over the chord",
-              "midpoint loss", "endpoint losses"]
-    steps = {k: v.get("seconds") for k, v in r["stats"].items()}
+    lm = r["size"]["lm"]
     return "\n".join([
         f"# {r['task']}",
         "",
@@ -220,9 +281,41 @@ def report(r: dict[str, Any]) -> str:
         f"Losses are next-token cross-entropy (nats per token) on {r['data']['test_blocks']} held-out blocks, "
         f"{lm['lambdas']} points on each path."),
         "",
+        *dm_report_sections(r, "training blocks"),
+        "![loss vs λ](lm_dm_barrier.png)",
+        "",
+    ])
+
+
+def dm_report_sections(r: Mapping[str, Any], batch_unit: str, accuracy: bool = False) -> list[str]:
+    """report.md lines shared by the LMC-DM experiments: the group and learned-matching budget, the barrier
+    table of the main methods, the ablation table and the seconds per stage. ``r``: results with the
+    :func:`dm_results` entries, ``groups``, ``learned_options``, ``size.batch_size`` and ``seconds``;
+    ``batch_unit``: what one batch element is (e.g. "training blocks"); ``accuracy``: add the accuracy
+    columns of :func:`barrier_row`."""
+    o = r["learned_options"]
+
+    def rows(d: Mapping[str, Any]) -> list[list]:
+        out = []
+        for k, v in d.items():
+            row = [k, v["barrier_mean"], v["barrier_interp"], v["excess_mean"], v["midpoint_loss"],
+                   " / ".join(f"{x:.4f}" for x in v["endpoint_loss"])]
+            if accuracy:
+                row += [v["acc_barrier_mean"], v["min_acc"], " / ".join(f"{x:.4f}" for x in v["endpoint_acc"])]
+            out.append(row)
+        return out
+
+    header = ["method", "barrier_mean (test loss)", "barrier_interp (test loss)", "mean excess over the chord",
+              "midpoint loss", "endpoint losses"]
+    if accuracy:
+        header += ["accuracy barrier_mean (error)", "min accuracy on the path", "endpoint accuracies"]
+    seconds = {k: v.get("seconds") for k, v in r["stats"].items()}
+    return [
         (f"Group (absorbed models): {r['groups']}. WM computed once and used as every learned run's discrete part "
-        f"and start. **Learned-matching budget:** {o['steps']} Adam steps (lr {o['lr']}, batch {s['batch_size']} "
-        f"training blocks, λ {o['lambda_schedule']}) for each learned row, ablations included."),
+         f"and start. **Learned-matching budget:** {o['steps']} Adam steps (one-sided lr {o['lr']}, dual lr "
+         f"{o['lr'] * DUAL_LR_SCALE:g} = {DUAL_LR_SCALE:g} × it: the same effective step on the relative element "
+         f"g_A⁻¹∘g_B, see DUAL_LR_SCALE; batch {r['size']['batch_size']} {batch_unit}, λ {o['lambda_schedule']}, the "
+         "same batches in the same order) for each learned row, ablations included."),
         "",
         "## Barriers",
         "",
@@ -232,12 +325,10 @@ def report(r: dict[str, Any]) -> str:
         "",
         markdown_table(header + ["WM"], [row + [r["ablations"][row[0]]["wm"]] for row in rows(r["ablations"])]),
         "",
-        "Seconds per stage: " + ", ".join(f"{k} {v:.1f}" for k, v in steps.items() if v is not None)
+        "Seconds per stage: " + ", ".join(f"{k} {v:.1f}" for k, v in seconds.items() if v is not None)
         + f"; total {r['seconds']:.0f} s.",
         "",
-        "![loss vs λ](lm_dm_barrier.png)",
-        "",
-    ])
+    ]
 
 
 # ------------------------------------------------------------------------------------------ checkpoints (CLI align)
@@ -262,21 +353,33 @@ def check_same_lm_configs(configs: list[dict], paths: list[Path]) -> None:
 
 def align_lm_checkpoints(ma: nn.Module, mb: nn.Module, bundle, out: Path, *, method: str, steps: int, lr: float,
                          lambda_schedule: str, lambda_value: float, parameterization: str, batch_size: int,
-                         seed: int, overwrite: bool, progress=None, log: Log = print) -> dict[str, Any]:
+                         seed: int, overwrite: bool, progress=None, log: Log = print,
+                         device: str | torch.device = "cpu") -> dict[str, Any]:
     """Absorb both models, bind :data:`GROUPS`, weight-match, learn the transforms (``method``: ``"dual"`` or
     ``"learned"`` = one-sided) on the training split, and write ``out/a`` and ``out/b`` (the transformed,
     absorbed endpoints, :func:`~modeconn.symmetry.save_absorbed`), ``transforms.safetensors`` (``a.<space>``
     and ``b.<space>``) and ``alignment.json``. Every saved endpoint is reloaded and checked against its
-    checkpoint's logits. Returns the alignment record."""
-    import json
+    checkpoint's logits. Returns the alignment record.
 
-    from ..io import save_state_dict
+    ``device``: where the learned matching runs (absorption, weight matching and the written files stay on the
+    CPU). Multi-process (a ``torch.distributed`` default group exists, e.g. under ``torchrun`` after
+    :func:`~modeconn.match.dual.init_distributed`): every rank runs the same steps, the learned matching
+    data-parallel (each rank its share of every batch of ``batch_size`` blocks, see
+    :func:`~modeconn.match.dual_matching`); only rank 0 checks and writes ``out`` and calls ``log``, and every rank
+    returns the record once the files are in place. Raises what :func:`~modeconn.match.dual_matching` raises, and
+    ConfigError for a non-empty ``out`` without ``overwrite`` (rank 0, before any work)."""
+    import json
+    from contextlib import nullcontext
+
     from ..match import dual_matching, one_sided_matching, weight_matching
-    from ..symmetry import absorb_normalization, load_absorbed, save_absorbed
+    from ..match.distributed import barrier, current_rank
+    from ..symmetry import absorb_normalization
     from ..symmetry.hf import check_same_config, hf_symmetry_spec
 
     check_same_config(ma, mb)
-    with output_directory(out, overwrite) as tmp:
+    writer = current_rank() == 0
+    log = log if writer else _silent
+    with output_directory(out, overwrite) if writer else nullcontext() as tmp:
         t0 = time.perf_counter()
         abs_a, abs_b = absorb_normalization(ma), absorb_normalization(mb)
         sa, sb = abs_a.state_dict(), abs_b.state_dict()
@@ -285,33 +388,50 @@ def align_lm_checkpoints(ma: nn.Module, mb: nn.Module, bundle, out: Path, *, met
         log(f"weight matching: objective {wm.objective:.4f} ({len(spec.spaces)} spaces)")
         loader = make_loader(bundle.train, batch_size, shuffle=True, seed=seed)
         fn = dual_matching if method == "dual" else one_sided_matching
-        res = fn(spec, abs_a, sa, sb, loader, steps=steps, lr=lr, lambda_schedule=lambda_schedule,
+        on_device = [{k: v.to(device) for k, v in sd.items()} for sd in (sa, sb)]
+        res = fn(spec, abs_a, *on_device, loader, steps=steps, lr=lr, lambda_schedule=lambda_schedule,
                  lambda_value=lambda_value, parameterization=parameterization, seed=seed, weight_alignment=wm,
                  progress=progress)
-        x = bundle.train.tensors[0][:2]
-        checks = {}
-        for side, model, base, state in (("a", ma, abs_a, res.apply_a(sa)), ("b", mb, abs_b, res.apply_b(sb))):
-            m = copy.deepcopy(base)
-            m.load_state_dict(state)
-            save_absorbed(m, tmp / side)
-            reloaded = load_absorbed(tmp / side).eval()
-            with torch.no_grad():
-                ref = model.eval()(x)
-                got = reloaded(input_ids=x).logits
-            diff = float((got - ref).abs().max())
-            if diff > 1e-3 * max(1.0, float(ref.abs().max())):
-                raise ConfigError(f"internal error: the saved endpoint {side} changed the function "
-                                  f"(max |Δlogit| = {diff:.3g})")
-            checks[side] = diff
-        flat = {f"{side}.{space}": t for side, el in res.export_transforms().items() for space, t in el.items()}
-        save_state_dict(tmp / "transforms.safetensors", flat, {"modeconn": "lmc-dm transforms"})
+        checks = _write_aligned(tmp, res, (ma, mb), (abs_a, abs_b), (sa, sb), bundle.train.tensors[0][:2]) if writer else {}
         record = {"method": method, "one_sided": method != "dual", "groups": GROUPS, "spaces": list(spec.spaces),
                   "options": {"steps": steps, "lr": lr, "lambda_schedule": lambda_schedule,
                               "lambda_value": lambda_value, "parameterization": parameterization,
                               "batch_size": batch_size, "seed": seed},
-                  "wm_objective": wm.objective, "objective": res.objective,
+                  "world_size": res.stats["world_size"], "wm_objective": wm.objective, "objective": res.objective,
                   "first_loss": float(res.history[0][0]) if res.history and res.history[0] else None,
                   "max_logit_change_after_reload": checks, "seconds": time.perf_counter() - t0,
                   "files": {"a": "a/", "b": "b/", "transforms": "transforms.safetensors"}}
-        (tmp / "alignment.json").write_text(json.dumps(record, indent=2, default=str))
+        if writer:
+            (tmp / "alignment.json").write_text(json.dumps(record, indent=2, default=str))
+    barrier()
     return record
+
+
+def _silent(_: str) -> None:
+    """The ``log`` of ranks other than 0."""
+
+
+def _write_aligned(tmp: Path, res, models, absorbed, state_dicts, x: torch.Tensor) -> dict[str, float]:
+    """Write the transformed absorbed endpoints ``tmp/a``, ``tmp/b`` and ``tmp/transforms.safetensors``; reload each
+    endpoint and compare its logits on ``x`` with its original model's (ConfigError beyond 1e-3 relative).
+    Returns the max |Δlogit| per side."""
+    from ..io import save_state_dict
+    from ..symmetry import load_absorbed, save_absorbed
+
+    checks = {}
+    for side, model, base, sd, apply in zip("ab", models, absorbed, state_dicts, (res.apply_a, res.apply_b)):
+        m = copy.deepcopy(base)
+        m.load_state_dict(apply(sd))
+        save_absorbed(m, tmp / side)
+        reloaded = load_absorbed(tmp / side).eval()
+        with torch.no_grad():
+            ref = model.eval()(x)
+            got = reloaded(input_ids=x).logits
+        diff = float((got - ref).abs().max())
+        if diff > 1e-3 * max(1.0, float(ref.abs().max())):
+            raise ConfigError(f"internal error: the saved endpoint {side} changed the function "
+                              f"(max |Δlogit| = {diff:.3g})")
+        checks[side] = diff
+    flat = {f"{side}.{space}": t for side, el in res.export_transforms().items() for space, t in el.items()}
+    save_state_dict(tmp / "transforms.safetensors", flat, {"modeconn": "lmc-dm transforms"})
+    return checks

@@ -1,9 +1,10 @@
-"""Architectures by name: ``build_model("mlp" | "vgg" | "resnet20" | "cnn" | "mobilenetv2" | "cct",
-in_shape=(C, H, W), num_classes=K)``.
+"""Architectures by name: ``build_model("mlp" | "vgg" | "resnet20" | "cnn" | "mobilenetv2" | "cct" |
+"vit-tiny", in_shape=(C, H, W), num_classes=K)``.
 
-Every image model maps (N, C, H, W) float inputs to (N, K) logits, is ``torch.fx.symbolic_trace``-able and
-carries ``model.modeconn_config`` (architecture name + full kwargs) so checkpoints can rebuild it.
-Every image architecture takes ``asymmetric=None | {...}`` for W-asymmetric layers (:mod:`.asymmetric`).
+Every image model maps (N, C, H, W) float inputs to (N, K) logits, is ``torch.fx.symbolic_trace``-able (but
+"vit-tiny", whose spec comes from the Hugging Face adapter) and carries ``model.modeconn_config`` (architecture name + full kwargs) so checkpoints can rebuild it.
+Every image architecture but the Hugging Face ViT (:data:`HF_IMAGE_MODELS`: "vit-tiny", :mod:`.vit`) takes
+``asymmetric=None | {...}`` for W-asymmetric layers (:mod:`.asymmetric`).
 Token models (:data:`TOKEN_MODELS`: "gpt-neox-tiny", :mod:`.causal_lm`, ``in_shape=(T,)``, ``num_classes`` =
 vocabulary size) map (N, T) int64 token ids to (N, T, V) next-token logits and wrap a Hugging Face model.
 Models are leaves of the package: nothing here imports the rest of modeconn beyond errors/registry.
@@ -11,7 +12,7 @@ Models are leaves of the package: nothing here imports the rest of modeconn beyo
 
 from __future__ import annotations
 
-from . import causal_lm, cct, convnet, mlp, mobilenet, resnet  # noqa: F401  (register the architectures)
+from . import causal_lm, cct, convnet, mlp, mobilenet, resnet, vit  # noqa: F401  (register the architectures)
 from ._blocks import (
     ACTIVATIONS,
     NORM_KINDS,
@@ -37,10 +38,12 @@ from .convnet import VGG_LAYOUTS, ConvNet
 from .mlp import MLP
 from .mobilenet import MobileNetV2
 from .resnet import BasicBlock, ResNet
+from .vit import HF_IMAGE_MODELS, ViTClassifier
 
 __all__ = [
     "ACTIVATIONS",
     "CCT",
+    "HF_IMAGE_MODELS",
     "MLP",
     "MODELS",
     "NORM_KINDS",
@@ -56,6 +59,7 @@ __all__ = [
     "LinearBlock",
     "MobileNetV2",
     "ResNet",
+    "ViTClassifier",
     "build_model",
     "fixed_structure_digest",
     "fixed_structure_keys",
