@@ -258,6 +258,8 @@ def align(
     lambda_value: float = typer.Option(0.5, help="language models: centre λ₀ ∈ [0, 1] of the narrow / fixed schedule"),
     parameterization: str = typer.Option("cayley", help="language models: cayley, matrix_exp or unconstrained"),
     batch_size: int = typer.Option(16, min=1, help="language models: training blocks per learned-matching step"),
+    restarts: int | None = typer.Option(None, min=1, help="Hugging Face directories: weight-matching runs (default 4)"),
+    max_iter: int | None = typer.Option(None, min=1, help="Hugging Face directories: sweeps per run (default 100)"),
     overwrite: bool = typer.Option(False, help="replace a non-empty --out"),
 ) -> None:
     """Align B to A and write the aligned B as a checkpoint directory.
@@ -265,12 +267,21 @@ def align(
     The aligned B computes the same function as B (checked on an input batch); alignment.json records
     the group element, objective and timings.
 
+    Hugging Face checkpoint directories (config.json with model_type; model.safetensors or shards with
+    model.safetensors.index.json), e.g. Pythia / GPT-2 / Llama: streaming weight matching (--method weight only)
+    that reads one tensor at a time, so models larger than memory work; permutation groups (residual, per-head
+    q·k and v·o, FFN), no normalization absorption. --out gets B's layout (same shard files and index), B's
+    config.json and other side files, and alignment.json. A sweep over Pythia-1B shapes takes about 6 minutes on
+    one CPU core in under 1 GiB (benchmarks/bench_stream_wm.py): try --restarts 1 --max-iter 2.
+
     Language-model checkpoints (gpt-neox-tiny) with --method dual (LMC-DM, METHODS.md §3) or learned
     (one-sided): both models are absorbed (normalizations folded), the full group is bound (orthogonal
     residual, head permutation, per-head invertible QK / OV, FFN permutation), weight matching gives the
     discrete parts and the start, and the continuous transforms are learned on the training split. --out
     then holds a/ and b/ (the transformed absorbed endpoints; load with modeconn.symmetry.load_absorbed),
-    transforms.safetensors and alignment.json.
+    transforms.safetensors and alignment.json. Multi-process: `torchrun --standalone --nproc_per_node N -m
+    modeconn align ...` splits every batch over the N processes (--batch-size ≥ N; NCCL on cuda:LOCAL_RANK where
+    CUDA is available, else gloo); rank 0 alone writes --out and prints.
     """
     from .experiments.checkpoints import example_input
     from .experiments.compare import align as run_align
@@ -281,6 +292,9 @@ def align(
     try:
         if method not in ("weight", "activation", "learned", "dual"):
             raise ModeconnError(f"--method must be one of weight, activation, learned, dual (got {method!r})")
+        if _align_hf_if_applicable(a, b, out, method, dataset, seed, restarts, max_iter, overwrite):
+            return
+        _no_hf_options(restarts, max_iter)
         if _align_lm_if_applicable(a, b, out, method, dataset, data, limit_train, seed, steps, lr, lambda_schedule,
                                    lambda_value, parameterization, batch_size, overwrite):
             return
@@ -310,9 +324,11 @@ def align(
 def _align_lm_if_applicable(a, b, out, method, dataset, data, limit_train, seed, steps, lr, lambda_schedule,
                             lambda_value, parameterization, batch_size, overwrite) -> bool:
     """``align`` for language-model checkpoints with --method dual / learned; False if it does not apply.
-    Every option and both configs are checked before any weights are read."""
+    Every option and both configs are checked before any weights are read. Under ``torchrun`` the learned matching
+    is data-parallel over the processes (:func:`~modeconn.match.dual.init_distributed`: NCCL and ``cuda:LOCAL_RANK``
+    where CUDA is available, gloo on the CPU otherwise); only rank 0 writes --out, logs and shows the progress bar."""
     from .io import load_checkpoint, read_config
-    from .match.dual import LAMBDA_SCHEDULES
+    from .match.dual import LAMBDA_SCHEDULES, init_distributed, launched_world_size
     from .match.parametrize import get_parameterization
     from .models import TOKEN_MODELS
 
@@ -335,19 +351,133 @@ def _align_lm_if_applicable(a, b, out, method, dataset, data, limit_train, seed,
         raise ModeconnError(f"--lr must be > 0 (got {lr})")
     get_parameterization(parameterization)  # ConfigError naming the choices
     check_same_lm_configs(configs, [a, b])
-    ma, ca = load_checkpoint(a)
-    mb, _ = load_checkpoint(b)
-    bundle = _dataset_for(ca, dataset, data, limit_train)
-    with console.status(f"{method} matching ({steps} steps)"):
-        rec = align_lm_checkpoints(ma, mb, bundle, out, method=method, steps=steps, lr=lr,
-                                   lambda_schedule=lambda_schedule, lambda_value=lambda_value,
-                                   parameterization=parameterization, batch_size=batch_size, seed=seed,
-                                   overwrite=overwrite, log=lambda s: console.log(s))
+    world = launched_world_size()
+    if batch_size < world:
+        raise ModeconnError(f"--batch-size {batch_size} is smaller than the number of processes ({world}): every "
+                            "process needs a share of each batch; raise --batch-size or start fewer processes")
+    info = init_distributed()
+    try:
+        ma, ca = load_checkpoint(a)
+        mb, _ = load_checkpoint(b)
+        bundle = _dataset_for(ca, dataset, data, limit_train)
+        with _matching_progress(f"{method} matching", enabled=info.rank == 0) as progress:
+            rec = align_lm_checkpoints(ma, mb, bundle, out, method=method, steps=steps, lr=lr,
+                                       lambda_schedule=lambda_schedule, lambda_value=lambda_value,
+                                       parameterization=parameterization, batch_size=batch_size, seed=seed,
+                                       overwrite=overwrite, progress=progress, log=lambda s: console.log(s),
+                                       device=info.device)
+    finally:
+        if info.initialized_here:
+            import torch.distributed
+
+            torch.distributed.destroy_process_group()
+    if info.rank != 0:
+        return True
+    procs = f" on {info.world_size} processes" if info.world_size > 1 else ""
     console.print(f"{'dual' if method == 'dual' else 'one-sided learned'} matching: path loss "
-                  f"{rec['first_loss']:.4f} → {rec['objective']:.4f} nats/token over {steps} steps "
+                  f"{rec['first_loss']:.4f} → {rec['objective']:.4f} nats/token over {steps} steps{procs} "
                   f"({len(rec['spaces'])} spaces, weight-matching objective {rec['wm_objective']:.4f})")
     console.print(f"[bold green]aligned endpoints written to[/] {Path(out).resolve()}  (a/, b/, "
                   "transforms.safetensors, alignment.json)")
+    return True
+
+
+@contextmanager
+def _matching_progress(label: str, enabled: bool = True):
+    """A rich progress bar (steps done, the last step's loss, elapsed and remaining time) fed by the learned matching's
+    ``progress(step, steps, loss)`` callback; yields None (no bar) when not ``enabled`` (ranks other than 0)."""
+    if not enabled:
+        yield None
+        return
+    from rich.progress import TimeRemainingColumn
+
+    with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TextColumn("loss {task.fields[loss]}"),
+                  TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=True) as bar:
+        task = bar.add_task(label, total=None, loss="–")
+
+        def update(step: int, steps: int, loss: float) -> None:
+            bar.update(task, completed=step, total=steps, loss=f"{loss:.4f}")
+
+        yield update
+
+
+def _hf_dirs(paths) -> bool:
+    """True if every path is a Hugging Face checkpoint directory, False if none is; ModeconnError for a mix."""
+    from .stream import is_hf_checkpoint
+
+    hf = [is_hf_checkpoint(p) for p in paths]
+    if any(hf) and not all(hf):
+        kinds = ", ".join(f"{p} ({'Hugging Face' if h else 'modeconn'})" for p, h in zip(paths, hf))
+        raise ModeconnError(f"mixed checkpoint kinds: {kinds}; all must be modeconn checkpoints or all Hugging Face "
+                            "directories (config.json with model_type)")
+    return bool(hf) and all(hf)
+
+
+def _no_hf_options(restarts, max_iter) -> None:
+    if restarts is not None or max_iter is not None:
+        raise ModeconnError("--restarts / --max-iter apply to Hugging Face checkpoint directories (streaming weight "
+                            "matching) only")
+
+
+@contextmanager
+def _stage_progress():
+    """A rich progress bar fed by ``progress(stage, done, total)``: one bar per stage (a new stage replaces the last)."""
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=True) as bar:
+        state: dict = {}
+
+        def update(stage: str, done: int, total: int) -> None:
+            if state.get("stage") != stage:
+                if "task" in state:
+                    bar.remove_task(state["task"])
+                state.update(stage=stage, task=bar.add_task(stage, total=total))
+            bar.update(state["task"], completed=done, total=total)
+
+        yield update
+
+
+def _align_hf_if_applicable(a, b, out, method, dataset, seed, restarts, max_iter, overwrite) -> bool:
+    """``align`` for Hugging Face checkpoint directories (streaming weight matching); False if A and B are not.
+    Configs (field by field), shards, the spec and --out are checked before the matching starts."""
+    if not _hf_dirs([a, b]):
+        return False
+    from .stream import align_hf_checkpoints
+
+    if method != "weight":
+        raise ModeconnError(f"Hugging Face checkpoint directories are aligned by streaming weight matching only "
+                            f"(--method weight, got {method!r}): activation, learned and dual matching need both "
+                            "models in memory and data")
+    if dataset is not None:
+        raise ModeconnError("--dataset does not apply: weight matching of Hugging Face checkpoints reads no data")
+    with _stage_progress() as progress:
+        res = align_hf_checkpoints(a, b, out, seed=seed, restarts=restarts or 4, max_iter=max_iter or 100,
+                                   overwrite=overwrite, progress=progress)
+    console.print(f"streaming weight matching objective {res.objective:.4f} (upper bound "
+                  f"{res.stats['upper_bound']:.4f}; {len(res.element)} spaces, {res.stats['seconds']:.1f} s)")
+    console.print(f"[bold green]aligned checkpoint written to[/] {Path(out).resolve()}  (config.json, safetensors "
+                  "shards and index as B, alignment.json)")
+    return True
+
+
+def _merge_hf_if_applicable(models, out, weights, align_method, bn, dataset, data, limit_train, seed, restarts,
+                            max_iter, overwrite) -> bool:
+    """``merge`` for Hugging Face checkpoint directories: streaming weight matching to the first, weighted average
+    written shard by shard; no BatchNorm handling and no evaluation (no data). False if the models are not HF dirs."""
+    if not _hf_dirs(models):
+        return False
+    from .stream import merge_hf_checkpoints
+
+    if bn == "repair" or dataset is not None or data is not None or limit_train is not None:
+        raise ModeconnError("Hugging Face checkpoints are merged without data: --bn repair, --dataset, --data and "
+                            "--limit-train do not apply (transformer LMs have no BatchNorm statistics to reset)")
+    with _stage_progress() as progress:
+        rec = merge_hf_checkpoints(models, out, weights=weights, align=align_method, seed=seed,
+                                   restarts=restarts or 4, max_iter=max_iter or 100, overwrite=overwrite,
+                                   progress=progress)
+    for r in rec["alignments"]:
+        console.print(f"{r['model']}: streaming weight matching objective {r['objective']:.4f}")
+    console.print(f"[bold green]merged checkpoint written to[/] {Path(out).resolve()}  (config.json, safetensors "
+                  "shards and index as the first model, merge.json)")
     return True
 
 
@@ -371,17 +501,27 @@ def merge(
     data: Optional[Path] = typer.Option(None, help=DATA_HELP),
     limit_train: Optional[int] = typer.Option(None, min=1),
     seed: int = typer.Option(0),
+    restarts: int | None = typer.Option(None, min=1, help="Hugging Face directories: weight-matching runs (default 4)"),
+    max_iter: int | None = typer.Option(None, min=1, help="Hugging Face directories: sweeps per run (default 100)"),
     overwrite: bool = typer.Option(False, help="replace a non-empty --out"),
 ) -> None:
     """Merge two or more checkpoints into one.
 
     Aligns every model to the first (unless --align none), averages with --weights, re-estimates
     BatchNorm statistics (reset) or applies REPAIR, evaluates on the test split and writes a checkpoint.
+
+    Hugging Face checkpoint directories (config.json with model_type, safetensors shards or one file): --align
+    weight (streaming weight matching) or none, then the weighted average is written shard by shard in the first
+    model's layout with its config.json and merge.json; no BatchNorm step and no evaluation (no data is read).
     """
     from .experiments.merge import run_merge
 
     try:
         w = [float(x) for x in weights.split(",")] if weights else None
+        if _merge_hf_if_applicable(models, out, w, align_method, bn, dataset, data, limit_train, seed, restarts,
+                                   max_iter, overwrite):
+            return
+        _no_hf_options(restarts, max_iter)
         path, metrics = run_merge(models, out, weights=w, align_method=align_method, bn=bn, dataset=dataset,
                                   data=data, limit_train=limit_train, seed=seed, overwrite=overwrite,
                                   log=lambda s: console.log(s))
@@ -443,8 +583,8 @@ def path_command(
 
 @app.command()
 def experiment(
-    name: str = typer.Argument(..., help="llpf, transformer-wm, lmc-dm, identifiability-sigma, identifiability-k, identifiability-coherence, "
-                                         "identifiability-resnet"),
+    name: str = typer.Argument(..., help="llpf, transformer-wm, lmc-dm, lmc-dm-vit, identifiability-sigma, identifiability-k, "
+                                         "identifiability-coherence, identifiability-resnet"),
     quick: bool = typer.Option(False, help="the small CI size (minutes on 2 cores) instead of the full size"),
     pairs: Optional[int] = typer.Option(None, min=1, help="model pairs per setting (default: 1 quick, 3 full)"),
     epochs: Optional[int] = typer.Option(None, min=1, help="training epochs per model (default per experiment)"),
@@ -464,6 +604,9 @@ def experiment(
     absorption), and recovers a planted full-group element on the pretrained MiniLM.
     lmc-dm (METHODS.md §3) trains the same LM pair and reports held-out barriers naive / WM / one-sided
     learned / dual matching, with ablations (no QK, no OV, no residual rotation, parameterisations).
+    lmc-dm-vit does the same for two standard ViTs trained on Fashion-MNIST (held-out loss and accuracy
+    barriers, min accuracy along the path; ablations no QK / no OV / no residual rotation); the full size
+    also re-joins a planted copy of the pretrained MiniLM with dual matching.
     The identifiability experiments (METHODS.md §1) train pairs of W-asymmetric and standard networks and
     report unaligned vs weight-matched barriers, the identity/optimal activation-matching ratio, accuracy,
     swap costs (k sweep) and subspace coherence (coherence sweep), mean ± std over pairs.
@@ -539,6 +682,9 @@ SIZED_EXPERIMENTS = {
                                        "one pair of language models"),
     "lmc-dm": _SizedExperiment("lmc_dm", "run_lmc_dm", "hidden_size", "report.md, results.json, lm_dm_barrier.png",
                                "one pair of language models", nested="lm"),
+    "lmc-dm-vit": _SizedExperiment("lmc_dm_vit", "run_lmc_dm_vit", "hidden_size",
+                                   "report.md, results.json, vit_dm_barrier.png", "one pair of vision transformers",
+                                   nested="vit"),
 }
 
 
