@@ -48,18 +48,13 @@ from ..data import load_dataset, make_loader
 from ..models import build_model
 from ..report import plot_curves
 from ..train import TrainConfig, fit
+from .lmc_dm import ABLATIONS as LM_ABLATIONS
 from .lmc_dm import GROUPS, Ablation, Log, dm_barriers, dm_report_sections, dm_results, learned_options
 from .output import output_directory, write_json
 from .planted_dm import MiniLMDMSize, minilm_report, planted_minilm_dual
 
-#: ablation label → :class:`~modeconn.experiments.lmc_dm.Ablation`; all at the main run's step budget
-ABLATIONS: dict[str, Ablation] = {
-    "dual (full, cayley)": Ablation({}),
-    "dual at the one-sided lr": Ablation({}, lr_scale=1.0),
-    "dual without QK": Ablation({"qk": None}),
-    "dual without OV": Ablation({"vo": None}),
-    "dual without residual rotation": Ablation({"residual": "permutation"}),
-}
+#: the ablations of :data:`modeconn.experiments.lmc_dm.ABLATIONS` run on the ViT pair (not the parameterisations)
+ABLATIONS: dict[str, Ablation] = {k: v for k, v in LM_ABLATIONS.items() if v.parameterization == "cayley"}
 DATASET = "fashion-mnist"
 
 
