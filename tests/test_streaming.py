@@ -530,6 +530,29 @@ def test_cli_hf_errors_are_clear(pair, tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+def test_cli_hf_refuses_unsafe_targets_and_names_missing_inputs(pair, tmp_path, monkeypatch):
+    da, db = pair("gpt_neox")[:2]
+    before = {p: p.read_bytes() for d in (da, db) for p in sorted(Path(d).iterdir())}
+    res = run_cli("align", da, db, "--out", db, "--overwrite", ok=False)  # --out would replace input B
+    assert res.exit_code == 2 and "inputs are never written to" in res.output
+    res = run_cli("merge", da, db, "--out", Path(da) / "sub", ok=False)  # --out inside input A
+    assert res.exit_code == 2 and "inputs are never written to" in res.output
+    assert {p: p.read_bytes() for d in (da, db) for p in sorted(Path(d).iterdir())} == before
+    res = run_cli("align", da, tmp_path / "nonexistent", "--out", tmp_path / "o", ok=False)
+    assert res.exit_code == 2 and "nonexistent" in res.output and "mixed checkpoint kinds" not in res.output
+    bad = tmp_path / "badcfg"
+    shutil.copytree(db, bad)
+    (bad / "config.json").write_text("{")
+    res = run_cli("align", da, bad, "--out", tmp_path / "o", ok=False)
+    assert res.exit_code == 2 and "config.json" in res.output and "mixed checkpoint kinds" not in res.output
+    res = run_cli("merge", da, db, "--out", tmp_path / "o", "--weights", "0.5,abc", ok=False)
+    assert res.exit_code == 2 and "--weights" in res.output
+    monkeypatch.setenv("WORLD_SIZE", "2")  # as under torchrun: streaming is single-process, refused up front
+    res = run_cli("align", da, db, "--out", tmp_path / "o", ok=False)
+    assert res.exit_code == 2 and "without torchrun" in res.output
+    assert not (tmp_path / "o").exists()
+
+
 @pytest.mark.parametrize(("name", "groups"), [
     ("gpt_neox", {"heads": "permutation", "qk": "head_orthogonal", "vo": "head_orthogonal"}),
     ("llama", {"ffn_scale": "scaling"}),  # not isometric: the streamed objective is J̃ (norms of g·B change)

@@ -407,10 +407,41 @@ def _hf_dirs(paths) -> bool:
 
     hf = [is_hf_checkpoint(p) for p in paths]
     if any(hf) and not all(hf):
+        from .io import read_json_object
+
+        for p, h in zip(paths, hf):  # a missing directory or unreadable config.json is named as such
+            if not h:
+                read_json_object(Path(p) / "config.json", "config file")
         kinds = ", ".join(f"{p} ({'Hugging Face' if h else 'modeconn'})" for p, h in zip(paths, hf))
         raise ModeconnError(f"mixed checkpoint kinds: {kinds}; all must be modeconn checkpoints or all Hugging Face "
                             "directories (config.json with model_type)")
     return bool(hf) and all(hf)
+
+
+def _parse_weights(weights: Optional[str]) -> Optional[list[float]]:
+    """--weights "0.5,0.5" → [0.5, 0.5]; ModeconnError naming the option and the bad entry."""
+    if not weights:
+        return None
+    try:
+        return [float(x) for x in weights.split(",")]
+    except ValueError:
+        raise ModeconnError(f"--weights must be comma-separated numbers, one per model (got {weights!r})") from None
+
+
+def _check_streaming_target(out, inputs) -> None:
+    """ModeconnError when streaming would run under torchrun (it is single-process: every rank would write
+    --out) or when --out is, or lies inside, one of the input checkpoints (inputs are never written to)."""
+    from .match.dual import launched_world_size
+
+    if launched_world_size() > 1:
+        raise ModeconnError("streaming align/merge of Hugging Face checkpoints runs in one process; launch it without "
+                            "torchrun (multi-process runs are for --method dual / learned)")
+    target = Path(out).resolve()
+    for p in inputs:
+        src = Path(p).resolve()
+        if target == src or src in target.parents:
+            raise ModeconnError(f"--out {out} is or lies inside the input checkpoint {p}; inputs are never written to: "
+                                "choose another --out")
 
 
 def _no_hf_options(restarts, max_iter) -> None:
@@ -443,6 +474,7 @@ def _align_hf_if_applicable(a, b, out, method, dataset, seed, restarts, max_iter
         return False
     from .stream import align_hf_checkpoints
 
+    _check_streaming_target(out, [a, b])
     if method != "weight":
         raise ModeconnError(f"Hugging Face checkpoint directories are aligned by streaming weight matching only "
                             f"(--method weight, got {method!r}): activation, learned and dual matching need both "
@@ -467,6 +499,7 @@ def _merge_hf_if_applicable(models, out, weights, align_method, bn, dataset, dat
         return False
     from .stream import merge_hf_checkpoints
 
+    _check_streaming_target(out, models)
     if bn == "repair" or dataset is not None or data is not None or limit_train is not None:
         raise ModeconnError("Hugging Face checkpoints are merged without data: --bn repair, --dataset, --data and "
                             "--limit-train do not apply (transformer LMs have no BatchNorm statistics to reset)")
@@ -517,7 +550,7 @@ def merge(
     from .experiments.merge import run_merge
 
     try:
-        w = [float(x) for x in weights.split(",")] if weights else None
+        w = _parse_weights(weights)
         if _merge_hf_if_applicable(models, out, w, align_method, bn, dataset, data, limit_train, seed, restarts,
                                    max_iter, overwrite):
             return

@@ -232,7 +232,7 @@ def _check_target(path: Path, overwrite: bool) -> None:
         raise CheckpointError(f"{path}: exists and is not a directory; refusing to replace it")
     if path.is_dir() and any(path.iterdir()) and not overwrite:
         raise CheckpointError(
-            f"{path}: checkpoint directory exists and is not empty; pass overwrite=True to replace it"
+            f"{path}: checkpoint directory exists and is not empty; pass overwrite=True (on the command line: --overwrite) to replace it"
         )
 
 

@@ -185,7 +185,7 @@ class LazyCheckpoint(Mapping[str, torch.Tensor]):
             absent = [k for k, s in weight_map.items() if found.get(k) is None or found[k].shard != s]
             if absent:
                 k = absent[0]
-                where = f"it is in {found[k].shard}" if k in found else "no shard holds it"
+                where = f"it is in {found[k].shard}" if k in found else "no shard listed in the index holds it"
                 raise CheckpointError(f"{self.path / INDEX_NAME}: {len(absent)} tensor(s) not in the shard the index "
                                       f"names, e.g. {k!r} → {weight_map[k]} ({where})")
             unlisted = [k for k in found if k not in weight_map]
