@@ -18,6 +18,7 @@ import pytest
 import torch
 from cli_runner import run_cli
 
+from modeconn._util.outdir import MARKER
 from modeconn.errors import ConfigError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -191,7 +192,7 @@ def test_cli_align_dual_under_torchrun_writes_once_from_rank_zero(lm_checkpoints
                     "--limit-train", "64", "--data", data, "--out", out, cwd=tmp_path)
     assert res.stdout.count("aligned endpoints written to") == 1, res.stdout  # rank 0 prints, rank 1 does not
     assert res.stdout.count("weight matching: objective") == 1 and "over 2 steps on 2 processes" in res.stdout
-    assert sorted(p.name for p in out.iterdir()) == ["a", "alignment.json", "b", "transforms.safetensors"]
+    assert sorted(p.name for p in out.iterdir()) == [MARKER, "a", "alignment.json", "b", "transforms.safetensors"]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary directories left over
     rec = json.loads((out / "alignment.json").read_text())
     assert rec["world_size"] == 2 and rec["options"]["batch_size"] == 4

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 import modeconn.io as mio
+from modeconn._util.outdir import MARKER
 from modeconn.errors import CheckpointError, ConfigError, StateDictMismatchError
 from modeconn.io import load_checkpoint, load_state_dict, read_config, save_checkpoint, save_state_dict
 from modeconn.models import build_model, model_config
@@ -42,7 +43,7 @@ def test_round_trip(tmp_path):
         tmp_path / "ckpt", model, config={"training": {"lr": 0.1}, "dataset": "digits"}, metrics={"acc": 0.5}
     )
     assert out == tmp_path / "ckpt"
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "metrics.json", "model.safetensors"]
+    assert sorted(p.name for p in out.iterdir()) == [MARKER, "config.json", "metrics.json", "model.safetensors"]
     assert _siblings(out) == ["ckpt"]  # no temp leftovers
 
     loaded, cfg = load_checkpoint(out)

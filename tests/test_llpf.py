@@ -201,11 +201,11 @@ def test_unreachable_threshold_stops_at_max_steps_and_keeps_the_partial_path():
     kw = dict(step=0.2, ticks=3, order="all", lr=0.01, threshold=-1.0, min_steps=0, max_steps=3, batch_size=32)
     path = llpf_m2m(model, sd_a, sd_b, _data(), **kw)
     assert path.info["unreached_ticks"] == [0, 1, 2] and not path.info["threshold_reached_all"]
-    assert path.info["complete"] and _same(path[-1], sd_b)
+    assert path.info["reached_b"] and _same(path[-1], sd_b)
     assert all(r["steps"] == 3 and r["reached"] is False for r in path.info["records"])
     assert path.compute["grad_evals"] == 9
     partial = llpf_m2m(model, sd_a, sd_b, _data(), stop_on_unreached=True, **kw)
-    assert not partial.info["complete"] and partial.info["ticks_done"] == 1
+    assert not partial.info["reached_b"] and partial.info["ticks_done"] == 1
     assert len(partial) == 2 and _same(partial[0], sd_a) and not _same(partial[-1], sd_b)
     assert _same(partial[1], path[1]), "same seed, same first tick"
 

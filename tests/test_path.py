@@ -52,12 +52,11 @@ def test_low_precision_interpolation_keeps_dtype():
 def test_bn_reset_equals_hand_computed_cumulative_average():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(5, 4), nn.BatchNorm1d(4), nn.ReLU(), nn.Linear(4, 2))
-    batches = [torch.randn(n, 5) for n in (7, 13, 10)]  # unequal sizes: a cumulative average of batch stats
+    batches = [torch.randn(n, 5) for n in (7, 13, 10)]  # unequal sizes: every sample weighs the same (issue #14)
     reset_bn_stats(model, batches)
     with torch.no_grad():
-        pre = [model[0](x) for x in batches]
-    mean = torch.stack([p.mean(0) for p in pre]).mean(0)
-    var = torch.stack([p.var(0, unbiased=True) for p in pre]).mean(0)
+        pre = torch.cat([model[0](x) for x in batches])
+    mean, var = pre.mean(0), pre.var(0, unbiased=True)
     torch.testing.assert_close(model[1].running_mean, mean)
     torch.testing.assert_close(model[1].running_var, var)
     assert model[1].momentum == 0.1, "momentum restored"

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -12,8 +13,8 @@ StateDict = Mapping[str, torch.Tensor]
 
 
 def check_compatible(state_dicts: Sequence[StateDict], names: Sequence[str] | None = None) -> None:
-    """All state dicts have the same keys and shapes; one error lists every missing/extra key and shape
-    difference (naming both shapes). Raises :class:`StateDictMismatchError`."""
+    """All state dicts have the same keys, shapes and dtype kinds (:func:`check_dtype_kinds`); one error lists every
+    missing/extra key and shape difference (naming both shapes). Raises :class:`StateDictMismatchError`."""
     names = list(names or [f"model {i}" for i in range(len(state_dicts))])
     ref, ref_name = state_dicts[0], names[0]
     problems = []
@@ -29,6 +30,60 @@ def check_compatible(state_dicts: Sequence[StateDict], names: Sequence[str] | No
                 problems.append(f"{k!r}: shape {tuple(ref[k].shape)} in {ref_name} vs {tuple(sd[k].shape)} in {name}")
     if problems:
         raise StateDictMismatchError("state dicts are not compatible:\n  " + "\n  ".join(problems))
+    check_dtype_kinds(state_dicts, names)
+
+
+def dtype_kind(dtype: torch.dtype) -> str:
+    """The kind of a dtype: ``"bool"``, ``"complex"``, ``"floating"`` (fp8 … fp64, bf16) or ``"integer"``.
+
+    Precisions of one kind are interchangeable (an fp16 file loads into an fp32 model); kinds are not: safetensors
+    cannot tell int32 from float32 bytes, so a header that relabels one as the other would silently reinterpret
+    the bits (float32 weights read as int32 are ~1e9)."""
+    if dtype == torch.bool:
+        return "bool"
+    if dtype.is_complex:
+        return "complex"
+    return "floating" if dtype.is_floating_point else "integer"
+
+
+def _dtype_of(value: Any) -> torch.dtype:
+    return value if isinstance(value, torch.dtype) else value.dtype  # a tensor, meta tensor or TensorInfo
+
+
+def dtype_kind_mismatches(expected: Mapping[str, Any], found: Mapping[str, Any], expected_name: str = "the model",
+                          found_name: str = "the file") -> list[str]:
+    """``"key: the model has float32 (floating), the file has int32 (integer)"`` for every key of both maps whose
+    dtype kind (:func:`dtype_kind`) differs. Values are dtypes, tensors (meta tensors too) or anything with a
+    ``dtype``; keys present in only one map are not compared (key checks report them)."""
+    out = []
+    for k, e in expected.items():
+        if k not in found:
+            continue
+        de, df = _dtype_of(e), _dtype_of(found[k])
+        if dtype_kind(de) != dtype_kind(df):
+            out.append(f"{k}: {expected_name} has {str(de)[6:]} ({dtype_kind(de)}), {found_name} has "
+                       f"{str(df)[6:]} ({dtype_kind(df)})")
+    return out
+
+
+def check_dtype_kinds(state_dicts: Sequence[Mapping[str, Any]], names: Sequence[str] | None = None) -> None:
+    """Every tensor has the dtype kind (:func:`dtype_kind`) of the same key in the first (reference) state dict.
+
+    ``state_dicts``: maps key → tensor / meta tensor / dtype (lazy checkpoints' ``meta()`` or ``dtypes``).
+    Floating precisions may differ (fp16 vs fp32); an integer tensor where the reference has a floating one (or any
+    other change of kind) is refused, because its bytes would be reinterpreted, not converted.
+
+    Raises:
+        StateDictMismatchError: naming every such tensor, its model and both dtypes.
+    """
+    names = list(names or [f"model {i}" for i in range(len(state_dicts))])
+    problems = []
+    for sd, name in zip(state_dicts[1:], names[1:], strict=True):
+        problems += dtype_kind_mismatches(state_dicts[0], sd, names[0], name)
+    if problems:
+        raise StateDictMismatchError(
+            "tensors of another dtype kind than the reference (their bytes would be reinterpreted as another kind "
+            "of number; floating precisions may differ, kinds may not):\n  " + "\n  ".join(problems))
 
 
 def check_one_device(state_dicts: Sequence[StateDict], names: Sequence[str] | None = None) -> torch.device:

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import json
+import time
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
 from .errors import ModeconnError
@@ -46,16 +46,23 @@ def _parse_kv(items: list[str], what: str) -> dict[str, Any]:
 
 
 @contextmanager
-def _path_progress(label: str = "path points"):
-    """A rich progress bar fed by a ``progress(i, total)`` callback (a new task whenever ``i`` restarts at 1)."""
-    with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=True) as bar:
+def _path_progress(label: str = "path points", log_every_s: float = 10.0):
+    """A rich progress bar with ETA fed by a ``progress(i, total)`` callback (a new task whenever ``i`` restarts at
+    1); without a terminal (a log file, CI) a plain line every ``log_every_s`` seconds instead."""
+    with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
+                  console=console, transient=True, disable=not console.is_terminal) as bar:
         state: dict = {}
 
         def update(i: int, total: int) -> None:
+            now = time.monotonic()
             if i == 1 or "task" not in state:
-                state["task"] = bar.add_task("path", total=total)
+                state.update(task=bar.add_task("path", total=total), start=now, logged=now)
             bar.update(state["task"], completed=i)
+            if not console.is_terminal and (now - state["logged"] >= log_every_s or i == total):
+                state["logged"] = now
+                rate = (now - state["start"]) / max(i, 1)
+                console.log(f"{label}: {i}/{total} ({100 * i / max(total, 1):.0f}%), "
+                            f"{now - state['start']:.0f} s elapsed, ETA {rate * max(total - i, 0):.0f} s")
 
         yield update
 
@@ -94,6 +101,7 @@ def demo(
 
     out = out or default_out("demo")
     try:
+        _check_out(out, [], overwrite)
         with console.status("running the demo"):
             _, results = run_demo(out, seeds=(seed_a, seed_b), epochs=epochs, overwrite=overwrite,
                                   log=lambda s: console.log(s), progress=False)
@@ -155,6 +163,7 @@ def train(
     from .train import TrainConfig, train_checkpoint
 
     try:
+        _check_out(out, [data], overwrite)
         cfg = TrainConfig(seed=seed, epochs=epochs, lr=lr, batch_size=batch_size, optimizer=optimizer,
                           weight_decay=weight_decay, warmup_epochs=warmup_epochs, schedule=schedule,
                           grad_clip=grad_clip, device=device)
@@ -227,6 +236,7 @@ def barrier(
 
     out = out or default_out("barrier")
     try:
+        _check_out(out, [a, b, data], overwrite)
         check_methods(method)
         check_bn_policy(bn)
         ma, mb, cfg = _load_pair(a, b)
@@ -234,7 +244,7 @@ def barrier(
         with _path_progress() as progress:
             comparison = run_barrier(out, ma, mb, bundle, method, bn=bn, lambdas=lambdas, eval_limit=eval_limit,
                                      seed=seed, overwrite=overwrite, names=(str(a), str(b)),
-                                     log=lambda s: console.log(s), progress=progress)
+                                     inputs=[a, b], log=lambda s: console.log(s), progress=progress)
     except ModeconnError as err:
         _fail(err)
     console.print(_barrier_table(comparison, "test"))
@@ -246,14 +256,15 @@ def align(
     a: Path = typer.Argument(..., help="checkpoint directory of the reference model A"),
     b: Path = typer.Argument(..., help="checkpoint directory of model B (to be permuted into A's basin)"),
     out: Path = typer.Option(..., help="checkpoint directory for the aligned B (plus alignment.json)"),
-    method: str = typer.Option("weight", help="weight, activation, learned or dual (dual: language models only; "
-                                              "for language models learned is one-sided learned matching)"),
+    method: str = typer.Option("weight", help="weight, activation, learned (STE), one-sided or dual (one-sided and "
+                                              "dual: language models only; learned on language models: deprecated "
+                                              "name of one-sided)"),
     dataset: Optional[str] = typer.Option(None, help="dataset for activation/learned matching (default: A's)"),
     data: Optional[Path] = typer.Option(None, help=DATA_HELP),
     limit_train: Optional[int] = typer.Option(None, min=1),
     seed: int = typer.Option(0),
-    steps: int = typer.Option(200, min=1, help="language models (dual / learned): Adam steps of learned matching"),
-    lr: float = typer.Option(0.01, help="language models (dual / learned): Adam learning rate of the transforms"),
+    steps: int = typer.Option(200, min=1, help="language models (dual / one-sided): Adam steps of learned matching"),
+    lr: float = typer.Option(0.01, help="language models (dual / one-sided): Adam learning rate of the transforms"),
     lambda_schedule: str = typer.Option("uniform", help="language models: λ per step: uniform, narrow or fixed"),
     lambda_value: float = typer.Option(0.5, help="language models: centre λ₀ ∈ [0, 1] of the narrow / fixed schedule"),
     parameterization: str = typer.Option("cayley", help="language models: cayley, matrix_exp or unconstrained"),
@@ -274,8 +285,8 @@ def align(
     config.json and other side files, and alignment.json. A sweep over Pythia-1B shapes takes about 6 minutes on
     one CPU core in under 1 GiB (benchmarks/bench_stream_wm.py): try --restarts 1 --max-iter 2.
 
-    Language-model checkpoints (gpt-neox-tiny) with --method dual (LMC-DM, METHODS.md §3) or learned
-    (one-sided): both models are absorbed (normalizations folded), the full group is bound (orthogonal
+    Language-model checkpoints (gpt-neox-tiny) with --method dual (LMC-DM, METHODS.md §3) or one-sided
+    (--method learned there is its deprecated name): both models are absorbed (normalizations folded), the full group is bound (orthogonal
     residual, head permutation, per-head invertible QK / OV, FFN permutation), weight matching gives the
     discrete parts and the start, and the continuous transforms are learned on the training split. --out
     then holds a/ and b/ (the transformed absorbed endpoints; load with modeconn.symmetry.load_absorbed),
@@ -290,8 +301,9 @@ def align(
     from .symmetry import symmetry_spec
 
     try:
-        if method not in ("weight", "activation", "learned", "dual"):
-            raise ModeconnError(f"--method must be one of weight, activation, learned, dual (got {method!r})")
+        _check_out(out, [a, b, data], overwrite)
+        if method not in ("weight", "activation", "learned", "one-sided", "dual"):
+            raise ModeconnError(f"--method must be one of weight, activation, learned, one-sided, dual (got {method!r})")
         if _align_hf_if_applicable(a, b, out, method, dataset, seed, restarts, max_iter, overwrite):
             return
         _no_hf_options(restarts, max_iter)
@@ -314,7 +326,7 @@ def align(
         path = save_checkpoint(out, mb_aligned, config={k: v for k, v in cfg.items() if k not in (
             "architecture", "kwargs", "modeconn_version", "format_version")} | {"aligned_to": str(a), "alignment": method},
             metrics={"alignment": {"method": method, "objective": res.objective, "stats": res.stats}},
-            extra_json={"alignment.json": res.to_json()}, overwrite=overwrite)
+            extra_json={"alignment.json": res.to_json()}, overwrite=overwrite, inputs=[a, b], command="align")
     except ModeconnError as err:
         _fail(err)
     console.print(f"{method} matching objective {res.objective:.4f} ({len(spec.spaces)} spaces)")
@@ -323,7 +335,8 @@ def align(
 
 def _align_lm_if_applicable(a, b, out, method, dataset, data, limit_train, seed, steps, lr, lambda_schedule,
                             lambda_value, parameterization, batch_size, overwrite) -> bool:
-    """``align`` for language-model checkpoints with --method dual / learned; False if it does not apply.
+    """``align`` for language-model checkpoints with --method dual / one-sided (or learned, deprecated there); False if
+    it does not apply.
     Every option and both configs are checked before any weights are read. Under ``torchrun`` the learned matching
     is data-parallel over the processes (:func:`~modeconn.match.dual.init_distributed`: NCCL and ``cuda:LOCAL_RANK``
     where CUDA is available, gloo on the CPU otherwise); only rank 0 writes --out, logs and shows the progress bar."""
@@ -335,12 +348,16 @@ def _align_lm_if_applicable(a, b, out, method, dataset, data, limit_train, seed,
     configs = [read_config(a), read_config(b)]
     is_lm = any(c.get("architecture") in TOKEN_MODELS for c in configs)
     if not is_lm:
-        if method == "dual":
-            raise ModeconnError("--method dual needs language-model checkpoints (architecture gpt-neox-tiny); "
+        if method in ("dual", "one-sided"):
+            raise ModeconnError(f"--method {method} needs language-model checkpoints (architecture gpt-neox-tiny); "
                                 f"{a} is {configs[0].get('architecture')!r}: use weight, activation or learned")
         return False
-    if method not in ("dual", "learned"):
+    if method not in ("dual", "one-sided", "learned"):
         return False
+    if method == "learned":  # one name, one algorithm: learned is STE matching; on LMs it meant one-sided
+        console.print("[yellow]deprecated:[/] --method learned on language models is one-sided learned matching; "
+                      "use --method one-sided")
+        method = "one-sided"
     from .experiments.lmc_dm import align_lm_checkpoints, check_same_lm_configs
 
     if lambda_schedule not in LAMBDA_SCHEDULES:
@@ -385,7 +402,8 @@ def _align_lm_if_applicable(a, b, out, method, dataset, data, limit_train, seed,
 @contextmanager
 def _matching_progress(label: str, enabled: bool = True):
     """A rich progress bar (steps done, the last step's loss, elapsed and remaining time) fed by the learned matching's
-    ``progress(step, steps, loss)`` callback; yields None (no bar) when not ``enabled`` (ranks other than 0)."""
+    ``progress(stage, done, total, loss=…)`` callback (:mod:`modeconn.match.progress`; the former ``(step, steps,
+    loss)`` call still works); yields None (no bar) when not ``enabled`` (ranks other than 0)."""
     if not enabled:
         yield None
         return
@@ -395,8 +413,9 @@ def _matching_progress(label: str, enabled: bool = True):
                   TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=True) as bar:
         task = bar.add_task(label, total=None, loss="–")
 
-        def update(step: int, steps: int, loss: float) -> None:
-            bar.update(task, completed=step, total=steps, loss=f"{loss:.4f}")
+        def update(*args, **metrics) -> None:
+            step, steps, loss = (args[1], args[2], metrics.get("loss")) if isinstance(args[0], str) else args
+            bar.update(task, completed=step, total=steps, loss="–" if loss is None else f"{loss:.4f}")
 
         yield update
 
@@ -418,30 +437,38 @@ def _hf_dirs(paths) -> bool:
     return bool(hf) and all(hf)
 
 
-def _parse_weights(weights: Optional[str]) -> Optional[list[float]]:
-    """--weights "0.5,0.5" → [0.5, 0.5]; ModeconnError naming the option and the bad entry."""
+def _parse_weights(weights: Optional[str], n_models: int, normalize: bool = True) -> Optional[list[float]]:
+    """--weights "0.7,0.7" → [0.5, 0.5] (normalised, with a note) or, with --no-normalize, as given; validated by
+    :func:`modeconn.path.interpolate.merge_weights` (ConfigError naming the option and the bad entry)."""
+    from .path.interpolate import merge_weights, weights_sum_to_one
+
     if not weights:
         return None
-    try:
-        return [float(x) for x in weights.split(",")]
-    except ValueError:
-        raise ModeconnError(f"--weights must be comma-separated numbers, one per model (got {weights!r})") from None
+    raw = [x.strip() for x in weights.split(",")]
+    w = merge_weights(raw, n_models, normalize=normalize, option="--weights")
+    if normalize and not weights_sum_to_one([float(x) for x in raw]):
+        console.print(f"note: --weights {weights} normalised to sum 1: {','.join(f'{x:g}' for x in w)} "
+                      "(--no-normalize uses them as given)")
+    return w
 
 
-def _check_streaming_target(out, inputs) -> None:
+def _check_single_process() -> None:
     """ModeconnError when streaming would run under torchrun (it is single-process: every rank would write
-    --out) or when --out is, or lies inside, one of the input checkpoints (inputs are never written to)."""
+    --out)."""
     from .match.dual import launched_world_size
 
     if launched_world_size() > 1:
         raise ModeconnError("streaming align/merge of Hugging Face checkpoints runs in one process; launch it without "
-                            "torchrun (multi-process runs are for --method dual / learned)")
-    target = Path(out).resolve()
-    for p in inputs:
-        src = Path(p).resolve()
-        if target == src or src in target.parents:
-            raise ModeconnError(f"--out {out} is or lies inside the input checkpoint {p}; inputs are never written to: "
-                                "choose another --out")
+                            "torchrun (multi-process runs are for --method dual / one-sided)")
+
+
+def _check_out(out: Optional[Path], inputs, overwrite: bool) -> None:
+    """Before any work: --out must not be, contain or lie inside an input, and an existing non-empty --out is
+    replaced only with --overwrite and only if modeconn wrote it (ConfigError naming the reason)."""
+    from ._util.outdir import check_output_target
+
+    if out is not None:
+        check_output_target(out, inputs=[p for p in inputs if p is not None], overwrite=overwrite)
 
 
 def _no_hf_options(restarts, max_iter) -> None:
@@ -457,7 +484,7 @@ def _stage_progress():
                   console=console, transient=True) as bar:
         state: dict = {}
 
-        def update(stage: str, done: int, total: int) -> None:
+        def update(stage: str, done: int, total: int, **metrics) -> None:
             if state.get("stage") != stage:
                 if "task" in state:
                     bar.remove_task(state["task"])
@@ -474,7 +501,7 @@ def _align_hf_if_applicable(a, b, out, method, dataset, seed, restarts, max_iter
         return False
     from .stream import align_hf_checkpoints
 
-    _check_streaming_target(out, [a, b])
+    _check_single_process()
     if method != "weight":
         raise ModeconnError(f"Hugging Face checkpoint directories are aligned by streaming weight matching only "
                             f"(--method weight, got {method!r}): activation, learned and dual matching need both "
@@ -492,21 +519,21 @@ def _align_hf_if_applicable(a, b, out, method, dataset, seed, restarts, max_iter
 
 
 def _merge_hf_if_applicable(models, out, weights, align_method, bn, dataset, data, limit_train, seed, restarts,
-                            max_iter, overwrite) -> bool:
+                            max_iter, overwrite, normalize=True) -> bool:
     """``merge`` for Hugging Face checkpoint directories: streaming weight matching to the first, weighted average
     written shard by shard; no BatchNorm handling and no evaluation (no data). False if the models are not HF dirs."""
     if not _hf_dirs(models):
         return False
     from .stream import merge_hf_checkpoints
 
-    _check_streaming_target(out, models)
+    _check_single_process()
     if bn == "repair" or dataset is not None or data is not None or limit_train is not None:
         raise ModeconnError("Hugging Face checkpoints are merged without data: --bn repair, --dataset, --data and "
                             "--limit-train do not apply (transformer LMs have no BatchNorm statistics to reset)")
     with _stage_progress() as progress:
         rec = merge_hf_checkpoints(models, out, weights=weights, align=align_method, seed=seed,
                                    restarts=restarts or 4, max_iter=max_iter or 100, overwrite=overwrite,
-                                   progress=progress)
+                                   progress=progress, normalize=normalize)
     for r in rec["alignments"]:
         console.print(f"{r['model']}: streaming weight matching objective {r['objective']:.4f}")
     console.print(f"[bold green]merged checkpoint written to[/] {Path(out).resolve()}  (config.json, safetensors "
@@ -527,7 +554,10 @@ def _check_same_function(m1, m2, x) -> None:
 def merge(
     models: list[Path] = typer.Argument(..., help="two or more checkpoint directories (the first is the reference)"),
     out: Path = typer.Option(..., help="checkpoint directory for the merged model"),
-    weights: Optional[str] = typer.Option(None, help="comma-separated weights, one per model (default uniform)"),
+    weights: Optional[str] = typer.Option(None, help="comma-separated weights, one per model (default uniform); "
+                                          "non-negative and normalised to sum 1 unless --no-normalize"),
+    normalize: bool = typer.Option(True, "--normalize/--no-normalize", help="normalise --weights to sum 1 (default); "
+                                   "--no-normalize: any finite weights as given (task-arithmetic sums, extrapolation)"),
     align_method: str = typer.Option("weight", "--align", help="align every model to the first first: weight, activation, none"),
     bn: str = typer.Option("reset", help="BatchNorm policy after averaging: reset, interpolate, repair"),
     dataset: Optional[str] = typer.Option(None, help="dataset for BN reset / REPAIR / activation matching (default: the first model's)"),
@@ -550,13 +580,14 @@ def merge(
     from .experiments.merge import run_merge
 
     try:
-        w = _parse_weights(weights)
+        _check_out(out, [*models, data], overwrite)
+        w = _parse_weights(weights, len(models), normalize)
         if _merge_hf_if_applicable(models, out, w, align_method, bn, dataset, data, limit_train, seed, restarts,
-                                   max_iter, overwrite):
+                                   max_iter, overwrite, normalize):
             return
         _no_hf_options(restarts, max_iter)
         path, metrics = run_merge(models, out, weights=w, align_method=align_method, bn=bn, dataset=dataset,
-                                  data=data, limit_train=limit_train, seed=seed, overwrite=overwrite,
+                                  data=data, limit_train=limit_train, seed=seed, overwrite=overwrite, normalize=normalize,
                                   log=lambda s: console.log(s))
     except ValueError as err:
         _fail(err)
@@ -574,16 +605,19 @@ def path_command(
     method: str = typer.Option("llpf", help="llpf, cross-sphere, bezier, polychain, autoneb or linear"),
     option: list[str] = typer.Option([], "--option", "-o", help="method setting key=value, repeatable (e.g. -o step=0.02 "
                                      "-o ticks=200 for llpf; -o control_points=3 for bezier)"),
-    budget: Optional[int] = typer.Option(None, min=1, help="gradient evaluations for bezier/polychain/autoneb"),
+    budget: Optional[int] = typer.Option(None, min=1, help="most gradient evaluations, honoured by every method (llpf: each "
+                                         "tick's refinement capped at its fair share); the number used is reported"),
     dataset: Optional[str] = typer.Option(None, help="dataset (default: the one recorded in A's config.json)"),
     data: Optional[Path] = typer.Option(None, help=DATA_HELP),
     limit_train: Optional[int] = typer.Option(None, min=1, help="use only the first N training examples"),
-    eval_limit: Optional[int] = typer.Option(None, min=1, help="evaluate on the first N examples of each split"),
+    eval_limit: Optional[int] = typer.Option(2000, min=1, help="evaluate on the first N examples of each split"),
     sub_points: int = typer.Option(3, min=0, help="linear sub-points per segment for the continuity check"),
+    continuity_tol: float = typer.Option(0.05, min=0.0, help="a segment passes the continuity check when its "
+                                         "sub-points rise at most this much (nats) above its ends"),
     seed: int = typer.Option(0, help="seed of the BatchNorm recalibration batches"),
     out: Optional[Path] = typer.Option(None, help="output directory (default runs/path-<time>)"),
-    resume: bool = typer.Option(False, help="continue a killed LLPF search in --out (same settings)"),
-    overwrite: bool = typer.Option(False, help="replace a non-empty --out"),
+    resume: bool = typer.Option(False, help="continue a killed LLPF search for --out (same settings and data)"),
+    overwrite: bool = typer.Option(False, help="replace a non-empty --out (and discard an interrupted search for it)"),
 ) -> None:
     """Find a low-loss path from A to B and evaluate it.
 
@@ -591,12 +625,17 @@ def path_command(
     results.json (loss/accuracy at every point on train and test with BatchNorm recomputed per point,
     continuity check, peak loss, path length, gradient evaluations, wall time), report.md and path_loss.png.
     LLPF checkpoints as it runs: kill it and rerun with --resume to continue.
+    Everything is written to a temporary sibling that replaces --out in one step at the end.
+
+    Exit status: 0 for a complete path (it reaches B and every segment passes the continuity check), 3 for an
+    incomplete one (all outputs are still written; report.md and results.json say why), 2 for an error.
     """
     from .experiments.output import default_out
-    from .experiments.paths import check_path_options, run_path
+    from .experiments.paths import INCOMPLETE_EXIT_CODE, check_path_options, run_path
 
     out = out or default_out("path")
     try:
+        _check_out(out, [a, b, data], overwrite or resume)  # --resume continues modeconn's own run there
         options = _parse_kv(option, "--option")
         check_path_options(method, options)  # typos fail before anything is loaded
         ma, mb, cfg = _load_pair(a, b)
@@ -604,66 +643,52 @@ def path_command(
         with _path_progress("search / evaluation") as progress:
             results = run_path(out, method, ma, mb, bundle, options, budget=budget, eval_limit=eval_limit,
                                sub_points=sub_points, seed=seed, resume=resume, overwrite=overwrite,
-                               names=(str(a), str(b)), log=lambda s: console.log(s), progress=progress)
+                               names=(str(a), str(b)), inputs=[p for p in (a, b, data) if p is not None],
+                               limit_train=limit_train, continuity_tol=continuity_tol,
+                               log=lambda s: console.log(s), progress=progress)
     except ModeconnError as err:
         _fail(err)
-    r = results["summary"]
-    console.print(f"{method}: {r['points']} points, peak train loss {r['peak_train_loss']:.4f} "
-                  f"(endpoints {max(results['endpoint_train_loss']):.4f}), dense peak {r['dense_peak_train_loss']:.4f}, "
-                  f"{r['grad_evals']} gradient evaluations, {r['wall_time_s']:.1f} s")
+    console.print(results["headline"], style=None if results["complete"] else "bold red", markup=False)
     console.print(f"[bold green]outputs written to[/] {out.resolve()}  (path/, results.json, report.md, path_loss.png)")
+    if not results["complete"]:
+        raise typer.Exit(code=INCOMPLETE_EXIT_CODE)
 
 
-@app.command()
+def _experiment_help() -> str:
+    from .experiments import EXPERIMENTS
+    from .experiments.registry import experiments_help
+
+    return ("Run a named experiment; writes results.json, report.md and its figures.\n\n" + experiments_help()
+            + "\n\nValid names: " + ", ".join(EXPERIMENTS))
+
+
+@app.command(help=_experiment_help())
 def experiment(
-    name: str = typer.Argument(..., help="llpf, transformer-wm, lmc-dm, lmc-dm-vit, identifiability-sigma, identifiability-k, "
-                                         "identifiability-coherence, identifiability-resnet"),
+    name: str = typer.Argument(..., help="experiment name (listed above)"),
     quick: bool = typer.Option(False, help="the small CI size (minutes on 2 cores) instead of the full size"),
     pairs: Optional[int] = typer.Option(None, min=1, help="model pairs per setting (default: 1 quick, 3 full)"),
     epochs: Optional[int] = typer.Option(None, min=1, help="training epochs per model (default per experiment)"),
-    width: Optional[int] = typer.Option(None, min=1, help="hidden width of the MLPs (default 64 quick, 256/512 full)"),
+    width: Optional[int] = typer.Option(None, min=1, help="hidden width of the models (default per experiment)"),
     limit_train: Optional[int] = typer.Option(None, min=1, help="training examples per model (default per size)"),
     data: Optional[Path] = typer.Option(None, help=DATA_HELP),
     out: Optional[Path] = typer.Option(None, help="output directory (default runs/<name>-<time>)"),
-    overwrite: bool = typer.Option(False, help="replace a non-empty --out"),
+    overwrite: bool = typer.Option(False, help="replace --out if modeconn wrote it"),
 ) -> None:
-    """Run a named experiment; writes results.json, report.md and summary.png.
-
-    llpf (METHODS.md §2) trains three BN ResNet20s on Fashion-MNIST and compares the linear path, LLPF (three
-    seeds), the all-at-once ablation, Bezier and AutoNEB at LLPF's gradient budget, and cross-sphere LLPF
-    between models trained with and without weight decay (writes paths_loss.png and paths_pca.png).
-    transformer-wm (METHODS.md §0, §3) trains two GPT-NeoX LMs on the Austen text and reports held-out
-    loss barriers naive / weight matching (permutations) / weight matching (full group after normalization
-    absorption), and recovers a planted full-group element on the pretrained MiniLM.
-    lmc-dm (METHODS.md §3) trains the same LM pair and reports held-out barriers naive / WM / one-sided
-    learned / dual matching, with ablations (no QK, no OV, no residual rotation, parameterisations).
-    lmc-dm-vit does the same for two standard ViTs trained on Fashion-MNIST (held-out loss and accuracy
-    barriers, min accuracy along the path; ablations no QK / no OV / no residual rotation); the full size
-    also re-joins a planted copy of the pretrained MiniLM with dual matching.
-    The identifiability experiments (METHODS.md §1) train pairs of W-asymmetric and standard networks and
-    report unaligned vs weight-matched barriers, the identity/optimal activation-matching ratio, accuracy,
-    swap costs (k sweep) and subspace coherence (coherence sweep), mean ± std over pairs.
-    """
-    from .experiments.identifiability import EXPERIMENTS, run_identifiability
+    from .experiments import EXPERIMENTS
     from .experiments.output import default_out
 
     try:
-        if name not in (*SIZED_EXPERIMENTS, *EXPERIMENTS):
-            raise ModeconnError(f"unknown experiment {name!r}; valid: {', '.join((*SIZED_EXPERIMENTS, *EXPERIMENTS))}")
+        exp = EXPERIMENTS.get(name)
+        settings = dict(pairs=pairs, epochs=epochs, width=width, limit_train=limit_train)
+        exp.size(quick, **settings)  # a setting that does not apply fails before any work
         out = out or default_out(name)
-        if name in SIZED_EXPERIMENTS:
-            _run_sized_experiment(name, out, quick, pairs, epochs, width, limit_train, data, overwrite)
-            return
+        _check_out(out, [data], overwrite)
         with console.status(f"running {name}"):
-            results = run_identifiability(name, out, quick=quick, pairs=pairs, epochs=epochs, width=width,
-                                          limit_train=limit_train, data=data, overwrite=overwrite,
-                                          log=lambda s: console.log(s))
+            results = exp(out, quick=quick, data=data, overwrite=overwrite, log=lambda m: console.log(m), **settings)
     except ModeconnError as err:
         _fail(err)
-    from .experiments.identifiability import report
-
-    console.print(report(results).split("![summary]")[0])
-    console.print(f"[bold green]outputs written to[/] {out.resolve()}  (report.md, results.json, summary.png)")
+    console.print(exp.report(results).split("![")[0])
+    console.print(f"[bold green]outputs written to[/] {out.resolve()}  ({', '.join(exp.outputs)})")
 
 
 @app.command()
@@ -693,51 +718,6 @@ def sweep(
     console.print((out / "report.md").read_text())
     console.print(f"[bold green]{len(results['rows'])} runs aggregated in[/] {out.resolve()}  "
                   "(results.json, results.csv, report.md, runs/)")
-
-
-@dataclass(frozen=True)
-class _SizedExperiment:
-    """An experiment module with ``SIZES`` (quick/full dataclasses), ``report(results)`` and a runner."""
-
-    module: str
-    run: str
-    width_field: str
-    outputs: str
-    one_pair: str
-    nested: str | None = None
-
-
-SIZED_EXPERIMENTS = {
-    "llpf": _SizedExperiment("llpf_experiment", "run_llpf_experiment", "width",
-                             "report.md, results.json, paths_loss.png, paths_pca.png, paths/", "it trains three models A, B, C"),
-    "transformer-wm": _SizedExperiment("transformer_wm", "run_transformer_wm", "hidden_size",
-                                       "report.md, results.json, lm_barrier.png, minilm_recovery.png",
-                                       "one pair of language models"),
-    "lmc-dm": _SizedExperiment("lmc_dm", "run_lmc_dm", "hidden_size", "report.md, results.json, lm_dm_barrier.png",
-                               "one pair of language models", nested="lm"),
-    "lmc-dm-vit": _SizedExperiment("lmc_dm_vit", "run_lmc_dm_vit", "hidden_size",
-                                   "report.md, results.json, vit_dm_barrier.png", "one pair of vision transformers",
-                                   nested="vit"),
-}
-
-
-def _run_sized_experiment(name, out, quick, pairs, epochs, width, limit_train, data, overwrite) -> None:
-    import importlib
-    from dataclasses import replace
-
-    exp = SIZED_EXPERIMENTS[name]
-    if pairs is not None:
-        raise ModeconnError(f"--pairs does not apply to {name} ({exp.one_pair})")
-    mod = importlib.import_module(f".experiments.{exp.module}", __package__)
-    size = mod.SIZES["quick" if quick else "full"]
-    changes = {k: v for k, v in (("epochs", epochs), (exp.width_field, width), ("limit_train", limit_train))
-               if v is not None}
-    size = (replace(size, **{exp.nested: replace(getattr(size, exp.nested), **changes)}) if exp.nested
-            else replace(size, **changes))
-    with console.status(f"running {name}"):
-        results = getattr(mod, exp.run)(out, data=data, overwrite=overwrite, size=size, log=lambda m: console.log(m))
-    console.print(mod.report(results).split("![")[0])
-    console.print(f"[bold green]outputs written to[/] {out.resolve()}  ({exp.outputs})")
 
 
 def main() -> None:  # pragma: no cover - entry point

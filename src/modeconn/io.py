@@ -30,9 +30,8 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -42,6 +41,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
+from ._util.outdir import check_output_target, output_directory
+from .checks import check_dtype_kinds, dtype_kind, dtype_kind_mismatches  # noqa: F401  (re-exported)
 from .errors import CheckpointError, ConfigError, StateDictMismatchError
 from .models import MODELS, build_model, fixed_structure_digest, fixed_structure_keys, model_config
 
@@ -134,6 +135,51 @@ def _check_not_pickle(path: Path) -> None:
         )
 
 
+# ----------------------------------------------------------------------- trust: dtype kinds, checkpoint trees
+SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+    "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+}
+"""safetensors dtype names → torch dtypes (the dtypes modeconn reads from safetensors headers)."""
+
+
+def safetensors_dtype(name: str, file: str | os.PathLike, key: str) -> torch.dtype:
+    """The torch dtype of a safetensors header dtype ``name``; CheckpointError naming the file and tensor if modeconn
+    cannot read it."""
+    if name not in SAFETENSORS_DTYPES:
+        raise CheckpointError(f"{file}: tensor {key!r} has dtype {name}, which modeconn cannot read "
+                              f"(supported: {', '.join(SAFETENSORS_DTYPES)})")
+    return SAFETENSORS_DTYPES[name]
+
+
+def check_in_checkpoint(file: str | os.PathLike, root: str | os.PathLike) -> Path:
+    """The real path of ``file``, a file of checkpoint directory ``root``; refused if it leaves ``root``'s tree.
+
+    A symlinked file (a side file such as ``tokenizer.json``, a weights shard, ``config.json``) would otherwise pull
+    a file from anywhere on the machine into what modeconn reads and copies to its outputs. Allowed: real paths
+    inside ``root`` (symlinks within the checkpoint), and the Hugging Face cache layout: ``root`` is
+    ``<repo>/snapshots/<revision>`` and the file resolves into ``<repo>/blobs``. Hard links cannot be told apart
+    from regular files and are not refused.
+
+    Raises:
+        CheckpointError: naming the file and where it points (or why it cannot be resolved, e.g. a symlink loop).
+    """
+    file = Path(file)
+    try:
+        real, base = file.resolve(), Path(root).resolve()
+        blobs = (base.parent.parent / "blobs").resolve() if base.parent.name == "snapshots" else None
+    except (OSError, RuntimeError) as err:
+        raise CheckpointError(f"{file}: cannot resolve the path (symlink loop?): {err}") from None
+    if real == base or base in real.parents or (blobs is not None and blobs in real.parents):
+        return real
+    raise CheckpointError(
+        f"{file}: is a symlink to {real}, outside the checkpoint directory {root}; files a checkpoint is read from "
+        "(and copied to outputs from) must lie in its directory tree (or be Hugging Face cache blobs, "
+        "snapshots/<rev>/f → ../../blobs/<hash>): copy the file into the checkpoint if it belongs there"
+    )
+
+
 # --------------------------------------------------------------------------------------- state dicts
 
 
@@ -177,20 +223,22 @@ def save_state_dict(
     return path
 
 
-def _open_safetensors_header(path: Path) -> dict[str, tuple[int, ...]]:
-    """Keys → shapes from the safetensors header; validates that the file is complete.
+def _open_safetensors_header(path: Path) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """Keys → ``(shape, dtype)`` from the safetensors header; validates that the file is complete.
 
     Raises:
-        CheckpointError: missing, pickle, truncated or corrupt file (named in the message).
+        CheckpointError: missing, pickle, truncated or corrupt file, or a dtype modeconn cannot read (named in the
+            message).
     """
     _check_not_pickle(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: weights file not found")
     try:
         with safe_open(str(path), framework="pt", device="cpu") as f:
-            return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+            entries = {k: (tuple(f.get_slice(k).get_shape()), f.get_slice(k).get_dtype()) for k in f.keys()}
     except Exception as err:
         raise CheckpointError(f"{path}: not a valid safetensors file (truncated or corrupt?): {err}") from None
+    return {k: (shape, safetensors_dtype(name, path, k)) for k, (shape, name) in entries.items()}
 
 
 def load_state_dict(path: str | os.PathLike, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
@@ -227,13 +275,8 @@ def _load_pickle_weights(path: Path, device: str | torch.device) -> dict[str, to
 # ------------------------------------------------------------------------------------------ checkpoints
 
 
-def _check_target(path: Path, overwrite: bool) -> None:
-    if path.exists() and not path.is_dir():
-        raise CheckpointError(f"{path}: exists and is not a directory; refusing to replace it")
-    if path.is_dir() and any(path.iterdir()) and not overwrite:
-        raise CheckpointError(
-            f"{path}: checkpoint directory exists and is not empty; pass overwrite=True (on the command line: --overwrite) to replace it"
-        )
+def _check_target(path: Path, overwrite: bool, inputs: Iterable[str | os.PathLike] = ()) -> None:
+    check_output_target(path, inputs=inputs, overwrite=overwrite, option="checkpoint directory", error=CheckpointError)
 
 
 def save_checkpoint(
@@ -244,6 +287,8 @@ def save_checkpoint(
     metrics: Mapping[str, Any] | None = None,
     extra_json: Mapping[str, Any] | None = None,
     overwrite: bool = False,
+    inputs: Iterable[str | os.PathLike] = (),
+    command: str = "save_checkpoint",
 ) -> Path:
     """Write a checkpoint directory for ``model`` (built by :func:`modeconn.models.build_model`).
 
@@ -257,13 +302,16 @@ def save_checkpoint(
     the fixed offsets/masks, checked by :func:`load_checkpoint`).
 
     The directory is assembled in a temporary sibling and renamed into place; an existing non-empty
-    target is only replaced with ``overwrite=True`` (and then swapped in, never partially rewritten).
+    target is only replaced with ``overwrite=True`` and only if modeconn wrote it (then swapped in, never partially
+    rewritten); a ``path`` that is, contains or lies inside one of ``inputs`` (the checkpoints it was made from) is
+    refused. ``command`` is recorded in the directory's ownership marker.
 
     Returns:
         The checkpoint directory.
 
     Raises:
-        CheckpointError: target exists (non-empty, without ``overwrite``) or is a file; writing fails.
+        CheckpointError: target exists (non-empty, without ``overwrite``, or not written by modeconn) or is a file;
+            target is, contains or lies inside an input; writing fails.
         ConfigError: ``model`` has no modeconn config; ``config`` overrides a reserved key
             (architecture, kwargs, modeconn_version, format_version) or is not JSON-serialisable.
     """
@@ -284,7 +332,7 @@ def save_checkpoint(
             raise ConfigError(f"save_checkpoint: extra_json file name {name!r} must be a plain *.json name other than "
                               f"{CONFIG_NAME} / {METRICS_NAME}")
         extra_text[name] = _json_dumps(payload, f"{path / name}")
-    with atomic_directory(path, overwrite) as tmp:
+    with atomic_directory(path, overwrite, inputs=inputs, command=command) as tmp:
         _fsync_write(tmp / CONFIG_NAME, config_text.encode())
         meta = {"modeconn_format_version": str(FORMAT_VERSION)}
         save_state_dict(tmp / WEIGHTS_NAME, model.state_dict(), metadata=meta)
@@ -296,39 +344,21 @@ def save_checkpoint(
 
 
 @contextmanager
-def atomic_directory(path: str | os.PathLike, overwrite: bool = False, what: str = "checkpoint") -> Iterator[Path]:
-    """Assemble a directory atomically: yields an empty temporary sibling of ``path`` to write into; when the block
-    ends without an exception it is renamed to ``path`` (an existing non-empty ``path`` is swapped out and deleted,
-    only with ``overwrite``); on an exception the temporary directory is deleted and ``path`` is left as it was.
+def atomic_directory(path: str | os.PathLike, overwrite: bool = False, what: str = "checkpoint", *,
+                     inputs: Iterable[str | os.PathLike] = (), command: str = "") -> Iterator[Path]:
+    """Assemble a directory atomically (:func:`modeconn._util.outdir.output_directory`): yields an empty temporary
+    sibling of ``path`` to write into; when the block ends without an exception it replaces ``path`` in one atomic
+    swap; on an exception it is deleted and ``path`` is left as it was.
 
     Raises:
-        CheckpointError: ``path`` is a file, or a non-empty directory without ``overwrite`` (checked before the block
-            runs and again before the rename); an OSError while writing or renaming (``what`` names the output).
+        CheckpointError: ``path`` is a file; is, contains or lies inside one of ``inputs``; is a non-empty directory
+            without ``overwrite``, or one modeconn did not write (checked before the block runs and again before the
+            swap); an OSError while writing or renaming (``what`` names the output).
     """
-    path = Path(path)
-    _check_target(path, overwrite)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
-    backup: Path | None = None
-    try:
+    with output_directory(path, inputs=inputs, overwrite=overwrite, command=command or what,
+                          option="checkpoint directory", error=CheckpointError, os_error=CheckpointError,
+                          what=what) as tmp:
         yield tmp
-        _check_target(path, overwrite)  # re-check: another writer may have appeared meanwhile
-        if path.is_dir() and any(path.iterdir()):
-            # overwrite: move the old directory aside, swap the new one in, then delete the old one
-            backup = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))
-            os.rename(path, backup / "ckpt")
-        os.replace(tmp, path)  # atomic; replaces an empty directory on POSIX
-    except BaseException as err:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if backup is not None and (backup / "ckpt").exists() and not path.exists():
-            os.rename(backup / "ckpt", path)
-        if backup is not None:
-            shutil.rmtree(backup, ignore_errors=True)
-        if isinstance(err, OSError):
-            raise CheckpointError(f"{path}: writing {what} failed: {err}") from err
-        raise
-    if backup is not None:
-        shutil.rmtree(backup, ignore_errors=True)
 
 
 def read_json_object(path: str | os.PathLike, what: str = "JSON file") -> dict[str, Any]:
@@ -351,11 +381,16 @@ def read_config(path: str | os.PathLike) -> dict[str, Any]:
 
     Raises:
         CheckpointError: missing file, invalid JSON, not a JSON object, or missing/ill-typed
-            ``architecture`` (str) / ``kwargs`` (object).
+            ``architecture`` (str) / ``kwargs`` (object); a config.json symlinked out of its checkpoint directory
+            (:func:`check_in_checkpoint`).
+        ConfigError: ``format_version`` newer than this modeconn reads (:data:`FORMAT_VERSION`) or not an integer.
     """
     path = Path(path)
     cfg_path = path / CONFIG_NAME if path.is_dir() or path.suffix != ".json" else path
+    if cfg_path.is_file():
+        check_in_checkpoint(cfg_path, cfg_path.parent)
     cfg = read_json_object(cfg_path, "config file")
+    check_format_version(cfg, cfg_path)
     if not isinstance(cfg.get("architecture"), str):
         raise CheckpointError(
             f"{cfg_path}: missing or non-string 'architecture'; valid architectures: {', '.join(MODELS.names())}"
@@ -365,14 +400,28 @@ def read_config(path: str | os.PathLike) -> dict[str, Any]:
     return cfg
 
 
+def check_format_version(cfg: Mapping[str, Any], file: str | os.PathLike) -> None:
+    """ConfigError naming ``file`` and the field unless ``cfg["format_version"]`` (when present) is an integer
+    1 … :data:`FORMAT_VERSION` (a newer checkpoint format may mean something this modeconn would misread)."""
+    version = cfg.get("format_version", FORMAT_VERSION)
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise ConfigError(f"{file}: format_version must be a positive integer, got {version!r}")
+    if version > FORMAT_VERSION:
+        raise ConfigError(f"{file}: format_version {version} is newer than this modeconn supports "
+                          f"({FORMAT_VERSION}); upgrade modeconn to read this checkpoint")
+
+
 def check_state_dict_compatible(
-    expected: Mapping[str, tuple[int, ...]], found: Mapping[str, tuple[int, ...]], where: str
+    expected: Mapping[str, tuple[int, ...]], found: Mapping[str, tuple[int, ...]], where: str, *,
+    dtypes: tuple[Mapping[str, Any], Mapping[str, Any]] | None = None,
 ) -> None:
-    """Compare key → shape maps.
+    """Compare key → shape maps, and with ``dtypes=(expected_dtypes, found_dtypes)`` (key → dtype or tensor) also
+    the dtype kinds (:func:`dtype_kind`: an integer tensor where the model has a floating one is refused; floating
+    precisions may differ).
 
     Raises:
-        StateDictMismatchError: listing missing keys, unexpected keys and every shape difference
-            (``key: expected (a, b) vs found (c, d)``), naming ``where``.
+        StateDictMismatchError: listing missing keys, unexpected keys, every shape difference
+            (``key: expected (a, b) vs found (c, d)``) and every dtype-kind difference (both dtypes), naming ``where``.
     """
     missing = sorted(set(expected) - set(found))
     unexpected = sorted(set(found) - set(expected))
@@ -381,7 +430,8 @@ def check_state_dict_compatible(
         for k in sorted(set(expected) & set(found))
         if tuple(expected[k]) != tuple(found[k])
     ]
-    if missing or unexpected or shapes:
+    kinds = dtype_kind_mismatches(*dtypes, "model expects", "file has") if dtypes is not None else []
+    if missing or unexpected or shapes or kinds:
         parts = []
         if missing:
             parts.append(f"missing keys: {', '.join(missing)}")
@@ -389,6 +439,8 @@ def check_state_dict_compatible(
             parts.append(f"unexpected keys: {', '.join(unexpected)}")
         if shapes:
             parts.append("shape mismatches: " + "; ".join(shapes))
+        if kinds:
+            parts.append("dtype kind mismatches (the bytes would be reinterpreted, not converted): " + "; ".join(kinds))
         raise StateDictMismatchError(f"{where}: weights do not match the model: " + " | ".join(parts))
 
 
@@ -449,8 +501,13 @@ def load_checkpoint(
             ``allow_pickle``), truncated or corrupt safetensors (the file is named); for W-asymmetric
             models: ``fixed_structure_digest`` mismatch (both digests given) or missing, or fixed buffers
             that differ from those the config regenerates (keys named).
-        ConfigError: unknown architecture or invalid kwargs in config.json (valid choices listed).
-        StateDictMismatchError: missing/unexpected keys or shape differences (both shapes given).
+        ConfigError: unknown architecture or invalid kwargs in config.json (valid choices listed), sizes beyond
+            the bounds of :func:`modeconn.models.build_model`, a ``format_version`` newer than supported (file and
+            field named).
+        StateDictMismatchError: missing/unexpected keys, shape differences (both shapes given) or a tensor of
+            another dtype kind than the model's (e.g. int32 where the model has float32: both dtypes given).
+        CheckpointError (also): config.json or a weights file that is a symlink leaving the checkpoint directory
+            (:func:`check_in_checkpoint`).
     """
     path = Path(path)
     if not path.exists():
@@ -466,14 +523,19 @@ def load_checkpoint(
     except ConfigError as err:
         raise ConfigError(f"{path / CONFIG_NAME}: {err}") from None
     expected = {k: tuple(v.shape) for k, v in probe.state_dict().items()}
+    expected_dtypes = {k: v.dtype for k, v in probe.state_dict().items()}
     fixed_keys = fixed_structure_keys(probe)
     del probe
 
     weights = path / WEIGHTS_NAME
     pickles = sorted(p for p in path.iterdir() if p.suffix.lower() in PICKLE_SUFFIXES)
+    for file in (weights, *pickles):  # weights symlinked out of the checkpoint are refused before any read
+        if file.is_file():
+            check_in_checkpoint(file, path)
     if weights.is_file():
-        found = _open_safetensors_header(weights)
-        check_state_dict_compatible(expected, found, str(weights))
+        header = _open_safetensors_header(weights)
+        check_state_dict_compatible(expected, {k: s for k, (s, _) in header.items()}, str(weights),
+                                    dtypes=(expected_dtypes, {k: d for k, (_, d) in header.items()}))
         state = load_state_dict(weights, device=device)
     elif pickles and not allow_pickle:
         raise CheckpointError(
@@ -483,7 +545,8 @@ def load_checkpoint(
         )
     elif pickles:
         state = _load_pickle_weights(pickles[0], device)
-        check_state_dict_compatible(expected, {k: tuple(v.shape) for k, v in state.items()}, str(pickles[0]))
+        check_state_dict_compatible(expected, {k: tuple(v.shape) for k, v in state.items()}, str(pickles[0]),
+                                    dtypes=(expected_dtypes, state))
     else:
         raise CheckpointError(f"{path}: weights file {WEIGHTS_NAME} not found")
 

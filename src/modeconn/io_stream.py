@@ -29,7 +29,7 @@ import json
 import os
 import shutil
 import struct
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,16 +38,22 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from .errors import CheckpointError, ConfigError, StateDictMismatchError
-from .io import PICKLE_SUFFIXES, WEIGHTS_NAME, _fsync_write, _json_dumps, atomic_directory, read_json_object
+from .io import (
+    PICKLE_SUFFIXES,
+    SAFETENSORS_DTYPES,
+    WEIGHTS_NAME,
+    _fsync_write,
+    _json_dumps,
+    atomic_directory,
+    check_in_checkpoint,
+    read_json_object,
+    safetensors_dtype,
+)
 
 INDEX_NAME = "model.safetensors.index.json"
 """The Hugging Face index of a sharded safetensors checkpoint (``weight_map``: key → shard file name)."""
 
-DTYPES: dict[str, torch.dtype] = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-    "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
-}
+DTYPES: dict[str, torch.dtype] = SAFETENSORS_DTYPES
 """safetensors dtype names → torch dtypes (the dtypes a lazy checkpoint can hold)."""
 _NAMES = {v: k for k, v in DTYPES.items()}
 
@@ -128,7 +134,9 @@ class LazyCheckpoint(Mapping[str, torch.Tensor]):
     (pickle-only weights are refused), an invalid index (not JSON, no ``weight_map``, a shard name with a path in
     it), shards listed in the index but missing on disk (named, with how many keys and one key they should hold),
     a truncated or corrupt shard, a key of the index absent from its shard or a shard holding keys the index does
-    not list, a tensor in two shards, a dtype modeconn cannot read. On access: KeyError for an unknown key,
+    not list, a tensor in two shards, a dtype modeconn cannot read, a shard or the index that is a symlink leaving
+    the checkpoint's tree (:func:`modeconn.io.check_in_checkpoint`; Hugging Face cache blobs are allowed).
+    On access: KeyError for an unknown key,
     CheckpointError naming the file and key if the shard changed or vanished since opening.
     """
 
@@ -141,6 +149,9 @@ class LazyCheckpoint(Mapping[str, torch.Tensor]):
         else:
             raise CheckpointError(f"{path}: checkpoint directory not found")
         self.index: dict[str, Any] | None = None
+        for file in (single, self.path / INDEX_NAME):  # symlinked out of the checkpoint: refused before any read
+            if file.is_file():
+                check_in_checkpoint(file, self.path)
         if single.is_file():
             weight_map = None
             shards = [single.name]
@@ -173,6 +184,8 @@ class LazyCheckpoint(Mapping[str, torch.Tensor]):
         self.shards: dict[str, tuple[str, ...]] = {}
         self.shard_metadata: dict[str, dict[str, str] | None] = {}
         found: dict[str, TensorInfo] = {}
+        for shard in shards:
+            check_in_checkpoint(self.path / shard, self.path)
         for shard in shards:
             header, meta = _read_header(self.path / shard)
             self.shard_metadata[shard] = meta
@@ -225,6 +238,11 @@ class LazyCheckpoint(Mapping[str, torch.Tensor]):
                 f"{self.nbytes / 2**30:.2f} GiB)")
 
     # ------------------------------------------------------------------ header information
+    @property
+    def dtypes(self) -> dict[str, torch.dtype]:
+        """``{key: dtype}`` from the headers (for dtype-kind checks, :func:`modeconn.io.check_dtype_kinds`)."""
+        return {k: i.dtype for k, i in self.infos.items()}
+
     def meta(self) -> dict[str, torch.Tensor]:
         """``{key: meta tensor}`` with every tensor's shape and dtype (no data): for key/shape checks."""
         return {k: torch.empty(i.shape, dtype=i.dtype, device="meta") for k, i in self.infos.items()}
@@ -256,13 +274,7 @@ def _read_header(file: Path) -> tuple[dict[str, tuple[torch.dtype, tuple[int, ..
             entries = {k: (f.get_slice(k).get_dtype(), tuple(f.get_slice(k).get_shape())) for k in keys}
     except (SafetensorError, OSError, RuntimeError) as err:
         raise CheckpointError(f"{file}: not a valid safetensors file (truncated or corrupt?): {err}") from None
-    out = {}
-    for k, (name, shape) in entries.items():
-        if name not in DTYPES:
-            raise CheckpointError(f"{file}: tensor {k!r} has dtype {name}, which modeconn cannot read "
-                                  f"(supported: {', '.join(DTYPES)})")
-        out[k] = (DTYPES[name], shape)
-    return out, meta
+    return {k: (safetensors_dtype(name, file, k), shape) for k, (name, shape) in entries.items()}, meta
 
 
 # --------------------------------------------------------------------------------------------- writing
@@ -276,6 +288,8 @@ def write_like(
     files: Mapping[str, str | os.PathLike | bytes | Mapping] | None = None,
     overwrite: bool = False,
     progress: Callable[[int, int], None] | None = None,
+    inputs: Sequence[str | os.PathLike] = (),
+    command: str = "",
 ) -> Path:
     """Write a checkpoint directory holding ``produce(key)`` for every key of ``like`` (a lazy checkpoint, or a
     :class:`ShardLayout` e.g. from :meth:`ShardLayout.plan`), in ``like``'s layout.
@@ -284,22 +298,29 @@ def write_like(
     metadata kept, the index rewritten with the same ``weight_map`` and ``metadata``. Tensors are produced and
     written one at a time, in each shard's order (widest dtype first, so every tensor is aligned), so peak memory is
     one input tensor and its result. ``files`` adds other files: name → a path to copy, bytes, or a JSON object.
-    ``progress(done, total)`` is called after every tensor.
+    ``progress(done, total)`` is called after every tensor. ``out`` may not be, contain or lie inside ``inputs`` (the
+    checkpoints it is made from; ``like``'s own directory is always one); ``command`` goes into its ownership marker.
 
     Returns: ``out``. The directory appears complete or not at all (:func:`modeconn.io.atomic_directory`).
     Raises: StateDictMismatchError if a produced tensor's shape or dtype differs from ``like``'s (names the key);
-        CheckpointError if ``out`` exists and is not empty (without ``overwrite``) or writing fails; whatever
+        CheckpointError if ``out`` exists and is not empty (without ``overwrite``) or writing fails, or a file of
+        ``files`` to copy is a symlink leaving its directory (checked before anything is written); whatever
         ``produce`` raises (the output is then not created).
     """
+    sources = [*inputs, like.path] if isinstance(like, LazyCheckpoint) else list(inputs)
     like = like.layout if isinstance(like, LazyCheckpoint) else like
     files = dict(files or {})
     reserved = {INDEX_NAME, *like.shards}
     clash = [n for n in files if n in reserved or Path(n).name != n]
     if clash:
         raise CheckpointError(f"{out}: extra files {clash} would overwrite weights or are not plain file names")
+    # a file copied in must not be a symlink out of its own directory (the checkpoint of a side file): refused
+    # before anything is written; the real path checked is the one copied
+    files = {n: check_in_checkpoint(v, Path(v).parent) if isinstance(v, (str, os.PathLike)) else v
+             for n, v in files.items()}
     payloads = {n: _json_dumps(v, f"{out}/{n}").encode() if isinstance(v, Mapping) else v for n, v in files.items()}
     total, done = len(like.infos), 0
-    with atomic_directory(out, overwrite, "checkpoint") as tmp:
+    with atomic_directory(out, overwrite, "checkpoint", inputs=sources, command=command) as tmp:
         for shard, keys in like.shards.items():
             order = sorted(keys, key=lambda k: -like.infos[k].dtype.itemsize)
 

@@ -38,11 +38,11 @@ import torch
 
 from .checks import check_compatible, check_finite
 from .errors import CheckpointError, ConfigError, UnsupportedOperationError
-from .io import CONFIG_NAME, PICKLE_SUFFIXES, _check_target, read_json_object
+from .io import CONFIG_NAME, PICKLE_SUFFIXES, _check_target, check_dtype_kinds, check_in_checkpoint, read_json_object
 from .io_stream import INDEX_NAME, LazyCheckpoint, write_like
 from .match.result import Alignment
 from .match.weight import weight_matching
-from .path.interpolate import weighted_average
+from .path.interpolate import merge_weights, weighted_average
 from .symmetry import Element, SymmetrySpec
 
 PathLike = str | os.PathLike
@@ -79,13 +79,25 @@ def hf_config(path: PathLike):
     raw = read_json_object(path / CONFIG_NAME, "config file")
     if not isinstance(raw.get("model_type"), str):
         raise ConfigError(f"{path / CONFIG_NAME}: no 'model_type'; not a Hugging Face checkpoint directory")
+    from .symmetry.hf.config_check import validate_hf_config
+
+    validate_hf_config(raw, path / CONFIG_NAME)  # sizes: positive ints, divisible, bounded (before transformers)
     import transformers
 
     try:
         return transformers.AutoConfig.from_pretrained(str(path), local_files_only=True)
-    except (ValueError, KeyError, OSError) as err:
+    except (ValueError, KeyError, OSError, TypeError, _strict_error()) as err:
         raise ConfigError(f"{path / CONFIG_NAME}: transformers cannot read this config "
                           f"(model_type {raw['model_type']!r}): {err}") from None
+
+
+def _strict_error() -> type[Exception]:
+    """huggingface_hub's config-field validation error (raised by transformers ≥ 5 for a field of the wrong type)."""
+    try:
+        from huggingface_hub.errors import StrictDataclassError
+    except ImportError:  # older huggingface_hub
+        return ValueError
+    return StrictDataclassError
 
 
 def check_same_hf_configs(paths: Sequence[PathLike]) -> list:
@@ -119,33 +131,24 @@ def hf_checkpoint_spec(path: PathLike, groups: str | Mapping[str, str | None] = 
         groups: as for :func:`~modeconn.symmetry.hf.hf_symmetry_spec` (default: permutations).
         config: the transformers config if already read; ``checkpoint``: the lazy checkpoint if already opened.
     Returns: an :class:`~modeconn.symmetry.hf.HFSymmetrySpec` keyed by checkpoint tensor names.
-    Raises: CheckpointError (config/weights missing, corrupt, a shard missing), ConfigError (config unreadable),
+    Raises: CheckpointError (config/weights missing, corrupt, a shard missing), ConfigError (config unreadable or
+        malformed, e.g. a layer count the checkpoint's tensors cannot hold: the field is named),
         UnsupportedOperationError (no adapter for the model type; a checkpoint format that is converted, not
         renamed, on load), SpecError / StateDictMismatchError (the checkpoint does not match the config's model).
     """
-    import transformers
-
     from .symmetry.hf import hf_symmetry_spec
+    from .symmetry.hf.config_check import build_meta_model, check_fits_checkpoint
 
     path = Path(path)
     config = config if config is not None else hf_config(path)
     ckpt = checkpoint if checkpoint is not None else LazyCheckpoint(path)
-    cls = None
-    for name in getattr(config, "architectures", None) or ():
-        cand = getattr(transformers, name, None)
-        if isinstance(cand, type) and issubclass(cand, transformers.PreTrainedModel):
-            cls = cand
-            break
-    with torch.device("meta"):
-        if cls is not None:
-            model = cls(config)
-        else:
-            try:
-                model = transformers.AutoModelForCausalLM.from_config(config)
-            except ValueError:
-                model = transformers.AutoModel.from_config(config)
+    check_fits_checkpoint(config, path / CONFIG_NAME, len(ckpt))  # before building (minutes for a huge layer count)
+    model = build_meta_model(config, path / CONFIG_NAME)
     spec = hf_symmetry_spec(model, groups)
     names = checkpoint_tensor_names(model)
+    # every stored tensor of the dtype kind the model has (an int32 header over float32 bytes is refused)
+    check_dtype_kinds([{names[k]: t for k, t in model.state_dict().items()}, ckpt.dtypes],
+                      [f"the model {path / CONFIG_NAME} describes", f"checkpoint {path}"])
     stored = set(names.values())
     spec = _renamed(spec, names, {k: ckpt.infos[k].shape for k in ckpt if k not in stored})
     spec.check_state_dict(ckpt.meta(), f"checkpoint {path}")
@@ -190,13 +193,14 @@ def stream_weight_matching(spec: SymmetrySpec, a: Checkpoint, b: Checkpoint, **k
     """:func:`modeconn.weight_matching` of two checkpoint directories (or lazy checkpoints), streamed: B's element
     aligning it to A. ``kwargs``: restarts, max_iter, rtol, seed, init, keys, chunk, progress. Raises as
     :func:`modeconn.weight_matching` and :class:`~modeconn.io_stream.LazyCheckpoint`."""
-    return weight_matching(spec, _lazy(a), _lazy(b), **kwargs)
+    a, b = _lazy(a), _lazy(b)
+    check_dtype_kinds([a.dtypes, b.dtypes], [f"checkpoint {a.path}", f"checkpoint {b.path}"])
+    return weight_matching(spec, a, b, **kwargs)
 
 
 def _tensor(spec: SymmetrySpec, ckpt: LazyCheckpoint, key: str, g: Element | None, cache: dict) -> torch.Tensor:
     """``(g·θ)[key]`` read from ``ckpt``; a tied alias is its primary transformed (so the tie survives)."""
-    primary = getattr(spec, "aliases", {}).get(key)
-    src = primary if primary is not None and primary in ckpt else key
+    src = spec.primary_of(key) if spec.primary_of(key) in ckpt else key
     t = ckpt[src]
     return t if g is None else spec.apply_tensor(src, t, g, cache=cache)
 
@@ -206,14 +210,12 @@ def _check_inputs(spec: SymmetrySpec, ckpts: list[LazyCheckpoint], elements: Seq
     for c, m in zip(ckpts, metas):
         spec.check_state_dict(m, f"checkpoint {c.path}")
     check_compatible(metas, [str(c.path) for c in ckpts])
+    check_dtype_kinds(metas, [f"checkpoint {c.path}" for c in ckpts])  # kinds as the first (reference) checkpoint's
     for g in elements:
         if g is not None:
             spec.check_element(g)
-    check_tied = getattr(spec, "check_tied", None)
     for c in ckpts:  # tied tensors stored twice must be equal (read before anything is written)
-        for alias, primary in getattr(spec, "aliases", {}).items():
-            if alias in c and primary in c and check_tied is not None:
-                check_tied({alias: c[alias], primary: c[primary]}, f"checkpoint {c.path}")
+        spec.check_tied(c, f"checkpoint {c.path}")
 
 
 def stream_apply(spec: SymmetrySpec, src: Checkpoint, element: Element, out: PathLike, *,
@@ -234,20 +236,21 @@ def stream_apply(spec: SymmetrySpec, src: Checkpoint, element: Element, out: Pat
     cache: dict = {}
     tick = (lambda d, t: progress("writing", d, t)) if progress is not None else None
     return write_like(out, ckpt, lambda k: _tensor(spec, ckpt, k, element, cache), files=files,
-                      overwrite=overwrite, progress=tick)
+                      overwrite=overwrite, progress=tick, command="align")
 
 
 def stream_merge(spec: SymmetrySpec, srcs: Sequence[Checkpoint], out: PathLike, *,
                  weights: Sequence[float] | None = None, elements: Sequence[Element | None] | None = None,
                  files: Mapping[str, Any] | None = None, overwrite: bool = False,
-                 progress: Progress | None = None) -> Path:
+                 progress: Progress | None = None, normalize: bool = True) -> Path:
     """Write ``Σ_i w_i · (g_i · θ_i)`` of two or more checkpoints to ``out``, tensor by tensor, in the first one's
     layout (as :func:`modeconn.path.interpolate.weighted_average`: fp32 accumulation, the first model's dtype,
-    integer tensors and tensors equal in every model kept exactly).
+    integer tensors kept exactly, every floating tensor by the same rule).
 
     Args:
         srcs: checkpoint directories (or lazy checkpoints) of one architecture; the first is the reference.
-        weights: one finite weight per model (default uniform).
+        weights: one finite weight per model (default uniform); ``normalize`` (default): non-negative, divided by
+            their sum; ``normalize=False``: any finite weights as given (:func:`~modeconn.path.interpolate.merge_weights`).
         elements: per model the group element to apply first (``None``: as stored), e.g. from
             :func:`stream_weight_matching` against the first model.
         files, overwrite, progress: as in :func:`stream_apply`.
@@ -259,8 +262,7 @@ def stream_merge(spec: SymmetrySpec, srcs: Sequence[Checkpoint], out: PathLike, 
     ckpts = [_lazy(s) for s in srcs]
     if len(ckpts) < 2:
         raise ConfigError(f"merging needs at least two checkpoints, got {len(ckpts)}")
-    weights = list(weights) if weights is not None else [1.0 / len(ckpts)] * len(ckpts)
-    weighted_average([{} for _ in ckpts], weights, check=False)  # validates the weights before any work
+    weights = merge_weights(weights, len(ckpts), normalize=normalize)  # before any work
     elements = list(elements) if elements is not None else [None] * len(ckpts)
     if len(elements) != len(ckpts):
         raise ConfigError(f"elements must have one entry (or None) per checkpoint: {len(elements)} for {len(ckpts)}")
@@ -272,33 +274,40 @@ def stream_merge(spec: SymmetrySpec, srcs: Sequence[Checkpoint], out: PathLike, 
         sds = [{key: _tensor(spec, c, key, g, cache)} for c, g, cache in zip(ckpts, elements, caches)]
         for sd, name in zip(sds, names):
             check_finite(sd, name)
-        return weighted_average(sds, weights, check=False)[key]
+        return weighted_average(sds, weights, check=False, normalize=False)[key]
 
     tick = (lambda d, t: progress("writing", d, t)) if progress is not None else None
-    return write_like(out, ckpts[0], produce, files=files, overwrite=overwrite, progress=tick)
+    return write_like(out, ckpts[0], produce, files=files, overwrite=overwrite, progress=tick,
+                      inputs=[c.path for c in ckpts], command="merge")
 
 
 # ---------------------------------------------------------------------------------------------- recipes
 def side_files(path: PathLike) -> dict[str, Path]:
     """The files of a checkpoint directory that travel with its weights (config.json, generation config, tokenizer
     files …): every top-level regular file except weights (safetensors, index, pickles, other weight formats) and
-    modeconn's own alignment/merge records."""
+    modeconn's own alignment/merge records. CheckpointError naming the file and its target if one is a symlink
+    leaving the checkpoint's tree (:func:`modeconn.io.check_in_checkpoint`; Hugging Face cache blobs are allowed)."""
     path = Path(path)
-    return {p.name: p for p in sorted(path.iterdir())
-            if p.is_file() and not p.name.startswith(".") and p.suffix.lower() not in WEIGHT_SUFFIXES
-            and p.name != INDEX_NAME and p.name not in RECORDS}
+    files = {p.name: p for p in sorted(path.iterdir())
+             if p.is_file() and not p.name.startswith(".") and p.suffix.lower() not in WEIGHT_SUFFIXES
+             and p.name != INDEX_NAME and p.name not in RECORDS}
+    for p in files.values():
+        check_in_checkpoint(p, path)
+    return files
 
 
 def _open_pair(paths: Sequence[PathLike], out: PathLike, overwrite: bool):
     """Every cheap check before heavy work: configs agree, weights complete, spec fits, ``out`` writable."""
+    _check_target(Path(out), overwrite, paths)
     for p in paths:
         if not is_hf_checkpoint(p):
             raise CheckpointError(f"{p}: not a Hugging Face checkpoint directory (config.json with model_type)")
     configs = check_same_hf_configs(paths)
+    for p in paths:  # side files that would be copied to --out: no symlink out of the checkpoint
+        side_files(p)
     ckpts = [LazyCheckpoint(p) for p in paths]
     spec = hf_checkpoint_spec(paths[0], config=configs[0], checkpoint=ckpts[0])
     _check_inputs(spec, ckpts, [])
-    _check_target(Path(out), overwrite)
     return spec, ckpts
 
 
@@ -325,10 +334,11 @@ def align_hf_checkpoints(a: PathLike, b: PathLike, out: PathLike, *, seed: int =
 def merge_hf_checkpoints(paths: Sequence[PathLike], out: PathLike, *, weights: Sequence[float] | None = None,
                          align: str = "weight", seed: int = 0, restarts: int = 4, max_iter: int = 100,
                          chunk: int = 1 << 20, overwrite: bool = False,
-                         progress: Progress | None = None) -> dict[str, Any]:
+                         progress: Progress | None = None, normalize: bool = True) -> dict[str, Any]:
     """Merge Hugging Face checkpoints: align every one to the first (``align="weight"``: streaming weight matching;
     ``"none"``: as stored), then write the weighted average to ``out`` (the first one's layout and side files, plus
-    ``merge.json``: sources, weights, alignment objectives and stats). Returns that record.
+    ``merge.json``: sources, weights as used, alignment objectives and stats); ``weights``/``normalize`` as in
+    :func:`stream_merge`. Returns that record.
     Raises: ConfigError (align not weight/none, fewer than two models, bad weights) and as
     :func:`align_hf_checkpoints`.
     """
@@ -337,8 +347,7 @@ def merge_hf_checkpoints(paths: Sequence[PathLike], out: PathLike, *, weights: S
                           f"'weight' or 'none', got {align!r}")
     if len(paths) < 2:
         raise ConfigError(f"merging needs at least two checkpoints, got {len(paths)}")
-    w = list(weights) if weights is not None else [1.0 / len(paths)] * len(paths)
-    weighted_average([{} for _ in paths], w, check=False)  # weights checked before heavy work
+    w = merge_weights(weights, len(paths), normalize=normalize)  # checked before heavy work
     spec, ckpts = _open_pair(paths, out, overwrite)
     elements: list[Element | None] = [None]
     alignments = []
@@ -352,7 +361,7 @@ def merge_hf_checkpoints(paths: Sequence[PathLike], out: PathLike, *, weights: S
         elements.append(res.element)
         alignments.append({"model": str(paths[i]), "objective": res.objective, "stats": res.stats})
     record = {"merged_from": [str(p) for p in paths], "weights": w, "align": align, "alignments": alignments}
-    stream_merge(spec, ckpts, out, weights=w, elements=elements, files={**side_files(paths[0]), "merge.json": record},
+    stream_merge(spec, ckpts, out, weights=w, normalize=False, elements=elements, files={**side_files(paths[0]), "merge.json": record},
                  overwrite=overwrite, progress=progress)
     return record
 

@@ -1,9 +1,10 @@
 """Class 3 — interpolation evaluated with stale BatchNorm statistics; recalibration with momentum 0.
 
 An interpolated network with the endpoints' (or interpolated) running statistics computes nonsense, so interior
-points of a path and merged models get their statistics re-estimated (``bn="reset"``, the default). The reset is a
-*cumulative average* of per-batch statistics (``momentum=None``): momentum 0 would keep the reset values (mean 0,
-var 1) and an EMA would over-weight the last batches. The semantics are pinned to a hand-computed average.
+points of a path and merged models get their statistics re-estimated (``bn="reset"``, the default). The reset is the
+*per-sample average over the whole BN set* (mean and unbiased variance of every value each layer received, batches
+weighted by their size; see issue #14 class 11): momentum 0 would keep the reset values (mean 0, var 1) and an EMA
+would over-weight the last batches. The semantics are pinned to a hand-computed average.
 """
 
 from __future__ import annotations
@@ -40,20 +41,18 @@ def _two_bn_convnet() -> nn.Sequential:
 
 
 def _hand_cumulative(net: nn.Sequential, xs: list[torch.Tensor]):
-    """Per BN: (mean_b μ_b, mean_b σ²_b) with unbiased per-batch σ² over N·H·W samples; BN in train mode."""
-    stats = {1: ([], []), 4: ([], [])}
+    """Per BN: mean and unbiased variance over all Σ_b N_b·H·W values it receives (BN in train mode)."""
+    stats = {1: [], 4: []}
     with torch.no_grad():
         for x in xs:
             h = x
             for i, layer in enumerate(net):
                 if i in stats:
-                    flat = h.transpose(0, 1).reshape(h.shape[1], -1)
-                    stats[i][0].append(flat.mean(1))
-                    stats[i][1].append(flat.var(1, unbiased=True))
+                    stats[i].append(h.transpose(0, 1).reshape(h.shape[1], -1))
                     h = F.batch_norm(h, None, None, layer.weight, layer.bias, training=True, eps=layer.eps)
                 else:
                     h = layer(h)
-    return {i: (torch.stack(m).mean(0), torch.stack(v).mean(0)) for i, (m, v) in stats.items()}
+    return {i: (torch.cat(v, 1).mean(1), torch.cat(v, 1).var(1, unbiased=True)) for i, v in stats.items()}
 
 
 def check_reset_semantics(net: nn.Sequential, xs: list[torch.Tensor]) -> None:

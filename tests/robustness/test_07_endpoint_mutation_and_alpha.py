@@ -73,7 +73,7 @@ def test_negative_control_in_place_merge_is_caught(pair, monkeypatch):
     a, b, _, _ = pair
     sa, sb = ({k: v.clone() for k, v in m.state_dict().items()} for m in (a, b))
 
-    def in_place(state_dicts, weights, check=True):  # broken variant: accumulates into the first endpoint
+    def in_place(state_dicts, weights, check=True, **_):  # broken variant: accumulates into the first endpoint
         out = state_dicts[0]
         for k, t in out.items():
             if t.is_floating_point():

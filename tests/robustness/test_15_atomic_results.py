@@ -24,7 +24,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from modeconn.experiments import output as output_mod
+from modeconn._util import outdir as outdir_mod
 from modeconn.experiments.output import output_directory, write_json
 from modeconn.io import load_checkpoint, load_state_dict, save_checkpoint, save_state_dict
 from modeconn.models import build_model
@@ -122,9 +122,27 @@ def _failing_replace(real):
     return replace
 
 
-def test_results_directory_swap_failure_restores_previous(tmp_path, monkeypatch):
+def _failing_exchange(a, b):
+    raise OSError("rename failed (simulated)")
+
+
+def _failing_second_rename(real):
+    def rename(src, dst):
+        if ".modeconn-tmp-" in str(src):
+            raise OSError("rename failed (simulated)")
+        return real(src, dst)
+
+    return rename
+
+
+@pytest.mark.parametrize("swap", ["exchange", "two renames"])
+def test_results_directory_swap_failure_restores_previous(tmp_path, monkeypatch, swap):
     out, before = _previous_results(tmp_path)
-    monkeypatch.setattr(output_mod.os, "replace", _failing_replace(os.replace))
+    if swap == "exchange":  # the atomic renameat2(RENAME_EXCHANGE) swap fails
+        monkeypatch.setattr(outdir_mod, "exchange", _failing_exchange)
+    else:  # no exchange on this file system: the fallback's second rename fails
+        monkeypatch.setattr(outdir_mod, "exchange", lambda a, b: False)
+        monkeypatch.setattr(outdir_mod.os, "rename", _failing_second_rename(os.rename))
     with pytest.raises(OSError, match="simulated"), output_directory(out, overwrite=True) as tmp:
         write_json(tmp / "results.json", {"barrier": 0.2})
     assert_previous_intact(out, before)

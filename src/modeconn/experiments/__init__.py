@@ -1,6 +1,11 @@
-"""Recipes: configs → runs → reports (the only layer that knows about files and plots)."""
+"""Recipes: configs → runs → reports (the only layer that knows about files and plots).
 
+Importing this package registers every named experiment in :data:`EXPERIMENTS` (one import line each below).
+"""
+
+from . import identifiability, llpf_experiment, lmc_dm, lmc_dm_vit, transformer_wm  # noqa: F401  (registration)
 from .compare import METHODS, Comparison, compare_alignments
 from .demo import run_demo
+from .registry import EXPERIMENTS, Experiment, register_experiment
 
-__all__ = ["METHODS", "Comparison", "compare_alignments", "run_demo"]
+__all__ = ["EXPERIMENTS", "METHODS", "Comparison", "Experiment", "compare_alignments", "register_experiment", "run_demo"]

@@ -18,11 +18,12 @@ from .reporting import write_comparison
 def run_barrier(out: str | Path, model_a: nn.Module, model_b: nn.Module, bundle: DatasetBundle,
                 methods: Sequence[str], *, bn: str = "reset", lambdas: int = 25, eval_limit: int | None = None,
                 seed: int = 0, overwrite: bool = False, names: tuple[str, str] = ("A", "B"),
-                log: Callable[[str], None] = print,
+                inputs: Sequence[str | Path] = (), log: Callable[[str], None] = print,
                 progress: Callable[[int, int], None] | None = None) -> Comparison:
-    """Compare alignment methods on two models and write the report into ``out`` (atomically)."""
+    """Compare alignment methods on two models and write the report into ``out`` (atomically; ``inputs`` are the
+    checkpoint directories, which ``out`` may not be, contain or lie inside)."""
     start = time.perf_counter()
-    with output_directory(out, overwrite) as tmp:
+    with output_directory(out, overwrite, inputs=inputs, command="barrier") as tmp:
         comparison = compare_alignments(model_a, model_a.state_dict(), model_b.state_dict(), bundle, methods,
                                         lambdas=lambdas, bn=bn, seed=seed, eval_limit=eval_limit, on_step=log,
                                         progress=progress)
@@ -31,7 +32,8 @@ def run_barrier(out: str | Path, model_a: nn.Module, model_b: nn.Module, bundle:
             "task": f"barrier between {names[0]} and {names[1]} on {bundle.name}",
             "models": list(names),
             "dataset": {"name": bundle.name, "train": len(bundle.train), "test": len(bundle.test)},
-            "endpoints": {"A": evaluate_model(model_a, test), "B": evaluate_model(model_b, test)},
+            "endpoints": {k: evaluate_model(m, test, where=f"endpoint {k}, split 'test'")
+                          for k, m in (("A", model_a), ("B", model_b))},
             "bn": bn,
             **comparison.to_json(),
             "seconds": time.perf_counter() - start,

@@ -12,6 +12,7 @@ from ..data import DatasetBundle, make_loader
 from ..errors import ConfigError
 from ..match import Alignment, activation_matching, learned_matching, weight_matching
 from ..path import Curve, evaluate_model, evaluate_path, merge
+from ..path.batchnorm import fixed_batches
 from ..symmetry import SymmetrySpec, symmetry_spec
 
 METHODS = ("naive", "weight", "activation", "learned")
@@ -19,6 +20,8 @@ METHOD_LABELS = {"naive": "naive", "weight": "weight matching", "activation": "a
                  "learned": "learned matching (STE)"}
 
 StateDict = Mapping[str, torch.Tensor]
+BN_BATCHES = 20
+"""Training batches (drawn once per comparison) that BatchNorm statistics and REPAIR are estimated on."""
 
 
 def check_methods(methods: Sequence[str]) -> list[str]:
@@ -101,7 +104,11 @@ def compare_alignments(
     """Align B to A with each method, evaluate the linear path on train and test, merge at λ=½.
 
     ``eval_limit`` evaluates on the first examples of each split only (quick runs). BatchNorm statistics
-    are re-estimated on the training loader (``bn``). Returns a :class:`Comparison`.
+    are re-estimated (``bn``) on one fixed list of shuffled (``seed``) training batches, drawn once and shared
+    by every method's path and midpoint merge: the merge at λ=½ is the path's point at λ=½ (same weights, same
+    BN batches), so its loss equals the curve's there whenever the λ grid contains ½. Returns a
+    :class:`Comparison`. Raises NonFiniteError (naming λ/split, or the merged model and split) for a NaN/Inf
+    logit or loss.
     """
     methods = check_methods(methods)
     x0 = bundle.train.tensors[0][:2]
@@ -111,7 +118,7 @@ def compare_alignments(
         train_eval = torch.utils.data.Subset(bundle.train, range(min(eval_limit, len(bundle.train))))
         test_eval = torch.utils.data.Subset(bundle.test, range(min(eval_limit, len(bundle.test))))
     loaders = {"train": make_loader(train_eval, batch_size), "test": make_loader(test_eval, batch_size)}
-    bn_loader = make_loader(bundle.train, batch_size, shuffle=True, seed=seed)
+    bn_loader = fixed_batches(make_loader(bundle.train, batch_size, shuffle=True, seed=seed), BN_BATCHES)
     result = Comparison(spec=spec)
     for method in methods:
         if on_step:
@@ -123,10 +130,11 @@ def compare_alignments(
         if on_step:
             on_step(f"evaluating path: {METHOD_LABELS[method]}")
         result.curves[method] = evaluate_path(
-            model, sd_a, sd_b_aligned, loaders, lambdas=lambdas, bn=bn, bn_loader=bn_loader, bn_batches=20,
-            spec=spec, progress=progress,
+            model, sd_a, sd_b_aligned, loaders, lambdas=lambdas, bn=bn, bn_loader=bn_loader, spec=spec,
+            progress=progress,
         )
-        merged = merge([sd_a, sd_b_aligned], model=model, bn=bn, bn_loader=bn_loader, bn_batches=20, spec=spec)
+        merged = merge([sd_a, sd_b_aligned], model=model, bn=bn, bn_loader=bn_loader, spec=spec)
         m = _instance(model, merged)
-        result.merged[method] = {s: evaluate_model(m, ld) for s, ld in loaders.items()}
+        result.merged[method] = {s: evaluate_model(m, ld, where=f"merged model ({method}, λ=0.5), split {s!r}")
+                                 for s, ld in loaders.items()}
     return result

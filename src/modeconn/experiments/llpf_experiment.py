@@ -11,7 +11,8 @@ decay 5e-4, C (seed 2) without — then, between A and B:
 
 and between A and C (different weight decay, so different per-layer variance spheres) the cross-sphere LLPF
 path. Every path is evaluated with BatchNorm statistics recomputed at every point, on train and test, with a
-continuity check (linear sub-points between consecutive points).
+continuity check (linear sub-points between consecutive points); every row says whether its path is *complete*
+(:meth:`~modeconn.path.pathobj.PathCurve.completeness`: reaches B, every segment passes the check).
 
 The refinement threshold is ``max(endpoint train loss) + margin`` (endpoint losses measured like the path's
 points); the acceptance criterion is LLPF's peak train loss ≤ max endpoint train loss + 0.05.
@@ -37,6 +38,7 @@ from ..report import plot_path_losses, plot_path_pca
 from ..train import TrainConfig, fit
 from .output import output_directory, write_json
 from .paths import evaluate_found_path, find_path, path_row, rows_table
+from .registry import Experiment, register_experiment
 
 Log = Callable[[str], None]
 
@@ -179,6 +181,8 @@ def assemble(rows: list[dict], size: LLPFSize, ends: list[float], cross_ends: li
         "llpf_seed_spread": spread,
         "acceptance": {
             "llpf_peak_within_0.05": all(by[f"llpf (seed {s})"]["peak_over_endpoints"] <= 0.05 for s in size.seeds),
+            "llpf_complete_all_seeds": all(by[f"llpf (seed {s})"]["complete"] for s in size.seeds),
+            "incomplete_paths": [r["method"] for r in rows if not r["complete"]],
             "linear_peak_over_endpoints": by["linear"]["peak_over_endpoints"],
             "llpf_seed_spread_within_25pct": spread <= 0.25,
             "llpf_continuity_dense_peak_over_endpoints": llpf0["dense_peak_train_loss"] - max(ends),
@@ -209,6 +213,9 @@ def report(results: dict[str, Any]) -> str:
         f"- LLPF seed peaks {', '.join(f'{p:.4f}' for p in results['llpf_seed_peaks'])}: largest deviation from their "
         f"mean {100 * results['llpf_seed_spread']:.1f}% (±25% claim: **{acc['llpf_seed_spread_within_25pct']}**).",
         f"- All-at-once ablation: peak − max endpoint = {acc['all_at_once_peak_over_endpoints']:.4f}.",
+        f"- Complete paths (reach B, every segment passes the continuity check): LLPF all seeds "
+        f"**{acc['llpf_complete_all_seeds']}**; incomplete: {', '.join(acc['incomplete_paths']) or 'none'} "
+        "(their peak at the points is not their peak: see 'dense peak').",
         f"- Cross-sphere A→C (weight decay 5e-4 → 0): peak − max endpoint = {acc['cross_sphere_peak_over_endpoints']:.4f}, "
         f"B's sphere reached in the M2O phase: {acc['cross_sphere_reached']}.",
         "",
@@ -218,3 +225,9 @@ def report(results: dict[str, Any]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+register_experiment(Experiment("llpf", __doc__, SIZES, run_llpf_experiment, report,
+                               ("report.md", "results.json", "paths_loss.png", "paths_pca.png", "paths/"),
+                               {"epochs": "epochs", "width": "width", "limit_train": "limit_train"},
+                               why_not="it trains three models A, B, C"))

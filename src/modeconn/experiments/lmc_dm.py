@@ -47,6 +47,7 @@ from ..report import markdown_table, plot_curves
 from .output import output_directory, write_json
 from .transformer_wm import SIZES as LM_SIZES
 from .transformer_wm import LMSize, train_pair
+from .registry import Experiment, register_experiment
 
 Log = Callable[[str], None]
 #: the full group bound on the absorbed GPT-NeoX models
@@ -435,3 +436,9 @@ def _write_aligned(tmp: Path, res, models, absorbed, state_dicts, x: torch.Tenso
     flat = {f"{side}.{space}": t for side, el in res.export_transforms().items() for space, t in el.items()}
     save_state_dict(tmp / "transforms.safetensors", flat, {"modeconn": "lmc-dm transforms"})
     return checks
+
+
+register_experiment(Experiment("lmc-dm", __doc__, SIZES, run_lmc_dm, report,
+                               ("report.md", "results.json", "lm_dm_barrier.png"),
+                               {"epochs": "lm.epochs", "width": "lm.hidden_size", "limit_train": "lm.limit_train"},
+                               why_not="one pair of language models"))

@@ -45,13 +45,13 @@ from typing import Any
 from torch import nn
 
 from ..data import load_dataset, make_loader
-from ..models import build_model
 from ..report import plot_curves
-from ..train import TrainConfig, fit
 from .lmc_dm import ABLATIONS as LM_ABLATIONS
 from .lmc_dm import GROUPS, Ablation, Log, dm_barriers, dm_report_sections, dm_results, learned_options
 from .output import output_directory, write_json
 from .planted_dm import MiniLMDMSize, minilm_report, planted_minilm_dual
+from .training import train_models
+from .registry import Experiment, register_experiment
 
 #: the ablations of :data:`modeconn.experiments.lmc_dm.ABLATIONS` run on the ViT pair (not the parameterisations)
 ABLATIONS: dict[str, Ablation] = {k: v for k, v in LM_ABLATIONS.items() if v.parameterization == "cayley"}
@@ -105,17 +105,11 @@ SIZES = {
 def train_vit_pair(size: ViTSize, bundle, log: Log) -> list[nn.Module]:
     """Two ``vit-tiny`` models trained on ``bundle.train`` from seeds 0 and 1 (initialisation and data order);
     returned in eval mode."""
-    models = []
-    for seed in (0, 1):
-        m = build_model("vit-tiny", in_shape=tuple(bundle.input_shape), num_classes=bundle.num_classes, seed=seed,
-                        patch_size=size.patch, hidden_size=size.hidden_size, num_hidden_layers=size.layers,
-                        num_attention_heads=size.heads, intermediate_size=size.intermediate)
-        cfg = TrainConfig(seed=seed, epochs=size.epochs, lr=size.lr, optimizer="adamw", weight_decay=size.weight_decay,
-                          batch_size=size.batch_size, warmup_epochs=0.05 * size.epochs, grad_clip=1.0)
-        fit(m, bundle.train, cfg, progress=False)
-        models.append(m.eval())
-        log(f"trained ViT seed {seed}")
-    return models
+    train = dict(epochs=size.epochs, lr=size.lr, optimizer="adamw", weight_decay=size.weight_decay,
+                 batch_size=size.batch_size, warmup_epochs=0.05 * size.epochs, grad_clip=1.0)
+    return train_models("vit-tiny", bundle, (0, 1), train, log=log, label="ViT", patch_size=size.patch,
+                        hidden_size=size.hidden_size, num_hidden_layers=size.layers, num_attention_heads=size.heads,
+                        intermediate_size=size.intermediate)
 
 
 def run_lmc_dm_vit(out: str | Path, *, quick: bool = False, data: str | Path | None = None, overwrite: bool = False,
@@ -184,3 +178,8 @@ def report(r: dict[str, Any]) -> str:
     lines += ["![loss and accuracy vs λ](vit_dm_barrier.png)", ""]
     return "\n".join(lines)
 
+
+register_experiment(Experiment("lmc-dm-vit", __doc__, SIZES, run_lmc_dm_vit, report,
+                               ("report.md", "results.json", "vit_dm_barrier.png"),
+                               {"epochs": "vit.epochs", "width": "vit.hidden_size", "limit_train": "vit.limit_train"},
+                               why_not="one pair of vision transformers"))

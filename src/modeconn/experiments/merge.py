@@ -7,12 +7,14 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from ..data import load_dataset, make_loader
-from ..errors import ConfigError
+from ..errors import CheckpointError, ConfigError
 from ..io import read_config, save_checkpoint
 from ..match import activation_matching, weight_matching
 from ..path import evaluate_model, merge
-from ..path.batchnorm import check_bn_policy
+from ..path.batchnorm import check_bn_policy, check_bn_statistics
+from ..path.interpolate import merge_weights
 from ..symmetry import symmetry_spec
+from .._util.outdir import check_output_target
 from .checkpoints import example_input, load_same_architecture
 
 ALIGN_CHOICES = ("weight", "activation", "none")
@@ -20,15 +22,19 @@ ALIGN_CHOICES = ("weight", "activation", "none")
 
 def run_merge(paths: Sequence[Path], out: Path, *, weights: Sequence[float] | None = None, align_method: str = "weight",
               bn: str = "reset", dataset: str | None = None, data: Path | None = None, limit_train: int | None = None,
-              seed: int = 0, overwrite: bool = False, log: Callable[[str], None] = print):
-    """Merge checkpoint directories; returns (output path, test metrics or {})."""
+              seed: int = 0, overwrite: bool = False, normalize: bool = True, log: Callable[[str], None] = print):
+    """Merge checkpoint directories; returns (output path, test metrics or {}).
+
+    ``weights``/``normalize`` as in :func:`modeconn.merge` (validated before any checkpoint is read; the config
+    records the weights used). Raises NonFiniteError — and writes nothing to ``out`` — when the merged model has
+    invalid BatchNorm statistics or a NaN/Inf logit or loss on the test split."""
+    check_output_target(out, inputs=paths, overwrite=overwrite, error=CheckpointError)
     if align_method not in ALIGN_CHOICES:
         raise ConfigError(f"unknown --align {align_method!r}; valid: {', '.join(ALIGN_CHOICES)}")
     check_bn_policy(bn)
     if len(paths) < 2:
         raise ConfigError("merge needs at least two checkpoints")
-    if weights is not None and len(weights) != len(paths):
-        raise ConfigError(f"--weights has {len(weights)} entries for {len(paths)} models")
+    weights = merge_weights(weights, len(paths), normalize=normalize, option="--weights")
     configs = [read_config(p) for p in paths]
     name = dataset or configs[0].get("dataset")
     if name is None and (bn == "repair" or align_method == "activation"):
@@ -50,13 +56,17 @@ def run_merge(paths: Sequence[Path], out: Path, *, weights: Sequence[float] | No
         sds.append(res.apply(m.state_dict()))
     bn_loader = make_loader(bundle.train, 512, shuffle=True, seed=seed) if bundle is not None else None
     log(f"averaging {len(sds)} models (bn={bn})")
-    merged = merge(sds, weights, model=models[0] if bundle is not None else None, bn=bn, bn_loader=bn_loader,
-                   bn_batches=20, spec=spec)
+    with_model = bundle is not None or bn in ("interpolate", "keep")  # these need no data
+    merged = merge(sds, weights, model=models[0] if with_model else None, bn=bn, bn_loader=bn_loader,
+                   bn_batches=20, spec=spec, normalize=False)  # weights already validated/normalised above
     result = copy.deepcopy(models[0])
     result.load_state_dict(merged)
-    metrics = {"test": evaluate_model(result, make_loader(bundle.test, 512))} if bundle is not None else {}
+    check_bn_statistics(result, "merged model")
+    metrics = ({"test": evaluate_model(result, make_loader(bundle.test, 512), where="merged model, split 'test'")}
+               if bundle is not None else {})
     extra = {"merged_from": [str(p) for p in paths], "weights": weights, "align": align_method, "bn": bn}
     if name:
         extra["dataset"] = name
-    path = save_checkpoint(out, result, config=extra, metrics=metrics or None, overwrite=overwrite)
+    path = save_checkpoint(out, result, config=extra, metrics=metrics or None, overwrite=overwrite,
+                           inputs=paths, command="merge")
     return path, metrics

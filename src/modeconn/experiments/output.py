@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import time
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
-from ..errors import ConfigError
+from .._util.outdir import output_directory as _owned_output_directory
 from ..io import _json_dumps
 
 
@@ -20,34 +19,16 @@ def default_out(kind: str) -> Path:
 
 
 @contextmanager
-def output_directory(out: str | os.PathLike, overwrite: bool = False) -> Iterator[Path]:
-    """Yield a temporary directory; on success it becomes ``out`` (atomic rename), on error it is removed
-    and a previous ``out`` (``overwrite=True``) is left in place, untouched.
+def output_directory(out: str | os.PathLike, overwrite: bool = False, *, inputs: Iterable[str | os.PathLike] = (),
+                     command: str = "") -> Iterator[Path]:
+    """Yield a temporary directory; on success it becomes ``out`` (one atomic swap), on error it is removed
+    and a previous ``out`` is left in place, untouched (:func:`modeconn._util.outdir.output_directory`).
 
-    An existing non-empty ``out`` is never silently overwritten: ConfigError unless ``overwrite``. The
-    check runs before any work, so a long run cannot fail at the very end because of it.
+    Checked before any work: ``out`` must not be, contain or lie inside an input; an existing non-empty ``out`` is
+    replaced only with ``overwrite`` and only if modeconn wrote it. Raises ConfigError otherwise.
     """
-    out = Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
-        raise ConfigError(f"output directory {out} exists and is not empty; choose another --out or pass --overwrite")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
-    try:
+    with _owned_output_directory(out, inputs=inputs, overwrite=overwrite, command=command) as tmp:
         yield tmp
-        if out.exists():
-            old = out.with_name(f".{out.name}.old-{os.getpid()}")
-            os.rename(out, old)
-            try:
-                os.replace(tmp, out)
-            except BaseException:
-                os.rename(old, out)  # the swap failed: put the previous results back where they were
-                raise
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def write_json(path: Path, payload: Any) -> Path:

@@ -4,40 +4,89 @@ Every method returns the same :class:`~modeconn.path.Path`; :func:`find_path` di
 with its options validated *before* any work (a typo fails at once, naming the option), and
 :func:`evaluate_found_path` measures train/test loss and accuracy at every point with BatchNorm statistics
 recomputed per point, plus the continuity check between consecutive points.
+
+:func:`run_path` (the recipe of ``modeconn path``) adds what makes its numbers trustworthy (issue #14):
+
+- *complete* means one thing for every method (:meth:`~modeconn.path.pathobj.PathCurve.completeness`): the
+  path reaches B and every segment passes the continuity check. results.json (``complete``, ``completeness``),
+  report.md and the headline say so — an incomplete path loudly, with the dense peak of its worst segment —
+  and the CLI exits with :data:`INCOMPLETE_EXIT_CODE` (3) after writing everything;
+- a gradient-evaluation ``budget`` every method honours, stated with its spend (``results["budget"]``), and a
+  bounded, stated evaluation (``max_points`` stored LLPF points, ``eval_limit`` examples per split;
+  ``results["evaluation"]``);
+- one atomic output: everything is assembled in a uniquely named temporary sibling of ``out`` and swapped in
+  at the end; an LLPF search runs in a modeconn-owned, locked work directory next to ``out``
+  (:class:`SearchWorkDir`) that survives a kill and is resumed (fingerprint and digests checked) or discarded.
 """
 
 from __future__ import annotations
 
+import glob
+import json
+import math
+import os
+import shutil
+import tempfile
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path as FsPath
 from typing import Any
 
 import torch
 import torch.nn as nn
 
+from .._util.outdir import MARKER, is_modeconn_output, output_directory
 from ..data import DatasetBundle, make_loader
-from ..errors import CheckpointError, ConfigError
+from ..errors import ConfigError
 from ..models._validation import unknown_names_error
 from ..path import LLPFConfig, Path, PathCurve, bezier_curve, linear_path, llpf_cross_sphere, llpf_m2m
 from ..path.autoneb import AutoNEBConfig, autoneb
 from ..path.curves import CurveConfig
-from ..path.pathobj import MANIFEST, atomic_write_text
+from ..path.pathobj import CONTINUITY_TOL
 from ..report import markdown_table
 from ..report.figures import plot_path_losses
 from .output import write_json
 
 StateDict = Mapping[str, torch.Tensor]
+INCOMPLETE_EXIT_CODE = 3
+"""Exit status of ``modeconn path`` when the path is incomplete (after all outputs are written)."""
+DEFAULT_MAX_POINTS = 64
+"""Default bound on the points an LLPF search stores (and so on the points evaluated)."""
+WORK_SUFFIX = "modeconn-work"
+WORK_LOCK = ".lock"
+
+
+@dataclass(frozen=True)
+class SearchContext:
+    """What every path method is handed besides its own options.
+
+    Attributes:
+        budget: most gradient evaluations (None: the method's own setting). Every method honours it: LLPF caps
+            each tick's refinement at its fair share, Bezier/polychain train ``budget`` steps, AutoNEB stops
+            before a step that would exceed it; the linear path needs none.
+        out_dir, resume: for the checkpointing methods: where the search writes as it runs, and whether to
+            continue a killed search there.
+        progress: ``progress(done, total)``.
+        max_points: bound on the points a search stores (LLPF: ``record_every`` is sized to it unless given).
+        data_info: what the training data is (name, split, limit) — part of a checkpointed search's fingerprint.
+    """
+
+    budget: int | None = None
+    out_dir: FsPath | None = None
+    resume: bool = False
+    progress: Callable[[int, int], None] | None = None
+    max_points: int | None = None
+    data_info: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
 class PathMethod:
-    """One path-finding method: ``run(model, sd_a, sd_b, train, options, budget, out_dir, resume, progress)``.
+    """One path-finding method: ``run(model, sd_a, sd_b, train, options, ctx: SearchContext)``.
 
-    ``options``: the method's own settings (validated by ``check``); ``budget``: gradient evaluations to match
-    (None: the method's own setting). ``checkpoints``: the method writes into ``out_dir`` as it runs and can
-    resume a killed run.
+    ``options``: the method's own settings (validated by ``check``). ``checkpoints``: the method writes into
+    ``ctx.out_dir`` as it runs and can resume a killed run.
     """
 
     name: str
@@ -63,39 +112,50 @@ def _check_config(config_type, fixed: set[str] = frozenset()) -> Callable[[dict[
     return check
 
 
-def _run_linear(model, a, b, train, options, budget, out_dir, resume, progress) -> Path:
+def _with_budget(options: Mapping[str, Any], budget: int | None, key: str = "budget") -> dict[str, Any]:
+    """``options`` with ``key = budget`` (ConfigError if the option already says something else)."""
+    opts = dict(options)
+    if budget is not None:
+        if key in opts and opts[key] != budget:
+            raise ConfigError(f"the budget is given twice: --budget {budget} (budget={budget}) and -o {key}={opts[key]}")
+        opts[key] = budget
+    return opts
+
+
+def _run_linear(model, a, b, train, options, ctx: SearchContext) -> Path:
     return linear_path(a, b, **options)
 
 
-def _run_llpf(model, a, b, train, options, budget, out_dir, resume, progress) -> Path:
-    return llpf_m2m(model, a, b, train, options, out_dir=out_dir, resume=resume, progress=progress)
-
-
-def _run_cross(model, a, b, train, options, budget, out_dir, resume, progress) -> Path:
-    return llpf_cross_sphere(model, a, b, train, options, out_dir=out_dir, resume=resume, progress=progress)
-
-
-def _curve_runner(kind: str) -> Callable[..., Path]:
-    def run(model, a, b, train, options, budget, out_dir, resume, progress) -> Path:
-        opts = dict(options)
-        if budget is not None:
-            opts["steps"] = budget  # one minibatch backward per step
-        return bezier_curve(model, a, b, train, opts, kind=kind, progress=progress)
+def _llpf_runner(fn: Callable[..., Path], cross: bool) -> Callable[..., Path]:
+    def run(model, a, b, train, options, ctx: SearchContext) -> Path:
+        opts = _with_budget(options, ctx.budget)
+        if ctx.max_points is not None and "record_every" not in opts:  # bounded storage and evaluation
+            cfg = LLPFConfig.from_any(opts)
+            ticks = cfg.ticks + (cfg.m2o_max_ticks if cross else 0)
+            opts["record_every"] = max(1, math.ceil(ticks / ctx.max_points))
+        return fn(model, a, b, train, opts, out_dir=ctx.out_dir, resume=ctx.resume, progress=ctx.progress,
+                  data_info=ctx.data_info)
     return run
 
 
-def _run_autoneb(model, a, b, train, options, budget, out_dir, resume, progress) -> Path:
-    opts = dict(options) if budget is None else {**options, "budget": budget}
-    return autoneb(model, a, b, train, opts, progress=progress)
+def _curve_runner(kind: str) -> Callable[..., Path]:
+    def run(model, a, b, train, options, ctx: SearchContext) -> Path:
+        opts = _with_budget(options, ctx.budget, "steps")  # one minibatch backward per step
+        return bezier_curve(model, a, b, train, opts, kind=kind, progress=ctx.progress)
+    return run
+
+
+def _run_autoneb(model, a, b, train, options, ctx: SearchContext) -> Path:
+    return autoneb(model, a, b, train, _with_budget(options, ctx.budget), progress=ctx.progress)
 
 
 PATH_METHODS: dict[str, PathMethod] = {
     m.name: m for m in (
         PathMethod("linear", "the straight line θ(λ) = (1−λ)θ_A + λθ_B", _run_linear, _check_names("linear", {"n"})),
-        PathMethod("llpf", "LLPF model-to-model, Follow-Data-Flow unlock order (METHODS.md §2)", _run_llpf, _check_config(LLPFConfig),
-                   checkpoints=True),
-        PathMethod("cross-sphere", "LLPF across variance spheres (M2O to B's sphere, then M2M)", _run_cross, _check_config(LLPFConfig),
-                   checkpoints=True),
+        PathMethod("llpf", "LLPF model-to-model, Follow-Data-Flow unlock order (METHODS.md §2)",
+                   _llpf_runner(llpf_m2m, cross=False), _check_config(LLPFConfig), checkpoints=True),
+        PathMethod("cross-sphere", "LLPF across variance spheres (M2O to B's sphere, then M2M)",
+                   _llpf_runner(llpf_cross_sphere, cross=True), _check_config(LLPFConfig), checkpoints=True),
         PathMethod("bezier", "quadratic/higher Bezier curve trained on E_t L(φ(t)) (Garipov et al. 2018)",
                    _curve_runner("bezier"), _check_config(CurveConfig, fixed={"kind"})),
         PathMethod("polychain", "polygonal chain trained on E_t L(φ(t)) (Garipov et al. 2018)",
@@ -119,10 +179,16 @@ def check_path_options(method: str, options: Mapping[str, Any]) -> PathMethod:
     return m
 
 
+def _check_budget(budget: int | None) -> None:
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
+        raise ConfigError(f"budget must be a positive integer (gradient evaluations), got {budget!r}")
+
+
 def find_path(method: str, model: nn.Module, sd_a: StateDict, sd_b: StateDict, train: Any,
               options: Mapping[str, Any] | None = None, *, budget: int | None = None,
               out_dir: str | FsPath | None = None, resume: bool = False,
-              progress: Callable[[int, int], None] | None = None) -> Path:
+              progress: Callable[[int, int], None] | None = None, max_points: int | None = None,
+              data_info: Mapping[str, Any] | None = None) -> Path:
     """A path from ``sd_a`` to ``sd_b`` by ``method`` (one of :data:`PATH_METHODS`).
 
     Args:
@@ -130,18 +196,21 @@ def find_path(method: str, model: nn.Module, sd_a: StateDict, sd_b: StateDict, t
         options: the method's settings (LLPF: :class:`~modeconn.path.LLPFConfig` fields; bezier/polychain:
             :class:`~modeconn.path.curves.CurveConfig` fields; autoneb: :class:`~modeconn.path.autoneb.AutoNEBConfig`
             fields; linear: ``n``).
-        budget: gradient evaluations for the curve methods and AutoNEB (to match another method's spend);
-            LLPF's spend is set by its own settings.
+        budget: most gradient evaluations, honoured by every method (:class:`SearchContext`); None: the
+            method's own settings decide.
         out_dir, resume: for the checkpointing methods (LLPF): where points are written as the search runs,
             and whether to continue a killed run there.
+        max_points: bound on the stored points (LLPF sizes ``record_every`` to it unless it is given).
+        data_info: identifies the training data in a checkpointed search's fingerprint.
 
-    Raises: ConfigError (unknown method/option), and what the method raises.
+    Raises: ConfigError (unknown method/option, bad budget), and what the method raises.
     """
     options = dict(options or {})
     m = check_path_options(method, options)
-    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
-        raise ConfigError(f"budget must be a positive integer (gradient evaluations), got {budget!r}")
-    return m.run(model, sd_a, sd_b, train, options, budget, out_dir if m.checkpoints else None, resume, progress)
+    _check_budget(budget)
+    ctx = SearchContext(budget, FsPath(out_dir) if (out_dir is not None and m.checkpoints) else None, resume,
+                        progress, max_points, data_info)
+    return m.run(model, sd_a, sd_b, train, options, ctx)
 
 
 def eval_loaders(bundle: DatasetBundle, eval_limit: int | None, batch_size: int = 512) -> dict[str, Any]:
@@ -162,11 +231,23 @@ def evaluate_found_path(path: Path, model: nn.Module, bundle: DatasetBundle, *, 
                          sub_points=sub_points, progress=progress)
 
 
-def path_row(label: str, curve: PathCurve, path: Path, endpoint_train_max: float) -> dict[str, Any]:
-    """The numbers of one path for results.json and the markdown table."""
+def evaluation_size(curve: PathCurve, bundle: DatasetBundle, eval_limit: int | None) -> dict[str, Any]:
+    """How much was evaluated: points, sub-points per segment, models evaluated, examples per split."""
+    n, k = len(curve.lambdas), curve.sub_points
+    limit = (lambda m: m) if eval_limit is None else (lambda m: min(eval_limit, m))
+    return {"points": n, "sub_points_per_segment": k, "models_evaluated": n + (n - 1) * k,
+            "examples": {"train": limit(len(bundle.train)), "test": limit(len(bundle.test))},
+            "continuity_split": curve.continuity_split, "eval_limit": eval_limit,
+            "bn_batches": curve.info.get("bn_batches", 0), "has_batchnorm": bool(curve.info.get("has_batchnorm"))}
+
+
+def path_row(label: str, curve: PathCurve, path: Path, endpoint_train_max: float, *,
+             continuity_tol: float = CONTINUITY_TOL, reached_b: bool | None = None) -> dict[str, Any]:
+    """The numbers of one path for results.json and the markdown table (``complete``: :meth:`PathCurve.completeness`)."""
     s = curve.summary()
     return {
         "method": label,
+        "complete": curve.completeness(continuity_tol, reached_b=reached_b)["complete"],
         "points": len(path),
         "grad_evals": int(path.compute.get("grad_evals", 0)),
         "wall_time_s": float(path.compute.get("wall_time_s", 0.0)),
@@ -180,7 +261,7 @@ def path_row(label: str, curve: PathCurve, path: Path, endpoint_train_max: float
     }
 
 
-ROW_COLUMNS = [("method", "method"), ("grad_evals", "grad evals"), ("points", "points"),
+ROW_COLUMNS = [("method", "method"), ("complete", "complete"), ("grad_evals", "grad evals"), ("points", "points"),
                ("peak_train_loss", "peak train loss"), ("peak_over_endpoints", "peak − max endpoint"),
                ("dense_peak_train_loss", "dense peak (train)"), ("barrier_mean_train_loss", "barrier_mean (train)"),
                ("peak_test_loss", "peak test loss"), ("min_test_acc", "min test acc"), ("length", "path length")]
@@ -191,58 +272,286 @@ def rows_table(rows: list[dict[str, Any]]) -> str:
     return markdown_table([c for _, c in ROW_COLUMNS], [[r[k] for k, _ in ROW_COLUMNS] for r in rows])
 
 
-def prepare_out(out: FsPath, *, resume: bool, overwrite: bool) -> None:
-    """``out`` must be new or empty, unless ``resume`` (an interrupted run there) or ``overwrite``."""
-    if out.exists() and any(out.iterdir()) and not (resume or overwrite):
-        raise ConfigError(f"output directory {out} exists and is not empty; pass --resume to continue a killed "
-                          "search there, --overwrite to replace it, or choose another --out")
-    if overwrite and not resume and (out / "path" / MANIFEST).exists():
-        import shutil
+# ------------------------------------------------------------------------------- the search's work directory
 
-        shutil.rmtree(out / "path")
-    out.mkdir(parents=True, exist_ok=True)
+
+def work_dir_for(out: str | FsPath) -> FsPath:
+    """Where the in-progress state of a checkpointing search for ``out`` lives: the hidden sibling
+    ``.<name>.modeconn-work`` (it never becomes part of ``out`` and ``out`` is never written while it runs)."""
+    out = FsPath(out)
+    return out.parent / f".{out.name}.{WORK_SUFFIX}"
+
+
+def _lock(directory: FsPath) -> int | None:
+    """An exclusive ``flock`` on ``directory/.lock`` (released when the process ends, however it ends); None where
+    ``fcntl`` does not exist. ConfigError if another process holds it."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX: no protection against a concurrent run
+        return None
+    fd = os.open(directory / WORK_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise ConfigError(f"{directory} is in use by another modeconn process (a search for the same --out is "
+                          "running); wait for it to finish or choose another --out") from None
+    return fd
+
+
+def _unlock(fd: int | None) -> None:
+    if fd is not None:
+        os.close(fd)
+
+
+class SearchWorkDir:
+    """The persistent, modeconn-owned directory of one checkpointing search (LLPF) for ``out``
+    (:func:`work_dir_for`), held under an exclusive lock while this process uses it.
+
+    It is created atomically (marker and lock in place before it gets its name), so a second process never
+    sees a half-made or unlocked one. :meth:`retire` moves it out of the way as the last step before the output
+    is swapped in; :meth:`restore` puts it back if that swap fails; :meth:`remove` deletes it afterwards.
+    Leftovers of killed processes (half-made or retired siblings nobody holds a lock on) are swept on open.
+    """
+
+    def __init__(self, out: FsPath, path: FsPath, fd: int | None, record: dict[str, Any]) -> None:
+        self.out, self.path, self._fd, self.record = out, path, fd, record
+        self._retired: FsPath | None = None
+
+    @staticmethod
+    def read_record(out: str | FsPath) -> dict[str, Any] | None:
+        """The marker of ``out``'s work directory (None if there is none); ConfigError if a directory of that
+        name exists but modeconn did not write it."""
+        work = work_dir_for(out)
+        if not os.path.lexists(work):
+            return None
+        if work.is_symlink() or not is_modeconn_output(work):
+            raise ConfigError(f"{work} exists but was not written by modeconn (no {MARKER}); remove it yourself")
+        return json.loads((work / MARKER).read_text())
+
+    @classmethod
+    def open(cls, out: FsPath, method: str, *, resume: bool, overwrite: bool) -> SearchWorkDir:
+        """The work directory to search in: the interrupted one (``resume``), or a new one (replacing an
+        interrupted one only with ``overwrite``). ConfigError naming the flag otherwise."""
+        _sweep_leftovers(out)
+        work = work_dir_for(out)
+        record = cls.check_flags(out, method, resume=resume, overwrite=overwrite)
+        if record is not None:
+            fd = _lock(work)
+            if resume:
+                return cls(out, work, fd, record)
+            shutil.rmtree(work)  # ours (marker), unused (locked by us), and --overwrite says replace it
+            _unlock(fd)
+        return cls._create(out, method, overwrite)
+
+    @classmethod
+    def check_flags(cls, out: FsPath, method: str, *, resume: bool, overwrite: bool) -> dict[str, Any] | None:
+        """The interrupted search's marker (None if there is none), after checking that ``resume`` /
+        ``overwrite`` say what to do with it (ConfigError naming the flag otherwise). Changes nothing."""
+        work = work_dir_for(out)
+        record = cls.read_record(out)
+        if record is None and resume:
+            raise ConfigError(f"--resume (resume=True): there is no interrupted search for {out} to continue "
+                              f"({work} does not exist); run without --resume to start one")
+        if record is not None and resume and record.get("method") != method:
+            raise ConfigError(f"{work} holds an interrupted {record.get('method')} search, not {method}: resume it "
+                              f"with --method {record.get('method')}, or pass --overwrite (overwrite=True) without "
+                              "--resume to discard it")
+        if record is not None and not resume and not overwrite:
+            raise ConfigError(f"an interrupted {record.get('method')} search for {out} is in {work}: pass --resume "
+                              "(resume=True) to continue it, or --overwrite (overwrite=True) to discard it and "
+                              "start again")
+        return record
+
+    @classmethod
+    def _create(cls, out: FsPath, method: str, overwrite: bool) -> SearchWorkDir:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        new = FsPath(tempfile.mkdtemp(prefix=f".{out.name}.{WORK_SUFFIX}-new-", dir=out.parent))
+        record = {"tool": "modeconn", "command": "path (search work directory)", "method": method,
+                  "out": str(out), "overwrite": bool(overwrite), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        (new / MARKER).write_text(json.dumps(record, indent=2) + "\n")
+        fd = _lock(new)
+        try:
+            os.rename(new, work_dir_for(out))
+        except OSError:
+            _unlock(fd)
+            shutil.rmtree(new, ignore_errors=True)
+            raise ConfigError(f"{work_dir_for(out)} appeared while starting (another modeconn search for {out} "
+                              "started at the same time); choose another --out") from None
+        return cls(out, work_dir_for(out), fd, record)
+
+    def retire(self) -> None:
+        """Move the directory out of the way (atomic rename to a hidden ``-retired-`` sibling)."""
+        self._retired = self.path.with_name(f"{self.path.name}-retired-{uuid.uuid4().hex[:8]}")
+        os.rename(self.path, self._retired)
+
+    def restore(self) -> None:
+        """Undo :meth:`retire` (the output could not be swapped in: the search stays resumable)."""
+        if self._retired is not None and self._retired.exists() and not os.path.lexists(self.path):
+            os.rename(self._retired, self.path)
+            self._retired = None
+
+    def close(self, *, remove: bool) -> None:
+        """Release the lock; with ``remove``, delete the retired directory."""
+        if remove and self._retired is not None:
+            shutil.rmtree(self._retired, ignore_errors=True)
+        _unlock(self._fd)
+        self._fd = None
+
+
+def _sweep_leftovers(out: FsPath) -> None:
+    """Delete half-made (``-new-``) and retired (``-retired-``) work siblings of ``out`` that carry modeconn's
+    marker and that no process holds locked (their process was killed)."""
+    if not out.parent.is_dir():
+        return
+    for p in out.parent.glob(f".{glob.escape(out.name)}.{WORK_SUFFIX}-*"):
+        if p.is_dir() and not p.is_symlink() and is_modeconn_output(p):
+            try:
+                fd = _lock(p)
+            except ConfigError:
+                continue  # in use
+            shutil.rmtree(p, ignore_errors=True)
+            _unlock(fd)
+
+
+# ------------------------------------------------------------------------------------------------- the recipe
+
+
+def _same_point(p: StateDict, q: StateDict) -> bool:
+    return p.keys() == q.keys() and all(torch.equal(p[k].detach().cpu(), q[k].detach().cpu()) for k in p)
+
+
+def completeness_headline(method: str, results: Mapping[str, Any]) -> str:
+    """One line for the terminal: counts, and either the trustworthy numbers of a complete path or, loudly, why
+    the path is incomplete (with the dense peak of the worst failing segment)."""
+    r, c = results["summary"], results["completeness"]
+    budget = results["budget"]["requested"]
+    spent = f"{r['grad_evals']} gradient evaluations" + (f" (budget {budget})" if budget is not None else "")
+    base = f"{method}: {r['points']} points, {spent}, {r['wall_time_s']:.1f} s search"
+    if c["complete"]:
+        return (f"{base}; complete (reaches B, every segment within {c['continuity_tol']:g} of its ends): peak train "
+                f"loss {r['peak_train_loss']:.4f} (endpoints {max(results['endpoint_train_loss']):.4f}), dense peak "
+                f"{r['dense_peak_train_loss']:.4f}")
+    text = f"{base}; INCOMPLETE PATH: {'; '.join(c['reasons'])}"
+    worst = c["worst_segment"]
+    if worst is not None:
+        text += (f". Dense peak of the failing segment: {worst['dense_peak']:.4f} — the peak at the points "
+                 f"({r['peak_train_loss']:.4f}) is not the path's peak")
+    elif not c["reached_b"]:
+        text += ". The numbers describe A → the last point only"
+    return text
+
+
+def _report(results: Mapping[str, Any], row: Mapping[str, Any]) -> str:
+    c, ev, b = results["completeness"], results["evaluation"], results["budget"]
+    verdict = (f"**Complete**: the path reaches B and every segment passes the continuity check (sub-points rise "
+               f"at most {c['continuity_tol']:g} nats above the segment's ends)." if c["complete"] else
+               "**INCOMPLETE PATH** — " + "; ".join(c["reasons"]) + (
+                   f". The failing segment's dense peak is {c['worst_segment']['dense_peak']:.4f}: the peak at the "
+                   "points is not the path's peak." if c["worst_segment"] else "."))
+    budget = (f"Gradient evaluations: {b['used']}" + (f" of a budget of {b['requested']}." if b["requested"] is not None
+                                                      else " (no budget given)."))
+    size = (f"Evaluated: {ev['points']} points and {ev['sub_points_per_segment']} linear sub-points per segment "
+            f"({ev['models_evaluated']} models), on {ev['examples']['train']} train and {ev['examples']['test']} "
+            f"test examples" + (f"; BatchNorm statistics recomputed at every point from {ev['bn_batches']} training "
+                                 "batches." if ev["has_batchnorm"] else " (the model has no BatchNorm)."))
+    return (f"# {results['task']}\n\n{verdict}\n\n{budget} {size}\n\n{rows_table([row])}\n\n"
+            "Losses are cross-entropy (nats); 'dense peak' includes the linear sub-points between consecutive points "
+            "(continuity check).\n\n![loss along the path](path_loss.png)\n")
+
+
+def _search(out: FsPath, tmp: FsPath, m: PathMethod, model_a: nn.Module, sd_a: StateDict, sd_b: StateDict,
+            bundle: DatasetBundle, options: Mapping[str, Any], work: SearchWorkDir | None,
+            ctx: SearchContext) -> Path:
+    """Run the search (a checkpointing one inside ``work``) and put the path at ``tmp/path``."""
+    if work is not None:
+        ctx = replace(ctx, out_dir=work.path / "path", resume=(work.path / "path").exists())
+    path = m.run(model_a, sd_a, sd_b, bundle.train, dict(options), ctx)
+    path.save(tmp / "path")  # a disk-backed path is hard-linked (or copied): the work directory stays intact
+    return Path.load(tmp / "path")
 
 
 def run_path(out: str | FsPath, method: str, model_a: nn.Module, model_b: nn.Module, bundle: DatasetBundle,
              options: Mapping[str, Any] | None = None, *, budget: int | None = None, eval_limit: int | None = None,
              sub_points: int = 3, bn_batches: int = 20, seed: int = 0, resume: bool = False,
-             overwrite: bool = False, names: tuple[str, str] = ("A", "B"), log: Callable[[str], None] = print,
+             overwrite: bool = False, names: tuple[str, str] = ("A", "B"), inputs: Sequence[str | FsPath] = (),
+             limit_train: int | None = None, continuity_tol: float = CONTINUITY_TOL,
+             max_points: int | None = DEFAULT_MAX_POINTS, log: Callable[[str], None] = print,
              progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
-    """Find one path, save it to ``out/path`` (safetensors shards + path.json), evaluate it, and write
-    ``results.json``, ``report.md`` and ``path_loss.png`` (each written atomically) into ``out``.
+    """Find one path, evaluate it, and write ``out``: ``path/`` (safetensors shards + path.json), ``results.json``,
+    ``report.md`` and ``path_loss.png`` — all assembled in a uniquely named temporary sibling that becomes ``out``
+    in one atomic swap (:func:`~modeconn._util.outdir.output_directory`), so ``out`` always holds one whole run.
 
-    Raises: ConfigError (bad method/option/out), CheckpointError (an existing path in ``out`` from another run).
+    A checkpointing search (LLPF) runs in ``out``'s work directory (:class:`SearchWorkDir`), which survives a
+    kill: rerun with ``resume`` to continue it (same settings and data — checked), or ``overwrite`` to discard it.
+    A kill at any moment leaves the previous ``out`` (or none) plus, at most, that resumable work directory.
+
+    Args:
+        budget: gradient evaluations every method honours (:class:`SearchContext`).
+        eval_limit: examples per split evaluated (None: all); sub_points: continuity-check points per segment.
+        inputs: the checkpoint directories of A and B (``out`` may not be, contain or lie inside them).
+        limit_train: the training-set limit the data was loaded with (recorded; part of a resume's fingerprint).
+        continuity_tol: tolerance of the continuity check (:meth:`PathCurve.completeness`).
+        max_points: bound on the points an LLPF search stores (``record_every`` sized to it unless given).
+
+    Returns: the results dict (also ``results.json``); ``results["complete"]`` says whether the path is complete
+        (reaches B, every segment passes the continuity check) — the CLI exits with
+        :data:`INCOMPLETE_EXIT_CODE` when it is not.
+
+    Raises: ConfigError (bad method/option/budget/out, a conflicting or missing interrupted search),
+        CheckpointError (a corrupt interrupted search), and what the method raises.
     """
     out = FsPath(out)
-    m = check_path_options(method, dict(options or {}))
-    prepare_out(out, resume=resume, overwrite=overwrite)
+    options = dict(options or {})
+    m = check_path_options(method, options)
+    _check_budget(budget)
+    if resume and not m.checkpoints:
+        raise ConfigError(f"--resume (resume=True): the {method} method does not checkpoint; only "
+                          f"{', '.join(k for k, v in PATH_METHODS.items() if v.checkpoints)} searches can be resumed")
+    record = SearchWorkDir.check_flags(out, method, resume=resume, overwrite=overwrite) if m.checkpoints else None
+    may_replace = overwrite or bool(resume and record and record.get("overwrite"))  # the resumed run's permission
     start = time.perf_counter()
     sd_a, sd_b = model_a.state_dict(), model_b.state_dict()
-    log(f"finding the {method} path ({m.summary})")
-    path = find_path(method, model_a, sd_a, sd_b, bundle.train, options, budget=budget, out_dir=out / "path",
-                     resume=resume, progress=progress)
-    if path.directory is None:
-        if (out / "path" / MANIFEST).exists() and not overwrite:
-            raise CheckpointError(f"{out / 'path'} already holds a path; pass --overwrite")
-        path.save(out / "path", overwrite=True)
-    log(f"evaluating {len(path)} points (+{sub_points} sub-points per segment)")
-    curve = evaluate_found_path(path, model_a, bundle, eval_limit=eval_limit, bn_batches=bn_batches,
-                                sub_points=sub_points, seed=seed, progress=progress)
-    ends = [float(curve.values("train", "loss")[0]), float(curve.values("train", "loss")[-1])]
-    row = path_row(method, curve, path, max(ends))
-    results = {
-        "task": f"{method} path between {names[0]} and {names[1]} on {bundle.name}",
-        "models": list(names), "method": method, "options": dict(options or {}), "budget": budget,
-        "dataset": {"name": bundle.name, "train": len(bundle.train), "test": len(bundle.test), "eval_limit": eval_limit},
-        "endpoint_train_loss": ends, "summary": row, "curve": curve.to_json(), "path_info": path.info,
-        "seconds": time.perf_counter() - start,
-    }
-    tmp_png = out / ".path_loss.png.tmp.png"
-    plot_path_losses({method: curve}, tmp_png, title=results["task"])
-    tmp_png.replace(out / "path_loss.png")
-    write_json(out / ".results.json.tmp", results).replace(out / "results.json")
-    atomic_write_text(out / "report.md", f"# {results['task']}\n\n{rows_table([row])}\n\n"
-                      "Losses are cross-entropy (nats) with BatchNorm statistics recomputed at every point; "
-                      "'dense peak' includes the linear sub-points between consecutive points (continuity "
-                      "check).\n\n![loss along the path](path_loss.png)\n")
+    data_info = {"name": bundle.name, "split": "train", "limit": limit_train}
+    ctx = SearchContext(budget, None, False, progress, max_points, data_info)
+    work = None
+    try:
+        with output_directory(out, inputs=inputs, overwrite=may_replace, command="path") as tmp:
+            work = SearchWorkDir.open(out, method, resume=resume, overwrite=overwrite) if m.checkpoints else None
+            log(f"finding the {method} path ({m.summary})" + (f" with a budget of {budget} gradient evaluations"
+                                                              if budget is not None else ""))
+            path = _search(out, tmp, m, model_a, sd_a, sd_b, bundle, options, work, ctx)
+            log(f"evaluating {len(path)} points (+{sub_points} sub-points per segment) on "
+                f"{'all' if eval_limit is None else f'at most {eval_limit}'} examples per split")
+            curve = evaluate_found_path(path, model_a, bundle, eval_limit=eval_limit, bn_batches=bn_batches,
+                                        sub_points=sub_points, seed=seed, progress=progress)
+            reached = path.info.get("reached_b") is not False and _same_point(path[len(path) - 1], sd_b)
+            ends = [float(curve.values("train", "loss")[0]), float(curve.values("train", "loss")[-1])]
+            row = path_row(method, curve, path, max(ends), continuity_tol=continuity_tol, reached_b=reached)
+            completeness = curve.completeness(continuity_tol, reached_b=reached)
+            results = {
+                "task": f"{method} path between {names[0]} and {names[1]} on {bundle.name}",
+                "models": list(names), "method": method, "options": options,
+                "complete": completeness["complete"], "completeness": completeness,
+                "budget": {"requested": budget, "used": row["grad_evals"],
+                           "honoured": budget is None or row["grad_evals"] <= budget},
+                "evaluation": evaluation_size(curve, bundle, eval_limit),
+                "dataset": {"name": bundle.name, "train": len(bundle.train), "test": len(bundle.test),
+                            "limit_train": limit_train, "eval_limit": eval_limit},
+                "endpoint_train_loss": ends, "summary": row, "curve": curve.to_json(), "path_info": path.info,
+            }
+            results["headline"] = completeness_headline(method, results)
+            results["seconds"] = time.perf_counter() - start
+            plot_path_losses({method: curve}, tmp / "path_loss.png", title=results["task"])
+            write_json(tmp / "results.json", results)
+            (tmp / "report.md").write_text(_report(results, row))  # tmp becomes out in one swap: no per-file temp
+            if work is not None:
+                work.retire()  # last step before the swap: afterwards no stale search sits next to the result
+    except BaseException:
+        if work is not None:
+            work.restore()
+            work.close(remove=False)
+        raise
+    if work is not None:
+        work.close(remove=True)
     return results

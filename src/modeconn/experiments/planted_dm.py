@@ -121,7 +121,7 @@ def identity_component(spec, g: dict[str, torch.Tensor]) -> dict[str, torch.Tens
     column (a new dict; permutations and other groups unchanged)."""
     out = dict(g)
     for s, t in g.items():
-        if spec.group_of(s).name in ("orthogonal", "head_orthogonal"):
+        if spec.group_of(s).isometric and not spec.group_of(s).exact:  # orthogonal matrices (per head)
             neg = torch.linalg.det(t.double()) < 0
             t = t.clone()
             t[..., :, 0] = torch.where(neg[..., None], -t[..., :, 0], t[..., :, 0])
@@ -191,7 +191,7 @@ def planted_minilm_dual(root: Path, size: MiniLMDMSize | None = None, *, data: s
     t0 = time.perf_counter()
     wm = weight_matching(spec, sd, planted, seed=size.seed)
     wm_seconds = time.perf_counter() - t0
-    discrete = {s: wm.element[s] for s in spec.spaces if spec.group_of(s).name == "permutation"}
+    discrete = {s: wm.element[s] for s in spec.spaces if spec.group_of(s).exact}
     continuous = [s for s in spec.spaces if s not in discrete]
     lambdas = np.linspace(0.0, 1.0, size.lambdas)
     work = copy.deepcopy(model)

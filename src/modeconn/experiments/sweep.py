@@ -97,18 +97,13 @@ def _trained_pair(training: str) -> tuple[Any, tuple[nn.Module, nn.Module]]:
     evaluation-only fields). Cached per process: grid points that differ only in ``method`` / ``lambdas``
     reuse the pair instead of training it again (alignment and evaluation never mutate the models)."""
     from ..data import load_dataset
-    from ..models import build_model
-    from ..train import TrainConfig, fit
+    from .training import train_models
 
     p = BarrierTask(**json.loads(training))
     bundle = load_dataset(p.dataset, limit_train=p.limit_train)
-    models = []
-    for seed in (p.seed, p.seed + 1):
-        m = build_model(p.model, in_shape=bundle.input_shape, num_classes=bundle.num_classes, seed=seed,
+    a, b = train_models(p.model, bundle, (p.seed, p.seed + 1), dict(epochs=p.epochs, lr=p.lr, batch_size=p.batch_size),
                         **_model_kwargs(p))
-        fit(m, bundle.train, TrainConfig(seed=seed, epochs=p.epochs, lr=p.lr, batch_size=p.batch_size), progress=False)
-        models.append(m.eval())
-    return bundle, (models[0], models[1])
+    return bundle, (a, b)
 
 
 def run_barrier_task(p: BarrierTask) -> dict[str, Any]:

@@ -31,11 +31,11 @@ import torch
 import torch.nn as nn
 
 from ..data import load_dataset, make_loader
-from ..models import build_model
 from ..path import Curve, evaluate_path
 from ..report import markdown_table, plot_curves
-from ..train import TrainConfig, fit
 from .output import output_directory, write_json
+from .training import train_models
+from .registry import Experiment, register_experiment
 
 Log = Callable[[str], None]
 FULL_GROUPS = {"residual": "orthogonal", "heads": "permutation", "qk": "head_orthogonal", "vo": "head_orthogonal"}
@@ -69,17 +69,12 @@ SIZES = {
 
 
 def train_pair(size: LMSize, bundle, log: Log) -> list[nn.Module]:
-    models = []
-    for seed in (0, 1):
-        m = build_model("gpt-neox-tiny", in_shape=(size.context,), num_classes=bundle.num_classes, seed=seed,
-                        hidden_size=size.hidden_size, num_hidden_layers=size.layers,
-                        num_attention_heads=size.heads, intermediate_size=size.intermediate)
-        cfg = TrainConfig(seed=seed, epochs=size.epochs, lr=size.lr, optimizer="adamw", weight_decay=0.1,
-                          batch_size=size.batch_size, warmup_epochs=0.05 * size.epochs, grad_clip=1.0)
-        fit(m, bundle.train, cfg, progress=False)
-        models.append(m.eval())
-        log(f"trained LM seed {seed}")
-    return models
+    """Two ``gpt-neox-tiny`` LMs trained from seeds 0 and 1 (initialisation and data order), in eval mode."""
+    train = dict(epochs=size.epochs, lr=size.lr, optimizer="adamw", weight_decay=0.1, batch_size=size.batch_size,
+                 warmup_epochs=0.05 * size.epochs, grad_clip=1.0)
+    return train_models("gpt-neox-tiny", bundle, (0, 1), train, in_shape=(size.context,), log=log, label="LM",
+                        hidden_size=size.hidden_size, num_hidden_layers=size.layers, num_attention_heads=size.heads,
+                        intermediate_size=size.intermediate)
 
 
 def lm_barriers(size: LMSize, bundle, models: list[nn.Module], log: Log) -> tuple[dict[str, Curve], dict[str, Any]]:
@@ -237,3 +232,9 @@ def report(r: dict[str, Any]) -> str:
         "![MiniLM recovery](minilm_recovery.png)",
         "",
     ])
+
+
+register_experiment(Experiment("transformer-wm", __doc__, SIZES, run_transformer_wm, report,
+                               ("report.md", "results.json", "lm_barrier.png", "minilm_recovery.png"),
+                               {"epochs": "epochs", "width": "hidden_size", "limit_train": "limit_train"},
+                               why_not="one pair of language models"))

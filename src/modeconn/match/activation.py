@@ -10,17 +10,21 @@ ReLUs) get correlation 0 with everything, so no NaN ever reaches the LAP.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import contextmanager
-from typing import Iterable
+from typing import Any
 
 import torch
-import torch.nn as nn
+from torch import nn
 
 from ..checks import check_one_device
+from ..config import StrictConfig
 from ..errors import ConfigError, SpecError
 from ..nn_utils import batch_inputs, eval_mode, model_device
 from ..symmetry import Probe, SymmetrySpec
 from .lap import LapTimer, solve_lap
+from .options import PositiveInt
+from .progress import reporter
 from .result import Alignment
 
 
@@ -28,7 +32,9 @@ class CorrelationStats:
     """Streaming Pearson cross-correlation between two (samples, n) activation streams (float64 sums)."""
 
     def __init__(self, n: int, device: torch.device) -> None:
-        z = lambda *s: torch.zeros(*s, dtype=torch.float64, device=device)  # noqa: E731
+        def z(*shape: int) -> torch.Tensor:
+            return torch.zeros(*shape, dtype=torch.float64, device=device)
+
         self.count = 0
         self.sa, self.sb, self.saa, self.sbb, self.sab = z(n), z(n), z(n), z(n), z(n, n)
 
@@ -64,6 +70,18 @@ def probe_matrix(x: torch.Tensor, p: Probe, n: int) -> torch.Tensor:
     return x.movedim(-1, -2).reshape(-1, n)
 
 
+def _pre_hook(store: dict, name: str) -> Callable:
+    def hook(module, args):
+        store[(name, "input")] = args[0]
+    return hook
+
+
+def _hook(store: dict, name: str) -> Callable:
+    def hook(module, args, out):
+        store[(name, "output")] = out
+    return hook
+
+
 @contextmanager
 def capture(model: nn.Module, probes: dict[str, tuple[Probe, ...]]):
     """Record, per (module, where), the input or output tensor of each probed module during forwards."""
@@ -75,11 +93,9 @@ def capture(model: nn.Module, probes: dict[str, tuple[Probe, ...]]):
         if name not in modules:
             raise SpecError(f"probe module {name!r} not found in {type(model).__name__}")
         if where == "input":
-            hook = lambda m, args, _n=name: store.__setitem__((_n, "input"), args[0])  # noqa: E731
-            handles.append(modules[name].register_forward_pre_hook(hook))
+            handles.append(modules[name].register_forward_pre_hook(_pre_hook(store, name)))
         else:
-            hook = lambda m, args, out, _n=name: store.__setitem__((_n, "output"), out)  # noqa: E731
-            handles.append(modules[name].register_forward_hook(hook))
+            handles.append(modules[name].register_forward_hook(_hook(store, name)))
     try:
         yield store
     finally:
@@ -87,13 +103,25 @@ def capture(model: nn.Module, probes: dict[str, tuple[Probe, ...]]):
             h.remove()
 
 
+class ActivationMatchingConfig(StrictConfig):
+    """Options of :func:`activation_matching` (bad values: ConfigError naming the field, before any forward pass).
+
+    Attributes:
+        max_batches: use only the first batches of the loader (≥ 1; default None: the whole loader).
+    """
+
+    max_batches: PositiveInt | None = None
+
+
 def activation_matching(
     spec: SymmetrySpec,
     model_a: nn.Module,
     model_b: nn.Module,
     loader: Iterable,
+    config: ActivationMatchingConfig | Mapping[str, Any] | None = None,
     *,
-    max_batches: int | None = None,
+    progress: Callable[..., None] | None = None,
+    **options: Any,
 ) -> Alignment:
     """Align model B to model A by matching activations on ``loader``.
 
@@ -102,25 +130,45 @@ def activation_matching(
         model_a, model_b: the same architecture; run in eval mode under ``no_grad``; never modified
             (training flags restored, hooks removed).
         loader: iterable of batches ``x`` or ``(x, y, ...)``; ``x`` as the model takes it.
-        max_batches: use only the first batches (default: the whole loader).
-    Returns: :class:`Alignment` whose ``objective`` is the total matched correlation and ``stats`` hold
-        per-space mean matched correlation, ``identity_ratio`` (objective of the identity permutation /
-        optimal objective, per space: → 1 when the units are already aligned, the neuron-identifiability
-        proxy), samples seen and timings.
+        config, options: an :class:`ActivationMatchingConfig` (or a dict of its fields) and keyword overrides:
+            ``max_batches``.
+        progress: ``progress("activation statistics", batches, total)`` after every batch (``total``: max_batches,
+            else the loader's length when it has one, else None) and ``progress("assignment", spaces, total)``
+            after every LAP (:mod:`modeconn.match.progress`).
+    Returns: :class:`Alignment` (``objective_sense="maximize"``) whose ``objective`` is the total matched
+        correlation and ``stats`` hold per-space mean matched correlation, ``identity_ratio`` (objective of the
+        identity permutation / optimal objective, per space: → 1 when the units are already aligned, the
+        neuron-identifiability proxy), samples seen and timings.
     Raises: SpecError if a space has no probe (hand-written spec), StateDictMismatchError if the models
         do not fit the spec, DeviceMismatchError if they live on different devices, ConfigError for an
-        empty loader or a bad ``max_batches`` (all before any forward pass).
+        empty loader, a bad ``max_batches`` or a spec with continuous groups (all before any forward pass).
     """
-    if max_batches is not None and (isinstance(max_batches, bool) or not isinstance(max_batches, int) or max_batches < 1):
-        raise ConfigError(f"max_batches must be a positive integer or None, got {max_batches!r}")
-    continuous = {n: sp.group for n, sp in spec.spaces.items() if sp.group != "permutation"}
+    cfg = ActivationMatchingConfig.from_any(config, **options)  # bad values fail here, before any work
+    start = time.perf_counter()
+    _check_inputs(spec, model_a, model_b)
+    tick = reporter(progress)
+    stats, batches = _correlations(spec, model_a, model_b, loader, cfg.max_batches, tick)
+    element, objective, extra = _assign(spec, stats, tick)
+    return Alignment(
+        method="activation",
+        spec=spec,
+        element=element,
+        objective=objective,
+        history=[[objective]],
+        stats={**extra, "batches": batches, "seconds": time.perf_counter() - start},
+        objective_sense="maximize",
+    )
+
+
+def _check_inputs(spec: SymmetrySpec, model_a: nn.Module, model_b: nn.Module) -> None:
+    """Permutation groups only, models fitting the spec on one device, a probe for every space."""
+    continuous = {n: sp.group for n, sp in spec.spaces.items() if not spec.group_of(n).exact}
     if continuous:
         name, group = next(iter(continuous.items()))
         raise ConfigError(
             f"activation matching solves permutations only; {len(continuous)} space(s) have continuous groups "
             f"(e.g. {name!r}: {group}) — use weight_matching or dual_matching, or build the spec with "
             "permutation groups")
-    start = time.perf_counter()
     spec.check_state_dict(model_a.state_dict(), "model A")
     spec.check_state_dict(model_b.state_dict(), "model B")
     check_one_device([model_a.state_dict(), model_b.state_dict()], ["model A", "model B"])
@@ -129,8 +177,14 @@ def activation_matching(
         raise SpecError(
             f"spaces {missing} have no activation probes; build the spec with modeconn.symmetry_spec(model, x)"
         )
+
+
+def _correlations(spec: SymmetrySpec, model_a: nn.Module, model_b: nn.Module, loader: Iterable,
+                  max_batches: int | None, tick) -> tuple[dict[tuple[str, int], CorrelationStats], int]:
+    """Streaming correlation statistics per (space, probe) over the loader's batches, and the batches seen."""
     device = model_device(model_a)
     stats = {(s, i): CorrelationStats(spec.spaces[s].size, device) for s in spec.spaces for i in range(len(spec.probes[s]))}
+    total = max_batches if max_batches is not None else (len(loader) if hasattr(loader, "__len__") else None)
     batches = 0
     with eval_mode(model_a, model_b), torch.no_grad(), capture(model_a, spec.probes) as st_a, capture(
         model_b, spec.probes
@@ -147,11 +201,17 @@ def activation_matching(
                     key = (p.module, p.where)
                     stats[(s, i)].update(probe_matrix(st_a[key], p, n), probe_matrix(st_b[key], p, n))
             batches += 1
+            tick("activation statistics", batches, total)
     if batches == 0:
         raise ConfigError("activation_matching got an empty loader")
+    return stats, batches
+
+
+def _assign(spec: SymmetrySpec, stats: dict[tuple[str, int], CorrelationStats], tick):
+    """Per space the LAP on the summed probe correlations: (element, objective, stats)."""
     timer = LapTimer()
     element, objective, per_space, identity_ratio = {}, 0.0, {}, {}
-    for s in spec.spaces:
+    for j, s in enumerate(spec.spaces):
         corr = sum(stats[(s, i)].correlation() for i in range(len(spec.probes[s])))
         perm = solve_lap(corr, s, timer)
         matched = float(corr[torch.arange(len(perm)), perm.to(corr.device)].sum())
@@ -159,17 +219,6 @@ def activation_matching(
         objective += matched
         per_space[s] = matched / (len(perm) * len(spec.probes[s]))
         identity_ratio[s] = float(corr.diagonal().sum()) / matched if matched > 0 else None
-    return Alignment(
-        method="activation",
-        spec=spec,
-        element=element,
-        objective=objective,
-        history=[[objective]],
-        stats={
-            "mean_matched_correlation": per_space,
-            "identity_ratio": identity_ratio,
-            "batches": batches,
-            "seconds": time.perf_counter() - start,
-            "lap_seconds": timer.seconds,
-        },
-    )
+        tick("assignment", j + 1, len(spec.spaces))
+    extra = {"mean_matched_correlation": per_space, "identity_ratio": identity_ratio, "lap_seconds": timer.seconds}
+    return element, objective, extra

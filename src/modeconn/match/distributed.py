@@ -182,7 +182,7 @@ class Ranks:
             return
         flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
         self.all_reduce_(flat)
-        for p, g in zip(params, flat.split([p.numel() for p in params])):
+        for p, g in zip(params, flat.split([p.numel() for p in params]), strict=True):
             p.grad = g.view_as(p)
 
     def check_same(self, what: str, tensors: Iterable[torch.Tensor], extra: bytes = b"") -> None:

@@ -75,36 +75,39 @@ import json
 import math
 import os
 import pickle
-import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from pydantic import field_validator
 from torch import nn
 from torch.func import functional_call
 
+from .._util.atomic import atomic_write
+from .._util.batches import endless
 from ..checks import check_compatible, check_finite, check_one_device
 from ..errors import CheckpointError, ConfigError, DistributedError, NonFiniteError, SpecError
 from ..symmetry import Element, SymmetrySpec
 from .distributed import DistributedInfo, Ranks, current_rank, init_distributed, launched_world_size
+from .options import LAMBDA_SCHEDULES, Bool, Int, LambdaSchedule, PositiveInt, PositiveReal, draw_lambda
 from .parametrize import get_parameterization, make_transform
+from .progress import reporter, step_loss_legacy
 from .result import Alignment
 from .weight import weight_matching
 
 StateDict = Mapping[str, torch.Tensor]
 LossFn = Callable[[Any, torch.Tensor], torch.Tensor]
-LAMBDA_SCHEDULES = ("uniform", "narrow", "fixed")
 INITS = ("weight", "identity")
 CHECKPOINT_FILE = "dual_matching.pt"
 _FORMAT = 1
 #: function-preservation check on the final elements: max|Δoutput| ≤ FUNCTION_RTOL · max(1, max|output|)
 FUNCTION_RTOL = 1e-3
-__all__ = ["DistributedInfo", "DualAlignment", "current_rank", "default_loss", "dual_matching",
+__all__ = ["LAMBDA_SCHEDULES", "DistributedInfo", "DualAlignment", "DualMatchingConfig", "current_rank", "default_loss", "dual_matching",
            "element_from_state_dict", "init_distributed", "launched_world_size", "one_sided_matching"]
 
 
@@ -153,13 +156,45 @@ def element_from_state_dict(spec: SymmetrySpec, state_dict: StateDict) -> Elemen
     return g
 
 
+class DualMatchingConfig(LambdaSchedule):
+    """Options of :func:`dual_matching` / :func:`one_sided_matching` (unknown fields and bad values: ConfigError
+    naming the field, before any work).
+
+    Attributes:
+        steps: Adam steps, one batch each (≥ 1); ``lr``: Adam learning rate on the transform parameters (> 0).
+        lambda_schedule, lambda_value, lambda_width: λ per step (:mod:`modeconn.match.options`), drawn from a
+            generator seeded with ``seed``.
+        init: ``"weight"`` (B's continuous parts start at weight matching's solution) or ``"identity"``.
+        parameterization: ``"cayley"`` (default), ``"matrix_exp"`` or ``"unconstrained"``
+            (:mod:`modeconn.match.parametrize`).
+        one_sided: learn B's transform only (``π_A`` = identity).
+        seed: seeds weight matching and the λ draws (same seed and data → same bytes).
+        checkpoint_every: steps between checkpoints when a ``checkpoint_dir`` is given (≥ 1).
+        verify: check at the end that the learned elements preserve both endpoints' functions.
+    """
+
+    steps: PositiveInt = 200
+    lr: PositiveReal = 1e-2
+    init: Literal["weight", "identity"] = "weight"
+    parameterization: str = "cayley"
+    one_sided: Bool = False
+    seed: Int = 0
+    checkpoint_every: PositiveInt = 50
+    verify: Bool = True
+
+    @field_validator("parameterization", mode="before")
+    @classmethod
+    def _known_parameterization(cls, v: Any) -> str:
+        return get_parameterization(v).name  # ConfigError naming the choices
+
+
 def one_sided_matching(spec: SymmetrySpec, model: nn.Module, sd_a: StateDict, sd_b: StateDict, loader: Iterable,
-                       **options) -> DualAlignment:
+                       config: DualMatchingConfig | Mapping[str, Any] | None = None, **options) -> DualAlignment:
     """One-sided learned matching (Theus et al. 2025): :func:`dual_matching` with ``one_sided=True`` (``π_A`` the
     identity, B's continuous transforms learned). Same options, result and errors."""
     if "one_sided" in options:
         raise ConfigError("one_sided_matching does not take one_sided= (it is always one-sided)")
-    return dual_matching(spec, model, sd_a, sd_b, loader, one_sided=True, **options)
+    return dual_matching(spec, model, sd_a, sd_b, loader, config, one_sided=True, **options)
 
 
 def dual_matching(
@@ -168,24 +203,15 @@ def dual_matching(
     sd_a: StateDict,
     sd_b: StateDict,
     loader: Iterable,
+    config: DualMatchingConfig | Mapping[str, Any] | None = None,
     *,
-    steps: int = 200,
-    lr: float = 1e-2,
-    lambda_schedule: str = "uniform",
-    lambda_value: float = 0.5,
-    lambda_width: float = 0.1,
-    init: str = "weight",
-    parameterization: str = "cayley",
-    one_sided: bool = False,
-    seed: int = 0,
     loss_fn: LossFn | None = None,
-    progress: Callable[[int, int, float], None] | None = None,
+    progress: Callable[..., None] | None = None,
     checkpoint_dir: str | os.PathLike | None = None,
-    checkpoint_every: int = 50,
     weight_alignment: Alignment | Element | None = None,
-    verify: bool = True,
     distributed: bool | None = None,
     process_group: Any = None,
+    **options: Any,
 ) -> DualAlignment:
     """Learn continuous symmetry transforms of both endpoints (or of B only) that lower the loss along the path.
 
@@ -199,19 +225,18 @@ def dual_matching(
         model: an instance of the architecture (only a private fp32 eval-mode copy is used: no dropout, frozen).
         sd_a, sd_b: endpoint state dicts (same keys/shapes, one device; any float dtype, computed in fp32;
             never mutated).
-        loader: re-iterable batches ``(x, y, ...)``; cycled epoch after epoch. ``model(x)`` may return a tensor
-            or an object with ``.logits``; sequence outputs ``(B, T, V)`` with labels ``(B, T)`` are scored per token.
-        steps: Adam steps (≥ 1). lr: Adam learning rate on the transform parameters (> 0).
-        lambda_schedule: ``"uniform"`` (λ ~ U(0, 1) per step), ``"narrow"`` (λ ~ U(λ₀ − w, λ₀ + w) ∩ [0, 1]) or
-            ``"fixed"`` (λ = λ₀), with ``λ₀ = lambda_value`` ∈ [0, 1] and ``w = lambda_width`` ∈ (0, 1].
-            λ is drawn from a generator seeded with ``seed``.
-        init: ``"weight"`` (B's continuous parts start at weight matching's solution) or ``"identity"``.
-        parameterization: ``"cayley"`` (default), ``"matrix_exp"`` or ``"unconstrained"``
-            (:mod:`modeconn.match.parametrize`).
-        one_sided: learn B's transform only (``π_A`` = identity).
-        seed: seeds weight matching and the λ draws (same seed and data → same bytes).
+        loader: re-iterable batches ``(x, y, ...)``; re-iterated epoch after epoch (:func:`modeconn._util.batches.
+            endless`). ``model(x)`` may return a tensor or an object with ``.logits``; sequence outputs ``(B, T, V)``
+            with labels ``(B, T)`` are scored per token.
+        config, options: a :class:`DualMatchingConfig` (or a dict of its fields) and keyword overrides: ``steps``,
+            ``lr``, ``lambda_schedule``, ``lambda_value``, ``lambda_width``, ``init``, ``parameterization``,
+            ``one_sided``, ``seed``, ``checkpoint_every``, ``verify`` (``verify``: check at the end, on the first
+            batch, that ``π_A(θ_A)`` and ``π_B(θ_B)`` compute the outputs of θ_A and θ_B, ``max|Δ| ≤
+            1e-3·max(1, max|output|)``; results in ``stats["max_output_change_a/_b"]``).
         loss_fn: ``loss_fn(output, y)`` → mean loss (default: cross-entropy on ``output.logits`` or ``output``).
-        progress: called as ``progress(step, steps, loss)`` after each step (on every rank, with the global loss).
+        progress: ``progress(stage, done, total, loss=…, lam=…)`` after each step (:mod:`modeconn.match.progress`;
+            on every rank, with the global loss). A callback without ``**metrics`` is called the deprecated way,
+            ``progress(step, steps, loss)``.
         checkpoint_dir: a directory for ``dual_matching.pt`` (transform parameters, Adam state, λ generator,
             losses), written atomically (by rank 0 only) every ``checkpoint_every`` steps and at the end. A call
             with the same options and endpoints finds it and resumes (``steps`` may be raised); the result is the
@@ -220,12 +245,11 @@ def dual_matching(
         weight_alignment: a precomputed weight-matching :class:`Alignment` (or element) of (θ_A, θ_B) to take the
             discrete parts and the ``init="weight"`` start from; default: ``weight_matching(spec, sd_a, sd_b,
             seed=seed)``.
-        verify: check at the end, on the first batch, that ``π_A(θ_A)`` and ``π_B(θ_B)`` compute the outputs of
-            θ_A and θ_B (``max|Δ| ≤ 1e-3·max(1, max|output|)``); results in ``stats["max_output_change_a/_b"]``.
         distributed: data parallelism over a ``torch.distributed`` process group (module docstring): ``None``
             (default) when a default group is initialised, ``True`` to require one, ``False`` for one process.
         process_group: the group to use instead of the default one (implies ``distributed``).
-    Returns: :class:`DualAlignment` (the same on every rank; ``stats["world_size"]``: the number of processes).
+    Returns: :class:`DualAlignment` (``objective_sense="minimize"``; the same on every rank; ``stats["world_size"]``:
+        the number of processes).
     Raises (all before any heavy work unless noted): ConfigError naming a bad option (steps, lr, lambda_schedule,
         lambda_value, lambda_width, init, parameterization, checkpoint_every, a spec without continuous spaces,
         an empty loader, a checkpoint from other options/endpoints); StateDictMismatchError; DeviceMismatchError;
@@ -236,159 +260,219 @@ def dual_matching(
         first batch's rows or a backend that cannot serve the endpoints' device; DistributedError when ranks got
         different batches or λ (naming the step) or end with different elements.
     """
-    opts = _validate_options(steps, lr, lambda_schedule, lambda_value, lambda_width, init, parameterization,
-                             one_sided, seed, checkpoint_every)
-    start_time = time.perf_counter()
-    continuous = [s for s in spec.spaces if not spec.group_of(s).exact]
-    if not continuous:
-        raise ConfigError(
-            "spec has no continuous space (orthogonal, invertible, scaling, head_*): nothing for dual matching to "
-            "learn; use weight_matching or learned_matching for permutation-only specs"
-        )
-    spec.check_state_dict(sd_a, "state dict A")
-    spec.check_state_dict(sd_b, "state dict B")
-    check_compatible([model.state_dict(), sd_a, sd_b], ["model", "A", "B"])
-    device = check_one_device([sd_a, sd_b], ["A", "B"])
-    ranks = Ranks.resolve(distributed, process_group, device)
-    check_finite(sd_a, "A")
-    check_finite(sd_b, "B")
-    wm_element = _wm_element(spec, weight_alignment)
-    loss_fn = loss_fn or default_loss
+    cfg = DualMatchingConfig.from_any(config, **options)  # typos and bad values fail here, before any work
+    run = _Run(spec, model, sd_a, sd_b, loader, cfg, loss_fn=loss_fn, progress=progress,
+               checkpoint_dir=checkpoint_dir, weight_alignment=weight_alignment, distributed=distributed,
+               process_group=process_group)
+    return run.run()
 
-    ckpt_path = Path(checkpoint_dir) / CHECKPOINT_FILE if checkpoint_dir is not None else None
-    fingerprint = _fingerprint(spec, sd_a, sd_b, opts) if ckpt_path is not None else None
-    saved = _load_checkpoint(ckpt_path, fingerprint, steps) if ckpt_path is not None and ckpt_path.exists() else None
-    start_step = saved["step"] if saved is not None else 0
 
-    stream = _batch_stream(loader, skip=start_step)
-    first = next(stream) if start_step < steps else None  # ConfigError for an empty loader, before WM
-    if first is not None:
-        _check_rows(first, ranks)
+class _Run:
+    """One dual (or one-sided) matching call: setup (checks) → resume (checkpoint, batch stream) → prepare (discrete
+    parts, transforms, endpoints) → one :meth:`step` per Adam step (checkpointed) → finish (elements, checks)."""
 
-    # ---- discrete parts (B only) and initial continuous elements
-    wm_objective = float("nan")
-    if isinstance(weight_alignment, Alignment):
-        wm_objective = float(weight_alignment.objective)
-    if saved is not None:
-        disc = {s: t.to(device) for s, t in saved["discrete"].items()}
-        wm_objective = saved["wm_objective"]
-    else:
-        if wm_element is None:
-            wm = weight_matching(spec, sd_a, sd_b, seed=seed)
-            wm_element, wm_objective = wm.element, wm.objective
-        disc = {s: wm_element[s].to(device) for s in spec.spaces if s not in continuous}
-    identity = {s: t.to(device) for s, t in spec.identity().items()}
-    init_b = {s: (wm_element[s] if (saved is None and init == "weight") else identity[s]).to(device, torch.float32)
-              for s in continuous}
-    par = opts["parameterization"]
-    mods_b = nn.ModuleList([make_transform(spec.group_of(s), init_b[s], par) for s in continuous]).to(device)
-    mods_a = None if one_sided else nn.ModuleList(
-        [make_transform(spec.group_of(s), identity[s].float(), par) for s in continuous]).to(device)
-    params = list(mods_b.parameters()) + ([] if mods_a is None else list(mods_a.parameters()))
-    optimizer = torch.optim.Adam(params, lr=lr)
-    gen = torch.Generator().manual_seed(seed)
-    losses: list[float] = []
-    lambdas: list[float] = []
-    elapsed = 0.0
-    if saved is not None:
-        mods_b.load_state_dict(saved["mods_b"])
-        if mods_a is not None:
-            mods_a.load_state_dict(saved["mods_a"])
-        optimizer.load_state_dict(saved["optimizer"])
-        gen.set_state(saved["generator"])
-        losses, lambdas, elapsed = list(saved["losses"]), list(saved["lambdas"]), float(saved["seconds"])
-    ranks.check_same("the discrete parts, initial transforms or resume step", [*disc.values(), *params],
-                     extra=f"{start_step}/{fingerprint}".encode())
+    def __init__(self, spec: SymmetrySpec, model: nn.Module, sd_a: StateDict, sd_b: StateDict, loader: Iterable,
+                 cfg: DualMatchingConfig, *, loss_fn: LossFn | None, progress: Callable[..., None] | None,
+                 checkpoint_dir: str | os.PathLike | None, weight_alignment: Alignment | Element | None,
+                 distributed: bool | None, process_group: Any) -> None:
+        self.start_time = time.perf_counter()
+        self.spec, self.model, self.sd_a, self.sd_b, self.loader, self.cfg = spec, model, sd_a, sd_b, loader, cfg
+        self.par = get_parameterization(cfg.parameterization)
+        self.opts = {"lr": float(cfg.lr), "lambda_schedule": cfg.lambda_schedule, "lambda_value": cfg.lambda_value,
+                     "lambda_width": cfg.lambda_width, "init": cfg.init, "parameterization": self.par,
+                     "one_sided": cfg.one_sided, "seed": cfg.seed}  # the checkpoint fingerprint's options
+        self.continuous = [s for s in spec.spaces if not spec.group_of(s).exact]
+        if not self.continuous:
+            raise ConfigError(
+                "spec has no continuous space (orthogonal, invertible, scaling, head_*): nothing for dual matching to "
+                "learn; use weight_matching or learned_matching for permutation-only specs"
+            )
+        spec.check_state_dict(sd_a, "state dict A")
+        spec.check_state_dict(sd_b, "state dict B")
+        check_compatible([model.state_dict(), sd_a, sd_b], ["model", "A", "B"])
+        self.device = check_one_device([sd_a, sd_b], ["A", "B"])
+        self.ranks = Ranks.resolve(distributed, process_group, self.device)
+        check_finite(sd_a, "A")
+        check_finite(sd_b, "B")
+        self.weight_alignment = weight_alignment
+        self.wm_element = _wm_element(spec, weight_alignment)
+        self.loss_fn = loss_fn or default_loss
+        self.stage = "one-sided matching" if cfg.one_sided else "dual matching"
+        self.progress = reporter(progress, step_loss_legacy, what=self.stage)
+        self.ckpt_path = Path(checkpoint_dir) / CHECKPOINT_FILE if checkpoint_dir is not None else None
+        self.fingerprint = _fingerprint(spec, sd_a, sd_b, self.opts) if self.ckpt_path is not None else None
 
-    # ---- fixed fp32 endpoint tensors: A as is, B with its discrete part applied
-    a32 = {k: (v.detach().to(torch.float32) if v.is_floating_point() else v) for k, v in sd_a.items()}
-    b_disc = spec.apply(sd_b, {**identity, **disc})
-    b32 = {k: (v.detach().to(torch.float32) if v.is_floating_point() else v) for k, v in b_disc.items()}
-    plan = _ContinuousPlan(spec, continuous, a32)
-    work = copy.deepcopy(model).to(device).float().eval()
-    work.requires_grad_(False)
+    # ------------------------------------------------------------------ setup
+    def resume(self) -> None:
+        """The checkpoint to resume from (if any), the batch stream from the resume step and its first batch."""
+        path, steps = self.ckpt_path, self.cfg.steps
+        self.saved = _load_checkpoint(path, self.fingerprint, steps) if path is not None and path.exists() else None
+        self.start_step = self.saved["step"] if self.saved is not None else 0
+        self.stream = endless(self.loader, skip=self.start_step, what="dual matching")
+        self.batch = next(self.stream) if self.start_step < steps else None  # ConfigError for an empty loader, before WM
+        if self.batch is not None:
+            _check_rows(self.batch, self.ranks)
 
-    def endpoint(mods, base):
+    def _discrete(self) -> None:
+        """The discrete parts (B only; weight matching unless given or resumed) and the ``init="weight"`` start."""
+        spec, device, saved = self.spec, self.device, self.saved
+        self.wm_objective = float("nan")
+        if isinstance(self.weight_alignment, Alignment):
+            self.wm_objective = float(self.weight_alignment.objective)
+        if saved is not None:
+            self.disc = {s: t.to(device) for s, t in saved["discrete"].items()}
+            self.wm_objective = saved["wm_objective"]
+        else:
+            if self.wm_element is None:
+                wm = weight_matching(spec, self.sd_a, self.sd_b, seed=self.cfg.seed)
+                self.wm_element, self.wm_objective = wm.element, wm.objective
+            self.disc = {s: self.wm_element[s].to(device) for s in spec.spaces if s not in self.continuous}
+        self.identity = {s: t.to(device) for s, t in spec.identity().items()}
+
+    def _transforms(self) -> None:
+        """The transform modules of B (and A), Adam, the λ generator; their saved state when resuming."""
+        spec, device, saved, cfg = self.spec, self.device, self.saved, self.cfg
+        from_wm = saved is None and cfg.init == "weight"
+        init_b = {s: (self.wm_element[s] if from_wm else self.identity[s]).to(device, torch.float32)
+                  for s in self.continuous}
+        self.mods_b = nn.ModuleList([make_transform(spec.group_of(s), init_b[s], self.par)
+                                     for s in self.continuous]).to(device)
+        self.mods_a = None if cfg.one_sided else nn.ModuleList(
+            [make_transform(spec.group_of(s), self.identity[s].float(), self.par) for s in self.continuous]).to(device)
+        self.params = list(self.mods_b.parameters()) + ([] if self.mods_a is None else list(self.mods_a.parameters()))
+        self.optimizer = torch.optim.Adam(self.params, lr=cfg.lr)
+        self.gen = torch.Generator().manual_seed(cfg.seed)
+        self.losses: list[float] = []
+        self.lambdas: list[float] = []
+        self.elapsed = 0.0
+        if saved is not None:
+            self.mods_b.load_state_dict(saved["mods_b"])
+            if self.mods_a is not None:
+                self.mods_a.load_state_dict(saved["mods_a"])
+            self.optimizer.load_state_dict(saved["optimizer"])
+            self.gen.set_state(saved["generator"])
+            self.losses, self.lambdas = list(saved["losses"]), list(saved["lambdas"])
+            self.elapsed = float(saved["seconds"])
+
+    def _endpoints(self) -> None:
+        """Fixed fp32 endpoint tensors (A as is, B with its discrete part applied) and the private model copy."""
+        b_disc = self.spec.apply(self.sd_b, {**self.identity, **self.disc})
+        self.a32 = {k: (v.detach().to(torch.float32) if v.is_floating_point() else v) for k, v in self.sd_a.items()}
+        self.b32 = {k: (v.detach().to(torch.float32) if v.is_floating_point() else v) for k, v in b_disc.items()}
+        self.plan = _ContinuousPlan(self.spec, self.continuous, self.a32)
+        self.work = copy.deepcopy(self.model).to(self.device).float().eval()
+        self.work.requires_grad_(False)
+
+    def prepare(self) -> None:
+        self._discrete()
+        self._transforms()
+        self.ranks.check_same("the discrete parts, initial transforms or resume step",
+                              [*self.disc.values(), *self.params], extra=f"{self.start_step}/{self.fingerprint}".encode())
+        self._endpoints()
+
+    # ------------------------------------------------------------------ training
+    def _endpoint(self, mods: nn.ModuleList | None, base: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         if mods is None:
             return base
-        return plan.act(base, {s: m() for s, m in zip(continuous, mods)})
+        return self.plan.act(base, {s: m() for s, m in zip(self.continuous, mods, strict=True)})
 
-    def save(step: int) -> None:
-        if ranks.rank != 0:  # one writer; the others wait below until the file is in place
-            ranks.barrier()
-            return
-        _save_checkpoint(ckpt_path, {
-            "format": _FORMAT, "fingerprint": fingerprint, "step": step,
-            "discrete": {s: t.cpu() for s, t in disc.items()}, "wm_objective": wm_objective,
-            "mods_b": mods_b.state_dict(), "mods_a": {} if mods_a is None else mods_a.state_dict(),
-            "optimizer": optimizer.state_dict(), "generator": gen.get_state(),
-            "losses": losses, "lambdas": lambdas, "seconds": elapsed + time.perf_counter() - start_time,
-        })
-        ranks.barrier()
+    def _loss(self, x: torch.Tensor, y: torch.Tensor, lam: float) -> torch.Tensor | None:
+        """This rank's share of the global mean: its rows' mean loss × rows / global rows (None without rows)."""
+        if not len(x):
+            return None
+        theta_a, theta_b = self._endpoint(self.mods_a, self.a32), self._endpoint(self.mods_b, self.b32)
+        theta = {k: (ta + lam * (theta_b[k] - ta)) if ta.is_floating_point() else ta for k, ta in theta_a.items()}
+        loss = self.loss_fn(functional_call(self.work, theta, (x,)), y)
+        rows, total = len(x), _rows(self.batch)
+        return loss if rows == total else loss * (rows / total)
 
-    batch = first
-    for step in range(start_step, steps):
-        if batch is None:
-            batch = next(stream)
-        lam = _draw_lambda(opts, gen)
-        x, y = _unpack(batch, device, ranks)
-        loss = None
-        if len(x):  # this rank's share of the global mean: its rows' mean loss × rows / global rows
-            theta_a, theta_b = endpoint(mods_a, a32), endpoint(mods_b, b32)
-            theta = {k: (ta + lam * (theta_b[k] - ta)) if ta.is_floating_point() else ta for k, ta in theta_a.items()}
-            loss = loss_fn(functional_call(work, theta, (x,)), y)
-            rows, total = len(x), _rows(batch)
-            loss = loss if rows == total else loss * (rows / total)
-        global_loss = _global_loss(ranks, loss, batch, lam, step)
+    def step(self, step: int) -> None:
+        """One Adam step on one global batch (index ``step``, from 0), then progress and the checkpoint."""
+        if self.batch is None:
+            self.batch = next(self.stream)
+        lam = _draw_lambda(self.opts, self.gen)
+        x, y = _unpack(self.batch, self.device, self.ranks)
+        loss = self._loss(x, y, lam)
+        global_loss = _global_loss(self.ranks, loss, self.batch, lam, step)
         if not math.isfinite(global_loss):
             raise NonFiniteError(f"dual matching: the loss became {global_loss} at step {step + 1} (λ = {lam:.3f}); "
-                                 f"lower lr (= {lr})")
-        optimizer.zero_grad(set_to_none=True)
+                                 f"lower lr (= {self.cfg.lr})")
+        self.optimizer.zero_grad(set_to_none=True)
         if loss is not None:
             loss.backward()
-        ranks.all_reduce_grads(params)
-        optimizer.step()
-        losses.append(global_loss)
-        lambdas.append(lam)
-        batch = None
-        if progress is not None:
-            progress(step + 1, steps, losses[-1])
-        if ckpt_path is not None and ((step + 1) % checkpoint_every == 0 or step + 1 == steps):
-            save(step + 1)
+        self.ranks.all_reduce_grads(self.params)
+        self.optimizer.step()
+        self.losses.append(global_loss)
+        self.lambdas.append(lam)
+        self.batch = None
+        steps = self.cfg.steps
+        self.progress(self.stage, step + 1, steps, loss=global_loss, lam=lam)
+        if self.ckpt_path is not None and ((step + 1) % self.cfg.checkpoint_every == 0 or step + 1 == steps):
+            self.save(step + 1)
 
-    # ---- the learned elements (projected to the group where the parameterisation is not exact), validated
-    element_b = {**identity, **disc, **{s: m.element() for s, m in zip(continuous, mods_b)}}
-    element_a = dict(identity) if mods_a is None else {**identity, **{s: m.element() for s, m in zip(continuous, mods_a)}}
-    element_b = {s: t.cpu() for s, t in element_b.items()}
-    element_a = {s: t.cpu() for s, t in element_a.items()}
-    ranks.check_same("the learned elements", [*element_a.values(), *element_b.values()])
-    for side, el in (("A", element_a), ("B", element_b)):
-        try:
-            spec.check_element(el)
-        except SpecError as e:
-            raise SpecError(f"dual matching learned an invalid element for model {side}: {e}") from None
-    relative = element_b if one_sided else spec.compose(spec.inverse(element_a), element_b)
-    stats: dict[str, Any] = {
-        "steps": steps, "seconds": elapsed + time.perf_counter() - start_time, "lr": lr,
-        "lambda_schedule": lambda_schedule, "lambda_value": lambda_value, "lambda_width": lambda_width,
-        "init": init, "parameterization": opts["parameterization"].name, "one_sided": one_sided, "seed": seed,
-        "continuous_spaces": continuous, "wm_objective": wm_objective, "resumed_from": start_step,
-        "lambdas": lambdas, "world_size": ranks.world,
-    }
-    if verify:
-        check_batch = next(_batch_stream(loader, skip=0))
-        stats.update(_verify_function(spec, work, sd_a, sd_b, element_a, element_b, check_batch, device, ranks))
-    tail = losses[-max(1, len(losses) // 10):] if losses else [float("nan")]
-    return DualAlignment(
-        method="one_sided" if one_sided else "dual",
-        spec=spec,
-        element=relative,
-        objective=sum(tail) / len(tail),
-        history=[losses],
-        stats=stats,
-        element_a=element_a,
-        element_b=element_b,
-    )
+    def save(self, step: int) -> None:
+        """Write the checkpoint (rank 0; the others wait on a barrier until it is in place)."""
+        if self.ranks.rank != 0:
+            self.ranks.barrier()
+            return
+        _save_checkpoint(self.ckpt_path, {
+            "format": _FORMAT, "fingerprint": self.fingerprint, "step": step,
+            "discrete": {s: t.cpu() for s, t in self.disc.items()}, "wm_objective": self.wm_objective,
+            "mods_b": self.mods_b.state_dict(), "mods_a": {} if self.mods_a is None else self.mods_a.state_dict(),
+            "optimizer": self.optimizer.state_dict(), "generator": self.gen.get_state(),
+            "losses": self.losses, "lambdas": self.lambdas, "seconds": self._seconds(),
+        })
+        self.ranks.barrier()
+
+    def _seconds(self) -> float:
+        return self.elapsed + time.perf_counter() - self.start_time
+
+    # ------------------------------------------------------------------ finish
+    def _elements(self) -> tuple[Element, Element]:
+        """The learned elements of A and B on the CPU (projected to the group where the parameterisation is not
+        exact), the same on every rank and valid group elements (SpecError naming the model otherwise)."""
+        cont = self.continuous
+        element_b = {**self.identity, **self.disc, **{s: m.element() for s, m in zip(cont, self.mods_b, strict=True)}}
+        element_a = dict(self.identity) if self.mods_a is None else {
+            **self.identity, **{s: m.element() for s, m in zip(cont, self.mods_a, strict=True)}}
+        element_b = {s: t.cpu() for s, t in element_b.items()}
+        element_a = {s: t.cpu() for s, t in element_a.items()}
+        self.ranks.check_same("the learned elements", [*element_a.values(), *element_b.values()])
+        for side, el in (("A", element_a), ("B", element_b)):
+            try:
+                self.spec.check_element(el)
+            except SpecError as e:
+                raise SpecError(f"dual matching learned an invalid element for model {side}: {e}") from None
+        return element_a, element_b
+
+    def finish(self) -> DualAlignment:
+        spec, cfg = self.spec, self.cfg
+        element_a, element_b = self._elements()
+        relative = element_b if cfg.one_sided else spec.compose(spec.inverse(element_a), element_b)
+        stats: dict[str, Any] = {
+            "steps": cfg.steps, "seconds": self._seconds(), "lr": float(cfg.lr),
+            "lambda_schedule": cfg.lambda_schedule, "lambda_value": cfg.lambda_value,
+            "lambda_width": cfg.lambda_width, "init": cfg.init, "parameterization": self.par.name,
+            "one_sided": cfg.one_sided, "seed": cfg.seed, "continuous_spaces": self.continuous,
+            "wm_objective": self.wm_objective, "resumed_from": self.start_step, "lambdas": self.lambdas,
+            "world_size": self.ranks.world,
+        }
+        if cfg.verify:
+            check_batch = next(endless(self.loader, what="dual matching"))
+            stats.update(_verify_function(spec, self.work, self.sd_a, self.sd_b, element_a, element_b, check_batch,
+                                          self.device, self.ranks))
+        losses = self.losses
+        tail = losses[-max(1, len(losses) // 10):] if losses else [float("nan")]
+        return DualAlignment(method="one_sided" if cfg.one_sided else "dual", spec=spec, element=relative,
+                             objective=sum(tail) / len(tail), history=[losses], stats=stats,
+                             objective_sense="minimize", element_a=element_a, element_b=element_b)
+
+    def run(self) -> DualAlignment:
+        self.resume()
+        self.prepare()
+        for step in range(self.start_step, self.cfg.steps):
+            self.step(step)
+        return self.finish()
 
 
 # ------------------------------------------------------------------------------------------ helpers
@@ -408,38 +492,6 @@ def _logits(output: Any) -> torch.Tensor:
     return out[0] if isinstance(out, (tuple, list)) else out
 
 
-def _validate_options(steps, lr, lambda_schedule, lambda_value, lambda_width, init, parameterization, one_sided,
-                      seed, checkpoint_every) -> dict:
-    def is_int(v):
-        return isinstance(v, int) and not isinstance(v, bool)
-
-    def is_real(v):
-        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-    if not is_int(steps) or steps < 1:
-        raise ConfigError(f"steps must be an int ≥ 1, got {steps!r}")
-    if not is_real(lr) or lr <= 0:
-        raise ConfigError(f"lr must be a finite number > 0, got {lr!r}")
-    if lambda_schedule not in LAMBDA_SCHEDULES:
-        raise ConfigError(f"unknown lambda_schedule {lambda_schedule!r}; valid: {', '.join(LAMBDA_SCHEDULES)}")
-    if not is_real(lambda_value) or not 0 <= lambda_value <= 1:
-        raise ConfigError(f"lambda_value must be in [0, 1], got {lambda_value!r}")
-    if not is_real(lambda_width) or not 0 < lambda_width <= 1:
-        raise ConfigError(f"lambda_width must be in (0, 1], got {lambda_width!r}")
-    if init not in INITS:
-        raise ConfigError(f"init must be one of {', '.join(INITS)}, got {init!r}")
-    par = get_parameterization(parameterization)
-    if not isinstance(one_sided, bool):
-        raise ConfigError(f"one_sided must be a bool, got {one_sided!r}")
-    if not is_int(seed):
-        raise ConfigError(f"seed must be an int, got {seed!r}")
-    if not is_int(checkpoint_every) or checkpoint_every < 1:
-        raise ConfigError(f"checkpoint_every must be an int ≥ 1, got {checkpoint_every!r}")
-    return {"lr": float(lr), "lambda_schedule": lambda_schedule, "lambda_value": float(lambda_value),
-            "lambda_width": float(lambda_width), "init": init, "parameterization": par, "one_sided": one_sided,
-            "seed": seed}
-
-
 def _wm_element(spec: SymmetrySpec, weight_alignment) -> Element | None:
     if weight_alignment is None:
         return None
@@ -454,29 +506,9 @@ def _wm_element(spec: SymmetrySpec, weight_alignment) -> Element | None:
     return el
 
 
-def _draw_lambda(opts: dict, gen: torch.Generator) -> float:
-    schedule, lam0, width = opts["lambda_schedule"], opts["lambda_value"], opts["lambda_width"]
-    if schedule == "fixed":
-        return lam0
-    u = float(torch.rand((), generator=gen, dtype=torch.float64))
-    if schedule == "uniform":
-        return u
-    lo, hi = max(0.0, lam0 - width), min(1.0, lam0 + width)
-    return lo + (hi - lo) * u
-
-
-def _batch_stream(loader: Iterable, skip: int) -> Iterator:
-    """Batches of ``loader`` epoch after epoch (re-iterating it), the first ``skip`` left out."""
-    seen = 0
-    while True:
-        empty = True
-        for batch in loader:
-            empty = False
-            seen += 1
-            if seen > skip:
-                yield batch
-        if empty:
-            raise ConfigError("dual matching got an empty loader (no batches)")
+def _draw_lambda(opts: Mapping[str, Any], gen: torch.Generator) -> float:
+    """One λ of the schedule in ``opts`` (``lambda_schedule``, ``lambda_value``, ``lambda_width``; fp64 draws)."""
+    return draw_lambda(opts["lambda_schedule"], opts["lambda_value"], opts["lambda_width"], gen)
 
 
 def _unpack(batch, device, ranks: Ranks) -> tuple[torch.Tensor, torch.Tensor]:
@@ -522,7 +554,7 @@ def _global_loss(ranks: Ranks, loss: torch.Tensor | None, batch, lam: float, ste
 class _ContinuousPlan:
     """Which tensors the continuous spaces touch, and how to act on them differentiably: the spec's own
     ``apply_tensor`` with every discrete binding skipped (those are applied once, up front), tied aliases
-    (``HFSymmetrySpec.aliases``) sharing their primary's result."""
+    (``SymmetrySpec.aliases``) sharing their primary's result."""
 
     def __init__(self, spec: SymmetrySpec, continuous: list[str], sd: StateDict) -> None:
         self.spec = spec
@@ -531,7 +563,7 @@ class _ContinuousPlan:
         for key, binds in spec.tensors.items():
             if key in sd and any(b.space in cont for b in binds):
                 self.skips[key] = tuple(b for b in binds if b.space not in cont)
-        self.aliases = {a: p for a, p in getattr(spec, "aliases", {}).items() if a in sd and p in sd}
+        self.aliases = spec.aliases_in(sd)
 
     def act(self, sd: StateDict, g: Element) -> dict[str, torch.Tensor]:
         cache: dict = {}
@@ -591,17 +623,7 @@ def _fingerprint(spec: SymmetrySpec, sd_a: StateDict, sd_b: StateDict, opts: dic
 
 
 def _save_checkpoint(path: Path, state: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(path, lambda fh: torch.save(state, fh))
 
 
 def _load_checkpoint(path: Path, fingerprint: str, steps: int) -> dict:

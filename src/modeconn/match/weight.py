@@ -51,20 +51,25 @@ import functools
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping
+from typing import Annotated, Any
 
 import torch
+from pydantic import ConfigDict, Field, field_validator
 
 from ..checks import check_compatible, check_finite, check_one_device
+from ..config import StrictConfig
 from ..errors import ConfigError, DeviceMismatchError
 from ..io_stream import LazyCheckpoint
 from ..symmetry import AxisBinding, Element, SymmetrySpec
 from . import solvers
 from .lap import LapTimer, solve_lap
+from .options import Int, PositiveInt, Real
 from .result import Alignment
 
 StateDict = Mapping[str, torch.Tensor]
-Progress = Callable[[str, int, int], None]
-"""``progress(stage, done, total)``: e.g. ``("run 1/4 sweep 2", 17, 40)`` after the 17th of 40 spaces."""
+Progress = Callable[..., None]
+"""``progress(stage, done, total)``: e.g. ``("run 1/4 sweep 2", 17, 40)`` after the 17th of 40 spaces (the one
+progress protocol, :mod:`modeconn.match.progress`; weight matching passes no metrics)."""
 
 
 def _restrict(t: torch.Tensor, b: AxisBinding, n: int) -> torch.Tensor:
@@ -80,21 +85,50 @@ def unit_matrix(t: torch.Tensor, b: AxisBinding, n: int) -> torch.Tensor:
     return _restrict(t, b, n).movedim(b.axis, 0).reshape(n, -1)
 
 
-def weight_matching(
-    spec: SymmetrySpec,
-    sd_a: StateDict,
-    sd_b: StateDict,
-    *,
-    restarts: int = 4,
-    max_iter: int = 100,
-    rtol: float = 1e-9,
-    seed: int = 0,
-    init: Element | str = "greedy",
-    keys: list[str] | None = None,
-    chunk: int = 1 << 20,
-    progress: Progress | None = None,
-) -> Alignment:
-    """Align ``sd_b`` to ``sd_a`` by weight matching.
+class WeightMatchingConfig(StrictConfig):
+    """Options of :func:`weight_matching` (unknown fields and bad values: ConfigError naming the field, before any
+    work).
+
+    Attributes:
+        restarts: number of coordinate-descent runs (≥ 1); the first starts at ``init``, the second at the identity,
+            the others at random elements; the best objective is returned.
+        max_iter: maximum sweeps over all spaces per run (≥ 1).
+        rtol: a sweep that raises the objective by less than ``rtol·|J|`` ends the run, in [0, 1) (relative, so it
+            behaves the same on small and billion-parameter models).
+        seed: seeds the random orders and initial elements (same seed → same result).
+        init: start of the first run: ``"greedy"`` (default, see the module docstring), ``"identity"`` or a group
+            element (warm start; checked against the spec).
+        keys: restrict the objective to these tensors (default: every floating tensor bound to a space).
+        chunk: streaming only — elements per chunk of a tensor read, converted and multiplied at a time (≥ 1).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+
+    restarts: PositiveInt = 4
+    max_iter: PositiveInt = 100
+    rtol: Annotated[Real, Field(ge=0, lt=1)] = 1e-9
+    seed: Int = 0
+    init: Any = "greedy"
+    keys: list[str] | None = None
+    chunk: PositiveInt = 1 << 20
+
+    @field_validator("init", mode="before")
+    @classmethod
+    def _init_named_or_element(cls, v: Any) -> Any:
+        if isinstance(v, str) and v in INITS:
+            return v
+        if isinstance(v, Mapping) and not isinstance(v, str):
+            return dict(v)
+        raise ValueError(f"init must be 'greedy', 'identity' or a group element, got {v!r}")
+
+
+INITS = ("greedy", "identity")
+
+
+def weight_matching(spec: SymmetrySpec, sd_a: StateDict, sd_b: StateDict,
+                    config: WeightMatchingConfig | Mapping[str, Any] | None = None, *,
+                    progress: Progress | None = None, **options: Any) -> Alignment:
+    """Align ``sd_b`` to ``sd_a`` by weight matching (module docstring; Ainsworth et al. 2023, Alg. 1, with restarts).
 
     Args:
         spec: the symmetry spec of the architecture (``modeconn.symmetry_spec``).
@@ -102,102 +136,117 @@ def weight_matching(
             may be a :class:`~modeconn.io_stream.LazyCheckpoint` (a checkpoint read tensor by tensor): the match
             then *streams* on the CPU (module docstring) — peak memory is about the largest space's n×n fp64 score
             plus a few ``chunk``-sized fp32 blocks, not the model size.
-        restarts: number of coordinate-descent runs; the first starts at ``init``, the second at the
-            identity, the others at random elements; the best objective is returned.
-        max_iter: maximum sweeps over all spaces per run.
-        rtol: a sweep that raises the objective by less than ``rtol·|J|`` ends the run (relative, so
-            it behaves the same on small and billion-parameter models).
-        seed: seeds the random orders and initial elements (same seed → same result).
-        init: start of the first run: ``"greedy"`` (default, see module docstring), ``"identity"`` or
-            an element (warm start).
-        keys: restrict the objective to these tensors (default: every floating tensor bound to a space).
-        chunk: streaming only — elements per chunk of a tensor read, converted and multiplied at a time (≥ 1).
-        progress: called as ``progress(stage, done, total)`` after every space (e.g. a progress bar).
-    Returns: :class:`Alignment` with ``element`` (apply to B), ``objective`` (``J``, or ``J̃`` when a space is
-        not isometric — see the module docstring), ``history`` (objective per sweep per run) and ``stats``
-        (iterations, seconds, lap_seconds, restart objectives, upper bound, isometric; ``streaming`` and
-        ``chunk`` when streamed).
+        config, options: a :class:`WeightMatchingConfig` (or a dict of its fields) and keyword overrides:
+            ``restarts``, ``max_iter``, ``rtol``, ``seed``, ``init``, ``keys``, ``chunk``.
+        progress: called as ``progress(stage, done, total)`` after every space (``stage`` e.g. ``"run 1/4 sweep
+            2"``; :mod:`modeconn.match.progress`).
+    Returns: :class:`Alignment` (``objective_sense="maximize"``) with ``element`` (apply to B), ``objective`` (``J``,
+        or ``J̃`` when a space is not isometric — see the module docstring), ``history`` (objective per sweep per
+        run) and ``stats`` (iterations, seconds, lap_seconds, restart objectives, upper bound, isometric;
+        ``streaming`` and ``chunk`` when streamed).
     Raises: ConfigError (bad option: restarts, max_iter, rtol, init, unknown keys, chunk), StateDictMismatchError,
         NonFiniteError, DeviceMismatchError (streaming: an in-memory partner off the CPU), SpecError (all before any
         LAP); CheckpointError if a lazy checkpoint's file changes while it is read.
     """
-    if restarts < 1 or max_iter < 1:
-        raise ConfigError(f"restarts and max_iter must be ≥ 1 (got restarts={restarts}, max_iter={max_iter})")
-    if isinstance(rtol, bool) or not isinstance(rtol, (int, float)) or not 0 <= rtol < 1:
-        raise ConfigError(f"rtol is a relative tolerance in [0, 1), got {rtol!r}")
-    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
-        raise ConfigError(f"chunk is a number of tensor elements ≥ 1, got {chunk!r}")
-    unknown = [k for k in keys or () if k not in spec.tensors]
-    if unknown:
-        raise ConfigError(f"keys {unknown} are not tensors of the symmetry spec")
-    start = time.perf_counter()
-    streaming = isinstance(sd_a, LazyCheckpoint) or isinstance(sd_b, LazyCheckpoint)
-    view_a, view_b = (_meta(sd_a), _meta(sd_b)) if streaming else (sd_a, sd_b)  # shapes and dtypes only
-    spec.check_state_dict(view_a, "state dict A")
-    spec.check_state_dict(view_b, "state dict B")
-    check_compatible([view_a, view_b], ["A", "B"])
-    if streaming:
+    cfg = WeightMatchingConfig.from_any(config, **options)  # typos and bad values fail here, before any work
+    return _Run(spec, sd_a, sd_b, cfg, progress).run()
+
+
+class _Run:
+    """One weight-matching call: setup (checks, the :class:`_Problem`, the bound) → one step per restart → finish."""
+
+    def __init__(self, spec: SymmetrySpec, sd_a: StateDict, sd_b: StateDict, cfg: WeightMatchingConfig,
+                 progress: Progress | None) -> None:
+        self.start_time = time.perf_counter()
+        self.spec, self.cfg = spec, cfg
+        unknown = [k for k in cfg.keys or () if k not in spec.tensors]
+        if unknown:
+            raise ConfigError(f"keys {unknown} are not tensors of the symmetry spec")
+        self.streaming = isinstance(sd_a, LazyCheckpoint) or isinstance(sd_b, LazyCheckpoint)
+        view_a = self._check_inputs(sd_a, sd_b)
+        if not isinstance(cfg.init, str):
+            spec.check_element(cfg.init)
+        self.keys = cfg.keys if cfg.keys is not None else [
+            k for k, binds in spec.tensors.items() if binds and view_a[k].is_floating_point()
+        ]
+        self.problem, self.bound = self._problem(sd_a, sd_b)
+        self.problem.progress = progress
+        self.gen = torch.Generator().manual_seed(cfg.seed)
+        self.starts = [cfg.init, "identity"] if cfg.init != "identity" else ["identity"]
+        self.best: tuple[float, Element] | None = None
+        self.history: list[list[float]] = []
+
+    def _check_inputs(self, sd_a: StateDict, sd_b: StateDict) -> dict[str, torch.Tensor]:
+        """Shapes, compatibility and devices (no data read); sets ``self.device``; returns A's shapes and dtypes."""
+        view_a, view_b = (_meta(sd_a), _meta(sd_b)) if self.streaming else (sd_a, sd_b)
+        self.spec.check_state_dict(view_a, "state dict A")
+        self.spec.check_state_dict(view_b, "state dict B")
+        check_compatible([view_a, view_b], ["A", "B"])
+        if not self.streaming:
+            self.device = check_one_device([sd_a, sd_b], ["A", "B"])
+            return view_a
         for sd, name in ((sd_a, "A"), (sd_b, "B")):
             if not isinstance(sd, LazyCheckpoint) and check_one_device([sd], [name]).type != "cpu":
                 raise DeviceMismatchError(f"streaming weight matching runs on the CPU; move state dict {name} there")
-        device = torch.device("cpu")
-    else:
-        device = check_one_device([sd_a, sd_b], ["A", "B"])
-    if isinstance(init, str):
-        if init not in ("greedy", "identity"):
-            raise ConfigError(f"init must be 'greedy', 'identity' or a group element, got {init!r}")
-    else:
-        spec.check_element(init)
-    keys = keys if keys is not None else [
-        k for k, binds in spec.tensors.items() if binds and view_a[k].is_floating_point()
-    ]
-    if streaming:
-        stream = _Stream(spec, sd_a, sd_b, keys, chunk)
-        a_sq, b_sq = stream.squared_norms()  # one pass over A and B; NonFiniteError naming the tensor
-        problem = _Problem(spec, _Float32(sd_a, keys), _Float32(sd_b, keys), stream)
-    else:
-        check_finite(sd_a, "A", keys)
-        check_finite(sd_b, "B", keys)
-        a = {k: sd_a[k].detach().to(device, torch.float32) for k in keys}
-        b = {k: sd_b[k].detach().to(device, torch.float32) for k in keys}
-        a_sq, b_sq = sum(t.norm() ** 2 for t in a.values()), sum(t.norm() ** 2 for t in b.values())
-        problem = _Problem(spec, a, b)
-    problem.progress = progress
-    bound = float(a_sq ** 0.5 * b_sq ** 0.5) if problem.isometric else float(a_sq + b_sq) / 2
+        self.device = torch.device("cpu")
+        return view_a
 
-    gen = torch.Generator().manual_seed(seed)
-    best: tuple[float, Element] | None = None
-    history, iterations = [], []
-    starts = [init, "identity"] if init != "identity" else ["identity"]
-    for r in range(restarts):
-        problem.run = f"run {r + 1}/{restarts}"
-        g0 = problem.start(starts[r] if r < len(starts) else "random", gen)
-        g, hist = problem.coordinate_descent(g0, gen, max_iter, rtol)
-        history.append(hist)
-        iterations.append(len(hist) - 1)
-        if best is None or hist[-1] > best[0]:
-            best = (hist[-1], g)
-        if best[0] >= bound * (1 - 1e-6):
-            break
-    assert best is not None
-    return Alignment(
-        method="weight",
-        spec=spec,
-        element={s: p.cpu() for s, p in best[1].items()},
-        objective=best[0],
-        history=history,
-        stats={
-            "iterations": iterations,
-            "restarts_run": len(history),
-            "restart_objectives": [h[-1] for h in history],
-            "upper_bound": bound,
-            "seconds": time.perf_counter() - start,
-            "lap_seconds": problem.timer.seconds,
-            "lap_calls": problem.timer.calls,
-            "isometric": problem.isometric,
-            **({"streaming": True, "chunk": chunk} if streaming else {}),
-        },
-    )
+    def _problem(self, sd_a: StateDict, sd_b: StateDict) -> tuple[_Problem, float]:
+        """The problem over ``self.keys`` (fp32 in memory, or lazy) and the objective's upper bound."""
+        keys = self.keys
+        if self.streaming:
+            stream = _Stream(self.spec, sd_a, sd_b, keys, self.cfg.chunk)
+            a_sq, b_sq = stream.squared_norms()  # one pass over A and B; NonFiniteError naming the tensor
+            problem = _Problem(self.spec, _Float32(sd_a, keys), _Float32(sd_b, keys), stream)
+        else:
+            check_finite(sd_a, "A", keys)
+            check_finite(sd_b, "B", keys)
+            a = {k: sd_a[k].detach().to(self.device, torch.float32) for k in keys}
+            b = {k: sd_b[k].detach().to(self.device, torch.float32) for k in keys}
+            a_sq, b_sq = sum(t.norm() ** 2 for t in a.values()), sum(t.norm() ** 2 for t in b.values())
+            problem = _Problem(self.spec, a, b)
+        bound = float(a_sq ** 0.5 * b_sq ** 0.5) if problem.isometric else float(a_sq + b_sq) / 2
+        return problem, bound
+
+    def step(self, r: int) -> bool:
+        """Run restart ``r`` (coordinate descent from its start); True once the bound is reached (stop early)."""
+        cfg = self.cfg
+        self.problem.run = f"run {r + 1}/{cfg.restarts}"
+        g0 = self.problem.start(self.starts[r] if r < len(self.starts) else "random", self.gen)
+        g, hist = self.problem.coordinate_descent(g0, self.gen, cfg.max_iter, cfg.rtol)
+        self.history.append(hist)
+        if self.best is None or hist[-1] > self.best[0]:
+            self.best = (hist[-1], g)
+        return self.best[0] >= self.bound * (1 - 1e-6)
+
+    def run(self) -> Alignment:
+        for r in range(self.cfg.restarts):
+            if self.step(r):
+                break
+        return self.finish()
+
+    def finish(self) -> Alignment:
+        assert self.best is not None
+        history, problem = self.history, self.problem
+        return Alignment(
+            method="weight",
+            spec=self.spec,
+            element={s: p.cpu() for s, p in self.best[1].items()},
+            objective=self.best[0],
+            history=history,
+            stats={
+                "iterations": [len(h) - 1 for h in history],
+                "restarts_run": len(history),
+                "restart_objectives": [h[-1] for h in history],
+                "upper_bound": self.bound,
+                "seconds": time.perf_counter() - self.start_time,
+                "lap_seconds": problem.timer.seconds,
+                "lap_calls": problem.timer.calls,
+                "isometric": problem.isometric,
+                **({"streaming": True, "chunk": self.cfg.chunk} if self.streaming else {}),
+            },
+            objective_sense="maximize",
+        )
 
 
 def _meta(sd: StateDict) -> dict[str, torch.Tensor]:
@@ -222,9 +271,9 @@ class _Problem:
                 for k, bd in spec.bindings_by_space[s] if k in a]
             for s in spec.spaces
         }
-        self.groups = {s: spec.group_of(s) for s in spec.spaces}
+        self.groups = solvers.groups_of(spec)  # SpecError naming a space whose group has no solver
         # spaces solved by the plain LAP path (git re-basin); everything else goes through ``solve_block``
-        self.plain = {s for s, sp in spec.spaces.items() if sp.group == "permutation" and not spec.children[s]}
+        self.plain = {s for s in spec.spaces if solvers.is_assignment(self.groups[s]) and not spec.children[s]}
         self.isometric = all(gr.isometric for gr in self.groups.values())
         if self.isometric:
             self.half_b_sq = 0.0
@@ -427,44 +476,52 @@ class _Problem:
             return cache[key]
 
         if not spec.children[root]:  # one continuous space, units independent (or one whole-space matrix)
-            group = self.groups[root]
-            st = self._stats(root, self._terms_for(root, members, greedy_done), b_of, pairs=False)
-            if st is None:
-                return
-            new, new_cost = solvers.solve(group, st)
-            cur = self._blocks(root, g[root])
-            keep = new_cost < solvers.cost(group, cur, st)
-            if bool(keep.any()):
-                g[root] = self._element(root, torch.where(keep[:, None, None], new, cur), g[root])
-            return
+            self._solve_space(root, g, self._terms_for(root, members, greedy_done), b_of)
+        else:
+            self._solve_parent(root, g, members, greedy_done, b_of)
 
-        # a permutation with children: two-level solve over unit pairs
-        n = spec.spaces[root].size
-        device = self.device_of()
+    def _solve(self, s: str, st: solvers.Stats) -> tuple[torch.Tensor, torch.Tensor]:
+        """The group's closed-form minimiser of ``D`` on ``s`` and its cost (the one call into the solvers)."""
+        return solvers.solve(self.groups[s], st)
+
+    def _cost(self, s: str, el: torch.Tensor, st: solvers.Stats) -> torch.Tensor:
+        """``D`` (up to constants) of the (batch, d, d) element blocks ``el`` of ``s`` under ``st``."""
+        return solvers.cost(self.groups[s], el, st)
+
+    def _solve_space(self, s: str, g: Element, terms, b_of) -> None:
+        """One continuous space without children: the solver's element, kept per unit where it lowers ``D``."""
+        st = self._stats(s, terms, b_of, pairs=False)
+        if st is None:
+            return
+        new, new_cost = self._solve(s, st)
+        cur = self._blocks(s, g[s])
+        keep = new_cost < self._cost(s, cur, st)
+        if bool(keep.any()):
+            g[s] = self._element(s, torch.where(keep[:, None, None], new, cur), g[s])
+
+    def _solve_parent(self, root: str, g: Element, members: set[str], greedy_done, b_of) -> None:
+        """A permutation with children: for every unit pair the children's best transforms and ``D_ij``, then a LAP
+        over ``−D_ij``; kept (with each unit's pair transforms) if ``D`` decreases."""
+        n, device = self.spec.spaces[root].size, self.device_of()
         total = torch.zeros(n, n, dtype=torch.float64, device=device)
         solved = {}
-        for c in spec.children[root]:
+        for c in self.spec.children[root]:
             st = self._stats(c, self._terms_for(c, members, greedy_done), b_of, pairs=True)
-            if st is None:
-                continue
-            m, cm = solvers.solve(self.groups[c], st)
-            total += cm
-            solved[c] = (m, st)
+            if st is not None:
+                m, cm = self._solve(c, st)
+                total += cm
+                solved[c] = (m, st)
         plain = self._plain_score(root, b_of, greedy_done, members)
         if plain is not None:
             total -= 2 * plain
         if not solved and plain is None:
             return
-        finite = torch.isfinite(total)
-        if not bool(finite.all()):  # a singular pair transform: never chosen
-            big = (float(total[finite].abs().max()) + 1.0) * 4 * n if bool(finite.any()) else 1.0
-            total = torch.where(finite, total, torch.full_like(total, big))
+        total = _finite_costs(total, n)
         perm = solve_lap(-total, root, self.timer)
-        idx = torch.arange(n, device=device)
-        cur = g[root].to(device)
+        idx, cur = torch.arange(n, device=device), g[root].to(device)
         cur_cost = -2 * plain[idx, cur].sum() if plain is not None else torch.zeros((), dtype=torch.float64)
         for c, (m, st) in solved.items():
-            cur_cost = cur_cost + solvers.cost(self.groups[c], self._blocks(c, g[c]), st.take_pairs(cur)).sum()
+            cur_cost = cur_cost + self._cost(c, self._blocks(c, g[c]), st.take_pairs(cur)).sum()
         if not bool(total[idx, perm.to(device)].sum() < cur_cost):
             return
         g[root] = perm
@@ -490,6 +547,16 @@ class _Problem:
             term = (x @ y.T).double()
             total = term if total is None else total + term
         return total
+
+
+def _finite_costs(total: torch.Tensor, n: int) -> torch.Tensor:
+    """``total`` with non-finite pair costs (a singular pair transform) replaced by one larger than any finite
+    total of ``n`` pairs: never chosen by the LAP."""
+    finite = torch.isfinite(total)
+    if bool(finite.all()):
+        return total
+    big = (float(total[finite].abs().max()) + 1.0) * 4 * n if bool(finite.any()) else 1.0
+    return torch.where(finite, total, torch.full_like(total, big))
 
 
 # ------------------------------------------------------------------------------------------ streaming

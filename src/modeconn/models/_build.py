@@ -15,7 +15,7 @@ from torch import nn
 
 from ..errors import ConfigError
 from ..registry import Registry
-from ._validation import unknown_names_error, validation_error_to_config_error
+from ._validation import check_size_bounds, parameter_budget, unknown_names_error, validation_error_to_config_error
 
 Builder = Callable[..., nn.Module]
 
@@ -42,6 +42,22 @@ def _kwargs_schema(name: str) -> type[BaseModel]:
     )
 
 
+def _takes_bool(annotation: Any) -> bool:
+    """Whether a field annotation admits a bool (``bool``, ``Any``, or a union/alias containing one)."""
+    if annotation is bool or annotation is Any:
+        return True
+    return any(_takes_bool(a) for a in typing.get_args(annotation))
+
+
+def _refuse_bools(name: str, schema: type[BaseModel], kwargs: dict[str, Any]) -> None:
+    """ConfigError for ``true``/``false`` given to a size or other non-bool argument (pydantic's lax mode would
+    read ``"width": true`` as 1)."""
+    for key, value in kwargs.items():
+        if isinstance(value, bool) and not _takes_bool(schema.model_fields[key].annotation):
+            raise ConfigError(f"invalid kwargs for architecture {name!r}: {key}: expected "
+                              f"{schema.model_fields[key].annotation}, got the bool {value!r}")
+
+
 def validate_model_kwargs(name: str, kwargs: dict[str, Any]) -> dict[str, Any]:
     """Validate ``kwargs`` for architecture ``name``; return all arguments (defaults filled in), JSON-ready.
 
@@ -51,18 +67,21 @@ def validate_model_kwargs(name: str, kwargs: dict[str, Any]) -> dict[str, Any]:
 
     Raises:
         ConfigError: unknown architecture (lists the valid ones), unknown kwarg (names it and lists the valid
-            ones, with a close-match hint), missing required kwarg, or a value of the wrong type/range.
+            ones, with a close-match hint), missing required kwarg, or a value of the wrong type/range (sizes above
+            :data:`~modeconn.models._validation.MAX_SIZE` included).
     """
     schema = _kwargs_schema(name)
     valid = list(schema.model_fields)
     unknown = [k for k in kwargs if k not in schema.model_fields]
     if unknown:
         raise unknown_names_error(f"architecture {name!r}", unknown, valid)
+    _refuse_bools(name, schema, kwargs)
     try:
         validated = schema(**kwargs)
     except ValidationError as err:
         raise validation_error_to_config_error(err, f"kwargs for architecture {name!r}", valid) from None
     dumped = validated.model_dump(mode="json")
+    check_size_bounds(f"kwargs for architecture {name!r}", dumped)
     return {
         k: v for k, v in dumped.items() if not (v is None and schema.model_fields[k].default is None)
     }
@@ -84,12 +103,27 @@ def build_model(name: str, *, seed: int | None = None, **kwargs: Any) -> nn.Modu
         **kwargs: architecture options, validated against the builder's signature before anything is built.
 
     Raises:
-        ConfigError: unknown architecture or kwarg (both listed with the valid choices), bad kwarg value.
+        ConfigError: unknown architecture or kwarg (both listed with the valid choices), bad kwarg value, sizes
+            beyond the sanity bounds (a number above ``MAX_SIZE``; more than ``MAX_PARAMETERS`` parameters or
+            ``MAX_MODULES`` submodules, counted while the model is first built on the meta device).
     """
     builder = MODELS.get(name)
     resolved = validate_model_kwargs(name, kwargs)
     # Build from the validated python values (tuples, ints) rather than the JSON form.
     call_kwargs = dict(_kwargs_schema(name)(**resolved))
+    what = f"kwargs for architecture {name!r}"
+    if torch.get_default_device().type != "meta":
+        # sizes first, on the meta device (nothing allocated, the caller's RNG untouched): a malformed config fails
+        # here in milliseconds with a ConfigError instead of exhausting memory or time
+        with torch.random.fork_rng(devices=[]), torch.device("meta"), parameter_budget(what, resolved):
+            builder(**call_kwargs)
+    with parameter_budget(what, resolved):
+        model = _build(builder, call_kwargs, seed)
+    setattr(model, CONFIG_ATTR, {"architecture": name, "kwargs": resolved})
+    return model
+
+
+def _build(builder: Builder, call_kwargs: dict[str, Any], seed: int | None) -> nn.Module:
     if seed is None:
         model = builder(**call_kwargs)
     else:
@@ -102,7 +136,6 @@ def build_model(name: str, *, seed: int | None = None, **kwargs: Any) -> nn.Modu
             except (ValueError, RuntimeError) as err:
                 raise ConfigError(f"build_model: invalid seed {seed!r}: {err}") from None
             model = builder(**call_kwargs)
-    setattr(model, CONFIG_ATTR, {"architecture": name, "kwargs": resolved})
     return model
 
 

@@ -6,10 +6,15 @@ batches from a permutation made with the run's own ``torch.Generator``. Each epo
 ``torch.randperm(n, generator=g)``; batches are full (an incomplete tail is dropped, as with
 ``drop_last=True``, so BatchNorm never sees a tiny batch), except when the dataset is smaller than one batch
 (then every batch is the whole dataset, in permuted order).
+
+The digests here identify what a resumable search depends on: :func:`tensors_sha256` (a state dict's content)
+and :func:`data_fingerprint` (the training data a search draws its batches from).
 """
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -76,3 +81,51 @@ class BatchStream:
         self.perm = state["perm"].to(torch.int64).clone()
         self.pos = int(state["pos"])
         self.epoch = int(state["epoch"])
+
+
+# ------------------------------------------------------------------------------------------ digests
+
+
+def _update_with_tensor(h: Any, name: str, t: torch.Tensor) -> None:
+    t = t.detach().to("cpu").contiguous()
+    h.update(f"{name}:{tuple(t.shape)}:{t.dtype}".encode())
+    if t.numel():
+        h.update(t.view(-1).view(torch.uint8).numpy().tobytes())
+
+
+def tensors_sha256(tensors: Mapping[str, torch.Tensor] | None) -> str:
+    """sha256 over ``key:shape:dtype`` and the raw bytes of every tensor, keys sorted (``"none"`` for None):
+    the content digest of a state dict (LLPF's resume fingerprint and its state-file check)."""
+    if tensors is None:
+        return "none"
+    h = hashlib.sha256()
+    for k in sorted(tensors):
+        _update_with_tensor(h, k, tensors[k])
+    return h.hexdigest()
+
+
+def dataset_sha256(dataset: Dataset) -> str:
+    """sha256 of every example of ``dataset`` — the data every minibatch of a search is drawn from. A
+    ``TensorDataset`` is hashed through its tensors (one pass over their bytes); any other dataset item by
+    item (its tensors, or the ``repr`` of non-tensor fields)."""
+    h = hashlib.sha256()
+    h.update(f"n={len(dataset)}".encode())
+    if isinstance(dataset, TensorDataset):
+        for j, t in enumerate(dataset.tensors):
+            _update_with_tensor(h, str(j), t)
+        return h.hexdigest()
+    for i in range(len(dataset)):
+        item = dataset[i]
+        for j, field in enumerate(item if isinstance(item, (tuple, list)) else (item,)):
+            if isinstance(field, torch.Tensor):
+                _update_with_tensor(h, f"{i}.{j}", field)
+            else:
+                h.update(f"{i}.{j}={field!r}".encode())
+    return h.hexdigest()
+
+
+def data_fingerprint(dataset: Dataset, info: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """What identifies a search's training data: ``info`` (e.g. ``{"name": "mnist", "split": "train",
+    "limit": 2000}``, as the caller knows it) plus the number of examples and :func:`dataset_sha256` (every
+    batch the search draws comes from these examples, in an order fixed by the run's seed)."""
+    return {**dict(info or {}), "examples": len(dataset), "sha256": dataset_sha256(dataset)}

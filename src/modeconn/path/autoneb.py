@@ -53,7 +53,10 @@ Decisions (the paper and its reference implementation leave room):
   whenever any probe lies above the chord (up to ``max_pivots``, which counts inner pivots only).
 - *Output*: the pivots (not a resampling): point 0 is sd_a and the last point sd_b, bit-identical copies;
   ``t`` is the normalised cumulative arc length over the parameters (``Path.evaluate(sub_points=k)`` checks
-  the segments between pivots densely).
+  the segments between pivots densely). The chain always reaches B (``info["reached_b"]``), but too few pivots
+  — a small budget, or ``max_pivots`` reached — leave segments whose interior rises above their pivots: such a
+  path is *incomplete* by the continuity check (:meth:`~modeconn.path.pathobj.PathCurve.completeness`), like
+  any other method's.
 
 Every random choice (evaluation batches, minibatch order, dropout) comes from
 ``torch.Generator().manual_seed(seed)``: the same seed gives the same bytes.
@@ -407,6 +410,7 @@ def autoneb(
         "budget_left": None if cfg.budget is None else cfg.budget - grad_evals, "n_pivots": len(pts) - 2,
         "pivot_losses": pivot_l.tolist(), "segment_peaks": probe_l.max(axis=1).tolist(),
         "max_dense_loss": float(max(pivot_l.max(), probe_l.max())),
+        "reached_b": True,  # the chain's ends are fixed at A and B; completeness is the continuity check's
     }
     compute = {"grad_evals": grad_evals, "forward_evals": forward_evals, "wall_time_s": time.perf_counter() - start}
     return Path(points, t, method="autoneb", info=info, compute=compute)

@@ -5,6 +5,9 @@
 - ``peak`` (AutoNEB, LLPF): ``max_λ L(λ)``
 - relative accuracy drop (neuron identifiability): ``(max(acc(0), acc(1)) − min_λ acc(λ)) / max(acc(0), acc(1))·100``
   (positive = a drop, in percent)
+
+Every figure computed from a curve (barriers, peak, accuracy drop, summary) refuses a curve holding NaN/Inf:
+:class:`~modeconn.errors.NonFiniteError` names the split, metric and λ instead of reporting a NaN barrier.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..errors import ConfigError, NonFiniteError
 
 BARRIERS = ("mean", "interp")
 
@@ -43,22 +46,34 @@ class Curve:
             raise ConfigError(f"unknown metric {metric!r}; valid: {sorted(self.metrics[split]) + ['error']}")
         return self.metrics[split][metric]
 
+    def finite_values(self, split: str | None = None, metric: str = "loss") -> np.ndarray:
+        """:meth:`values`, or NonFiniteError naming the split, metric and first λ with a NaN/Inf value."""
+        v = self.values(split, metric)
+        bad = ~np.isfinite(v)
+        if bad.any():
+            i = int(np.argmax(bad))
+            name = self.splits[0] if split is None else split
+            raise NonFiniteError(f"{metric} on split {name!r} is {v[i]} at λ={float(self.lambdas[i]):g} ({int(bad.sum())} "
+                                 f"of {len(v)} points non-finite): no barrier is computed from a non-finite curve")
+        return v
+
     def barrier(self, kind: str = "mean", split: str | None = None, metric: str = "loss") -> float:
-        """Barrier of ``kind`` ('mean' or 'interp') on ``split``/``metric`` (same units as the metric)."""
-        v, lam = self.values(split, metric), self.lambdas
+        """Barrier of ``kind`` ('mean' or 'interp') on ``split``/``metric`` (same units as the metric).
+        Raises ConfigError (unknown kind/split/metric), NonFiniteError (a NaN/Inf value, naming λ and split)."""
+        if kind not in BARRIERS:
+            raise ConfigError(f"unknown barrier kind {kind!r}; valid: {', '.join(BARRIERS)} (and .peak())")
+        v, lam = self.finite_values(split, metric), self.lambdas
         if kind == "mean":
             return float(v.max() - 0.5 * (v[0] + v[-1]))
-        if kind == "interp":
-            return float((v - ((1 - lam) * v[0] + lam * v[-1])).max())
-        raise ConfigError(f"unknown barrier kind {kind!r}; valid: {', '.join(BARRIERS)} (and .peak())")
+        return float((v - ((1 - lam) * v[0] + lam * v[-1])).max())
 
     def peak(self, split: str | None = None, metric: str = "loss") -> float:
         """``max_λ`` of the metric (absolute, the AutoNEB/LLPF figure)."""
-        return float(self.values(split, metric).max())
+        return float(self.finite_values(split, metric).max())
 
     def accuracy_drop(self, split: str | None = None) -> float:
         """Relative accuracy drop along the path in percent (positive = worse than the best endpoint)."""
-        acc = self.values(split, "acc")
+        acc = self.finite_values(split, "acc")
         best_end = max(acc[0], acc[-1])
         return float((best_end - acc.min()) / best_end * 100.0) if best_end > 0 else 0.0
 

@@ -282,5 +282,5 @@ def bezier_curve(
     h = curve.history
     tail = h[-max(1, len(h) // 10):] if h else []
     info = {**curve.train_config, "train_loss_first": h[0] if h else None, "train_loss_last": h[-1] if h else None,
-            "train_loss_tail_mean": float(np.mean(tail)) if tail else None}
+            "train_loss_tail_mean": float(np.mean(tail)) if tail else None, "reached_b": True}  # φ(1) = θ_B
     return curve.to_path(cfg.n_points, info=info, compute=curve.compute)

@@ -11,13 +11,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..checks import check_compatible, check_finite, check_one_device
-from ..errors import ConfigError
+from ..errors import ConfigError, NonFiniteError
 from ..models.asymmetric import fixed_structure_keys
 from ..nn_utils import batchnorm_modules, eval_mode, flatten_sequence_logits, model_device
 from ..symmetry import SymmetrySpec, symmetry_spec
-from .batchnorm import check_bn_policy, fixed_batches, reset_bn_stats
+from .batchnorm import check_bn_policy, check_bn_statistics, fixed_batches, reset_bn_stats
 from .curve import Curve
-from .interpolate import interpolate, weighted_average
+from .interpolate import interpolate, merge_weights, weighted_average
 from .repair import channel_stats, interpolated_targets, repair_model
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -38,7 +38,7 @@ def lambda_grid(lambdas: int | Sequence[float]) -> np.ndarray:
 
 @torch.no_grad()
 def evaluate_model(model: nn.Module, loader: Iterable, loss_fn: LossFn | None = None,
-                   max_batches: int | None = None) -> dict[str, float]:
+                   max_batches: int | None = None, *, where: str = "evaluation") -> dict[str, float]:
     """Mean loss (default cross-entropy, nats), accuracy (fraction) and sample count ``n`` of ``model`` in
     eval mode over ``loader`` (batches ``(x, y)``, labels int64); training flags are restored.
 
@@ -46,7 +46,8 @@ def evaluate_model(model: nn.Module, loader: Iterable, loss_fn: LossFn | None = 
     :func:`flatten_sequence_logits`: ``loss`` is the mean next-token cross-entropy in nats per token
     (perplexity ``exp(loss)``), ``acc`` the fraction of tokens whose argmax is the label, ``n`` the number of
     tokens; ``loss_fn`` then receives the flattened ``(B·T, V)`` / ``(B·T,)`` tensors.
-    Raises ConfigError for an empty loader."""
+    Raises ConfigError for an empty loader, NonFiniteError (message starting with ``where``, e.g. the λ and split,
+    and naming the batch) when a logit or the loss is NaN/Inf — a number computed from them is never returned."""
     loss_fn = loss_fn or (lambda logits, y: F.cross_entropy(logits, y, reduction="sum"))
     device = model_device(model)
     total, correct, n = torch.zeros((), dtype=torch.float64), 0, 0
@@ -56,12 +57,28 @@ def evaluate_model(model: nn.Module, loader: Iterable, loss_fn: LossFn | None = 
                 break
             x, y = x.to(device), y.to(device)
             logits, y = flatten_sequence_logits(model(x), y)
-            total += loss_fn(logits, y).double().cpu()
+            _check_finite_output(logits, "logits", where, i)
+            loss = loss_fn(logits, y).double().cpu()
+            _check_finite_output(loss, "loss", where, i)
+            total += loss
             correct += int((logits.argmax(-1) == y).sum())
             n += len(y)
     if n == 0:
         raise ConfigError("evaluation data is empty (no samples)")
     return {"loss": float(total) / n, "acc": correct / n, "n": n}
+
+
+def _check_finite_output(t: torch.Tensor, what: str, where: str, batch: int) -> None:
+    """NonFiniteError ``"<where>: <what> of batch <i> has k NaN/Inf entries"`` unless every entry is finite."""
+    bad = ~torch.isfinite(t.detach())
+    if bool(bad.any()):
+        raise NonFiniteError(f"{where}: the {what} of batch {batch} has {int(bad.sum())} NaN/Inf entries "
+                             f"(of {t.numel()}); no loss or accuracy is reported from a non-finite output")
+
+
+def point_label(lam: float) -> str:
+    """How errors name a point of a path: ``"θ(λ=0.5)"``."""
+    return f"θ(λ={lam:g})"
 
 
 class _Workbench:
@@ -154,7 +171,9 @@ def evaluate_path(
         progress: called as ``progress(i, total)`` after each point.
     Returns: :class:`Curve` with per-λ ``loss`` and ``acc`` per split; ``.barrier("mean")`` etc.
     Raises: ConfigError (bad λ grid, bn policy, missing bn_loader), StateDictMismatchError,
-        DeviceMismatchError, NonFiniteError — all before any forward pass.
+        DeviceMismatchError, NonFiniteError (NaN/Inf weights) — all before any forward pass; NonFiniteError
+        naming λ for invalid BatchNorm statistics at a point (negative/non-finite running_var, non-finite
+        running_mean) and naming λ and split for a NaN/Inf logit or loss: a curve never holds a non-finite value.
     """
     grid = lambda_grid(lambdas)
     check_bn_policy(bn)
@@ -165,6 +184,9 @@ def evaluate_path(
     check_finite(sd_b, "B")
     loaders = dict(loader) if isinstance(loader, Mapping) else {"eval": loader}
     bench = _Workbench(model, bn, bn_loader, bn_batches, spec)
+    for sd, name, lam in ((sd_a, "A", 0.0), (sd_b, "B", 1.0)):  # both endpoints before any forward pass
+        bench.model.load_state_dict(sd)
+        check_bn_statistics(bench.model, f"{point_label(lam)} = {name}")
     stats = [bench.endpoint_stats(sd_a), bench.endpoint_stats(sd_b)] if bn == "repair" else None
     metrics: dict[str, dict[str, list[float]]] = {s: {"loss": [], "acc": []} for s in loaders}
     for i, lam in enumerate(grid):
@@ -175,8 +197,9 @@ def evaluate_path(
             sd = _keep_a_stats(sd, sd_a, bench.model)
         targets = interpolated_targets(stats, [1 - lam, lam]) if stats is not None else None
         net = bench.load(sd, endpoint, targets)
+        check_bn_statistics(net, point_label(lam))
         for split, ld in loaders.items():
-            m = evaluate_model(net, ld, loss_fn, max_batches)
+            m = evaluate_model(net, ld, loss_fn, max_batches, where=f"{point_label(lam)}, split {split!r}")
             metrics[split]["loss"].append(m["loss"])
             metrics[split]["acc"].append(m["acc"])
         if progress is not None:
@@ -198,21 +221,28 @@ def merge(
     bn_loader: Iterable | None = None,
     bn_batches: int | None = None,
     spec: SymmetrySpec | None = None,
+    normalize: bool = True,
 ) -> dict[str, torch.Tensor]:
     """Merge aligned models: ``Σ_i w_i θ_i`` (uniform weights by default), then fix BatchNorm.
 
     Args:
         state_dicts: two or more *aligned* state dicts of one architecture (align them first, e.g.
             ``weight_matching`` + ``spec.apply``); never mutated.
-        weights: one finite weight per model (default uniform). ``merge([a, b], [1, 0])`` is ``a``.
+        weights: one finite weight per model (default uniform). ``merge([a, b], [1, 0])`` is ``a``. With
+            ``normalize`` (default) they must be ≥ 0 and are divided by their sum (``[0.7, 0.7]`` averages);
+            ``normalize=False`` uses any finite weights as given (task-arithmetic sums, extrapolation such as
+            ``[2, -1]``; then prefer ``bn="reset"``). See :func:`~modeconn.path.interpolate.merge_weights`.
         model: an instance of the architecture; needed for ``bn="reset"`` on a model with BatchNorm and
             for ``bn="repair"``. Without a model the average is returned as is (statistics averaged).
         bn: ``reset`` (default), ``interpolate`` (statistics averaged like weights), ``keep`` (the first
             model's statistics) or ``repair`` (REPAIR with the endpoints' channel statistics, folded back
             into the weights).
         bn_loader, bn_batches, spec: as in :func:`evaluate_path`.
-    Returns: the merged state dict (input dtypes kept).
-    Raises: ConfigError, StateDictMismatchError, DeviceMismatchError, NonFiniteError.
+    Returns: the merged state dict (input dtypes kept). With a model, W-asymmetric fixed structure is the first
+    model's (checked identical in all) and integer buffers are never averaged.
+    Raises: ConfigError (bad weights naming the entry, bn policy, missing bn_loader), StateDictMismatchError,
+        DeviceMismatchError, NonFiniteError (NaN/Inf inputs; with a model, invalid merged BatchNorm statistics —
+        negative/non-finite running_var, non-finite running_mean — under bn="interpolate"/"keep").
     """
     if len(state_dicts) < 2:
         raise ConfigError(f"merge needs at least two state dicts, got {len(state_dicts)}")
@@ -222,14 +252,14 @@ def merge(
     check_one_device(list(state_dicts), names)
     for sd, name in zip(state_dicts, names):
         check_finite(sd, name)
-    weights = list(weights) if weights is not None else [1.0 / len(state_dicts)] * len(state_dicts)
-    merged = weighted_average(state_dicts, weights, check=False)
+    weights = merge_weights(weights, len(state_dicts), normalize=normalize)
     if model is None:
         if bn == "repair":
             raise ConfigError("bn='repair' needs model= and bn_loader=")
-        return merged
-    check_compatible([model.state_dict(), merged], ["model", "merged"])
+        return weighted_average(state_dicts, weights, check=False, normalize=False)
+    check_compatible([model.state_dict(), state_dicts[0]], ["model", names[0]])
     check_fixed_structure(model, state_dicts, names)
+    merged = weighted_average(state_dicts, weights, check=False, normalize=False, keep=fixed_structure_keys(model))
     bench = _Workbench(model, bn, bn_loader, bn_batches, spec)
     targets = None
     if bn == "repair":
@@ -237,4 +267,5 @@ def merge(
     if bn == "keep":
         merged = _keep_a_stats(merged, state_dicts[0], bench.model)
     net = bench.load(merged, endpoint=False, targets=targets)
+    check_bn_statistics(net, "merged model")
     return {k: v.detach().clone() for k, v in net.state_dict().items()}

@@ -4,6 +4,13 @@
 (fp64 for fp64 tensors) and cast back to their own dtype; integer and bool buffers (``num_batches_tracked``,
 masks) are taken from the first model, never interpolated. Inputs are never mutated.
 
+Merge weights (:func:`merge_weights`, the one validation used by every merge entry point: :func:`weighted_average`,
+:func:`modeconn.merge`, the streaming merge and ``modeconn merge --weights``): one finite weight per model; by
+default they must be non-negative and are normalised to sum 1 (an average); ``normalize=False`` accepts any finite
+weights, negative ones included (task-arithmetic sums, extrapolation). Every floating tensor follows the same
+rule ``Σ_i w_i θ_i``: a tensor identical in every model is ``(Σ_i w_i)·θ`` like any other (kept bit-exact when the
+weights sum to 1, where that *is* its value).
+
 Mixed floating dtypes (e.g. an fp16 A with a bf16 B) follow one rule: the result has the *first* model's
 dtype at every λ (λ=1 included); a value that overflows that dtype (fp16's ±65504) raises
 :class:`~modeconn.errors.NonFiniteError` naming the key instead of silently becoming ±Inf.
@@ -12,30 +19,32 @@ dtype at every λ (λ=1 included); a value that overflows that dtype (fp16's ±6
 from __future__ import annotations
 
 import math
-from typing import Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import torch
 
 from ..checks import check_compatible, check_one_device, is_interpolable
 from ..errors import ConfigError, NonFiniteError
+from ..io import check_dtype_kinds
 
 StateDict = Mapping[str, torch.Tensor]
 
 
 def interpolate(sd_a: StateDict, sd_b: StateDict, lam: float) -> dict[str, torch.Tensor]:
     """``θ(λ) = (1−λ)θ_A + λθ_B``; λ=0 returns A's tensors and λ=1 B's (exactly, as new dict; B's floats
-    are cast to A's dtype if they differ). Raises StateDictMismatchError (keys/shapes, all listed) or
+    are cast to A's dtype if they differ); any finite λ (outside [0, 1]: extrapolation). Raises StateDictMismatchError (keys/shapes, all listed) or
     DeviceMismatchError before any arithmetic, ConfigError for a non-finite ``lam``."""
     lam = float(lam)
     if not math.isfinite(lam):
         raise ConfigError(f"lam must be a finite number, got {lam}")
     check_compatible([sd_a, sd_b], ["A", "B"])
+    check_dtype_kinds([sd_a, sd_b], ["A", "B"])  # an integer B where A is floating would be reinterpreted
     check_one_device([sd_a, sd_b], ["A", "B"])
     if lam == 0:
         return dict(sd_a)
     if lam == 1:
         return {k: (_as_dtype(sd_b[k], a, k) if is_interpolable(a) else a) for k, a in sd_a.items()}
-    return weighted_average([sd_a, sd_b], [1.0 - lam, lam], check=False)
+    return weighted_average([sd_a, sd_b], [1.0 - lam, lam], check=False, normalize=False)
 
 
 def _as_dtype(t: torch.Tensor, like: torch.Tensor, key: str) -> torch.Tensor:
@@ -55,32 +64,95 @@ def _checked_cast(t: torch.Tensor, dtype: torch.dtype, key: str) -> torch.Tensor
     return out
 
 
+def merge_weights(weights: Sequence[float] | None, n: int, *, normalize: bool = True,
+                  option: str = "weights") -> list[float]:
+    """The validated weights of an ``n``-model merge (``None``: uniform ``1/n``).
+
+    Each entry must be a finite number and there must be exactly one per model. With ``normalize`` (the default)
+    each must also be ≥ 0, with a positive sum, and they are returned divided by their sum (so ``[0.7, 0.7]``
+    gives ``[0.5, 0.5]``, an average, not a 1.4× scaled model); with ``normalize=False`` any finite weights are
+    returned as given (``Σ w_i θ_i`` as a sum: task arithmetic, extrapolation such as ``[2, -1]``).
+    Raises: ConfigError naming ``option``, the offending entry (index, model and value) or the count.
+    """
+    if weights is None:
+        return [1.0 / n] * n
+    weights = list(weights)
+    if len(weights) != n:
+        raise ConfigError(f"{option} has {len(weights)} entries for {n} models: give exactly one weight per model")
+    values = [_weight(w, i, option, normalize) for i, w in enumerate(weights)]
+    if not normalize:
+        return values
+    total = math.fsum(values)
+    if total <= 0:
+        raise ConfigError(f"{option} {values} sum to 0: normalised weights need a positive sum")
+    return [w / total for w in values]
+
+
+def _weight(w, i: int, option: str, normalize: bool) -> float:
+    """Entry ``i`` of ``option`` as a float; ConfigError naming it when it is no finite number (or negative while
+    normalising)."""
+    try:
+        value = float(w)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{option}[{i}] (model {i}) is {w!r}, not a number") from None
+    if not math.isfinite(value):
+        raise ConfigError(f"{option}[{i}] (model {i}) is {value}: every weight must be finite")
+    if normalize and value < 0:
+        raise ConfigError(
+            f"{option}[{i}] (model {i}) is {value} < 0: normalised merges average with non-negative weights; pass "
+            "normalize=False (CLI: --no-normalize) to use the weights as given (task-arithmetic sums, extrapolation)"
+        )
+    return value
+
+
+def weights_sum_to_one(weights: Sequence[float]) -> bool:
+    """Whether ``Σ w_i`` is 1 up to float64 rounding (an affine combination)."""
+    return math.isclose(math.fsum(weights), 1.0, rel_tol=0.0, abs_tol=1e-12)
+
+
 def weighted_average(
-    state_dicts: Sequence[StateDict], weights: Sequence[float] | None = None, *, check: bool = True
+    state_dicts: Sequence[StateDict], weights: Sequence[float] | None = None, *, check: bool = True,
+    normalize: bool = True, keep: Iterable[str] = (),
 ) -> dict[str, torch.Tensor]:
     """``Σ_i w_i θ_i`` per floating tensor (fp32 accumulation, fp64 for fp64 tensors, cast to the first
-    model's dtype); integer buffers from the first model; a tensor identical in every model is returned as is
-    (exact). ``weights`` default to uniform; they must be finite and have one entry per model (ConfigError
-    otherwise). Raises StateDictMismatchError / DeviceMismatchError, NonFiniteError on fp16 overflow."""
+    model's dtype); integer buffers and the keys in ``keep`` (shared fixed structure, e.g. W-asymmetric masks)
+    are taken from the first model. Every other floating tensor follows the same rule, one identical in every
+    model included (it becomes ``(Σ w_i)·θ``; when the weights sum to 1 that is ``θ`` and it is returned exactly).
+
+    Args:
+        state_dicts: one or more state dicts with the same keys and shapes; never mutated.
+        weights: see :func:`merge_weights` (default uniform); ``normalize`` as there.
+        check: compare keys/shapes/devices first.
+        keep: keys copied from the first model unchanged (``modeconn.merge`` passes the W-asymmetric fixed
+            structure of its ``model``; without it, weights that do not sum to 1 scale those buffers too).
+    Raises: ConfigError (bad weights, see :func:`merge_weights`), StateDictMismatchError / DeviceMismatchError,
+        NonFiniteError on fp16 overflow.
+    """
     if not state_dicts:
         raise ConfigError("need at least one state dict to average")
-    if weights is None:
-        weights = [1.0 / len(state_dicts)] * len(state_dicts)
-    weights = [float(w) for w in weights]
-    if len(weights) != len(state_dicts) or not all(torch.isfinite(torch.tensor(weights))):
-        raise ConfigError(f"weights {weights} must be finite, one per model ({len(state_dicts)} models)")
+    weights = merge_weights(weights, len(state_dicts), normalize=normalize)
     if check:
         check_compatible(state_dicts)
         check_one_device(state_dicts)
+    check_dtype_kinds(state_dicts)  # always (cheap): averaging int32 bytes read over float32 weights is never right
+    exact_if_equal = weights_sum_to_one(weights)
+    keep = set(keep)
     first = state_dicts[0]
     out = {}
     for k, t in first.items():
-        if not is_interpolable(t) or all(torch.equal(t, sd[k]) for sd in state_dicts[1:]):
-            out[k] = t  # integer buffers, and tensors shared by every model (fixed masks/offsets) stay exact
-            continue
-        # fp32 accumulation (fp64/complex128 stay in their own precision: no silent rounding to fp32)
-        acc = torch.zeros(t.shape, dtype=torch.promote_types(t.dtype, torch.float32), device=t.device)
-        for w, sd in zip(weights, state_dicts):
-            acc.add_(sd[k].to(acc.dtype), alpha=w)
-        out[k] = _checked_cast(acc, t.dtype, k)
+        if not is_interpolable(t) or k in keep:
+            out[k] = t  # integer buffers and shared fixed structure: the first model's, never averaged
+        elif exact_if_equal and all(torch.equal(t, sd[k]) for sd in state_dicts[1:]):
+            out[k] = t  # Σ w_i·θ = θ exactly (no rounding) when Σ w_i = 1
+        else:
+            out[k] = _combine([sd[k] for sd in state_dicts], weights, k)
     return out
+
+
+def _combine(tensors: Sequence[torch.Tensor], weights: Sequence[float], key: str) -> torch.Tensor:
+    """``Σ_i w_i t_i`` accumulated in fp32 (fp64/complex128 in their own precision), cast to ``tensors[0]``'s dtype."""
+    t = tensors[0]
+    acc = torch.zeros(t.shape, dtype=torch.promote_types(t.dtype, torch.float32), device=t.device)
+    for w, x in zip(weights, tensors):
+        acc.add_(x.to(acc.dtype), alpha=w)
+    return _checked_cast(acc, t.dtype, key)

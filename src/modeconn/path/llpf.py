@@ -58,9 +58,25 @@ point's variances). ``info["phase_boundary"]`` is the index of the switch point.
 Every random choice (minibatch order, dropout) comes from ``torch.Generator().manual_seed(seed)``. With
 ``out_dir`` the run checkpoints every ``checkpoint_every`` ticks (points written as safetensors shards, then
 the state — current weights, generator state, data position, records — atomically); ``resume=True``
-continues a killed run and yields the same path bytes as an uninterrupted one.
+continues a killed run and yields the same path bytes as an uninterrupted one. Resuming trusts nothing it
+has not checked: the state file carries the sha256 of its own tensors and of every shard written so far,
+all verified before the run continues (a modified or corrupt file is named, CheckpointError); and the run's
+fingerprint covers the settings, both endpoints' contents and the training data (the caller's
+``data_info`` — dataset name, split, limit — plus the number of examples and the sha256 of all of them,
+which every minibatch is drawn from), so a resume with anything different is refused with a ConfigError
+naming what differs.
 
 Compute is counted in ``grad_evals`` (one per minibatch backward), the unit shared with the curve methods.
+With ``budget`` (grad evals) the run never exceeds it: each tick's refinement is capped at its fair share
+``⌊(budget − spent) / ticks left⌋`` (unspent steps roll over to later ticks; ``min_steps`` is lowered to the
+share where it is smaller), so the whole schedule fits — which needs ``budget ≥`` the number of ticks (for
+cross-sphere ``m2o_max_ticks + ticks``), checked before any work.
+
+*Reaching B*: ``info["reached_b"]`` is True when an M2M / cross-sphere run finished its schedule and closed
+the path at B; a run stopped early (``stop_on_unreached``) ends at its last tick without B (False; M2O: None,
+its destination — the origin — is never a point). Whether the path is *complete* also needs the continuity
+check of the evaluated path (:meth:`~modeconn.path.pathobj.PathCurve.completeness`): the last segment jumps
+``final_gap`` of the way to B, and only the loss along it tells whether that jump is low-loss.
 """
 
 from __future__ import annotations
@@ -87,9 +103,9 @@ from ..errors import CheckpointError, ConfigError, NonFiniteError
 from ..io import _json_dumps, save_state_dict
 from ..nn_utils import mean_cross_entropy
 from ..symmetry.trace import _fx_trace
-from ._stream import BatchStream, resolve_dataset
+from ._stream import BatchStream, data_fingerprint, resolve_dataset, tensors_sha256
 from .curves import check_endpoints
-from .pathobj import MANIFEST, Path, cpu_clone, distance, model_keys, param_names, write_shard
+from .pathobj import MANIFEST, Path, cpu_clone, distance, model_keys, param_names, sha256_file, write_shard
 
 StateDict = Mapping[str, torch.Tensor]
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -103,7 +119,7 @@ NORM_TYPES: tuple[type[nn.Module], ...] = (
 ORDERS = ("fdf", "all")
 VARIANCE_CORRECTIONS = ("weights", "all", "none")
 STATE_FILE = "llpf-state.safetensors"
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: fingerprint parts (settings, endpoints, training data) and sha256 of the state's tensors
 
 
 # --------------------------------------------------------------------------------- layer bookkeeping
@@ -252,15 +268,31 @@ def _resolve_groups(model: nn.Module, order: str | Sequence[Sequence[str]],
 # ----------------------------------------------------------------------------------------- the engine
 
 
-def _content_digest(sd: StateDict | None) -> str:
-    if sd is None:
-        return "none"
-    h = hashlib.sha256()
-    for k in sorted(sd):
-        t = sd[k].detach().to("cpu").contiguous()
-        h.update(f"{k}:{tuple(t.shape)}:{t.dtype}".encode())
-        h.update(t.view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    return h.hexdigest()
+_PART_LABELS = {"mode": "mode", "settings": "settings", "A": "endpoint A (content sha256)",
+                "B": "endpoint B (content sha256)", "data": "training data"}
+
+
+def _short(v: Any) -> str:
+    text = v if isinstance(v, str) else json.dumps(v)
+    if len(text) == 64 and all(ch in "0123456789abcdef" for ch in text):
+        return text[:12] + "…"  # a sha256
+    return text if len(text) <= 60 else text[:57] + "…"
+
+
+def fingerprint_differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """Human-readable differences between two runs' fingerprint parts (``{"mode", "settings", "A", "B",
+    "data"}``), e.g. ``["settings: lr 0.05 → 0.02", "training data: examples 200 → 300, sha256 1a2b… → 3c4d…"]``."""
+    out = []
+    for part, label in _PART_LABELS.items():
+        a, b = old.get(part), new.get(part)
+        if a == b:
+            continue
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            keys = [k for k in list(a) + [k for k in b if k not in a] if a.get(k) != b.get(k)]
+            out.append(f"{label}: " + ", ".join(f"{k} {_short(a.get(k))} → {_short(b.get(k))}" for k in keys))
+        else:
+            out.append(f"{label}: {_short(a)} → {_short(b)}")
+    return out
 
 
 Fraction = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
@@ -300,6 +332,10 @@ class LLPFConfig(StrictConfig):
             (False: plain ``lr``, the ablation). M2M ignores it.
         m2o_step, m2o_max_ticks, sphere_rtol: cross-sphere only — the largest per-tick scale change, the most
             M2O ticks, and the relative variance tolerance at which B's sphere counts as reached.
+        budget: most gradient evaluations of the whole run (None: no limit). Each tick's refinement is capped
+            at its fair share ``⌊(budget − spent)/ticks left⌋`` (≥ 1 while ``budget ≥`` ticks — for cross-sphere
+            ``m2o_max_ticks + ticks`` —, checked before any work); ticks whose share was below ``max_steps``
+            record it as ``steps_cap``.
     """
 
     step: Fraction = 0.01
@@ -322,6 +358,7 @@ class LLPFConfig(StrictConfig):
     m2o_step: Fraction = 0.01
     m2o_max_ticks: int = Field(1000, ge=1)
     sphere_rtol: float = Field(0.01, gt=0, allow_inf_nan=False)
+    budget: int | None = Field(None, ge=1)
 
     @model_validator(mode="after")
     def _steps_ordered(self) -> LLPFConfig:
@@ -330,12 +367,24 @@ class LLPFConfig(StrictConfig):
         return self
 
 
+def _check_budget(mode: str, c: Mapping[str, Any]) -> None:
+    """ConfigError unless the budget pays at least one refinement step per tick (the fair share ≥ 1)."""
+    budget = c["budget"]
+    if budget is None or c["max_steps"] == 0:
+        return
+    ticks = c["ticks"] + (c["m2o_max_ticks"] if mode == "cross" else 0)
+    if budget < ticks:
+        what = f"m2o_max_ticks + ticks = {ticks}" if mode == "cross" else f"ticks = {ticks}"
+        raise ConfigError(f"budget of {budget} gradient evaluations cannot pay one refinement step per tick "
+                          f"({what}); lower the ticks or raise the budget")
+
+
 class _Run:
     """One LLPF run (M2M, M2O or cross-sphere); state checkpointed to ``out_dir``."""
 
     def __init__(self, mode: str, model: nn.Module, sd_a: StateDict, sd_b: StateDict | None, train_data: Any,
                  config: LLPFConfig, loss_fn: LossFn | None, out_dir, resume: bool,
-                 progress: Callable[[int, int], None] | None) -> None:
+                 progress: Callable[[int, int], None] | None, data_info: Mapping[str, Any] | None = None) -> None:
         self.mode = mode
         if sd_b is not None:
             self.device = check_endpoints(model, sd_a, sd_b)
@@ -381,6 +430,7 @@ class _Run:
             self.group_of = {k: g for g, keys in enumerate(self.groups) for k in keys}
         else:
             self.groups, self.corrected, self.group_of = [], [], {}
+        _check_budget(mode, c)
         self.cfg = c
         self.loss_fn = loss_fn or mean_cross_entropy
         self.progress = progress
@@ -392,10 +442,14 @@ class _Run:
                          if sd_b is not None else {})
         self.gen = torch.Generator().manual_seed(int(c["seed"]))
         self.stream = BatchStream(self.ds, c["batch_size"], self.gen)
-        self.fingerprint = hashlib.sha256(
-            (_json_dumps({"mode": mode, "cfg": c}, "LLPF settings") + _content_digest(sd_a) + _content_digest(sd_b)
-             ).encode()).hexdigest()
         self.out_dir = pathlib.Path(out_dir) if out_dir is not None else None
+        self.fingerprint_parts: dict[str, Any] = {}
+        if self.out_dir is not None:  # only a checkpointed run needs it (the data digest reads every example)
+            self.fingerprint_parts = {
+                "mode": mode, "settings": json.loads(_json_dumps(c, "LLPF settings")), "A": tensors_sha256(sd_a),
+                "B": tensors_sha256(sd_b), "data": data_fingerprint(self.ds, data_info),
+            }
+        self.fingerprint = hashlib.sha256(_json_dumps(self.fingerprint_parts, "LLPF fingerprint").encode()).hexdigest()
         # ---- mutable state
         self.s: dict[str, Any] = {
             "tick": 0, "phase": "m2o" if mode in ("m2o", "cross") else "m2m", "phase_start": 0,
@@ -436,21 +490,32 @@ class _Run:
         for k in self.corrected:
             params[k].copy_(scale_to_variance(params[k], self._var_target(k)))
 
-    def _refine(self, lr_of: Mapping[str, float] | None = None) -> tuple[int, float | None, bool | None]:
-        """Plain SGD until the windowed loss ≤ threshold (≥ min_steps, ≤ max_steps steps)."""
+    def _step_limits(self) -> tuple[int, int]:
+        """``(most, least)`` refinement steps of the coming tick: ``max_steps`` / ``min_steps``, with a budget
+        at most the tick's fair share ``⌊(budget − spent)/ticks left⌋`` (``least`` lowered to it)."""
         c = self.cfg
-        if c["max_steps"] == 0:
+        most = c["max_steps"]
+        if c["budget"] is not None:
+            most = min(most, (c["budget"] - self.s["grad_evals"]) // max(1, self._total() - self.s["tick"]))
+        return most, min(c["min_steps"], most)
+
+    def _refine(self, limits: tuple[int, int],
+                lr_of: Mapping[str, float] | None = None) -> tuple[int, float | None, bool | None]:
+        """Plain SGD until the windowed loss ≤ threshold (≥ ``least``, ≤ ``most`` steps: ``limits``)."""
+        c = self.cfg
+        most, least = limits
+        if most == 0:
             return 0, None, None
         named = [(n, p) for n, p in self.net.named_parameters() if p.requires_grad]
         params = [p for _, p in named]
         lrs = [(lr_of or {}).get(n, c["lr"]) for n, _ in named]
-        window: deque[float] = deque(maxlen=max(1, c["min_steps"]))
+        window: deque[float] = deque(maxlen=max(1, least))
         steps, reached = 0, False
         self.net.train()
         devices = [self.device] if self.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(int(torch.randint(0, 2 ** 62, (), generator=self.gen)))  # dropout etc.
-            while steps < c["max_steps"]:
+            while steps < most:
                 x, y = self.stream.next(self.device)[:2]
                 loss = self.loss_fn(self.net(x), y)
                 if not torch.isfinite(loss):
@@ -463,14 +528,14 @@ class _Run:
                             p.add_(g, alpha=-lr)
                 window.append(loss.item())
                 steps += 1
-                if steps >= c["min_steps"] and sum(window) / len(window) <= c["threshold"]:
+                if steps >= least and sum(window) / len(window) <= c["threshold"]:
                     reached = True
                     break
         self.s["grad_evals"] += steps
         return steps, sum(window) / len(window), reached
 
     # ------------------------------------------------------------------ ticks
-    def _tick_m2m(self) -> dict[str, Any]:
+    def _tick_m2m(self, limits: tuple[int, int]) -> dict[str, Any]:
         c = self.cfg
         k = self.s["tick"] - self.s["phase_start"]
         n_unlocked = len(self.groups) if c["order"] == "all" else min(len(self.groups), k // c["unlock_every"] + 1)
@@ -481,11 +546,11 @@ class _Run:
                     params[key].lerp_(self.dest[key].to(params[key].dtype), c["step"])
                 self.s["remaining"][g] *= 1.0 - c["step"]
         self._project()
-        steps, loss, reached = self._refine()
+        steps, loss, reached = self._refine(limits)
         self._project()
         return {"unlocked": n_unlocked, "steps": steps, "loss": loss, "reached": reached}
 
-    def _tick_m2o(self) -> dict[str, Any]:
+    def _tick_m2o(self, limits: tuple[int, int]) -> dict[str, Any]:
         c = self.cfg
         params = self._params()
         out: dict[str, Any] = {}
@@ -515,7 +580,7 @@ class _Run:
                 ref = self.lr_ref.get(key)
                 if ref is not None and key in self.moved_m2o_set and self.var0[ref] > 0:
                     lr_of[key] = c["lr"] * tensor_variance(params[ref]) / self.var0[ref]
-        steps, loss, reached = self._refine(lr_of)
+        steps, loss, reached = self._refine(limits, lr_of)
         out.update({"steps": steps, "loss": loss, "reached": reached})
         return out
 
@@ -540,7 +605,8 @@ class _Run:
         st = self.stream.state_dict()
         tensors["stream/perm"] = st["perm"]
         meta = {"llpf_state": _json_dumps({
-            "version": STATE_VERSION, "fingerprint": self.fingerprint, "mode": self.mode,
+            "version": STATE_VERSION, "fingerprint": self.fingerprint, "fingerprint_parts": self.fingerprint_parts,
+            "mode": self.mode, "tensors_sha256": tensors_sha256(tensors),
             "stream": {"pos": st["pos"], "epoch": st["epoch"]}, "state": self.s,
         }, "LLPF state")}
         save_state_dict(self._state_path(), tensors, metadata=meta)
@@ -558,17 +624,7 @@ class _Run:
             if (self.out_dir / MANIFEST).exists():
                 raise CheckpointError(f"{self.out_dir}: already holds a saved path ({MANIFEST}); choose another out_dir")
             return False
-        try:
-            with safe_open(str(f), framework="pt", device="cpu") as fh:
-                meta = json.loads(fh.metadata()["llpf_state"])
-                tensors = {k: fh.get_tensor(k) for k in fh.keys()}
-        except Exception as err:
-            raise CheckpointError(f"{f}: unreadable LLPF checkpoint (truncated or corrupt?): {err}") from None
-        if meta.get("fingerprint") != self.fingerprint:
-            raise ConfigError(
-                f"{f}: this LLPF checkpoint was made with different settings, endpoints or data batch size "
-                f"(mode {meta.get('mode')!r}); resume with the same arguments, or use another out_dir"
-            )
+        meta, tensors = self._read_state(f)
         self.s = meta["state"]
         self.net.load_state_dict({k[4:]: v.to(self.device) for k, v in tensors.items() if k.startswith("net/")})
         last = {k[5:]: v for k, v in tensors.items() if k.startswith("last/")}
@@ -577,6 +633,39 @@ class _Run:
         self.stream.load_state_dict({"perm": tensors["stream/perm"], **meta["stream"]})
         self.pending = []
         return True
+
+    def _read_state(self, f: pathlib.Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        """The checkpoint's metadata and tensors, after checking (in this order) that it is readable, of this
+        state version, intact (its tensors hash to the recorded sha256), made by the same run (fingerprint,
+        differences named) and that every shard it records is present with its recorded sha256."""
+        again = "start again (overwrite it, or use another out_dir)"
+        try:
+            with safe_open(str(f), framework="pt", device="cpu") as fh:
+                meta = json.loads(fh.metadata()["llpf_state"])
+                tensors = {k: fh.get_tensor(k) for k in fh.keys()}
+        except Exception as err:
+            raise CheckpointError(f"{f}: unreadable LLPF checkpoint (truncated or corrupt?): {err}") from None
+        if meta.get("version") != STATE_VERSION:
+            raise CheckpointError(f"{f}: LLPF state version {meta.get('version')!r}, this modeconn reads version "
+                                  f"{STATE_VERSION} (written by another version); {again}")
+        if tensors_sha256(tensors) != meta.get("tensors_sha256"):
+            raise CheckpointError(f"{f}: its tensors do not match the sha256 recorded in it (modified or corrupt); "
+                                  f"the run cannot be resumed safely — {again}")
+        if meta.get("fingerprint") != self.fingerprint:
+            diffs = fingerprint_differences(meta.get("fingerprint_parts") or {}, self.fingerprint_parts)
+            raise ConfigError(
+                f"{f}: cannot resume — this LLPF checkpoint was made with different settings, endpoints or "
+                f"training data: {'; '.join(diffs) or 'fingerprint differs'}. Resume with the same arguments and "
+                f"data, or {again}")
+        for entry in meta["state"]["shards"]:
+            shard = self.out_dir / entry["file"]
+            if not shard.is_file():
+                raise CheckpointError(f"{shard}: shard of points {entry['start']}…{entry['start'] + entry['count'] - 1} "
+                                      f"recorded in {STATE_FILE} is missing; {again}")
+            if sha256_file(shard) != entry["sha256"]:
+                raise CheckpointError(f"{shard}: sha256 differs from the one recorded in {STATE_FILE} (modified or "
+                                      f"corrupt); the run cannot be resumed safely — {again}")
+        return meta, tensors
 
     # ------------------------------------------------------------------ main loop
     def _total(self) -> int:
@@ -608,8 +697,11 @@ class _Run:
         wall0 = self.s["wall_time_s"]
         while not self._done():
             phase = self.s["phase"]
-            rec = self._tick_m2m() if phase == "m2m" else self._tick_m2o()
+            limits = self._step_limits()
+            rec = self._tick_m2m(limits) if phase == "m2m" else self._tick_m2o(limits)
             rec = {"tick": self.s["tick"], "phase": phase, **rec}
+            if c["budget"] is not None and limits[0] < c["max_steps"]:
+                rec["steps_cap"] = limits[0]
             self.s["records"].append(rec)
             self.s["tick"] += 1
             switch = False
@@ -655,7 +747,9 @@ class _Run:
             "groups": self.groups,
             "corrected": self.corrected,
             "ticks_done": self.s["tick"],
-            "complete": not self.s["stopped"],
+            "reached_b": None if self.mode == "m2o" else not self.s["stopped"],
+            "stop_reason": "unreached" if self.s["stopped"] else None,
+            "budget": self.cfg["budget"],
             "unreached_ticks": unreached,
             "threshold_reached_all": not unreached,
             "final_gap": self.s.get("final_gap"),
@@ -689,11 +783,14 @@ _COMMON_DOC = """
         loss_fn: ``loss_fn(logits, y)`` → mean loss (default cross-entropy).
         out_dir: checkpoint/output directory (points as safetensors shards, ``path.json`` at the end); the
             returned path is then disk-backed. None: everything in memory.
-        resume: continue the run checkpointed in ``out_dir`` (same settings and endpoints required — checked by
-            a fingerprint, ConfigError otherwise; ``loss_fn`` and the training data's contents are not part of
-            it, pass the same ones); a finished run is simply loaded. Without it an existing run in ``out_dir``
-            raises CheckpointError.
+        resume: continue the run checkpointed in ``out_dir`` (same settings, endpoints and training data required
+            — checked by a fingerprint, ConfigError naming what differs; ``loss_fn`` is not part of it, pass the
+            same one); every recorded sha256 (state tensors, shards) is verified first, CheckpointError naming a
+            modified file. A finished run is simply loaded. Without it an existing run in ``out_dir`` raises
+            CheckpointError.
         progress: ``progress(tick, total_ticks)`` after each tick.
+        data_info: what the training data is (e.g. ``{"name": "mnist", "split": "train", "limit": 2000}``),
+            recorded in the resume fingerprint next to the data's example count and sha256.
 
     Raises: ConfigError (unknown option or bad value, named), StateDictMismatchError (endpoints of different
         architectures), DeviceMismatchError, NonFiniteError (inputs or refinement loss), CheckpointError,
@@ -703,15 +800,17 @@ _COMMON_DOC = """
 
 def _run(mode: str, model: nn.Module, sd_a: StateDict, sd_b: StateDict | None, train_data: Any,
          config: LLPFConfig | Mapping[str, Any] | None, loss_fn: LossFn | None, out_dir: Any, resume: bool,
-         progress: Callable[[int, int], None] | None, options: dict[str, Any]) -> Path:
+         progress: Callable[[int, int], None] | None, data_info: Mapping[str, Any] | None,
+         options: dict[str, Any]) -> Path:
     cfg = LLPFConfig.from_any(config, **options)  # typos fail here, before any work
-    return _Run(mode, model, sd_a, sd_b, train_data, cfg, loss_fn, out_dir, resume, progress).run()
+    return _Run(mode, model, sd_a, sd_b, train_data, cfg, loss_fn, out_dir, resume, progress, data_info).run()
 
 
 def llpf_m2m(model: nn.Module, sd_a: StateDict, sd_b: StateDict, train_data: Any,
              config: LLPFConfig | Mapping[str, Any] | None = None, *, loss_fn: LossFn | None = None,
              out_dir: str | pathlib.Path | None = None, resume: bool = False,
-             progress: Callable[[int, int], None] | None = None, **options: Any) -> Path:
+             progress: Callable[[int, int], None] | None = None, data_info: Mapping[str, Any] | None = None,
+             **options: Any) -> Path:
     """LLPF model-to-model: a low-loss path from ``sd_a`` to ``sd_b`` by ticks of move → variance correction
     → refine → projection (module docstring; METHODS.md §2). Settings: :class:`LLPFConfig`.
 
@@ -719,15 +818,18 @@ def llpf_m2m(model: nn.Module, sd_a: StateDict, sd_b: StateDict, train_data: Any
 
     Returns: a :class:`Path` (method ``"llpf-m2m"``): point 0 is sd_a, the last point sd_b (exactly), ``t`` the
         normalised arc length; ``info`` has the settings, FDF groups, per-tick records (steps, loss, reached,
-        unlocked groups), ``unreached_ticks``, ``final_gap``; ``compute`` grad_evals and wall time.
+        unlocked groups), ``unreached_ticks``, ``final_gap``, ``reached_b`` (False when stopped before B),
+        ``stop_reason``, ``budget``; ``compute`` grad_evals and wall time.
     """
-    return _run("m2m", model, sd_a, sd_b, train_data, config, loss_fn, out_dir, resume, progress, options)
+    return _run("m2m", model, sd_a, sd_b, train_data, config, loss_fn, out_dir, resume, progress, data_info,
+                options)
 
 
 def llpf_m2o(model: nn.Module, sd_a: StateDict, train_data: Any,
              config: LLPFConfig | Mapping[str, Any] | None = None, *, loss_fn: LossFn | None = None,
              out_dir: str | pathlib.Path | None = None, resume: bool = False,
-             progress: Callable[[int, int], None] | None = None, **options: Any) -> Path:
+             progress: Callable[[int, int], None] | None = None, data_info: Mapping[str, Any] | None = None,
+             **options: Any) -> Path:
     """LLPF model-to-origin: every parameter of non-normalization modules shrinks by ``(1 − step)`` per tick,
     no variance correction, refinement with the angle-conformal per-layer lr ``lr·var(w)/var₀(w)``
     (``angle_conformal=False``: plain ``lr``, the ablation). Normalization layers are not moved.
@@ -735,20 +837,23 @@ def llpf_m2o(model: nn.Module, sd_a: StateDict, train_data: Any,
     Returns: a :class:`Path` (method ``"llpf-m2o"``): point 0 is sd_a, the last point the last tick (the origin
         itself is not a point).
     """
-    return _run("m2o", model, sd_a, None, train_data, config, loss_fn, out_dir, resume, progress, options)
+    return _run("m2o", model, sd_a, None, train_data, config, loss_fn, out_dir, resume, progress, data_info,
+                options)
 
 
 def llpf_cross_sphere(model: nn.Module, sd_a: StateDict, sd_b: StateDict, train_data: Any,
                       config: LLPFConfig | Mapping[str, Any] | None = None, *, loss_fn: LossFn | None = None,
                       out_dir: str | pathlib.Path | None = None, resume: bool = False,
-                      progress: Callable[[int, int], None] | None = None, **options: Any) -> Path:
+                      progress: Callable[[int, int], None] | None = None,
+                      data_info: Mapping[str, Any] | None = None, **options: Any) -> Path:
     """LLPF across variance spheres (modes trained with different weight decay): M2O-like ticks scale each
     module of A toward B's per-layer variance (at most ``m2o_step`` per tick, angle-conformal refinement) until
     every ≥2-d weight's variance is within ``sphere_rtol`` of B's (or ``m2o_max_ticks``), then M2M (``ticks``
     more ticks) to B. One path; ``info["phase_boundary"]`` is the index of the switch point,
     ``info["sphere_reached"]`` whether the sphere was reached.
     """
-    return _run("cross", model, sd_a, sd_b, train_data, config, loss_fn, out_dir, resume, progress, options)
+    return _run("cross", model, sd_a, sd_b, train_data, config, loss_fn, out_dir, resume, progress, data_info,
+                options)
 
 
 for _f in (llpf_m2m, llpf_m2o, llpf_cross_sphere):

@@ -21,6 +21,12 @@ that the path belongs to it (keys/shapes) — a path of another architecture rai
 at every point, a continuity check (``k`` linear sub-points between consecutive points; the largest loss
 among them per segment), the peak train loss and the path length ``Σ_i ‖θ_{i+1} − θ_i‖₂`` over the model's
 parameters.
+
+**Complete** means the same for every method (:meth:`PathCurve.completeness`): the path reaches B (its search
+says so, ``info["reached_b"]``, and the caller may check the last point) *and* every segment passes the
+continuity check — its largest sub-point loss exceeds the larger loss at its two ends by at most
+``continuity_tol`` (default :data:`CONTINUITY_TOL` nats), so the losses at the points describe the whole path
+to that tolerance. A path evaluated without sub-points is not complete (its continuity was not checked).
 """
 
 from __future__ import annotations
@@ -29,7 +35,9 @@ import copy
 import hashlib
 import os
 import pathlib
+import shutil
 import tempfile
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
@@ -53,6 +61,9 @@ FORMAT = "modeconn-path"
 FORMAT_VERSION = 1
 SHARD_PREFIX = "points-"
 PATH_BN_POLICIES = ("reset", "keep")
+CONTINUITY_TOL = 0.05
+"""Default continuity tolerance (loss units, nats for cross-entropy): a segment passes when its sub-points rise
+at most this much above the larger loss at its two ends."""
 
 
 # ------------------------------------------------------------------------------------------- helpers
@@ -88,6 +99,21 @@ def atomic_write_text(path: pathlib.Path, text: str) -> None:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
+    except BaseException:
+        pathlib.Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def link_or_copy(src: pathlib.Path, dst: pathlib.Path) -> None:
+    """Make ``dst`` hold ``src``'s bytes: a hard link where the file system allows, else a copy — either way
+    through a temporary sibling and ``os.replace``, so ``dst`` is never half-written."""
+    tmp = dst.with_name(f".{dst.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        try:
+            os.link(src, tmp)
+        except OSError:
+            shutil.copyfile(src, tmp)
+        os.replace(tmp, dst)
     except BaseException:
         pathlib.Path(tmp).unlink(missing_ok=True)
         raise
@@ -157,6 +183,53 @@ class PathCurve(Curve):
         if split == self.continuity_split and len(self.segment_peaks):
             p = max(p, self.continuity_peak())
         return p
+
+    def segment_excess(self) -> np.ndarray:
+        """(n−1,) ``segment_peaks[i] − max(loss_i, loss_{i+1})`` on the continuity split: how far each segment's
+        interior rises above its ends (empty without a continuity check)."""
+        if not len(self.segment_peaks):
+            return np.zeros(0)
+        ends = self.values(self.continuity_split, "loss")
+        return self.segment_peaks - np.maximum(ends[:-1], ends[1:])
+
+    def completeness(self, tol: float = CONTINUITY_TOL, *, reached_b: bool | None = None) -> dict[str, Any]:
+        """Whether the path is complete (module docstring): it reaches B and every segment passes the continuity
+        check at ``tol``.
+
+        Args:
+            tol: largest allowed rise of a segment's sub-points above its ends (loss units), ≥ 0.
+            reached_b: whether the path reaches B; None: the search's own ``info["reached_b"]`` (a path whose
+                search does not say is taken to reach B).
+
+        Returns: ``{"complete", "reached_b", "continuity_checked", "continuity_tol", "failing_segments"`` (per
+            failing segment i: ``segment``, ``points`` [i, i+1], ``t``, ``dense_peak``, ``ends_max``, ``excess``),
+            ``"worst_segment"`` (the failing segment with the largest excess, else None), ``"reasons"`` (one
+            sentence per failure)``}``.
+        Raises: ConfigError (``tol`` negative or not finite).
+        """
+        if not (isinstance(tol, (int, float)) and np.isfinite(tol) and tol >= 0):
+            raise ConfigError(f"continuity tolerance must be a finite number ≥ 0, got {tol!r}")
+        if reached_b is None:
+            reached_b = self.info.get("path_info", {}).get("reached_b") is not False
+        excess = self.segment_excess()
+        checked = self.sub_points > 0 and len(self.lambdas) > 1 and len(excess) == len(self.lambdas) - 1
+        ends = self.values(self.continuity_split, "loss") if checked else None
+        failing = [{"segment": i, "points": [i, i + 1], "t": [float(self.lambdas[i]), float(self.lambdas[i + 1])],
+                    "dense_peak": float(self.segment_peaks[i]), "ends_max": float(max(ends[i], ends[i + 1])),
+                    "excess": float(excess[i])}
+                   for i in range(len(excess)) if not excess[i] <= tol]  # NaN fails too
+        worst = max(failing, key=lambda f: np.inf if np.isnan(f["excess"]) else f["excess"]) if failing else None
+        reasons = []
+        if not reached_b:
+            reasons.append("the search stopped before reaching B")
+        if len(self.lambdas) > 1 and not checked:
+            reasons.append("the continuity between consecutive points was not checked (no sub-points)")
+        if worst is not None:
+            reasons.append(f"{len(failing)} of {len(excess)} segments fail the continuity check (worst: points "
+                           f"{worst['points'][0]}→{worst['points'][1]}, dense peak {worst['dense_peak']:.4f} vs "
+                           f"{worst['ends_max']:.4f} at its ends, tolerance {tol:g})")
+        return {"complete": not reasons, "reached_b": bool(reached_b), "continuity_checked": checked,
+                "continuity_tol": float(tol), "failing_segments": failing, "worst_segment": worst, "reasons": reasons}
 
     def path_summary(self) -> dict:
         s = self.continuity_split
@@ -323,7 +396,9 @@ class Path:
     def save(self, directory: str | os.PathLike, *, shard_size: int = 32, overwrite: bool = False) -> pathlib.Path:
         """Write the path to ``directory`` (``path.json`` + ``points-*.safetensors``, ``shard_size`` points per
         file; every file written atomically, the manifest last). A disk-backed path saved to its own
-        directory only rewrites the manifest. Returns the directory; afterwards this path reads from it.
+        directory only rewrites the manifest; saved elsewhere, its shards are hard-linked (copied where links
+        are impossible), keeping their layout and recorded sha256. Returns the directory; afterwards this path
+        reads from it.
 
         Raises:
             ConfigError: ``shard_size`` < 1.
@@ -338,11 +413,16 @@ class Path:
         if (d / MANIFEST).exists() and not overwrite and not same:
             raise CheckpointError(f"{d}: already holds a path ({MANIFEST}); pass overwrite=True to replace it")
         d.mkdir(parents=True, exist_ok=True)
-        if not same:
+        if not same and self._dir is not None:
+            shards = [dict(s) for s in self._shards]
+            for s in shards:
+                link_or_copy(self._dir / s["file"], d / s["file"])
+        elif not same:
             shards = []
             for start in range(0, len(self), shard_size):
                 pts = [self[i] for i in range(start, min(start + shard_size, len(self)))]
                 shards.append(write_shard(d, start, pts))
+        if not same:
             keep = {s["file"] for s in shards}
             for f in d.glob(f"{SHARD_PREFIX}*.safetensors"):
                 if f.name not in keep:
@@ -457,61 +537,11 @@ class Path:
         cont = continuity_split or ("train" if "train" in loaders else next(iter(loaders)))
         if cont not in loaders:
             raise ConfigError(f"continuity_split {cont!r} is not one of the splits {list(loaders)}")
-        net = copy.deepcopy(model)
-        device = next(iter(net.parameters()), torch.empty(0)).device
-        has_bn = bool(batchnorm_modules(net))
-        reset = bn == "reset" and has_bn
-        if reset and bn_loader is None:
-            raise ConfigError("bn='reset' on a model with BatchNorm needs bn_loader= (training batches)")
-        batches = fixed_batches(bn_loader, bn_batches) if reset else []
-        coords = param_names(net)
-
-        def load(sd: StateDict) -> nn.Module:
-            net.load_state_dict({k: v.to(device) for k, v in sd.items()})
-            if reset:
-                reset_bn_stats(net, batches)
-            return net
-
-        n = len(self)
-        total = n + (n - 1) * sub_points
-        done = 0
-        metrics: dict[str, dict[str, list[float]]] = {s: {"loss": [], "acc": []} for s in loaders}
-        seg_peaks: list[float] = []
-        length, prev = 0.0, None
-        for i in range(n):
-            p = self[i]
-            if prev is not None:
-                length += distance(prev, p, coords)
-                if sub_points:
-                    worst = -float("inf")
-                    for j in range(1, sub_points + 1):
-                        m = evaluate_model(load(interpolate(prev, p, j / (sub_points + 1))), loaders[cont], loss_fn,
-                                           max_batches)
-                        worst = max(worst, m["loss"])
-                        done += 1
-                        if progress is not None:
-                            progress(done, total)
-                    seg_peaks.append(worst)
-            load(p)
-            for split, ld in loaders.items():
-                m = evaluate_model(net, ld, loss_fn, max_batches)
-                metrics[split]["loss"].append(m["loss"])
-                metrics[split]["acc"].append(m["acc"])
-            done += 1
-            if progress is not None:
-                progress(done, total)
-            prev = p
-        return PathCurve(
-            lambdas=np.asarray(self.t, dtype=float),
-            metrics={s: {k: np.asarray(v) for k, v in d.items()} for s, d in metrics.items()},
-            bn=bn,
-            info={"method": self.method, "compute": dict(self.compute), "path_info": self.info,
-                  "bn_batches": len(batches), "has_batchnorm": has_bn},
-            length=length,
-            sub_points=sub_points,
-            segment_peaks=np.asarray(seg_peaks, dtype=float),
-            continuity_split=cont,
-        )
+        run = _Evaluation(self, model, loaders, bn, bn_loader, bn_batches, sub_points, cont, loss_fn, max_batches,
+                          progress)
+        for i in range(len(self)):
+            run.step(i)
+        return run.finish()
 
     def __repr__(self) -> str:
         where = f", dir={str(self._dir)!r}" if self._dir is not None else ""
@@ -549,4 +579,80 @@ def linear_path(sd_a: StateDict, sd_b: StateDict, n: int = 25) -> Path:
     grid = np.linspace(0.0, 1.0, n)
     pts = [interpolate(sd_a, sd_b, float(lam)) for lam in grid]
     pts[-1] = dict(sd_b)  # the endpoint is B exactly, integer buffers included
-    return Path(pts, grid, method="linear", info={"n": n})
+    return Path(pts, grid, method="linear", info={"n": n, "reached_b": True})
+
+
+class _Evaluation:
+    """One :meth:`Path.evaluate` run: setup (private model copy, fixed BN batches), one step per point (the
+    sub-points of the segment before it, then the point on every split), finish (the :class:`PathCurve`)."""
+
+    def __init__(self, path: Path, model: nn.Module, loaders: dict[str, Iterable], bn: str, bn_loader,
+                 bn_batches: int | None, sub_points: int, cont: str, loss_fn, max_batches: int | None, progress):
+        self.path, self.loaders, self.bn, self.sub_points, self.cont = path, loaders, bn, sub_points, cont
+        self.loss_fn, self.max_batches, self.progress = loss_fn, max_batches, progress
+        self.net = copy.deepcopy(model)
+        self.device = next(iter(self.net.parameters()), torch.empty(0)).device
+        self.has_bn = bool(batchnorm_modules(self.net))
+        self.reset = bn == "reset" and self.has_bn
+        if self.reset and bn_loader is None:
+            raise ConfigError("bn='reset' on a model with BatchNorm needs bn_loader= (training batches)")
+        self.batches = fixed_batches(bn_loader, bn_batches) if self.reset else []
+        self.coords = param_names(self.net)
+        self.total = len(path) + (len(path) - 1) * sub_points
+        self.done = 0
+        self.metrics: dict[str, dict[str, list[float]]] = {s: {"loss": [], "acc": []} for s in loaders}
+        self.seg_peaks: list[float] = []
+        self.length, self.prev = 0.0, None
+
+    def _load(self, sd: StateDict) -> nn.Module:
+        self.net.load_state_dict({k: v.to(self.device) for k, v in sd.items()})
+        if self.reset:
+            reset_bn_stats(self.net, self.batches)
+        return self.net
+
+    def _tick(self) -> None:
+        self.done += 1
+        if self.progress is not None:
+            self.progress(self.done, self.total)
+
+    def _segment(self, i: int, p: StateDict) -> None:
+        """Path length and the continuity check of the segment from point ``i − 1`` to point ``i``."""
+        self.length += distance(self.prev, p, self.coords)
+        if not self.sub_points:
+            return
+        worst = -float("inf")
+        for j in range(1, self.sub_points + 1):
+            frac = j / (self.sub_points + 1)
+            self._load(interpolate(self.prev, p, frac))
+            m = evaluate_model(self.net, self.loaders[self.cont], self.loss_fn, self.max_batches,
+                               where=f"sub-point {j}/{self.sub_points} of segment {i - 1}→{i} (split {self.cont})")
+            worst = max(worst, m["loss"])
+            self._tick()
+        self.seg_peaks.append(worst)
+
+    def step(self, i: int) -> None:
+        p = self.path[i]
+        if self.prev is not None:
+            self._segment(i, p)
+        self._load(p)
+        for split, ld in self.loaders.items():
+            m = evaluate_model(self.net, ld, self.loss_fn, self.max_batches,
+                               where=f"point {i} (t = {self.path.t[i]:.4g}, split {split})")
+            self.metrics[split]["loss"].append(m["loss"])
+            self.metrics[split]["acc"].append(m["acc"])
+        self._tick()
+        self.prev = p
+
+    def finish(self) -> PathCurve:
+        path = self.path
+        return PathCurve(
+            lambdas=np.asarray(path.t, dtype=float),
+            metrics={s: {k: np.asarray(v) for k, v in d.items()} for s, d in self.metrics.items()},
+            bn=self.bn,
+            info={"method": path.method, "compute": dict(path.compute), "path_info": path.info,
+                  "bn_batches": len(self.batches), "has_batchnorm": self.has_bn},
+            length=self.length,
+            sub_points=self.sub_points,
+            segment_peaks=np.asarray(self.seg_peaks, dtype=float),
+            continuity_split=self.cont,
+        )

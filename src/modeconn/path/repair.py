@@ -5,7 +5,7 @@ rescales every channel of the merged network so its mean and standard deviation 
 of the endpoints' (``μ_t = Σ w_i μ_i``, ``σ_t = Σ w_i σ_i``, Eq. 4 of the paper), measured on training
 data, then folds the per-channel affine correction back into the layer (a Linear/Conv row or a norm's
 affine), so the architecture is unchanged. Done with stock BatchNorm layers, as in the paper's code:
-trackers measure statistics; "reset" layers with affine = (σ_t, μ_t) normalise the merged net in one
+moment trackers measure statistics; "reset" layers with affine = (σ_t, μ_t) normalise the merged net in one
 train-mode pass and are then folded.
 
 Repair points come from the traced spec (``spec.repair_points``): each hidden writer (Linear/Conv), or
@@ -22,7 +22,7 @@ import torch.nn as nn
 
 from ..errors import ConfigError
 from ..nn_utils import eval_mode, model_device
-from .batchnorm import recalibrating, reset_bn_stats
+from .batchnorm import Moments, bn_batches, pooled_statistics, recalibrating, reset_bn_stats
 
 Points = Sequence[tuple[str, int]]
 
@@ -52,21 +52,21 @@ def _hooks(model: nn.Module, points: Points, fn):
 
 @torch.no_grad()
 def channel_stats(model: nn.Module, points: Points, batches: Iterable[torch.Tensor]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """Per-channel (mean, std) of each repair point's output over ``batches`` (model in eval mode).
-    Returns ``{module name: ((C,), (C,))}``."""
-    trackers: dict[str, nn.BatchNorm1d] = {}
+    """Per-channel (mean, std) of each repair point's output over ``batches`` (model in eval mode): the mean and
+    the square root of the unbiased variance over every sample (and position) of all batches, each sample
+    weighing the same whatever its batch's size. Returns ``{module name: ((C,), (C,))}`` in the output's dtype."""
+    moments: dict[str, Moments] = {}
+    dtypes: dict[str, torch.dtype] = {}
 
     def track(name, dim, out):
-        z = _channels_first(out, dim)
-        if name not in trackers:
-            trackers[name] = nn.BatchNorm1d(z.shape[1], affine=False, momentum=None, device=z.device, dtype=z.dtype)
-        trackers[name](z)
+        moments.setdefault(name, Moments()).add(_channels_first(out, dim))
+        dtypes[name] = out.dtype
 
     device = model_device(model)
     with eval_mode(model), _hooks(model, points, track):
         for x in batches:
             model(x.to(device))
-    return {n: (t.running_mean.clone(), t.running_var.clamp_min(0).sqrt()) for n, t in trackers.items()}
+    return {n: (m.mean.to(dtypes[n]), m.var().clamp_min(0).sqrt().to(dtypes[n])) for n, m in moments.items()}
 
 
 def interpolated_targets(
@@ -84,7 +84,9 @@ def repair_model(model: nn.Module, targets: Mapping[str, tuple[torch.Tensor, tor
                  batches: Sequence[torch.Tensor]) -> None:
     """Correct ``model`` (a private copy holding the merged weights) *in place* so each repair point's
     channels have the target mean/std, folding the correction into the layer; BatchNorm running
-    statistics are re-estimated afterwards."""
+    statistics are re-estimated afterwards. Statistics are per-sample over all ``batches`` (as
+    :func:`~modeconn.path.batchnorm.reset_bn_stats`: batches weighted by size, a batch of one joined to its
+    neighbour)."""
     resetters: dict[str, nn.BatchNorm1d] = {}
     for n, (mean_t, std_t) in targets.items():
         bn = nn.BatchNorm1d(len(mean_t), momentum=None, device=mean_t.device, dtype=mean_t.dtype)
@@ -96,8 +98,8 @@ def repair_model(model: nn.Module, targets: Mapping[str, tuple[torch.Tensor, tor
         return _restore(resetters[name](_channels_first(out, dim)), out, dim)
 
     device = model_device(model)
-    with recalibrating(model), _hooks(model, points, renormalise):
-        for x in batches:
+    with recalibrating(model), pooled_statistics(resetters), _hooks(model, points, renormalise):
+        for x in bn_batches(batches):
             model(x.to(device))
     modules = dict(model.named_modules())
     for n, bn in resetters.items():

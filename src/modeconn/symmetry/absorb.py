@@ -250,27 +250,27 @@ def _to_rms(root: nn.Module, st: Structure, note: dict) -> None:
 
 
 # ------------------------------------------------------------------------------------------ save / load
-def save_absorbed(model: nn.Module, directory: str | os.PathLike) -> Path:
+def save_absorbed(model: nn.Module, directory: str | os.PathLike, *, overwrite: bool = False) -> Path:
     """Write an absorbed HF model as ``config.json`` (its HF config incl. ``modeconn_absorbed`` and
-    ``architectures``) + ``model.safetensors``, each atomically. Returns the directory.
+    ``architectures``) + ``model.safetensors``, assembled atomically (:func:`modeconn.io.atomic_directory`: an
+    existing non-empty ``directory`` is replaced only with ``overwrite`` and only if modeconn wrote it). Returns the
+    directory.
 
-    Raises ConfigError if the model was not produced by :func:`absorb_normalization`.
+    Raises ConfigError if the model was not produced by :func:`absorb_normalization`; CheckpointError for a target
+    that may not be written.
     """
-    from ..io import save_state_dict
+    from ..io import atomic_directory, save_state_dict
 
     _, hf = _require_hf(model)
     if not getattr(hf.config, ABSORBED_KEY, None):
         raise ConfigError(f"{type(hf).__name__} is not an absorbed model (config has no {ABSORBED_KEY!r}); "
                           "use save_pretrained for ordinary models")
-    d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
     cfg = hf.config.to_dict()
     cfg["architectures"] = [type(hf).__name__]
-    tmp = d / ".config.json.tmp"
-    tmp.write_text(json.dumps(cfg, indent=2, sort_keys=True, default=str))
-    os.replace(tmp, d / "config.json")
-    save_state_dict(d / "model.safetensors", hf.state_dict(), {"modeconn": ABSORBED_KEY})
-    return d
+    with atomic_directory(directory, overwrite, "absorbed checkpoint", command="save_absorbed") as tmp:
+        (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True, default=str))
+        save_state_dict(tmp / "model.safetensors", hf.state_dict(), {"modeconn": ABSORBED_KEY})
+    return Path(directory)
 
 
 def load_absorbed(directory: str | os.PathLike) -> nn.Module:
@@ -281,9 +281,12 @@ def load_absorbed(directory: str | os.PathLike) -> nn.Module:
     """
     import transformers
 
-    from ..io import load_state_dict, read_json_object
+    from ..io import check_in_checkpoint, load_state_dict, read_json_object
 
     d = Path(directory)
+    for name in ("config.json", "model.safetensors"):  # neither may be a symlink leaving the checkpoint
+        if (d / name).is_file():
+            check_in_checkpoint(d / name, d)
     raw = read_json_object(d / "config.json", "absorbed model config")
     note = raw.get(ABSORBED_KEY)
     if not note or note.get("format") != _FORMAT:

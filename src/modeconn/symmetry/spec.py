@@ -39,18 +39,28 @@ Example — one GPT-NeoX attention layer (fused ``query_key_value`` laid out per
                                             AxisBinding(1, "L0.ov", "in", block=d)),  # o columns: B^{-1}
         "layers.0.attention.dense.bias": (AxisBinding(0, "R", "out"),),
     }
+
+*Tied tensors (aliases).* ``aliases`` maps an alias key to its primary key (GPT-2's ``lm_head.weight`` →
+``transformer.wte.weight``): the alias is listed in ``tensors`` without bindings of its own, ``apply`` transforms
+the primary once and returns the *same* tensor object under the alias key (so tied weights stay tied, in values
+and, loaded into a model, in storage), no objective counts the matrix twice, and the alias may be missing from a
+state dict (``save_pretrained`` drops tied keys). The spec refuses an alias whose primary it does not list or
+that carries bindings of its own (SpecError naming both keys); ``validate`` also proves every alias present in
+the model really is tied (same storage or equal values).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 import torch
 
 from ..errors import ConfigError, SpecError, StateDictMismatchError
 from .groups import Group, Side, compute_dtype, get_group
+
+__all__ = ["AxisBinding", "Element", "Probe", "Space", "StateDict", "SymmetrySpec", "apply_gathers", "storage_key"]
 
 Element = dict[str, torch.Tensor]
 StateDict = Mapping[str, torch.Tensor]
@@ -138,7 +148,8 @@ class SymmetrySpec:
     ``tensors`` maps *every* parameter and buffer name to its axis bindings (an empty tuple marks a tensor
     no group acts on, e.g. the output layer's bias or ``num_batches_tracked``). ``shapes`` optionally
     records the expected shape of each tensor. ``probes`` and ``repair_points`` are filled by
-    :func:`modeconn.symmetry_spec` for activation matching and REPAIR.
+    :func:`modeconn.symmetry_spec` for activation matching and REPAIR. ``aliases``: tied tensors, alias key →
+    primary key (see the module docstring).
     """
 
     spaces: Mapping[str, Space]
@@ -146,8 +157,17 @@ class SymmetrySpec:
     shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     probes: Mapping[str, tuple[Probe, ...]] = field(default_factory=dict)
     repair_points: tuple[tuple[str, int], ...] = ()
+    aliases: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        self._check_spaces()
+        self._check_bindings()
+        self._check_no_overlap()
+        self._check_aliases()
+
+    def _check_spaces(self) -> None:
+        """Every space's group exists; a child's parent is a parent-less permutation of its size; children are
+        unit-wise."""
         for s, sp in self.spaces.items():
             try:
                 group = self.group_of(s)
@@ -157,7 +177,7 @@ class SymmetrySpec:
                 parent = self.spaces.get(sp.parent)
                 if parent is None:
                     raise SpecError(f"space {s!r} has unknown parent space {sp.parent!r}")
-                if parent.group != "permutation" or parent.parent is not None:
+                if not self.group_of(sp.parent).exact or parent.parent is not None:
                     raise SpecError(
                         f"space {s!r}: its parent {sp.parent!r} must be a permutation space without a parent "
                         f"(got group {parent.group!r})"
@@ -169,6 +189,10 @@ class SymmetrySpec:
                         f"space {s!r}: group {sp.group!r} acts on the whole space, it cannot be the child of a "
                         "permutation (only unit-wise groups: scaling, head_orthogonal, head_invertible)"
                     )
+
+    def _check_bindings(self) -> None:
+        """Every binding names a known space and side, has a valid block/offset/stride, and ``block = dim`` on
+        per-head groups."""
         for key, binds in self.tensors.items():
             for b in binds:
                 if b.space not in self.spaces:
@@ -180,13 +204,29 @@ class SymmetrySpec:
                         f"tensor {key!r} axis {b.axis} (space {b.space!r}): need block ≥ 1, offset ≥ 0 and "
                         f"stride ≥ block, got block={b.block}, offset={b.offset}, stride={b.stride}"
                     )
-                dim = getattr(self.group_of(b.space), "dim", None)
-                if dim is not None and b.block != dim:
+                group = self.group_of(b.space)
+                if group.per_head and b.block != group.dim:
                     raise SpecError(
-                        f"tensor {key!r} axis {b.axis}: space {b.space!r} ({self.spaces[b.space].group}, dim={dim}) "
+                        f"tensor {key!r} axis {b.axis}: space {b.space!r} ({self.spaces[b.space].group}, dim={group.dim}) "
                         f"needs block = dim (one head per unit), got block={b.block}"
                     )
-        self._check_no_overlap()
+
+    def _check_aliases(self) -> None:
+        """SpecError naming both keys for an alias whose primary the spec does not list (or is an alias itself), an
+        alias missing from ``tensors``, or an alias bound differently from its primary (bindings of its own)."""
+        for a, p in self.aliases.items():
+            if p not in self.tensors or p in self.aliases or p == a:
+                raise SpecError(
+                    f"tied tensor {a!r} is an alias of {p!r}, which the spec does not list as a primary tensor "
+                    "(missing, the alias itself, or another alias)"
+                )
+            if a not in self.tensors:
+                raise SpecError(f"tied tensor {a!r} (alias of {p!r}) is not listed in the spec's tensors")
+            if self.tensors[a]:
+                raise SpecError(
+                    f"tied tensor {a!r} (alias of {p!r}) is bound differently from its primary: it must not carry "
+                    f"bindings of its own (got {list(self.tensors[a])}); the alias takes the primary's transform"
+                )
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -195,7 +235,7 @@ class SymmetrySpec:
         spaces: Mapping[str, int] | Iterable[Space],
         axes: Mapping[str, tuple] | Iterable[tuple[str, tuple]],
         group: str = "permutation",
-    ) -> "SymmetrySpec":
+    ) -> SymmetrySpec:
         """Build a spec from a git-re-basin-style table.
 
         ``spaces``: ``{"P0": 512, ...}`` (all in ``group``) or Space objects. ``axes``: for every tensor
@@ -246,6 +286,36 @@ class SymmetrySpec:
             if sp.parent is not None:
                 out[sp.parent].append(s)
         return {s: tuple(v) for s, v in out.items()}
+
+    def primary_of(self, key: str) -> str:
+        """The key whose bindings act on ``key``: its primary for a tied alias, else ``key`` itself."""
+        return self.aliases.get(key, key)
+
+    def aliases_in(self, keys) -> dict[str, str]:
+        """The aliases (alias → primary) with both keys in ``keys`` (a state dict or any container of names)."""
+        return {a: p for a, p in self.aliases.items() if a in keys and p in keys}
+
+    def check_tied(self, state_dict: StateDict, what: str = "state dict") -> None:
+        """SpecError unless every alias present in ``state_dict`` with its primary equals it (same storage or
+        equal values). ``state_dict``: any mapping (a lazy checkpoint reads only the tied tensors)."""
+        for a, p in self.aliases_in(state_dict).items():
+            ta, tp = state_dict[a], state_dict[p]
+            if ta is tp or (ta.shape == tp.shape and storage_key(ta) == storage_key(tp)):
+                continue
+            if ta.shape != tp.shape or not torch.equal(ta, tp):
+                raise SpecError(
+                    f"{what}: {a!r} is tied to {p!r} in the spec but the two tensors differ; "
+                    "untie them in the model and rebuild the spec"
+                )
+
+    def _complete(self, state_dict: StateDict) -> StateDict:
+        """``state_dict`` with every missing alias filled in by its primary (a stored checkpoint keeps one key)."""
+        missing = {a: p for a, p in self.aliases.items() if a not in state_dict and p in state_dict}
+        if not missing:
+            return state_dict
+        full = dict(state_dict)
+        full.update({a: state_dict[p] for a, p in missing.items()})
+        return full
 
     @cached_property
     def _ordered(self) -> dict[str, tuple[AxisBinding, ...]]:
@@ -327,15 +397,21 @@ class SymmetrySpec:
 
         Tensors no group acts on are returned as the same (unmodified) objects; bound tensors are new.
         The input is never mutated. Permutations are exact in any dtype; a tensor touched by a continuous
-        group is computed in fp32 (fp64 if it is fp64) and cast back to its dtype once.
+        group is computed in fp32 (fp64 if it is fp64) and cast back to its dtype once. A tied alias is the
+        same object as its transformed primary (an alias missing from ``state_dict`` stays missing).
 
         Raises: :class:`StateDictMismatchError` if keys or shapes differ from the spec (names the keys and
-        both shapes); :class:`SpecError` if ``g`` is not a valid element.
+        both shapes); :class:`SpecError` if ``g`` is not a valid element or tied tensors differ.
         """
         self.check_state_dict(state_dict)
         self.check_element(g)
+        self.check_tied(state_dict)
+        tied = self.aliases_in(state_dict)
         cache: dict = {}
-        return {key: self.apply_tensor(key, t, g, cache=cache) for key, t in state_dict.items()}
+        out = {key: self.apply_tensor(key, t, g, cache=cache) for key, t in state_dict.items() if key not in tied}
+        for alias, primary in tied.items():
+            out[alias] = out[primary]
+        return {key: out[key] for key in state_dict}
 
     def apply_tensor(
         self,
@@ -348,11 +424,21 @@ class SymmetrySpec:
         """Act with ``g`` on the single tensor ``key`` (all its bindings except ``skip``: one binding or a
         collection, compared by identity). Parents act before their children. ``cache``: a dict shared by
         the calls of one ``apply`` (keeps derived matrices such as inverses). Raises SpecError if a
-        continuous group would act on a non-floating tensor."""
+        continuous group would act on a non-floating tensor.
+
+        Several permutation bindings of one tensor (no child spaces) are fused into one index gather per axis
+        (:meth:`permutation_gathers`): transformer specs bind many per-head spaces to one tensor (a fused QKV
+        weight carries ~3·heads bindings), and one full copy per binding made ``apply`` and weight matching on a
+        160M model take minutes. Bindings of one axis are disjoint, so the fused gather equals the sequential
+        one exactly."""
         plan = self._plan[key]
         if skip is not None:
             skips = _skips(skip)
             plan = [p for p in plan if not any(p[0] is x for x in skips)]
+        if len(plan) >= 2:
+            gathers = self.permutation_gathers(key, t.shape, g, skip, t.device)
+            if gathers is not None:
+                return apply_gathers(t, gathers)
         if self._all_exact[key]:
             for b, n, group in plan:
                 t = _act_on_binding(t, b, g[b.space], n, group)
@@ -384,7 +470,7 @@ class SymmetrySpec:
         if skip is not None:
             skips = _skips(skip)
             binds = tuple(b for b in binds if not any(b is x for x in skips))
-        if not all(self.spaces[b.space].group == "permutation" and self.spaces[b.space].parent is None for b in binds):
+        if not all(self._exact[b.space] and self.spaces[b.space].parent is None for b in binds):
             return None
         out: dict[int, torch.Tensor] = {}
         for b in binds:
@@ -397,7 +483,9 @@ class SymmetrySpec:
 
     # ------------------------------------------------------------------ validation
     def check_state_dict(self, state_dict: StateDict, what: str = "state dict") -> None:
-        """StateDictMismatchError listing missing/unexpected keys and shape mismatches (cheap: no math)."""
+        """StateDictMismatchError listing missing/unexpected keys and shape mismatches (cheap: no math). A missing
+        tied alias is fine (its primary stands for it)."""
+        state_dict = self._complete(state_dict)
         missing = [k for k in self.tensors if k not in state_dict]
         extra = [k for k in state_dict if k not in self.tensors]
         problems = []
@@ -418,13 +506,34 @@ class SymmetrySpec:
         tensor that is unbound, bound twice or bound with the wrong size, a space no tensor writes, or a
         non-floating tensor bound to a continuous group. A child space's bindings nested inside its parent's
         (heads ⋉ per-head transforms) are not "bound twice"; that nesting, the parent's group, the sizes and
-        ``block = dim`` of head groups are checked when the spec is built.
+        ``block = dim`` of head groups are checked when the spec is built, and so are the aliases (an alias whose
+        primary is missing or that is bound differently). Tied tensors: a missing alias stands for its primary;
+        an alias present without its primary, or whose values differ from it, is a SpecError naming both keys.
         """
         sd = (
             model_or_state_dict.state_dict()
             if isinstance(model_or_state_dict, torch.nn.Module)
             else model_or_state_dict
         )
+        orphans = {a: p for a, p in self.aliases.items() if a in sd and p not in sd}
+        if orphans:
+            a, p = next(iter(orphans.items()))
+            raise SpecError(f"tied tensor {a!r} is in the model but its primary {p!r} is not (spec from another model?)")
+        full = self._complete(sd)
+        self._check_keys(full)
+        for s, binds in self.bindings_by_space.items():
+            if not any(b.side == "out" for _, b in binds):
+                raise SpecError(f"space {s!r} has no output-side (writer) tensor; bindings: {[k for k, _ in binds]}")
+        # float tensors only where continuous groups act
+        for key, binds in self.tensors.items():
+            if not full[key].is_floating_point():
+                cont = [b.space for b in binds if not self._exact[b.space]]
+                if cont:
+                    raise SpecError(f"tensor {key!r} ({full[key].dtype}) is bound to continuous spaces {cont}")
+        self.check_tied(sd)
+
+    def _check_keys(self, sd: StateDict) -> None:
+        """SpecError for a tensor the spec does not list, a listed tensor ``sd`` lacks, or a shape that does not fit."""
         unbound = [k for k in sd if k not in self.tensors]
         if unbound:
             raise SpecError(f"tensors not covered by the spec (every parameter and buffer must be listed): {unbound}")
@@ -435,15 +544,6 @@ class SymmetrySpec:
             problems = self._shape_problems(key, tuple(t.shape))
             if problems:
                 raise SpecError("; ".join(problems))
-        for s, binds in self.bindings_by_space.items():
-            if not any(b.side == "out" for _, b in binds):
-                raise SpecError(f"space {s!r} has no output-side (writer) tensor; bindings: {[k for k, _ in binds]}")
-        # float tensors only where continuous groups act
-        for key, binds in self.tensors.items():
-            if not sd[key].is_floating_point():
-                cont = [b.space for b in binds if not self._exact[b.space]]
-                if cont:
-                    raise SpecError(f"tensor {key!r} ({sd[key].dtype}) is bound to continuous spaces {cont}")
 
     def _shape_problems(self, key: str, shape: tuple[int, ...]) -> list[str]:
         problems = []
@@ -500,7 +600,7 @@ class SymmetrySpec:
         size = {b: self.spaces[b.space].size for b in bs}
         if all(b.step == b.block for b in bs):
             spans = sorted((b.offset, b.offset + size[b] * b.block, b.space) for b in bs)
-            for (s0, e0, n0), (s1, _e1, n1) in zip(spans, spans[1:]):
+            for (s0, e0, n0), (s1, _e1, n1) in zip(spans, spans[1:], strict=False):
                 if s1 < e0:
                     raise SpecError(f"tensor {key!r} axis {axis} is bound twice (spaces {n0!r} and {n1!r} overlap)")
             return
@@ -526,6 +626,20 @@ class SymmetrySpec:
             extra = "".join(f", {k}={v}" for k, v in sp.params) + (f", parent={sp.parent}" if sp.parent else "")
             lines.append(f"{s} ({sp.group}, n={sp.size}{extra}): {keys}")
         return "\n".join(lines)
+
+
+def storage_key(t: torch.Tensor) -> tuple:
+    """Identifies the memory ``t`` views: ``(device, data pointer)``; on the meta device, where every data pointer
+    is 0, the storage object itself (tied parameters of a model built on the meta device share one storage)."""
+    return (t.device, t.untyped_storage()._cdata if t.is_meta else t.data_ptr())
+
+
+def apply_gathers(t: torch.Tensor, gathers: Mapping[int, torch.Tensor]) -> torch.Tensor:
+    """``t`` gathered along every axis of ``gathers`` (``{axis: index}``, as :meth:`SymmetrySpec.permutation_gathers`
+    returns), in axis order."""
+    for axis in sorted(gathers):
+        t = t.index_select(axis, gathers[axis])
+    return t
 
 
 def _skips(skip: AxisBinding | Iterable[AxisBinding]) -> tuple[AxisBinding, ...]:

@@ -183,7 +183,7 @@ class _Tracer:
                 self.set_frozen(ra)
                 self.set_frozen(rb)
                 return
-            parts = list(zip(ka, kb))
+            parts = list(zip(ka, kb, strict=False))
         ra, rb = min(ra, rb), max(ra, rb)
         self.parent[rb] = ra
         frozen = self.frozen[ra] or self.frozen[rb]
@@ -420,10 +420,12 @@ class _Tracer:
         return self.unsupported(node, "no symmetry rule for this operation")
 
     def binary(self, node: torch.fx.Node) -> _Val | None:
+        """``a ∘ b`` elementwise (add, mul, …, broadcasting): a parameter operand is bound like a bias
+        (:meth:`parameter_operand`); two activations with the same layout union their spaces."""
         operands = [a for a in node.args[:2] if isinstance(a, torch.fx.Node)]
         raw = [self.vals.get(a) for a in operands]
         if len(raw) == 2 and sum(isinstance(v, _Attr) for v in raw) == 1 and sum(isinstance(v, _Val) for v in raw) == 1:
-            (x_node, x), (p_node, p) = sorted(zip(operands, raw), key=lambda av: isinstance(av[1], _Attr))
+            (x_node, x), (p_node, p) = sorted(zip(operands, raw, strict=False), key=lambda av: isinstance(av[1], _Attr))
             return self.parameter_operand(node, x_node, x, p_node, p)
         pairs = [(a, v) for a, v in ((a, self.value(a)) for a in operands) if v is not None]
         if not pairs:
@@ -433,24 +435,39 @@ class _Tracer:
             if _shape(node) != _shape(a_node):
                 return self.unsupported(node, "broadcasting against a non-tensor changes the shape")
             return v
-        (a_node, a), (b_node, b) = pairs
+        return self.binary_values(node, *pairs)
+
+    def binary_values(self, node: torch.fx.Node, first: tuple, second: tuple) -> _Val | None:
+        """:meth:`binary` of two traced activations ``(node, value)``."""
+        (_, a), (_, b) = first, second
         if self.all_frozen(a) and self.all_frozen(b):
             return self.frozen_val(node)
-        for (x_node, x), (c_node, c) in (((a_node, a), (b_node, b)), ((b_node, b), (a_node, a))):
-            # an unpermuted operand constant along x's permuted dim (a scalar, a per-token mask) broadcasts
-            if self.all_frozen(c) and not self.all_frozen(x) and _shape(x_node) == _shape(node) and _constant_along(
-                _shape(node), _shape(c_node), x.dim
-            ):
-                return x
+        passed = self.broadcast_constant(node, first, second)
+        if passed is not None:
+            return passed
         if not _same_layout(a, b):
             if a.width == b.width and a.dim == b.dim:
                 self.freeze(a)
                 self.freeze(b)
                 return a
             return self.unsupported(node, "operands carry different symmetry layouts")
-        for sa, sb in zip(a.segs, b.segs):
-            self.union(sa.space, sb.space, node)
+        self.union_segs(a, b, node)
         return a
+
+    def broadcast_constant(self, node: torch.fx.Node, first: tuple, second: tuple) -> _Val | None:
+        """The permuted operand when the other one is unpermuted and constant along its permuted dim (a scalar,
+        a per-token mask: it broadcasts), else None."""
+        for (x_node, x), (c_node, c) in ((first, second), (second, first)):
+            if self.all_frozen(c) and not self.all_frozen(x) and _shape(x_node) == _shape(node) and _constant_along(
+                _shape(node), _shape(c_node), x.dim
+            ):
+                return x
+        return None
+
+    def union_segs(self, a: _Val, b: _Val, node: torch.fx.Node) -> None:
+        """Union the spaces of ``a`` and ``b`` segment by segment (same layout)."""
+        for sa, sb in zip(a.segs, b.segs, strict=False):
+            self.union(sa.space, sb.space, node)
 
     def parameter_operand(self, node: torch.fx.Node, x_node, x: _Val, p_node, p: _Attr) -> _Val | None:
         """``x ∘ p`` for activations ``x`` and a parameter/buffer ``p`` (a positional embedding added to tokens,
@@ -477,8 +494,7 @@ class _Tracer:
         elif prev[0] != axis or not _same_layout(prev[1], replace(x, ndim=prev[1].ndim, dim=prev[1].dim)):
             return self.unsupported(node, f"parameter {p.key!r} is combined with activations of different layouts")
         else:
-            for sa, sb in zip(prev[1].segs, x.segs):
-                self.union(sa.space, sb.space, node)
+            self.union_segs(prev[1], x, node)
         return x
 
     def matmul(self, node: torch.fx.Node) -> _Val | None:
@@ -503,18 +519,26 @@ class _Tracer:
         if con_a or con_b:
             if not (con_a and con_b and self.contractible(a, b, nd)):
                 return self.unsupported(node, "contracts a permuted dim with one that does not carry the same spaces")
-            for sa, sb in zip(a.segs, b.segs):
-                self.union(sa.space, sb.space, node)
+            self.union_segs(a, b, node)
             return self.frozen_val(node)  # (a P)(Pᵀ b) = a b
-        if live_a and live_b:  # both permuted on the same batch axis (heads of width 1): permuted jointly
-            if a.dim < a.ndim - 2 and b.dim < b.ndim - 2 and a.dim + nd - a.ndim == b.dim + nd - b.ndim and _same_layout(
-                replace(a, ndim=nd, dim=0), replace(b, ndim=nd, dim=0)
-            ):
-                for sa, sb in zip(a.segs, b.segs):
-                    self.union(sa.space, sb.space, node)
-                return a.remap(lambda d: d + nd - a.ndim, nd)
-            return self.unsupported(node, "both operands carry permuted dims: the product would carry two")
-        v, o_node, contracted = (a, operands[1], a.ndim - 1) if live_a else (b, operands[0], b.ndim - 2)
+        if live_a and live_b:
+            return self.matmul_joint_batch(node, a, b, nd)
+        if live_a:
+            return self.matmul_one_sided(node, a, operands[1], a.ndim - 1, nd)
+        return self.matmul_one_sided(node, b, operands[0], b.ndim - 2, nd)
+
+    def matmul_joint_batch(self, node: torch.fx.Node, a: _Val, b: _Val, nd: int) -> _Val | None:
+        """Both operands permuted on the same batch axis (heads of width 1): permuted jointly."""
+        if a.dim < a.ndim - 2 and b.dim < b.ndim - 2 and a.dim + nd - a.ndim == b.dim + nd - b.ndim and _same_layout(
+            replace(a, ndim=nd, dim=0), replace(b, ndim=nd, dim=0)
+        ):
+            self.union_segs(a, b, node)
+            return a.remap(lambda d: d + nd - a.ndim, nd)
+        return self.unsupported(node, "both operands carry permuted dims: the product would carry two")
+
+    def matmul_one_sided(self, node: torch.fx.Node, v: _Val, o_node: Any, contracted: int, nd: int) -> _Val | None:
+        """Only ``v`` is permuted, on a dim that is not contracted (``contracted``: its contracted axis); the other
+        operand ``o_node`` is not permuted."""
         shift = nd - v.ndim
         if v.outer == contracted:
             return self.unsupported(node, "sums over the axis indexing per-head spaces")
@@ -527,7 +551,7 @@ class _Tracer:
 
     def contractible(self, a: _Val, b: _Val, nd: int) -> bool:
         """Whether a's last dim and b's second-to-last carry the same layout (per head on one batch axis)."""
-        if len(a.segs) != len(b.segs) or any((sa.n, sa.block) != (sb.n, sb.block) for sa, sb in zip(a.segs, b.segs)):
+        if len(a.segs) != len(b.segs) or any((sa.n, sa.block) != (sb.n, sb.block) for sa, sb in zip(a.segs, b.segs, strict=False)):
             return False
         if a.outer is None or b.outer is None:
             return a.outer is None and b.outer is None
@@ -640,8 +664,7 @@ class _Tracer:
         if dim == vals[0].dim:
             return _Val(dim, ndim, tuple(s for v in vals for s in v.segs))
         for v in vals[1:]:
-            for sa, sb in zip(vals[0].segs, v.segs):
-                self.union(sa.space, sb.space, node)
+            self.union_segs(vals[0], v, node)
         return vals[0]
 
     # ---------------------------------------------------------------- result
@@ -785,7 +808,7 @@ def _shape_len(node: torch.fx.Node, default: int) -> int:
 def _same_layout(a: _Val, b: _Val) -> bool:
     """Whether two values carry their symmetry on the same dim (and head axis) with segments of equal sizes."""
     return (a.ndim, a.dim, a.outer, len(a.segs)) == (b.ndim, b.dim, b.outer, len(b.segs)) and all(
-        (sa.n, sa.block) == (sb.n, sb.block) for sa, sb in zip(a.segs, b.segs)
+        (sa.n, sa.block) == (sb.n, sb.block) for sa, sb in zip(a.segs, b.segs, strict=False)
     )
 
 

@@ -51,11 +51,10 @@ import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-import torch
 
 from ...errors import ConfigError, SpecError, StateDictMismatchError
 from ..groups import GROUPS
-from ..spec import AxisBinding, Element, Probe, Space, StateDict, SymmetrySpec, _skips
+from ..spec import AxisBinding, Probe, Space, StateDict, SymmetrySpec, storage_key  # noqa: F401  (storage_key: re-export)
 from .structure import Attention, Slice, Structure
 
 ROLES = ("residual", "heads", "qk", "vo", "ffn", "ffn_scale", "hidden")
@@ -72,8 +71,8 @@ DEFAULTS: dict[str, str | None] = {
     "residual": "permutation", "heads": None, "qk": "permutation", "vo": "permutation", "ffn": "permutation",
     "ffn_scale": None, "hidden": "permutation",
 }
-_SELF_DUAL = {"permutation", "orthogonal", "head_orthogonal"}  # g^{-T} = g: both sides act alike
-_HEAD_GROUPS = {"head_orthogonal", "head_invertible"}
+_SELF_DUAL = {g for g in GROUPS if GROUPS.get(g).isometric}  # g^{-T} = g: both sides act alike
+_HEAD_GROUPS = {g for g in GROUPS if GROUPS.get(g).per_head}
 # positively homogeneous activations (f(s·x) = s·f(x) for s > 0): a non-GLU FFN can be rescaled per unit
 _HOMOGENEOUS = {"relu", "leaky_relu", "identity", "linear"}
 
@@ -82,90 +81,11 @@ Groups = str | Mapping[str, str | None]
 
 @dataclass(frozen=True, repr=False)
 class HFSymmetrySpec(SymmetrySpec):
-    """A :class:`SymmetrySpec` that knows tied tensors (``aliases``: alias key → primary key) and the
-    :class:`Structure` it was built from.
+    """A :class:`SymmetrySpec` that knows the :class:`Structure` it was built from. Tied tensors (``aliases``: alias
+    key → primary key), their checks and the fused permutation gathers are the IR's own
+    (:class:`~modeconn.symmetry.spec.SymmetrySpec`)."""
 
-    ``apply`` transforms the primary once and returns the *same* tensor object under the alias key, so tied
-    weights stay tied (values and, loaded into the model, storage). The alias key may be missing from a
-    state dict (``save_pretrained`` drops tied keys). ``validate`` also proves every alias really is tied
-    (same storage or equal values).
-    """
-
-    aliases: Mapping[str, str] = field(default_factory=dict)
     structure: Structure | None = field(default=None, compare=False, repr=False)
-
-    def _complete(self, state_dict: StateDict) -> StateDict:
-        missing = {a: p for a, p in self.aliases.items() if a not in state_dict and p in state_dict}
-        if not missing:
-            return state_dict
-        full = dict(state_dict)
-        full.update({a: state_dict[p] for a, p in missing.items()})
-        return full
-
-    def check_state_dict(self, state_dict: StateDict, what: str = "state dict") -> None:
-        super().check_state_dict(self._complete(state_dict), what)
-
-    def check_tied(self, state_dict: StateDict, what: str = "state dict") -> None:
-        """SpecError unless every alias present in ``state_dict`` equals its primary."""
-        for a, p in self.aliases.items():
-            if a in state_dict and p in state_dict:
-                ta, tp = state_dict[a], state_dict[p]
-                if ta is tp or (ta.shape == tp.shape and storage_key(ta) == storage_key(tp)):
-                    continue
-                if ta.shape != tp.shape or not torch.equal(ta, tp):
-                    raise SpecError(
-                        f"{what}: {a!r} is tied to {p!r} in the spec but the two tensors differ; "
-                        "untie them in the model and rebuild the spec"
-                    )
-
-    def apply(self, state_dict: StateDict, g: Element) -> dict[str, torch.Tensor]:
-        self.check_state_dict(state_dict)
-        self.check_element(g)
-        self.check_tied(state_dict)
-        out, cache = {}, {}
-        for key, t in state_dict.items():
-            primary = self.aliases.get(key)
-            out[key] = None if primary in state_dict else self.apply_tensor(key, t, g, cache=cache)
-        for key, value in out.items():
-            if value is None:
-                p = self.aliases[key]
-                out[key] = out[p] if out[p] is not None else self.apply_tensor(p, state_dict[p], g, cache=cache)
-        return out
-
-    def apply_tensor(self, key, t, g, skip=None, cache=None):
-        """As :meth:`SymmetrySpec.apply_tensor`, but all permutation bindings of one axis are fused into a single
-        index gather: transformer specs bind many per-head spaces to one tensor (a fused QKV weight carries
-        ~3·heads bindings), and one full copy per binding made ``apply`` and weight matching on a 160M model
-        take minutes. Bindings of one axis are disjoint, so the fused gather equals the sequential one exactly.
-        Anything else (continuous groups, parent/child spaces) goes to the base implementation."""
-        binds = self.tensors[key]
-        if skip is not None:
-            skips = _skips(skip)
-            binds = tuple(b for b in binds if not any(b is x for x in skips))
-        plan = self.permutation_gathers(key, t.shape, g, skip, t.device) if len(binds) >= 2 else None
-        if plan is None:
-            return super().apply_tensor(key, t, g, skip=skip, cache=cache)
-        for axis in sorted(plan):
-            t = t.index_select(axis, plan[axis])
-        return t
-
-    def validate(self, model_or_state_dict: torch.nn.Module | StateDict) -> None:
-        sd = (
-            model_or_state_dict.state_dict()
-            if isinstance(model_or_state_dict, torch.nn.Module)
-            else model_or_state_dict
-        )
-        super().validate(self._complete(sd))
-        for a, p in self.aliases.items():
-            if self.tensors.get(a):
-                raise SpecError(f"tied tensor {a!r} (alias of {p!r}) must not carry bindings of its own")
-        self.check_tied(sd)
-
-
-def storage_key(t: torch.Tensor) -> tuple:
-    """Identifies the memory ``t`` views: ``(device, data pointer)``; on the meta device, where every data pointer
-    is 0, the storage object itself (tied parameters of a model built on the meta device share one storage)."""
-    return (t.device, t.untyped_storage()._cdata if t.is_meta else t.data_ptr())
 
 
 def resolve_groups(groups: Groups) -> dict[str, str | None]:
@@ -269,7 +189,7 @@ def _build_residual(acc: _Acc, st: Structure, group: str, permute_outputs: bool)
     s = st.stream
     if s.is_output and not permute_outputs:
         return  # the stream is the model's output: acting on it would change the output
-    if group == "orthogonal":
+    if not GROUPS.get(group).exact:  # a continuous stream transform (orthogonal) commutes with scale-free RMS norms only
         bad = [n.path for n in s.norms if n.kind != "rms" or n.params()]
         if s.post_norm or bad:
             raise SpecError(

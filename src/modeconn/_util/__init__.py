@@ -1,0 +1,1 @@
+"""Shared infrastructure (internal): atomic file and directory writes, output-directory ownership."""

@@ -1,0 +1,95 @@
+"""Trust class 8 (issue #14) — ``--budget`` ignored.
+
+Every path method honours a gradient-evaluation budget: LLPF caps each tick's refinement at its fair share
+``⌊(budget − spent)/ticks left⌋`` (so the whole schedule fits; a budget below one step per tick is refused before
+any work), Bezier/polychain train exactly ``budget`` steps, AutoNEB stops before a step that would exceed it. The
+spend is stated (results.json ``budget``, report.md, the headline), the evaluation is bounded (an LLPF search
+stores at most ``max_points`` points; ``--eval-limit`` examples per split, default 2000) and stated, and long
+searches show a progress bar with ETA — or, without a terminal, a log line every few seconds.
+"""
+
+from __future__ import annotations
+
+import pytest
+from trust_helpers import digits, quick_run, trained_pair
+
+from modeconn import cli
+from modeconn.errors import ConfigError
+from modeconn.experiments.paths import find_path
+from modeconn.path import llpf as llpf_mod
+
+
+def assert_within_budget(path, budget: int) -> None:
+    """The check of this class: the search spent at most ``budget`` gradient evaluations."""
+    spent = path.compute["grad_evals"]
+    assert 0 < spent <= budget, f"{path.method}: {spent} gradient evaluations for a budget of {budget}"
+
+
+def _find(method, options, budget, **kw):
+    a, b = trained_pair()
+    return find_path(method, a, a.state_dict(), b.state_dict(), digits().train, options, budget=budget, **kw)
+
+
+def test_llpf_with_its_default_schedule_fits_the_budget_and_reaches_b():
+    path = _find("llpf", {"batch_size": 64}, 500, max_points=16)  # defaults: 500 ticks, up to 2000 steps each
+    assert_within_budget(path, 500)
+    info = path.info
+    assert info["ticks_done"] == 500 and info["reached_b"] and info["budget"] == 500
+    assert all(r["steps"] >= 1 for r in info["records"])  # every tick refined at least once
+    assert all(r["steps"] <= r.get("steps_cap", 2000) for r in info["records"])
+    assert len(path) <= 16 + 2 and info["settings"]["record_every"] == 32  # bounded storage and evaluation
+
+
+@pytest.mark.parametrize("method,options,budget", [
+    ("cross-sphere", {"ticks": 20, "m2o_max_ticks": 5, "step": 0.2, "batch_size": 64, "lr": 0.05}, 60),
+    ("bezier", {"lr": 0.05, "n_points": 5}, 40),
+    ("polychain", {"lr": 0.05, "n_points": 5}, 40),
+    ("autoneb", {"lr": 0.05, "steps_per_cycle": 5}, 40),
+    ("llpf", {"ticks": 10, "step": 0.3, "lr": 0.05, "threshold": -1.0, "batch_size": 64}, 37),  # never reached
+])
+def test_every_method_honours_the_budget(method, options, budget):
+    assert_within_budget(_find(method, options, budget), budget)
+
+
+def test_unspent_llpf_steps_roll_over_and_the_last_tick_gets_them():
+    path = _find("llpf", {"ticks": 10, "step": 0.3, "lr": 0.05, "threshold": -1.0, "batch_size": 64}, 37)
+    steps = [r["steps"] for r in path.info["records"]]
+    assert sum(steps) == 37 and steps[0] == 3 and steps[-1] == 4  # ⌊37/10⌋ first, the remainder rolls over
+
+
+def test_a_budget_that_cannot_pay_one_step_per_tick_is_refused_before_any_work():
+    with pytest.raises(ConfigError, match=r"budget of 100 .*ticks = 500"):
+        _find("llpf", {}, 100)
+    with pytest.raises(ConfigError, match=r"m2o_max_ticks \+ ticks = 1500"):
+        _find("cross-sphere", {}, 1000)
+    with pytest.raises(ConfigError, match="given twice"):
+        _find("llpf", {"budget": 300}, 500)
+
+
+def test_results_report_and_headline_state_the_spend_and_the_evaluation_size(tmp_path):
+    res = quick_run(tmp_path / "out", "llpf", {"ticks": 40, "step": 0.2, "lr": 0.05, "threshold": 0.3, "batch_size": 64},
+                    budget=120, max_points=8)
+    ev, n = res["evaluation"], res["summary"]["points"]
+    assert res["budget"] == {"requested": 120, "used": res["summary"]["grad_evals"], "honoured": True}
+    assert n <= 8 + 2 and ev["points"] == n and ev["models_evaluated"] == n + (n - 1) * 1
+    assert ev["examples"] == {"train": 200, "test": 200}
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "of a budget of 120" in report and f"{n} points" in report and "200 train and 200 test" in report
+    assert f"{res['summary']['grad_evals']} gradient evaluations (budget 120)" in res["headline"]
+
+
+def test_without_a_terminal_progress_is_logged_with_an_eta(capsys):
+    assert not cli.console.is_terminal  # pytest captures the output: no terminal
+    with cli._path_progress("search", log_every_s=0.0) as progress:
+        for i in range(1, 5):
+            progress(i, 4)
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if "search:" in ln]
+    assert len(lines) == 4 and "4/4 (100%)" in lines[-1] and all("ETA" in ln for ln in lines)
+
+
+def test_negative_control_an_llpf_that_ignores_the_budget_is_caught(monkeypatch):
+    monkeypatch.setattr(llpf_mod._Run, "_step_limits", lambda self: (self.cfg["max_steps"], self.cfg["min_steps"]))
+    path = _find("llpf", {"ticks": 10, "step": 0.3, "lr": 0.05, "threshold": -1.0, "max_steps": 20,
+                          "batch_size": 64}, 37)
+    with pytest.raises(AssertionError, match="200 gradient evaluations for a budget of 37"):
+        assert_within_budget(path, 37)
