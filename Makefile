@@ -10,7 +10,7 @@ export MODECONN_DATA
 OMP_NUM_THREADS ?= 1
 export OMP_NUM_THREADS
 
-.PHONY: demo test bench clean
+.PHONY: demo test test-fast lint bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -23,7 +23,15 @@ demo: $(STAMP)
 	$(VENV)/bin/modeconn demo
 
 test: $(STAMP)
+	$(VENV)/bin/ruff check src tests
 	$(PY) -m pytest -q
+
+# Local work: the fast tier (no tests marked slow or experiment), a few minutes on 2 cores.
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow and not experiment"
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests
 
 bench: $(STAMP)
 	$(PY) -m pip install -q rebasin

@@ -212,6 +212,7 @@ print(json.dumps({"digest": fixed_structure_digest(m), "keys": fixed_structure_k
 """
 
 
+@pytest.mark.slow
 def test_same_mask_seed_identical_bytes_across_processes():
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
     out = subprocess.run([sys.executable, "-c", _CHILD], check=False, capture_output=True, text=True, env=env, timeout=120)

@@ -26,6 +26,7 @@ def test_help_is_complete():
         assert "--help" in sub.output and len(sub.output) > 200
 
 
+@pytest.mark.slow
 def test_demo_writes_report(tmp_path):
     out = tmp_path / "demo"
     res = _run("demo", "--out", out, "--epochs", "3")

@@ -399,6 +399,7 @@ def test_unknown_dataset_lists_valid_names():
     assert set(DATASETS.names()) == {"digits", "mnist", "fashion-mnist", "cifar10", "cifar100"}
 
 
+@pytest.mark.slow
 def test_split_indices_deterministic():
     tr, va = split_indices(100, 0.2, 0)
     tr2, va2 = split_indices(100, 0.2, 0)

@@ -21,7 +21,7 @@ from cli_runner import run_cli
 from modeconn._util.outdir import MARKER
 from modeconn.errors import ConfigError
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
 TESTS = Path(__file__).resolve().parent
 TOL = 1e-4
@@ -146,16 +146,16 @@ def test_dual_matching_refuses_distributed_without_a_group_before_any_work(probl
 def test_matching_progress_bar_shows_steps_and_loss(monkeypatch):
     from rich.console import Console
 
-    from modeconn import cli
+    from modeconn.cli import _app as cli
 
     console = Console(record=True, force_terminal=True, width=120)
     monkeypatch.setattr(cli, "console", console)
-    with cli._matching_progress("dual matching") as progress:
+    with cli.progress_bar() as progress:
         for step in range(1, 4):
-            progress(step, 3, 2.0 / step)
+            progress("dual matching", step, 3, loss=2.0 / step)
     text = console.export_text()
     assert "dual matching" in text and "3/3" in text and "loss 0.6667" in text
-    with cli._matching_progress("dual matching", enabled=False) as progress:
+    with cli.progress_bar(enabled=False) as progress:
         assert progress is None
 
 

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from modeconn.cli import app
 from modeconn.path import Path
 
-pytestmark = pytest.mark.usefixtures("one_thread", "shared_data")
+pytestmark = [pytest.mark.experiment, pytest.mark.usefixtures("one_thread", "shared_data")]
 
 
 def test_quick_llpf_experiment_meets_the_acceptance_checks(tmp_path):

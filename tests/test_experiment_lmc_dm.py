@@ -9,7 +9,7 @@ import pytest
 import torch
 from cli_runner import run_cli
 
-pytestmark = pytest.mark.usefixtures("one_thread", "shared_data")
+pytestmark = [pytest.mark.experiment, pytest.mark.usefixtures("one_thread", "shared_data")]
 
 
 def test_quick_lmc_dm_learned_matching_lowers_the_barrier_and_keeps_the_endpoints(tmp_path):

@@ -13,7 +13,7 @@ from cli_runner import run_cli
 from modeconn.errors import ConfigError
 from modeconn.models import build_model
 
-pytestmark = pytest.mark.usefixtures("one_thread", "shared_data")
+pytestmark = [pytest.mark.experiment, pytest.mark.usefixtures("one_thread", "shared_data")]
 
 
 def test_quick_lmc_dm_vit_lowers_the_loss_and_accuracy_barriers_and_keeps_the_endpoints(tmp_path):

@@ -9,7 +9,7 @@ import json
 import pytest
 from cli_runner import run_cli
 
-pytestmark = pytest.mark.usefixtures("one_thread", "shared_data")
+pytestmark = [pytest.mark.experiment, pytest.mark.usefixtures("one_thread", "shared_data")]
 
 
 def test_quick_transformer_wm_lowers_the_barrier_and_recovers_planted_minilm(tmp_path):

@@ -10,6 +10,8 @@ from typer.testing import CliRunner
 
 from modeconn.cli import app
 
+pytestmark = pytest.mark.experiment
+
 runner = CliRunner()
 
 

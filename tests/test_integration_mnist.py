@@ -10,6 +10,8 @@ from modeconn.data import load_dataset, make_loader
 from modeconn.models import build_model
 from modeconn.train import TrainConfig, fit
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def mnist_pair(shared_data):

@@ -288,6 +288,7 @@ def test_cross_sphere_reaches_the_destination_sphere_then_connects():
 # ------------------------------------------------------------------------------------- functional
 
 
+@pytest.mark.slow
 def test_llpf_path_on_digits_has_a_much_lower_peak_than_the_linear_path():
     ds = load_dataset("digits")
     sds = []

@@ -248,16 +248,16 @@ def test_learned_and_weight_progress_use_the_protocol():
 def test_cli_progress_adapters_take_the_protocol(monkeypatch):
     from rich.console import Console
 
-    from modeconn import cli
+    from modeconn.cli import _app as cli
 
     console = Console(record=True, force_terminal=True, width=120)
     monkeypatch.setattr(cli, "console", console)
-    with cli._matching_progress("dual matching") as progress:
+    with cli.progress_bar() as progress:
         for step in range(1, 4):
             progress("dual matching", step, 3, loss=2.0 / step, lam=0.5)
     text = console.export_text()
     assert "3/3" in text and "loss 0.6667" in text
-    with cli._stage_progress() as progress:
+    with cli.progress_bar() as progress:
         progress("run 1/1 sweep 1", 2, 2, objective=1.0)
 
 

@@ -36,6 +36,7 @@ def _results(out):
     return json.loads((out / "results.json").read_text())
 
 
+@pytest.mark.slow
 def test_every_method_through_the_cli_gives_a_saved_path_with_the_checkpoints_as_endpoints(pair):
     peaks = {}
     for method, extra in [("linear", []), ("llpf", LLPF_OPTS), ("bezier", ["--budget", "60", "-o", "lr=0.05"]),

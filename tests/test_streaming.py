@@ -254,6 +254,7 @@ def test_permutation_gathers_equal_apply_tensor(pair):
 
 # ------------------------------------------------------------------------------------- weight matching
 @pytest.mark.parametrize("name", FAMILIES)
+@pytest.mark.slow
 def test_streaming_wm_equals_in_memory(pair, name):
     da, db, ma, mb = pair(name)
     spec = hf_checkpoint_spec(da)

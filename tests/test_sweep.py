@@ -91,6 +91,7 @@ def test_a_killed_sweep_resumes_without_recomputing_finished_runs(tmp_path):
         sw.run_sweep(_cfg(x=[5]), out, backend="sequential")
 
 
+@pytest.mark.slow
 def test_ray_and_sequential_backends_give_the_same_table_on_a_2x2_barrier_grid(tmp_path):
     cfg_file = tmp_path / "grid.toml"
     cfg_file.write_text(GRID)

@@ -105,6 +105,7 @@ def x_train_head(bundle, n):
     return bundle.train.tensors[0][:n]
 
 
+@pytest.mark.slow
 def test_austen_loader_real_data(shared_data):
     b = load_dataset("austen", vocab_size=VOCAB, context_length=64)
     assert b.name == "austen" and b.num_classes == VOCAB and b.input_shape == (64,)
@@ -204,6 +205,7 @@ def test_per_token_loss_and_accuracy_are_weighted_by_tokens():
     assert evaluate(Fixed(), TensorDataset(rows, y), batch_size=2)["loss"] == pytest.approx(m["loss"], rel=1e-6)
 
 
+@pytest.mark.slow
 def test_fit_lowers_heldout_loss_and_checkpoint_round_trip(small, tmp_path):
     model = _tiny_lm(small)
     before = evaluate(model, small.test)
@@ -251,6 +253,7 @@ def test_evaluate_path_between_two_language_models(small):
 # ------------------------------------------------------------------------------------------------- CLI
 
 
+@pytest.mark.slow
 def test_cli_trains_a_language_model_and_writes_the_tokenizer(tmp_path, shared_data):
     out = tmp_path / "lm"
     args = ["train", "--out", out, "--model", "gpt-neox-tiny", "--dataset", "austen", "--data", shared_data,

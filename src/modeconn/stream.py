@@ -43,6 +43,7 @@ from .io_stream import INDEX_NAME, LazyCheckpoint, write_like
 from .match.result import Alignment
 from .match.weight import weight_matching
 from .path.interpolate import merge_weights, weighted_average
+from .path.merge_rules import MERGE_RULES
 from .symmetry import Element, SymmetrySpec
 
 PathLike = str | os.PathLike
@@ -242,7 +243,7 @@ def stream_apply(spec: SymmetrySpec, src: Checkpoint, element: Element, out: Pat
 def stream_merge(spec: SymmetrySpec, srcs: Sequence[Checkpoint], out: PathLike, *,
                  weights: Sequence[float] | None = None, elements: Sequence[Element | None] | None = None,
                  files: Mapping[str, Any] | None = None, overwrite: bool = False,
-                 progress: Progress | None = None, normalize: bool = True) -> Path:
+                 progress: Progress | None = None, normalize: bool = True, rule: str = "linear") -> Path:
     """Write ``Σ_i w_i · (g_i · θ_i)`` of two or more checkpoints to ``out``, tensor by tensor, in the first one's
     layout (as :func:`modeconn.path.interpolate.weighted_average`: fp32 accumulation, the first model's dtype,
     integer tensors kept exactly, every floating tensor by the same rule).
@@ -254,6 +255,7 @@ def stream_merge(spec: SymmetrySpec, srcs: Sequence[Checkpoint], out: PathLike, 
         elements: per model the group element to apply first (``None``: as stored), e.g. from
             :func:`stream_weight_matching` against the first model.
         files, overwrite, progress: as in :func:`stream_apply`.
+        rule: the merge rule applied to each tensor (:data:`~modeconn.path.merge_rules.MERGE_RULES`; ``linear``).
     Returns: ``out``, created atomically. Peak memory: one tensor per model plus the fp32 sum.
     Raises: ConfigError (fewer than two models, bad weights, elements not one per model), StateDictMismatchError
         (keys/shapes differ), SpecError, CheckpointError; NonFiniteError naming the model and tensor with NaN/Inf
@@ -263,6 +265,7 @@ def stream_merge(spec: SymmetrySpec, srcs: Sequence[Checkpoint], out: PathLike, 
     if len(ckpts) < 2:
         raise ConfigError(f"merging needs at least two checkpoints, got {len(ckpts)}")
     weights = merge_weights(weights, len(ckpts), normalize=normalize)  # before any work
+    MERGE_RULES.get(rule)
     elements = list(elements) if elements is not None else [None] * len(ckpts)
     if len(elements) != len(ckpts):
         raise ConfigError(f"elements must have one entry (or None) per checkpoint: {len(elements)} for {len(ckpts)}")
@@ -274,7 +277,7 @@ def stream_merge(spec: SymmetrySpec, srcs: Sequence[Checkpoint], out: PathLike, 
         sds = [{key: _tensor(spec, c, key, g, cache)} for c, g, cache in zip(ckpts, elements, caches)]
         for sd, name in zip(sds, names):
             check_finite(sd, name)
-        return weighted_average(sds, weights, check=False, normalize=False)[key]
+        return weighted_average(sds, weights, check=False, normalize=False, rule=rule)[key]
 
     tick = (lambda d, t: progress("writing", d, t)) if progress is not None else None
     return write_like(out, ckpts[0], produce, files=files, overwrite=overwrite, progress=tick,
@@ -334,10 +337,11 @@ def align_hf_checkpoints(a: PathLike, b: PathLike, out: PathLike, *, seed: int =
 def merge_hf_checkpoints(paths: Sequence[PathLike], out: PathLike, *, weights: Sequence[float] | None = None,
                          align: str = "weight", seed: int = 0, restarts: int = 4, max_iter: int = 100,
                          chunk: int = 1 << 20, overwrite: bool = False,
-                         progress: Progress | None = None, normalize: bool = True) -> dict[str, Any]:
+                         progress: Progress | None = None, normalize: bool = True,
+                         rule: str = "linear") -> dict[str, Any]:
     """Merge Hugging Face checkpoints: align every one to the first (``align="weight"``: streaming weight matching;
     ``"none"``: as stored), then write the weighted average to ``out`` (the first one's layout and side files, plus
-    ``merge.json``: sources, weights as used, alignment objectives and stats); ``weights``/``normalize`` as in
+    ``merge.json``: sources, weights as used, alignment objectives and stats); ``weights``/``normalize``/``rule`` as in
     :func:`stream_merge`. Returns that record.
     Raises: ConfigError (align not weight/none, fewer than two models, bad weights) and as
     :func:`align_hf_checkpoints`.
@@ -348,6 +352,7 @@ def merge_hf_checkpoints(paths: Sequence[PathLike], out: PathLike, *, weights: S
     if len(paths) < 2:
         raise ConfigError(f"merging needs at least two checkpoints, got {len(paths)}")
     w = merge_weights(weights, len(paths), normalize=normalize)  # checked before heavy work
+    MERGE_RULES.get(rule)
     spec, ckpts = _open_pair(paths, out, overwrite)
     elements: list[Element | None] = [None]
     alignments = []
@@ -360,9 +365,10 @@ def merge_hf_checkpoints(paths: Sequence[PathLike], out: PathLike, *, weights: S
                               progress=tick)
         elements.append(res.element)
         alignments.append({"model": str(paths[i]), "objective": res.objective, "stats": res.stats})
-    record = {"merged_from": [str(p) for p in paths], "weights": w, "align": align, "alignments": alignments}
-    stream_merge(spec, ckpts, out, weights=w, normalize=False, elements=elements, files={**side_files(paths[0]), "merge.json": record},
-                 overwrite=overwrite, progress=progress)
+    record = {"merged_from": [str(p) for p in paths], "weights": w, "rule": rule, "align": align,
+              "alignments": alignments}
+    stream_merge(spec, ckpts, out, weights=w, normalize=False, elements=elements, rule=rule,
+                 files={**side_files(paths[0]), "merge.json": record}, overwrite=overwrite, progress=progress)
     return record
 
 

@@ -91,6 +91,7 @@ def assert_validate_names(spec: SymmetrySpec, model: nn.Module, *keys: str) -> N
     raise AssertionError(f"validate accepted a spec that misses/duplicates {list(keys)}")
 
 
+@pytest.mark.slow
 def test_complete_handwritten_spec_is_valid_and_equals_the_traced_one():
     model, x = _bottleneck()
     spec = SymmetrySpec.from_axes(SIZES, _axes())

@@ -10,6 +10,8 @@ The recovery rates are measured on 20 planted permutations, printed and recorded
 
 from __future__ import annotations
 
+import pytest
+
 import json
 
 import torch
@@ -27,6 +29,7 @@ VARIANTS = {
 }
 
 
+@pytest.mark.slow
 def test_default_recovers_planted_permutations_where_plain_descent_stalls(record_property):
     model = res_mlp(0, width=32, blocks=8, hidden=64)  # a 32-wide stream, 8 blocks with 64 hidden units
     spec = mc.symmetry_spec(model, torch.randn(2, 10))

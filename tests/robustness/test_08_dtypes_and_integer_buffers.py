@@ -102,7 +102,7 @@ def test_output_dtypes_equal_input_dtypes(dtype):
 
 
 def test_negative_control_result_left_in_fp32_is_caught(monkeypatch):
-    monkeypatch.setattr(interp_mod, "_checked_cast", lambda t, dtype, key: t)  # broken: no cast back
+    monkeypatch.setattr(interp_mod, "checked_cast", lambda t, dtype, key: t)  # broken: no cast back
     a, b = _pair()
     spec = mc.symmetry_spec(a, torch.randn(4, 6))
     half = lambda sd: {k: v.half() if v.is_floating_point() else v for k, v in sd.items()}
@@ -141,7 +141,7 @@ def test_mixed_half_precisions_follow_the_documented_rule(first, second):
 
 
 def test_negative_control_silent_fp16_overflow_is_caught(monkeypatch):
-    monkeypatch.setattr(interp_mod, "_checked_cast", lambda t, dtype, key: t.to(dtype))  # broken: no overflow guard
+    monkeypatch.setattr(interp_mod, "checked_cast", lambda t, dtype, key: t.to(dtype))  # broken: no overflow guard
     with pytest.raises(pytest.fail.Exception, match="DID NOT RAISE"):
         check_mixed_rule(torch.float16, torch.bfloat16)
 

@@ -199,6 +199,7 @@ _KILLED_WRITER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_sigkill_while_overwriting_a_checkpoint(tmp_path):
     target = save_checkpoint(tmp_path / "ckpt", _model(0), metrics={"acc": 0.5})
     before = snapshot(target)

@@ -63,6 +63,7 @@ def check_architecture(model: nn.Module, x: torch.Tensor, seed: int) -> None:
 
 @settings(max_examples=60, deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(arch=architectures(), seed=st.integers(0, 2**16))
+@pytest.mark.slow
 def test_random_architectures(arch, seed):
     check_architecture(*build(arch), seed)
 

@@ -188,6 +188,7 @@ _KILLED_SEARCH = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_sigkill_during_an_overwriting_search_leaves_the_old_result_and_resume_finishes(tmp_path):
     a, b = save_pair(tmp_path)
     out = tmp_path / "out"

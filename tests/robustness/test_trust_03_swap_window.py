@@ -79,6 +79,7 @@ def test_exchange_is_atomic_on_this_system(tmp_path):
 
 
 @pytest.mark.parametrize("moment", ["between renames", "after exchange", "mid-write"])
+@pytest.mark.slow
 def test_kill_during_overwrite_is_repaired_by_the_next_run(tmp_path, moment):
     out = _first_run(tmp_path)
     assert _run_child(out, moment) == 9
@@ -119,6 +120,7 @@ def test_concurrent_runs_use_distinct_temporaries(tmp_path):
     no_leftovers(out)
 
 
+@pytest.mark.slow
 def test_negative_control_without_repair_the_output_is_lost(tmp_path, monkeypatch):
     out = _first_run(tmp_path)
     assert _run_child(out, "between renames") == 9

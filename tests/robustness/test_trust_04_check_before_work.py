@@ -9,11 +9,11 @@ alignment then runs before the refusal.
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 import pytest
 
-import modeconn.cli as cli_mod
 import modeconn.experiments.compare as compare_mod
 import modeconn.experiments.merge as merge_mod
 import modeconn.io as io_mod
@@ -25,6 +25,9 @@ from modeconn.experiments.merge import run_merge
 from modeconn.io import save_checkpoint
 from modeconn.models import build_model
 from modeconn.stream import align_hf_checkpoints, merge_hf_checkpoints
+
+
+merge_recipe_mod = importlib.import_module("modeconn.recipes.merge")  # the module, not the function
 
 
 class HeavyWork(RuntimeError):
@@ -116,7 +119,7 @@ def test_train_refuses_out_before_loading_data(taken, monkeypatch):
 
 def test_negative_control_late_check_runs_the_alignment_first(ckpts, taken, armed):
     """Without the early checks (the behaviour before the fix) the alignment runs and only then is --out refused."""
-    armed.setattr(cli_mod, "_check_out", lambda out, inputs, overwrite: None)
+    armed.setattr(merge_recipe_mod, "check_output_target", lambda out, **kw: out)
     armed.setattr(merge_mod, "check_output_target", lambda out, **kw: out)
     armed.setattr(io_mod, "load_state_dict", _real_load_state_dict)
     res = run_cli(*_argvs(*ckpts, taken)["merge"], ok=False)

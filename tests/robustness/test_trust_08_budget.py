@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 from trust_helpers import digits, quick_run, trained_pair
 
-from modeconn import cli
+from modeconn.cli import _app as cli_app
 from modeconn.errors import ConfigError
 from modeconn.experiments.paths import find_path
 from modeconn.path import llpf as llpf_mod
@@ -79,10 +79,10 @@ def test_results_report_and_headline_state_the_spend_and_the_evaluation_size(tmp
 
 
 def test_without_a_terminal_progress_is_logged_with_an_eta(capsys):
-    assert not cli.console.is_terminal  # pytest captures the output: no terminal
-    with cli._path_progress("search", log_every_s=0.0) as progress:
+    assert not cli_app.console.is_terminal  # pytest captures the output: no terminal
+    with cli_app.progress_bar(log_every_s=0.0) as progress:
         for i in range(1, 5):
-            progress(i, 4)
+            progress("search", i, 4)
     lines = [ln for ln in capsys.readouterr().out.splitlines() if "search:" in ln]
     assert len(lines) == 4 and "4/4 (100%)" in lines[-1] and all("ETA" in ln for ln in lines)
 

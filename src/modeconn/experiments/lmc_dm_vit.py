@@ -17,10 +17,7 @@ the cross-entropy (nats), the same of the error ``1 − acc`` (``acc_barrier_mea
 point relative to the endpoints' mean), and ``min_acc``, the lowest test accuracy anywhere on the λ grid (the
 paper's "ViT-L keeps > 69 % top-1 along the whole path" statistic).
 
-Measured (full size, ``docs/results/lmc-dm-vit``; endpoints 85.9 % / 86.2 % test accuracy): test-loss
-``barrier_mean`` naive 1.94, WM 0.287, one-sided learned 0.078, dual 0.108; lowest accuracy on the path 23 %,
-74 %, 83 %, 82 %. Dual matching without QK 0.133, without OV 0.134, without the residual rotation 0.211: each
-removal raises the barrier. At this step budget dual matching does not beat one-sided matching here.
+Measured results (they drift with versions) live in the generated ``docs/results/lmc-dm-vit/`` report.
 
 The full size also runs the planted-MiniLM check of dual matching
 (:func:`modeconn.experiments.planted_dm.planted_minilm_dual`, :attr:`ViTDMSize.minilm`); the quick size leaves
@@ -28,8 +25,7 @@ it to its own test.
 
 Sizes (:data:`SIZES`; both use 7 × 7 patches, i.e. 16 patch tokens + CLS): ``--quick`` (CI, about a minute on
 two shared cores: 6,000 training images for 3 epochs, 40 matching steps, 500 test images) and the full size (all
-54,000 training images for 3 epochs, 300 matching steps, 2,000 test images, and the planted MiniLM; 735 s on one
-core of a shared 2-core machine, 309 s of it the MiniLM).
+54,000 training images for 3 epochs, 300 matching steps, 2,000 test images, and the planted MiniLM).
 
 Writes ``results.json``, ``report.md`` and ``vit_dm_barrier.png`` (held-out loss and accuracy vs λ for the main
 methods).

@@ -18,6 +18,7 @@ from ..symmetry import SymmetrySpec, symmetry_spec
 from .batchnorm import check_bn_policy, check_bn_statistics, fixed_batches, reset_bn_stats
 from .curve import Curve
 from .interpolate import interpolate, merge_weights, weighted_average
+from .merge_rules import MERGE_RULES
 from .repair import channel_stats, interpolated_targets, repair_model
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -222,8 +223,10 @@ def merge(
     bn_batches: int | None = None,
     spec: SymmetrySpec | None = None,
     normalize: bool = True,
+    rule: str = "linear",
 ) -> dict[str, torch.Tensor]:
-    """Merge aligned models: ``Σ_i w_i θ_i`` (uniform weights by default), then fix BatchNorm.
+    """Merge aligned models: ``Σ_i w_i θ_i`` (uniform weights by default; another merge rule with ``rule``), then fix
+    BatchNorm.
 
     Args:
         state_dicts: two or more *aligned* state dicts of one architecture (align them first, e.g.
@@ -238,6 +241,7 @@ def merge(
             model's statistics) or ``repair`` (REPAIR with the endpoints' channel statistics, folded back
             into the weights).
         bn_loader, bn_batches, spec: as in :func:`evaluate_path`.
+        rule: the merge rule (:data:`~modeconn.path.merge_rules.MERGE_RULES`; ``linear``: the weighted average).
     Returns: the merged state dict (input dtypes kept). With a model, W-asymmetric fixed structure is the first
     model's (checked identical in all) and integer buffers are never averaged.
     Raises: ConfigError (bad weights naming the entry, bn policy, missing bn_loader), StateDictMismatchError,
@@ -253,13 +257,15 @@ def merge(
     for sd, name in zip(state_dicts, names):
         check_finite(sd, name)
     weights = merge_weights(weights, len(state_dicts), normalize=normalize)
+    MERGE_RULES.get(rule)  # a typo names the rules before any work
     if model is None:
         if bn == "repair":
             raise ConfigError("bn='repair' needs model= and bn_loader=")
-        return weighted_average(state_dicts, weights, check=False, normalize=False)
+        return weighted_average(state_dicts, weights, check=False, normalize=False, rule=rule)
     check_compatible([model.state_dict(), state_dicts[0]], ["model", names[0]])
     check_fixed_structure(model, state_dicts, names)
-    merged = weighted_average(state_dicts, weights, check=False, normalize=False, keep=fixed_structure_keys(model))
+    merged = weighted_average(state_dicts, weights, check=False, normalize=False, keep=fixed_structure_keys(model),
+                              rule=rule)
     bench = _Workbench(model, bn, bn_loader, bn_batches, spec)
     targets = None
     if bn == "repair":

@@ -26,6 +26,7 @@ import torch
 from ..checks import check_compatible, check_one_device, is_interpolable
 from ..errors import ConfigError, NonFiniteError
 from ..io import check_dtype_kinds
+from .merge_rules import MERGE_RULES
 
 StateDict = Mapping[str, torch.Tensor]
 
@@ -51,10 +52,11 @@ def _as_dtype(t: torch.Tensor, like: torch.Tensor, key: str) -> torch.Tensor:
     """``t`` in ``like``'s dtype (the same object when it already is), NonFiniteError on fp16 overflow."""
     if t.dtype == like.dtype:
         return t
-    return _checked_cast(t, like.dtype, key)
+    return checked_cast(t, like.dtype, key)
 
 
-def _checked_cast(t: torch.Tensor, dtype: torch.dtype, key: str) -> torch.Tensor:
+def checked_cast(t: torch.Tensor, dtype: torch.dtype, key: str) -> torch.Tensor:
+    """``t`` cast to ``dtype``; NonFiniteError naming ``key`` when the cast to float16 overflows a finite value."""
     out = t.to(dtype)
     if dtype == torch.float16 and not torch.isfinite(out).all() and torch.isfinite(t).all():
         raise NonFiniteError(
@@ -112,7 +114,7 @@ def weights_sum_to_one(weights: Sequence[float]) -> bool:
 
 def weighted_average(
     state_dicts: Sequence[StateDict], weights: Sequence[float] | None = None, *, check: bool = True,
-    normalize: bool = True, keep: Iterable[str] = (),
+    normalize: bool = True, keep: Iterable[str] = (), rule: str = "linear",
 ) -> dict[str, torch.Tensor]:
     """``Σ_i w_i θ_i`` per floating tensor (fp32 accumulation, fp64 for fp64 tensors, cast to the first
     model's dtype); integer buffers and the keys in ``keep`` (shared fixed structure, e.g. W-asymmetric masks)
@@ -123,6 +125,8 @@ def weighted_average(
         state_dicts: one or more state dicts with the same keys and shapes; never mutated.
         weights: see :func:`merge_weights` (default uniform); ``normalize`` as there.
         check: compare keys/shapes/devices first.
+        rule: the merge rule combining each floating tensor (:data:`~modeconn.path.merge_rules.MERGE_RULES`; default
+            ``linear``, the weighted average).
         keep: keys copied from the first model unchanged (``modeconn.merge`` passes the W-asymmetric fixed
             structure of its ``model``; without it, weights that do not sum to 1 scale those buffers too).
     Raises: ConfigError (bad weights, see :func:`merge_weights`), StateDictMismatchError / DeviceMismatchError,
@@ -130,12 +134,13 @@ def weighted_average(
     """
     if not state_dicts:
         raise ConfigError("need at least one state dict to average")
+    merge_rule = MERGE_RULES.get(rule)
     weights = merge_weights(weights, len(state_dicts), normalize=normalize)
     if check:
         check_compatible(state_dicts)
         check_one_device(state_dicts)
     check_dtype_kinds(state_dicts)  # always (cheap): averaging int32 bytes read over float32 weights is never right
-    exact_if_equal = weights_sum_to_one(weights)
+    exact_if_equal = merge_rule.affine and weights_sum_to_one(weights)
     keep = set(keep)
     first = state_dicts[0]
     out = {}
@@ -145,14 +150,7 @@ def weighted_average(
         elif exact_if_equal and all(torch.equal(t, sd[k]) for sd in state_dicts[1:]):
             out[k] = t  # Σ w_i·θ = θ exactly (no rounding) when Σ w_i = 1
         else:
-            out[k] = _combine([sd[k] for sd in state_dicts], weights, k)
+            out[k] = merge_rule.combine([sd[k] for sd in state_dicts], weights, k)
     return out
 
 
-def _combine(tensors: Sequence[torch.Tensor], weights: Sequence[float], key: str) -> torch.Tensor:
-    """``Σ_i w_i t_i`` accumulated in fp32 (fp64/complex128 in their own precision), cast to ``tensors[0]``'s dtype."""
-    t = tensors[0]
-    acc = torch.zeros(t.shape, dtype=torch.promote_types(t.dtype, torch.float32), device=t.device)
-    for w, x in zip(weights, tensors):
-        acc.add_(x.to(acc.dtype), alpha=w)
-    return _checked_cast(acc, t.dtype, key)

@@ -1,0 +1,112 @@
+"""The typer app and what every command shares: the console, errors, option parsing, the output check, progress."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                           TimeRemainingColumn)
+
+from ..errors import ModeconnError
+
+app = typer.Typer(
+    help="modeconn: mode connectivity for PyTorch — align, interpolate, measure barriers, merge.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+console = Console(soft_wrap=True)
+
+DATA_HELP = "data directory (default: $MODECONN_DATA, then standard places; see README 'Data')"
+OVERWRITE_HELP = "replace a non-empty --out, if modeconn wrote it (inputs and other folders are never replaced)"
+
+
+def fail(err: Exception) -> None:
+    """Print ``err`` and exit with status 2 (the status of every refused input)."""
+    console.print(f"[bold red]error:[/] {err}")
+    raise typer.Exit(code=2)
+
+
+@contextmanager
+def errors_exit() -> Iterator[None]:
+    """Turn a :class:`ModeconnError` raised inside the block into ``error: …`` and exit status 2."""
+    try:
+        yield
+    except ModeconnError as err:
+        fail(err)
+
+
+def log(message: str) -> None:
+    console.log(message)
+
+
+def parse_kv(items: list[str], what: str) -> dict[str, Any]:
+    """``["k=v", …]`` → ``{k: json-or-string v}``; BadParameter naming ``what`` for an item without ``=``."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise typer.BadParameter(f"{what} must look like key=value, got {item!r}")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def check_out(out: Path | None, inputs, overwrite: bool) -> None:
+    """Before any work: --out must not be, contain or lie inside an input, and a non-empty --out is replaced only
+    with --overwrite and only if modeconn wrote it (ConfigError naming the reason)."""
+    from .._util.outdir import check_output_target
+
+    if out is not None:
+        check_output_target(out, inputs=[p for p in inputs if p is not None], overwrite=overwrite)
+
+
+def written(out: Path, contents: str, what: str = "outputs") -> None:
+    console.print(f"[bold green]{what} written to[/] {Path(out).resolve()}  ({contents})")
+
+
+@contextmanager
+def progress_bar(enabled: bool = True, log_every_s: float = 10.0):
+    """The one progress adapter: yields ``progress(stage, done, total, **metrics)`` (the protocol of
+    :mod:`modeconn.match.progress`), one bar per stage with its metrics, elapsed time and ETA; without a terminal
+    (a log file, CI) a plain log line every ``log_every_s`` seconds and at each stage's end. Yields None when not
+    ``enabled`` (ranks other than 0)."""
+    if not enabled:
+        yield None
+        return
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("{task.fields[metrics]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+                  console=console, transient=True, disable=not console.is_terminal) as bar:
+        state: dict[str, Any] = {}
+
+        def update(stage: str, done: int, total: int | None = None, **metrics: Any) -> None:
+            now = time.monotonic()
+            if state.get("stage") != stage or done < state.get("done", 0):
+                if "task" in state:
+                    bar.remove_task(state["task"])
+                state.update(stage=stage, task=bar.add_task(stage, total=total, metrics=""), start=now, logged=now)
+            text = "  ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items())
+            state["done"] = done
+            bar.update(state["task"], completed=done, total=total, metrics=text)
+            if not console.is_terminal and (now - state["logged"] >= log_every_s or done == total):
+                state["logged"] = now
+                eta = (now - state["start"]) / max(done, 1) * max((total or done) - done, 0)
+                share = f" ({100 * done / total:.0f}%)" if total else ""
+                console.log(f"{stage}: {done}/{total if total is not None else '?'}{share} {text} "
+                            f"({now - state['start']:.0f} s elapsed, ETA {eta:.0f} s)")
+
+        yield update
+
+
+def two_arg(progress, stage: str):
+    """Adapt the one protocol to a callee reporting ``progress(done, total)`` (path search and evaluation)."""
+    return None if progress is None else (lambda done, total: progress(stage, done, total))

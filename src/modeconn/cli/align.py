@@ -1,0 +1,72 @@
+"""``modeconn align``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from ._app import DATA_HELP, OVERWRITE_HELP, app, console, errors_exit, log, progress_bar
+from ._print import show
+
+
+def _method_help() -> str:
+    from ..match.methods import ALIGNMENT_METHODS
+    from ..recipes.align import IN_MEMORY, LANGUAGE_MODEL
+
+    entries = [ALIGNMENT_METHODS.get(m) for m in IN_MEMORY + LANGUAGE_MODEL]
+    return ("alignment method: " + "; ".join(f"{m.name} — {m.summary}" for m in entries)
+            + " (one-sided and dual: language models only; learned on language models: deprecated name of one-sided)")
+
+
+@app.command()
+def align(
+    a: Path = typer.Argument(..., help="checkpoint directory of the reference model A"),
+    b: Path = typer.Argument(..., help="checkpoint directory of model B (to be permuted into A's basin)"),
+    out: Path = typer.Option(..., help="checkpoint directory for the aligned B (plus alignment.json)"),
+    method: str = typer.Option("weight", help=_method_help()),
+    dataset: str | None = typer.Option(None, help="dataset for activation/learned matching (default: A's)"),
+    data: Path | None = typer.Option(None, help=DATA_HELP),
+    limit_train: int | None = typer.Option(None, min=1),
+    seed: int = typer.Option(0),
+    steps: int = typer.Option(200, min=1, help="language models (dual / one-sided): Adam steps of learned matching"),
+    lr: float = typer.Option(0.01, help="language models (dual / one-sided): Adam learning rate of the transforms"),
+    lambda_schedule: str = typer.Option("uniform", help="language models: λ per step: uniform, narrow or fixed"),
+    lambda_value: float = typer.Option(0.5, help="language models: centre λ₀ ∈ [0, 1] of the narrow / fixed schedule"),
+    parameterization: str = typer.Option("cayley", help="language models: cayley, matrix_exp or unconstrained"),
+    batch_size: int = typer.Option(16, min=1, help="language models: training blocks per learned-matching step"),
+    restarts: int | None = typer.Option(None, min=1, help="Hugging Face directories: weight-matching runs (default 4)"),
+    max_iter: int | None = typer.Option(None, min=1, help="Hugging Face directories: sweeps per run (default 100)"),
+    overwrite: bool = typer.Option(False, help=OVERWRITE_HELP),
+) -> None:
+    """Align B to A and write the aligned B as a checkpoint directory.
+
+    The aligned B computes the same function as B (checked on an input batch); alignment.json records
+    the group element, objective and timings.
+
+    Hugging Face checkpoint directories (config.json with model_type; model.safetensors or shards with
+    model.safetensors.index.json), e.g. Pythia / GPT-2 / Llama: streaming weight matching (--method weight only)
+    that reads one tensor at a time, so models larger than memory work; permutation groups (residual, per-head
+    q·k and v·o, FFN), no normalization absorption. --out gets B's layout (same shard files and index), B's
+    config.json and other side files, and alignment.json. Try --restarts 1 --max-iter 2 on large models
+    (benchmarks/bench_stream_wm.py).
+
+    Language-model checkpoints (gpt-neox-tiny) with --method dual (LMC-DM, METHODS.md §3) or one-sided: both
+    models are absorbed (normalizations folded), the full group is bound (orthogonal residual, head permutation,
+    per-head invertible QK / OV, FFN permutation), weight matching gives the discrete parts and the start, and the
+    continuous transforms are learned on the training split. --out then holds a/ and b/ (the transformed absorbed
+    endpoints; load with modeconn.symmetry.load_absorbed), transforms.safetensors and alignment.json.
+    Multi-process: `torchrun --standalone --nproc_per_node N -m modeconn align ...` splits every batch over the N
+    processes (--batch-size ≥ N; NCCL on cuda:LOCAL_RANK where CUDA is available, else gloo); rank 0 alone writes
+    --out and prints.
+    """
+    from .. import recipes
+
+    opts = recipes.AlignOptions(method=method, dataset=dataset, data=data, limit_train=limit_train, seed=seed,
+                                steps=steps, lr=lr, lambda_schedule=lambda_schedule, lambda_value=lambda_value,
+                                parameterization=parameterization, batch_size=batch_size, restarts=restarts,
+                                max_iter=max_iter, overwrite=overwrite)
+    with errors_exit(), progress_bar() as progress:
+        outcome = recipes.align(a, b, out, opts, progress=progress, log=log,
+                                note=lambda s: console.print(f"[yellow]{s}[/]"))
+    show(outcome)

@@ -1,0 +1,57 @@
+"""``modeconn barrier``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from ._app import DATA_HELP, OVERWRITE_HELP, app, check_out, console, errors_exit, log, progress_bar, two_arg, written
+from .tables import barrier_table
+
+
+def _method_help() -> str:
+    from ..experiments.compare import METHOD_LABELS
+
+    return "alignment method (repeatable): " + ", ".join(f"{k} ({v})" for k, v in METHOD_LABELS.items())
+
+
+@app.command()
+def barrier(
+    a: Path = typer.Argument(..., help="checkpoint directory of model A"),
+    b: Path = typer.Argument(..., help="checkpoint directory of model B"),
+    method: list[str] = typer.Option(["naive", "weight", "activation"], "--method", help=_method_help()),
+    dataset: str | None = typer.Option(None, help="dataset (default: the one recorded in A's config.json)"),
+    data: Path | None = typer.Option(None, help=DATA_HELP),
+    bn: str = typer.Option("reset", help="BatchNorm policy: reset, interpolate, keep, repair"),
+    lambdas: int = typer.Option(25, min=2, help="points on the path, endpoints included"),
+    eval_limit: int | None = typer.Option(None, min=1, help="evaluate on the first N examples of each split"),
+    limit_train: int | None = typer.Option(None, min=1, help="use only the first N training examples"),
+    seed: int = typer.Option(0),
+    out: Path | None = typer.Option(None, help="output directory (default runs/barrier-<time>)"),
+    overwrite: bool = typer.Option(False, help=OVERWRITE_HELP),
+) -> None:
+    """Barriers between two checkpoints, naive and after each alignment method.
+
+    Evaluates loss and accuracy along the linear path on train and test for every --method, reports
+    barrier_mean, barrier_interp and peak (loss) and the error barriers, merges at λ=½, and writes
+    results.json, report.md and barrier.png.
+    """
+    from ..experiments.barrier import run_barrier
+    from ..experiments.compare import check_methods
+    from ..experiments.output import default_out
+    from ..path.batchnorm import check_bn_policy
+    from ..recipes.pair import load_pair_and_data
+
+    out = out or default_out("barrier")
+    with errors_exit():
+        check_out(out, [a, b, data], overwrite)
+        check_methods(method)
+        check_bn_policy(bn)
+        ma, mb, _, bundle = load_pair_and_data(a, b, "barrier", dataset, data, limit_train)
+        with progress_bar() as progress:
+            comparison = run_barrier(out, ma, mb, bundle, method, bn=bn, lambdas=lambdas, eval_limit=eval_limit,
+                                     seed=seed, overwrite=overwrite, names=(str(a), str(b)), inputs=[a, b],
+                                     log=log, progress=two_arg(progress, "path points"))
+    console.print(barrier_table(comparison, "test"))
+    written(out, "report.md, results.json, barrier.png")

@@ -1,0 +1,44 @@
+"""``modeconn experiment``: its choices and help come from :data:`modeconn.experiments.EXPERIMENTS`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from ._app import DATA_HELP, OVERWRITE_HELP, app, check_out, console, errors_exit, log, written
+
+
+def _help() -> str:
+    from ..experiments import EXPERIMENTS
+    from ..experiments.registry import experiments_help
+
+    return ("Run a named experiment; writes results.json, report.md and its figures.\n\n" + experiments_help()
+            + "\n\nValid names: " + ", ".join(EXPERIMENTS))
+
+
+@app.command(help=_help())
+def experiment(
+    name: str = typer.Argument(..., help="experiment name (listed above)"),
+    quick: bool = typer.Option(False, help="the small CI size (minutes on 2 cores) instead of the full size"),
+    pairs: int | None = typer.Option(None, min=1, help="model pairs per setting (default: 1 quick, 3 full)"),
+    epochs: int | None = typer.Option(None, min=1, help="training epochs per model (default per experiment)"),
+    width: int | None = typer.Option(None, min=1, help="hidden width of the models (default per experiment)"),
+    limit_train: int | None = typer.Option(None, min=1, help="training examples per model (default per size)"),
+    data: Path | None = typer.Option(None, help=DATA_HELP),
+    out: Path | None = typer.Option(None, help="output directory (default runs/<name>-<time>)"),
+    overwrite: bool = typer.Option(False, help=OVERWRITE_HELP),
+) -> None:
+    from ..experiments import EXPERIMENTS
+    from ..experiments.output import default_out
+
+    with errors_exit():
+        exp = EXPERIMENTS.get(name)
+        settings = dict(pairs=pairs, epochs=epochs, width=width, limit_train=limit_train)
+        exp.size(quick, **settings)  # a setting that does not apply fails before any work
+        out = out or default_out(name)
+        check_out(out, [data], overwrite)
+        with console.status(f"running {name}"):
+            results = exp(out, quick=quick, data=data, overwrite=overwrite, log=log, **settings)
+    console.print(exp.report(results).split("![")[0])
+    written(out, ", ".join(exp.outputs))

@@ -1,0 +1,57 @@
+"""``modeconn merge``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from ._app import DATA_HELP, OVERWRITE_HELP, app, console, errors_exit, log, progress_bar
+from ._print import show
+
+
+def _rule_help() -> str:
+    from ..path.merge_rules import MERGE_RULES
+
+    return "merge rule: " + "; ".join(f"{r.name} — {r.summary} ({r.source})" for r in map(MERGE_RULES.get, MERGE_RULES))
+
+
+@app.command()
+def merge(
+    models: list[Path] = typer.Argument(..., help="two or more checkpoint directories (the first is the reference)"),
+    out: Path = typer.Option(..., help="checkpoint directory for the merged model"),
+    weights: str | None = typer.Option(None, help="comma-separated weights, one per model (default uniform); "
+                                       "non-negative and normalised to sum 1 unless --no-normalize"),
+    normalize: bool = typer.Option(True, "--normalize/--no-normalize", help="normalise --weights to sum 1 (default); "
+                                   "--no-normalize: any finite weights as given (task-arithmetic sums, extrapolation)"),
+    rule: str = typer.Option("linear", help=_rule_help()),
+    align_method: str = typer.Option("weight", "--align", help="align every model to the first first: weight, activation, none"),
+    bn: str = typer.Option("reset", help="BatchNorm policy after averaging: reset, interpolate, repair"),
+    dataset: str | None = typer.Option(None, help="dataset for BN reset / REPAIR / activation matching (default: the first model's)"),
+    data: Path | None = typer.Option(None, help=DATA_HELP),
+    limit_train: int | None = typer.Option(None, min=1),
+    seed: int = typer.Option(0),
+    restarts: int | None = typer.Option(None, min=1, help="Hugging Face directories: weight-matching runs (default 4)"),
+    max_iter: int | None = typer.Option(None, min=1, help="Hugging Face directories: sweeps per run (default 100)"),
+    overwrite: bool = typer.Option(False, help=OVERWRITE_HELP),
+) -> None:
+    """Merge two or more checkpoints into one.
+
+    Aligns every model to the first (unless --align none), averages with --weights, re-estimates
+    BatchNorm statistics (reset) or applies REPAIR, evaluates on the test split and writes a checkpoint.
+    A merged model whose BatchNorm statistics are invalid or that computes NaN/Inf is refused; nothing is written.
+
+    Hugging Face checkpoint directories (config.json with model_type, safetensors shards or one file): --align
+    weight (streaming weight matching) or none, then the weighted average is written shard by shard in the first
+    model's layout with its config.json and merge.json; no BatchNorm step and no evaluation (no data is read).
+    """
+    from .. import recipes
+
+    opts = recipes.MergeOptions(weights=[w.strip() for w in weights.split(",")] if weights else None,
+                                normalize=normalize, rule=rule, align=align_method, bn=bn, dataset=dataset, data=data,
+                                limit_train=limit_train, seed=seed, restarts=restarts, max_iter=max_iter,
+                                overwrite=overwrite)
+    with errors_exit(), progress_bar() as progress:
+        outcome = recipes.merge(models, out, opts, progress=progress, log=log,
+                                note=lambda s: console.print(f"note: {s}"))
+    show(outcome)

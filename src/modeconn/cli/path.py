@@ -1,0 +1,63 @@
+"""``modeconn path``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from ._app import DATA_HELP, app, check_out, console, errors_exit, log, parse_kv, progress_bar, two_arg, written
+
+
+@app.command("path")
+def path_command(
+    a: Path = typer.Argument(..., help="checkpoint directory of model A (the path's start)"),
+    b: Path = typer.Argument(..., help="checkpoint directory of model B (the path's end)"),
+    method: str = typer.Option("llpf", help="llpf, cross-sphere, bezier, polychain, autoneb or linear"),
+    option: list[str] = typer.Option([], "--option", "-o", help="method setting key=value, repeatable (e.g. -o step=0.02 "
+                                     "-o ticks=200 for llpf; -o control_points=3 for bezier)"),
+    budget: int | None = typer.Option(None, min=1, help="most gradient evaluations, honoured by every method (llpf: each "
+                                      "tick's refinement capped at its fair share); the number used is reported"),
+    dataset: str | None = typer.Option(None, help="dataset (default: the one recorded in A's config.json)"),
+    data: Path | None = typer.Option(None, help=DATA_HELP),
+    limit_train: int | None = typer.Option(None, min=1, help="use only the first N training examples"),
+    eval_limit: int | None = typer.Option(2000, min=1, help="evaluate on the first N examples of each split"),
+    sub_points: int = typer.Option(3, min=0, help="linear sub-points per segment for the continuity check"),
+    continuity_tol: float = typer.Option(0.05, min=0.0, help="a segment passes the continuity check when its "
+                                         "sub-points rise at most this much (nats) above its ends"),
+    seed: int = typer.Option(0, help="seed of the BatchNorm recalibration batches"),
+    out: Path | None = typer.Option(None, help="output directory (default runs/path-<time>)"),
+    resume: bool = typer.Option(False, help="continue a killed LLPF search for --out (same settings and data)"),
+    overwrite: bool = typer.Option(False, help="replace a non-empty --out (and discard an interrupted search for it)"),
+) -> None:
+    """Find a low-loss path from A to B and evaluate it.
+
+    Writes the path (out/path: safetensors shards + path.json, loadable with modeconn.path.Path.load),
+    results.json (loss/accuracy at every point on train and test with BatchNorm recomputed per point,
+    continuity check, peak loss, path length, gradient evaluations, wall time), report.md and path_loss.png.
+    LLPF checkpoints as it runs: kill it and rerun with --resume to continue.
+    Everything is written to a temporary sibling that replaces --out in one step at the end.
+
+    Exit status: 0 for a complete path (it reaches B and every segment passes the continuity check), 3 for an
+    incomplete one (all outputs are still written; report.md and results.json say why), 2 for an error.
+    """
+    from ..experiments.output import default_out
+    from ..experiments.paths import INCOMPLETE_EXIT_CODE, check_path_options, run_path
+    from ..recipes.pair import load_pair_and_data
+
+    out = out or default_out("path")
+    with errors_exit():
+        check_out(out, [a, b, data], overwrite or resume)  # --resume continues modeconn's own run there
+        options = parse_kv(option, "--option")
+        check_path_options(method, options)  # typos fail before anything is loaded
+        ma, mb, _, bundle = load_pair_and_data(a, b, "path", dataset, data, limit_train)
+        with progress_bar() as progress:
+            results = run_path(out, method, ma, mb, bundle, options, budget=budget, eval_limit=eval_limit,
+                               sub_points=sub_points, seed=seed, resume=resume, overwrite=overwrite,
+                               names=(str(a), str(b)), inputs=[p for p in (a, b, data) if p is not None],
+                               limit_train=limit_train, continuity_tol=continuity_tol, log=log,
+                               progress=two_arg(progress, "search / evaluation"))
+    console.print(results["headline"], style=None if results["complete"] else "bold red", markup=False)
+    written(out, "path/, results.json, report.md, path_loss.png")
+    if not results["complete"]:
+        raise typer.Exit(code=INCOMPLETE_EXIT_CODE)
