@@ -134,7 +134,7 @@ def test_sigma_f_zero_gives_sparse_network():
     # same mask seed: σ_F only scales F, D is shared across a σ_F sweep
     m1 = _mlp(asym={"sigma_f": 1.0, "num_fixed": 4})
     m2 = _mlp(asym={"sigma_f": 2.0, "num_fixed": 4})
-    for (_, a), (_, b), (_, c) in zip(_asym_modules(m), _asym_modules(m1), _asym_modules(m2)):
+    for (_, a), (_, b), (_, c) in zip(_asym_modules(m), _asym_modules(m1), _asym_modules(m2), strict=False):
         assert torch.equal(a.fixed_mask, b.fixed_mask) and torch.equal(b.fixed_mask, c.fixed_mask)
         torch.testing.assert_close(c.fixed_offsets, 2 * b.fixed_offsets, rtol=0, atol=0)
 

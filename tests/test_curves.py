@@ -84,7 +84,7 @@ def test_the_curve_is_a_module_whose_only_trainable_parameters_are_the_control_p
     for kind in ("bezier", "polychain"):
         c = CurveModule(model, sd_a, sd_b, kind=kind, control_points=2)
         trainable = [p for p in c.parameters() if p.requires_grad]
-        assert len(trainable) == 2 and all(p is q for p, q in zip(trainable, c.controls))
+        assert len(trainable) == 2 and all(p is q for p, q in zip(trainable, c.controls, strict=False))
         for t in (0.0, 0.3, 0.5, 1.0):
             assert sum(c.weights(t)) == pytest.approx(1.0)
         # control points start on the segment, so the untrained curve is the linear path

@@ -120,7 +120,7 @@ def lm():
     xs = torch.randint(0, 50, (3, 8, 12), generator=gen)
     with torch.no_grad():
         ys = torch.stack([ma(x).logits.argmax(-1) for x in xs])
-    return {"model": ma, "spec": spec, "a": ma.state_dict(), "b": mb.state_dict(), "loader": list(zip(xs, ys))}
+    return {"model": ma, "spec": spec, "a": ma.state_dict(), "b": mb.state_dict(), "loader": list(zip(xs, ys, strict=False))}
 
 
 @pytest.fixture(scope="module")

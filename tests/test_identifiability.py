@@ -122,7 +122,7 @@ def test_realization_cost_float32_inputs_and_no_mutation():
     copies = [t.clone() for t in (U, f, d, a)]
     c = realization_cost(U, f, d.bool().to(torch.float32), a)
     assert c.dtype == F64 and torch.isfinite(c).all()
-    for t, t0 in zip((U, f, d, a), copies):
+    for t, t0 in zip((U, f, d, a), copies, strict=False):
         assert torch.equal(t, t0)
 
 

@@ -55,7 +55,7 @@ def pair(tmp_path_factory):
         if (name, dtype) not in cache:
             models = [make(name, seed).to(dtype) for seed in (0, 1)]
             dirs = [root / f"{name}-{str(dtype)[6:]}-{s}" for s in "ab"]
-            for m, d in zip(models, dirs):
+            for m, d in zip(models, dirs, strict=False):
                 m.save_pretrained(d, max_shard_size=SHARD)
             cache[name, dtype] = (*dirs, *models)
         return cache[name, dtype]
@@ -70,7 +70,7 @@ def tree_digest(path: Path) -> dict[str, str]:
 
 def renamed(sd: dict, spec_ckpt, spec_model) -> dict:
     """A model state dict under the checkpoint's tensor names (GPT-NeoX: lm_head.weight ↔ embed_out.weight)."""
-    names = dict(zip(spec_model.tensors, spec_ckpt.tensors))
+    names = dict(zip(spec_model.tensors, spec_ckpt.tensors, strict=False))
     return {names[k]: v for k, v in sd.items()}
 
 
@@ -185,7 +185,7 @@ def test_spec_from_config_on_meta_equals_the_model_spec(pair, name):
     ref = hf_symmetry_spec(ma)
     assert spec.spaces == ref.spaces
     assert list(spec.tensors.values()) == list(ref.tensors.values())
-    names = dict(zip(ref.tensors, spec.tensors))
+    names = dict(zip(ref.tensors, spec.tensors, strict=False))
     assert {names[a]: names[p] for a, p in ref.aliases.items()} == dict(spec.aliases)
     if name == "gpt_neox":  # transformers 5 loads embed_out.weight as lm_head.weight; the spec uses the file's name
         assert "embed_out.weight" in spec.tensors and "lm_head.weight" not in spec.tensors
@@ -300,7 +300,7 @@ def test_streaming_scores_equal_in_memory_scores_for_every_space(pair):
     a = {k: ma.state_dict()[k].float() for k in keys}
     b = {k: mb.state_dict()[k].float() for k in keys}
     mem = _Problem(spec_m, a, b)
-    names = dict(zip(spec_m.tensors, spec_c.tensors))
+    names = dict(zip(spec_m.tensors, spec_c.tensors, strict=False))
     ck = [names[k] for k in keys]
     stream = _Stream(spec_c, LazyCheckpoint(da), LazyCheckpoint(db), ck, chunk=7)
     g = spec_m.random_element(seed=2)

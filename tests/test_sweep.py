@@ -100,7 +100,7 @@ def test_ray_and_sequential_backends_give_the_same_table_on_a_2x2_barrier_grid(t
     ray_res = sw.run_sweep(cfg_file, tmp_path / "ray", backend="ray", log=lambda s: None)
     seq = json.loads((tmp_path / "seq" / "results.json").read_text())["rows"]
     assert len(seq) == len(ray_res["rows"]) == 4
-    for a, b in zip(seq, ray_res["rows"]):
+    for a, b in zip(seq, ray_res["rows"], strict=False):
         assert {k: v for k, v in a.items() if k != "seconds"} == {k: v for k, v in b.items() if k != "seconds"}
     for seed in (0, 1):
         rows = {r["method"]: r for r in seq if r["seed"] == seed}

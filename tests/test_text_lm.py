@@ -84,7 +84,7 @@ def test_splits_are_contiguous_disjoint_fixed_and_labels_shifted(small, austen_t
         x, y = getattr(small, split).tensors
         assert x.dtype == y.dtype == torch.int64 and x.shape == y.shape and x.shape[1] == 32
         assert torch.equal(x[:, 1:], y[:, :-1]) and torch.equal(y[:-1, -1], x[1:, 0])  # labels = inputs shifted
-        assert all(torch.equal(a, b) for a, b in zip(getattr(again, split).tensors, (x, y)))  # fixed
+        assert all(torch.equal(a, b) for a, b in zip(getattr(again, split).tensors, (x, y), strict=False))  # fixed
         assert int(x.max()) < small.num_classes and int(x.min()) >= 0
         a, b = spans[split]
         assert text[a:b].startswith(small.decode(x[:4]))  # blocks are the split's own text, in order
@@ -242,7 +242,7 @@ def model_config_kwargs(bundle):
 
 def test_evaluate_path_between_two_language_models(small):
     ma, mb = _tiny_lm(small, 0), _tiny_lm(small, 1)
-    loader = [(x, y) for x, y in zip(small.val.tensors[0][:24].split(8), small.val.tensors[1][:24].split(8))]
+    loader = [(x, y) for x, y in zip(small.val.tensors[0][:24].split(8), small.val.tensors[1][:24].split(8), strict=False)]
     curve = evaluate_path(ma, ma.state_dict(), mb.state_dict(), {"val": loader}, lambdas=3)
     assert curve.info["has_batchnorm"] is False and curve.info["bn_batches"] == 0
     loss = curve.metrics["val"]["loss"]

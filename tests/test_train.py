@@ -63,7 +63,7 @@ def test_determinism_same_seed_same_weights():
     a, b = _mlp(seed=1), _mlp(seed=1)
     fit(a, data, cfg, progress=False)
     fit(b, data, cfg, progress=False)
-    for (k, va), vb in zip(a.state_dict().items(), b.state_dict().values()):
+    for (k, va), vb in zip(a.state_dict().items(), b.state_dict().values(), strict=False):
         assert torch.equal(va, vb), k
     c = _mlp(seed=1)
     fit(c, data, cfg.model_copy(update={"seed": 8}), progress=False)  # other data order → other weights
@@ -158,7 +158,7 @@ def test_lr_factor_values():
     lin = [lr_factor(s, 10, 4, "linear") for s in range(4, 10)]
     assert lin == pytest.approx([1 - i / 6 for i in range(6)])
     assert [lr_factor(s, 10, 0, "constant") for s in range(10)] == [1.0] * 10
-    assert all(a > b for a, b in zip(cos, cos[1:]))
+    assert all(a > b for a, b in zip(cos, cos[1:], strict=False))
     with pytest.raises(ConfigError, match="cosine"):
         lr_factor(5, 10, 0, "step")
 

@@ -18,7 +18,7 @@ def check_compatible(state_dicts: Sequence[StateDict], names: Sequence[str] | No
     names = list(names or [f"model {i}" for i in range(len(state_dicts))])
     ref, ref_name = state_dicts[0], names[0]
     problems = []
-    for sd, name in zip(state_dicts[1:], names[1:]):
+    for sd, name in zip(state_dicts[1:], names[1:], strict=False):
         missing = [k for k in ref if k not in sd]
         extra = [k for k in sd if k not in ref]
         if missing:
@@ -90,7 +90,7 @@ def check_one_device(state_dicts: Sequence[StateDict], names: Sequence[str] | No
     """The single device all tensors live on; :class:`DeviceMismatchError` naming two tensors otherwise."""
     names = list(names or [f"model {i}" for i in range(len(state_dicts))])
     first: tuple[str, torch.device] | None = None
-    for sd, name in zip(state_dicts, names):
+    for sd, name in zip(state_dicts, names, strict=False):
         for k, t in sd.items():
             if first is None:
                 first = (f"{name}[{k!r}]", t.device)

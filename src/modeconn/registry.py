@@ -7,7 +7,8 @@ in a config or on the command line is caught before any heavy work.
 from __future__ import annotations
 
 import difflib
-from typing import Callable, Generic, Iterator, TypeVar
+from typing import Generic, TypeVar
+from collections.abc import Callable, Iterator
 
 from .errors import ConfigError
 

@@ -108,7 +108,7 @@ def check_same_hf_configs(paths: Sequence[PathLike]) -> list:
 
     configs = [hf_config(p) for p in paths]
     problems = []
-    for p, cfg in zip(paths[1:], configs[1:]):
+    for p, cfg in zip(paths[1:], configs[1:], strict=False):
         problems += [f"{p}: {d}" for d in config_differences(configs[0], cfg)]
     if problems:
         raise ConfigError(f"the checkpoints are not the same architecture as {paths[0]}:\n  " + "\n  ".join(problems))
@@ -208,7 +208,7 @@ def _tensor(spec: SymmetrySpec, ckpt: LazyCheckpoint, key: str, g: Element | Non
 
 def _check_inputs(spec: SymmetrySpec, ckpts: list[LazyCheckpoint], elements: Sequence[Element | None]) -> None:
     metas = [c.meta() for c in ckpts]
-    for c, m in zip(ckpts, metas):
+    for c, m in zip(ckpts, metas, strict=False):
         spec.check_state_dict(m, f"checkpoint {c.path}")
     check_compatible(metas, [str(c.path) for c in ckpts])
     check_dtype_kinds(metas, [f"checkpoint {c.path}" for c in ckpts])  # kinds as the first (reference) checkpoint's
@@ -274,8 +274,8 @@ def stream_merge(spec: SymmetrySpec, srcs: Sequence[Checkpoint], out: PathLike, 
     caches: list[dict] = [{} for _ in ckpts]
 
     def produce(key: str) -> torch.Tensor:
-        sds = [{key: _tensor(spec, c, key, g, cache)} for c, g, cache in zip(ckpts, elements, caches)]
-        for sd, name in zip(sds, names):
+        sds = [{key: _tensor(spec, c, key, g, cache)} for c, g, cache in zip(ckpts, elements, caches, strict=False)]
+        for sd, name in zip(sds, names, strict=False):
             check_finite(sd, name)
         return weighted_average(sds, weights, check=False, normalize=False, rule=rule)[key]
 

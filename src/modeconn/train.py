@@ -83,7 +83,7 @@ class TrainConfig(StrictConfig):
         return v
 
     @model_validator(mode="after")
-    def _nesterov_needs_momentum(self) -> "TrainConfig":
+    def _nesterov_needs_momentum(self) -> TrainConfig:
         if self.nesterov and (self.optimizer != "sgd" or self.momentum == 0):
             raise ValueError("nesterov=True needs optimizer='sgd' and momentum > 0")
         return self
@@ -248,6 +248,91 @@ def _progress_bar(total: int, enabled: bool):
     return tqdm(total=total, unit="step", desc="train", leave=False, dynamic_ncols=True)
 
 
+def _seed_global_rng(seed: int, cuda_index: int | None) -> None:
+    """Seed the (forked) global CPU RNG and, on CUDA, the device's RNG with ``seed``."""
+    torch.default_generator.manual_seed(seed)
+    if cuda_index is not None:
+        with torch.cuda.device(cuda_index):
+            torch.cuda.manual_seed(seed)
+
+
+def _train_epoch(model: nn.Module, train_set: Any, config: TrainConfig, optimizer: torch.optim.Optimizer,
+                 scheduler: Any, data_gen: torch.Generator, device: torch.device, bar: Any,
+                 epoch: int) -> dict[str, Any]:
+    """One training epoch of :func:`fit` (train mode, one device sync at the end).
+
+    Returns ``train_loss`` / ``train_acc`` (per target), ``lr`` (of the last step), ``seconds``, ``seen``
+    (examples), ``targets`` (examples, or tokens for sequence outputs) and ``sequence``.
+
+    Raises: NonFiniteError (the epoch's training loss is NaN/Inf).
+    """
+    model.train()
+    loss_sum = torch.zeros((), dtype=torch.float32, device=device)
+    correct = torch.zeros((), dtype=torch.int64, device=device)
+    seen = 0  # examples
+    targets = 0  # predictions scored: examples, or tokens for sequence outputs
+    sequence = False
+    lr = optimizer.param_groups[0]["lr"]
+    t0 = time.perf_counter()
+    batches = _batches(train_set, config.batch_size, generator=data_gen, drop_last=config.drop_last, device=device)
+    for xb, yb in batches:
+        out, yt = flatten_sequence_logits(model(xb), yb)
+        loss = F.cross_entropy(out, yt, label_smoothing=config.label_smoothing)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if config.grad_clip is not None:
+            nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+        lr = optimizer.param_groups[0]["lr"]
+        optimizer.step()
+        scheduler.step()
+        sequence = sequence or yb.ndim > 1
+        seen += yb.shape[0]
+        targets += yt.shape[0]
+        loss_sum += loss.detach() * yt.shape[0]
+        correct += (out.detach().argmax(dim=1) == yt).sum()
+        if bar is not None:
+            bar.update(1)
+    train_loss = loss_sum.item() / targets  # one device sync per epoch
+    train_acc = correct.item() / targets
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    seconds = time.perf_counter() - t0
+    if not math.isfinite(train_loss):
+        raise NonFiniteError(
+            f"fit: training loss is {train_loss} in epoch {epoch} (lr={lr:g}); lower the LR or enable grad_clip"
+        )
+    return {"train_loss": train_loss, "train_acc": train_acc, "lr": lr, "seconds": seconds, "seen": seen,
+            "targets": targets, "sequence": sequence}
+
+
+def _epoch_record(epoch: int, steps: int, stats: Mapping[str, Any]) -> dict[str, Any]:
+    """The per-epoch dict of :func:`fit` from :func:`_train_epoch`'s stats (validation fields None)."""
+    seconds, targets = stats["seconds"], stats["targets"]
+    record: dict[str, Any] = {
+        "epoch": epoch,
+        "steps": steps,
+        "train_loss": stats["train_loss"],
+        "train_acc": stats["train_acc"],
+        "val_loss": None,
+        "val_acc": None,
+        "lr": stats["lr"],
+        "seconds": seconds,
+        "samples_per_second": stats["seen"] / seconds if seconds > 0 else float("inf"),
+    }
+    if stats["sequence"]:  # sequence outputs: per-token metrics
+        record["tokens"] = targets
+        record["tokens_per_second"] = targets / seconds if seconds > 0 else float("inf")
+    return record
+
+
+def _show_epoch(bar: Any, record: Mapping[str, Any]) -> None:
+    """The progress bar's postfix after an epoch (loss, accuracy, validation accuracy when evaluated)."""
+    post = {"loss": f"{record['train_loss']:.4f}", "acc": f"{record['train_acc']:.3f}"}
+    if record["val_acc"] is not None:
+        post["val_acc"] = f"{record['val_acc']:.3f}"
+    bar.set_postfix(post, refresh=True)
+
+
 def fit(
     model: nn.Module,
     train_set: Any,
@@ -303,72 +388,16 @@ def fit(
 
     try:
         with torch.random.fork_rng(devices=rng_devices), _progress_bar(total_steps, progress) as bar:
-            torch.default_generator.manual_seed(config.seed)
-            if cuda_index is not None:
-                with torch.cuda.device(cuda_index):
-                    torch.cuda.manual_seed(config.seed)
+            _seed_global_rng(config.seed, cuda_index)
             for epoch in range(1, config.epochs + 1):
-                model.train()
-                loss_sum = torch.zeros((), dtype=torch.float32, device=device)
-                correct = torch.zeros((), dtype=torch.int64, device=device)
-                seen = 0  # examples
-                targets = 0  # predictions scored: examples, or tokens for sequence outputs
-                sequence = False
-                lr = optimizer.param_groups[0]["lr"]
-                t0 = time.perf_counter()
-                batches = _batches(
-                    train_set, config.batch_size, generator=data_gen, drop_last=config.drop_last, device=device
-                )
-                for xb, yb in batches:
-                    out, yt = flatten_sequence_logits(model(xb), yb)
-                    loss = F.cross_entropy(out, yt, label_smoothing=config.label_smoothing)
-                    optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
-                    if config.grad_clip is not None:
-                        nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
-                    lr = optimizer.param_groups[0]["lr"]
-                    optimizer.step()
-                    scheduler.step()
-                    sequence = sequence or yb.ndim > 1
-                    seen += yb.shape[0]
-                    targets += yt.shape[0]
-                    loss_sum += loss.detach() * yt.shape[0]
-                    correct += (out.detach().argmax(dim=1) == yt).sum()
-                    if bar is not None:
-                        bar.update(1)
-                train_loss = loss_sum.item() / targets  # one device sync per epoch
-                train_acc = correct.item() / targets
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                seconds = time.perf_counter() - t0
-                if not math.isfinite(train_loss):
-                    raise NonFiniteError(
-                        f"fit: training loss is {train_loss} in epoch {epoch} (lr={lr:g}); "
-                        "lower the LR or enable grad_clip"
-                    )
-                record: dict[str, Any] = {
-                    "epoch": epoch,
-                    "steps": epoch * steps_per_epoch,
-                    "train_loss": train_loss,
-                    "train_acc": train_acc,
-                    "val_loss": None,
-                    "val_acc": None,
-                    "lr": lr,
-                    "seconds": seconds,
-                    "samples_per_second": seen / seconds if seconds > 0 else float("inf"),
-                }
-                if sequence:  # sequence outputs: per-token metrics
-                    record["tokens"] = targets
-                    record["tokens_per_second"] = targets / seconds if seconds > 0 else float("inf")
+                stats = _train_epoch(model, train_set, config, optimizer, scheduler, data_gen, device, bar, epoch)
+                record = _epoch_record(epoch, epoch * steps_per_epoch, stats)
                 if val_set is not None and (config.eval_every_epoch or epoch == config.epochs):
                     val = evaluate(model, val_set, batch_size=max(config.batch_size, 1024))
                     record["val_loss"], record["val_acc"] = val["loss"], val["acc"]
                 history.append(record)
                 if bar is not None:
-                    post = {"loss": f"{train_loss:.4f}", "acc": f"{train_acc:.3f}"}
-                    if record["val_acc"] is not None:
-                        post["val_acc"] = f"{record['val_acc']:.3f}"
-                    bar.set_postfix(post, refresh=True)
+                    _show_epoch(bar, record)
     finally:
         model.train(was_training)
     return history

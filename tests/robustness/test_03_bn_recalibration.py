@@ -91,7 +91,7 @@ def _recalibrating_with(momentum, reset: bool = True):
                     m.train()
                 yield
         finally:
-            for m, mom in zip(bns, momenta):
+            for m, mom in zip(bns, momenta, strict=False):
                 m.momentum = mom
 
     return broken

@@ -37,10 +37,10 @@ def check_scale_invariant(spec, sd_a, sd_b, **kw) -> list:
     runs = [mc.weight_matching(spec, _scaled(sd_a, s), _scaled(sd_b, s), **kw) for s in SCALES]
     ref = runs[1]
     assert max(ref.stats["iterations"]) > 1, "test setup: coordinate descent should need several sweeps"
-    for s, res in zip(SCALES, runs):
+    for s, res in zip(SCALES, runs, strict=False):
         assert res.stats["iterations"] == ref.stats["iterations"], f"scale {s}: {res.stats['iterations']} vs {ref.stats['iterations']}"
         assert spec.equal(res.element, ref.element), f"scale {s}: a different element"
-        for h, h_ref in zip(res.history, ref.history):
+        for h, h_ref in zip(res.history, ref.history, strict=False):
             assert h == pytest.approx([v * s * s for v in h_ref], rel=1e-6)
     return runs
 
@@ -78,7 +78,7 @@ def test_iterations_and_objective_are_reported_consistently():
     res = mc.weight_matching(spec, sd_a, sd_b, restarts=3, seed=1)
     st = res.stats
     assert st["restarts_run"] == len(res.history) == len(st["iterations"]) == len(st["restart_objectives"])
-    for hist, its, final in zip(res.history, st["iterations"], st["restart_objectives"]):
+    for hist, its, final in zip(res.history, st["iterations"], st["restart_objectives"], strict=False):
         assert its == len(hist) - 1 >= 1 and final == hist[-1]
         assert all(b >= a - 1e-6 * abs(a) for a, b in itertools.pairwise(hist)), "a sweep never lowers J"
     assert res.objective == max(st["restart_objectives"])

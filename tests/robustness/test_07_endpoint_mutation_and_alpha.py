@@ -26,10 +26,10 @@ def assert_inputs_untouched(fn, *inputs, models=()) -> None:
     before = [digest(sd) for sd in inputs]
     model_before = [(digest(m.state_dict()), [x.training for x in m.modules()]) for m in models]
     fn()
-    for i, (sd, d) in enumerate(zip(inputs, before)):
+    for i, (sd, d) in enumerate(zip(inputs, before, strict=False)):
         changed = [k for k in d if digest(sd)[k] != d[k]]
         assert not changed, f"input {i} was mutated in place: {changed}"
-    for m, (d, flags) in zip(models, model_before):
+    for m, (d, flags) in zip(models, model_before, strict=False):
         assert digest(m.state_dict()) == d, f"model {type(m).__name__} was mutated"
         assert [x.training for x in m.modules()] == flags, "training flags not restored"
 

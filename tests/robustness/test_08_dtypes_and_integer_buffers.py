@@ -97,7 +97,8 @@ def check_dtypes_kept(sd_a, sd_b, spec) -> None:
 def test_output_dtypes_equal_input_dtypes(dtype):
     a, b = _pair()
     spec = mc.symmetry_spec(a, torch.randn(4, 6))
-    cast = lambda sd: {k: v.to(dtype) if v.is_floating_point() else v for k, v in sd.items()}
+    def cast(sd):
+        return {k: v.to(dtype) if v.is_floating_point() else v for k, v in sd.items()}
     check_dtypes_kept(cast(a.state_dict()), cast(b.state_dict()), spec)
 
 
@@ -105,7 +106,8 @@ def test_negative_control_result_left_in_fp32_is_caught(monkeypatch):
     monkeypatch.setattr(interp_mod, "checked_cast", lambda t, dtype, key: t)  # broken: no cast back
     a, b = _pair()
     spec = mc.symmetry_spec(a, torch.randn(4, 6))
-    half = lambda sd: {k: v.half() if v.is_floating_point() else v for k, v in sd.items()}
+    def half(sd):
+        return {k: v.half() if v.is_floating_point() else v for k, v in sd.items()}
     with pytest.raises(AssertionError, match="changed dtypes"):
         check_dtypes_kept(half(a.state_dict()), half(b.state_dict()), spec)
 
@@ -135,7 +137,8 @@ def check_mixed_rule(first_dtype, second_dtype) -> None:
                 fn()
 
 
-@pytest.mark.parametrize("first, second", [(torch.float16, torch.bfloat16), (torch.bfloat16, torch.float16)], ids=["fp16+bf16", "bf16+fp16"])
+@pytest.mark.parametrize("first, second", [(torch.float16, torch.bfloat16), (torch.bfloat16, torch.float16)],
+                         ids=["fp16+bf16", "bf16+fp16"])
 def test_mixed_half_precisions_follow_the_documented_rule(first, second):
     check_mixed_rule(first, second)
 

@@ -113,7 +113,8 @@ def test_non_finite_loss_is_refused():
     a, _ = make("mlp")
     x = torch.randn(6, 1, 6, 6)
     data = [(x, torch.zeros(6, dtype=torch.long))]
-    nan_loss = lambda logits, y: torch.tensor(float("nan"))
+    def nan_loss(logits, y):
+        return torch.tensor(float("nan"))
     refused(lambda: evaluate_model(a, data, nan_loss, where="θ(λ=0.25), split 'val'"), "λ=0.25", "'val'", "loss")
 
 

@@ -50,7 +50,7 @@ def check_same_rule(out, sds, weights) -> None:
         if not t.is_floating_point():
             assert torch.equal(t, sds[0][k]), f"integer buffer {k} was averaged"
             continue
-        expected = sum(w * sd[k].double() for w, sd in zip(weights, sds))
+        expected = sum(w * sd[k].double() for w, sd in zip(weights, sds, strict=False))
         err = float((t.double() - expected).abs().max()) if t.numel() else 0.0
         assert err <= 1e-6 * (1 + float(expected.abs().max())), f"{k} is not Σ w_i θ_i (max error {err:.3g})"
 

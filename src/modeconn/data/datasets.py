@@ -21,7 +21,8 @@ from __future__ import annotations
 import difflib
 import os
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 

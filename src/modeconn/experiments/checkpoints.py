@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn as nn
@@ -16,7 +16,7 @@ def load_same_architecture(paths: Sequence[Path]) -> tuple[list[nn.Module], list
     """Load checkpoints that must share one architecture; ConfigError naming both before any weights load."""
     configs = [read_config(p) for p in paths]
     ref = (configs[0].get("architecture"), configs[0].get("kwargs"))
-    for p, c in zip(paths[1:], configs[1:]):
+    for p, c in zip(paths[1:], configs[1:], strict=False):
         if (c.get("architecture"), c.get("kwargs")) != ref:
             raise ConfigError(
                 f"{p} is {c.get('architecture')} {c.get('kwargs')} but {paths[0]} is {ref[0]} {ref[1]}: "

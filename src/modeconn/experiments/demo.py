@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 from ..data import load_dataset
 from ..io import save_checkpoint
@@ -30,7 +30,7 @@ def run_demo(out: str | Path, *, seeds: tuple[int, int] = (0, 1), epochs: int | 
         bundle = load_dataset("digits")
         train_cfg = dict(DEMO_TRAIN, **({"epochs": epochs} if epochs else {}))
         models, endpoint_metrics = [], {}
-        for name, seed in zip("AB", seeds):
+        for name, seed in zip("AB", seeds, strict=False):
             log(f"training MLP {name} (seed {seed}) on digits: {len(bundle.train)} train / {len(bundle.test)} test")
             model = build_model("mlp", in_shape=bundle.input_shape, num_classes=bundle.num_classes, seed=seed, **DEMO_MODEL)
             cfg = TrainConfig(seed=seed, **train_cfg)

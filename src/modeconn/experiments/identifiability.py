@@ -19,7 +19,8 @@ import functools
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -272,7 +273,7 @@ def plot(results: dict, path: Path) -> None:
               ("test_acc", None, "test accuracy"),
               ("unaligned_acc_drop_pct", "aligned_acc_drop_pct", "relative accuracy drop (%)")]
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6))
-    for ax, (k1, k2, title) in zip(axes, panels):
+    for ax, (k1, k2, title) in zip(axes, panels, strict=False):
         for key, name in ((k1, "unaligned"), (k2, "weight-matched")):
             if key is None:
                 continue

@@ -44,7 +44,7 @@ from ..data import load_dataset, make_loader
 from ..errors import ConfigError
 from ..path import Curve, evaluate_path
 from ..report import markdown_table, plot_curves
-from .output import output_directory, write_json
+from .output import output_directory, write_results
 from .transformer_wm import SIZES as LM_SIZES
 from .transformer_wm import LMSize, train_pair
 from .registry import Experiment, register_experiment
@@ -264,9 +264,7 @@ def run_lmc_dm(out: str | Path, *, quick: bool = False, data: str | Path | None 
             "training": {"seconds": train_seconds, "epochs": lm.epochs, "optimizer": "adamw", "lr": lm.lr,
                          "batch_size": lm.batch_size},
         } | dm_results(curves, ablations, stats)
-        results["seconds"] = time.perf_counter() - start
-        write_json(tmp / "results.json", results)
-        (tmp / "report.md").write_text(report(results))
+        write_results(tmp, results, report, start)
     return results
 
 
@@ -420,7 +418,7 @@ def _write_aligned(tmp: Path, res, models, absorbed, state_dicts, x: torch.Tenso
     from ..symmetry import load_absorbed, save_absorbed
 
     checks = {}
-    for side, model, base, sd, apply in zip("ab", models, absorbed, state_dicts, (res.apply_a, res.apply_b)):
+    for side, model, base, sd, apply in zip("ab", models, absorbed, state_dicts, (res.apply_a, res.apply_b), strict=False):
         m = copy.deepcopy(base)
         m.load_state_dict(apply(sd))
         save_absorbed(m, tmp / side)

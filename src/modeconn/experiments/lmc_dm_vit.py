@@ -44,7 +44,7 @@ from ..data import load_dataset, make_loader
 from ..report import plot_curves
 from .lmc_dm import ABLATIONS as LM_ABLATIONS
 from .lmc_dm import GROUPS, Ablation, Log, dm_barriers, dm_report_sections, dm_results, learned_options
-from .output import output_directory, write_json
+from .output import output_directory, write_results
 from .planted_dm import MiniLMDMSize, minilm_report, planted_minilm_dual
 from .training import train_models
 from .registry import Experiment, register_experiment
@@ -146,9 +146,7 @@ def run_lmc_dm_vit(out: str | Path, *, quick: bool = False, data: str | Path | N
         } | dm_results(curves, ablations, stats)
         if size.minilm is not None:
             results["minilm"] = planted_minilm_dual(minilm_root, size.minilm, data=data, log=log)
-        results["seconds"] = time.perf_counter() - start
-        write_json(tmp / "results.json", results)
-        (tmp / "report.md").write_text(report(results))
+        write_results(tmp, results, report, start)
     return results
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from ..data import load_dataset, make_loader
 from ..errors import CheckpointError, ConfigError
@@ -47,7 +47,7 @@ def run_merge(paths: Sequence[Path], out: Path, *, weights: Sequence[float] | No
     x0 = bundle.train.tensors[0][:2] if bundle is not None else example_input(configs[0])
     spec = symmetry_spec(models[0], x0)
     sds = [models[0].state_dict()]
-    for p, m in zip(paths[1:], models[1:]):
+    for p, m in zip(paths[1:], models[1:], strict=False):
         if align_method == "none":
             sds.append(m.state_dict())
             continue

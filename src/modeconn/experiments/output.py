@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -35,3 +35,12 @@ def write_json(path: Path, payload: Any) -> Path:
     """Strict JSON (NaN/Inf → null, numpy → lists, paths → strings) written to ``path``."""
     path.write_text(_json_dumps(payload, str(path)))
     return path
+
+
+def write_results(tmp: Path, results: dict[str, Any], report: Callable[[dict[str, Any]], str], start: float) -> dict:
+    """Record the wall time since ``start`` (``time.perf_counter()``) as ``results["seconds"]``, then write
+    ``results.json`` and ``report.md`` (``report(results)``) into ``tmp``; returns ``results``."""
+    results["seconds"] = time.perf_counter() - start
+    write_json(tmp / "results.json", results)
+    (tmp / "report.md").write_text(report(results))
+    return results

@@ -29,11 +29,7 @@ start at the **identity** (``init="identity"``).
   ``π_B(θ_B)`` of each run must compute A's hidden states (max |Δ| over all layers: function preservation);
   and, per continuous space, the distance of the learned relative element ``g_A^{-1}∘g_B`` to ``g^{-1}``.
 
-Measured (full size, all 6 layers, ``docs/results/lmc-dm-vit``): started at weight matching's element, dual
-matching stays at barrier ≈ 0 (standardized MSE 4.7e-12, relative distance 8.8e-7) with both endpoints' hidden
-states within 5e-6 of A's; from the identity, 300 steps lower the barrier from 2.57 to 0.150 (relative distance
-0.70 → 0.16) but do not reach 0: the learned relative element is still far from ``g^{-1}`` (relative error
-≈ 1.3), the loss being far less sensitive to the per-head rotations than to the permutations.
+Measured results (they drift with versions) are in the generated ``docs/results/lmc-dm-vit/`` report.
 
 Text: the first characters of the Austen novels (``MODECONN_DATA/austen``) tokenized with MiniLM's own
 WordPiece tokenizer, cut into blocks of ``context`` tokens (no special tokens, no padding).
@@ -148,6 +144,43 @@ def _text_blocks(root: Path, data, context: int, n_train: int, n_test: int) -> t
     return x[:n_train], x[n - n_test:]
 
 
+class _Measure:
+    """Held-out measurements of :func:`planted_minilm_dual` on a private copy of the model: ``measure(sa, sb)``
+    the last hidden state along the linear path from ``sa`` to ``sb`` at ``lambdas`` (standardized MSE and
+    relative distance to A's), :meth:`endpoint_changes` the max |Δ hidden state| of two endpoints vs A's."""
+
+    def __init__(self, model: nn.Module, x_test: torch.Tensor, y_test: torch.Tensor, scale: torch.Tensor,
+                 lambdas: np.ndarray) -> None:
+        self.work = copy.deepcopy(model)
+        self.x_test, self.y_test, self.scale, self.lambdas = x_test, y_test, scale, lambdas
+        self.last, self.norm = y_test[:, -1], float(y_test[:, -1].norm())
+
+    def __call__(self, sa: dict, sb: dict) -> tuple[list[float], list[float]]:
+        work, last = self.work, self.last
+        losses, dists = [], []
+        for lam in self.lambdas:
+            work.load_state_dict({k: (a + float(lam) * (sb[k] - a)) if a.is_floating_point() else a for k, a in sa.items()})
+            with torch.no_grad():
+                h = work(self.x_test)[:, -1]
+            losses.append(float((((h - last) / self.scale[-1]) ** 2).mean()))
+            dists.append(float((h - last).norm()) / self.norm)
+        return losses, dists
+
+    def endpoint_changes(self, sa: dict, sb: dict) -> dict[str, float]:
+        changes = {}
+        for side, state in (("a", sa), ("b", sb)):
+            self.work.load_state_dict(state)
+            with torch.no_grad():
+                changes[side] = float((self.work(self.x_test) - self.y_test).abs().max())
+        return changes
+
+
+def _element_rel_errors(element: dict[str, torch.Tensor], g_inv: dict[str, torch.Tensor],
+                        spaces: list[str]) -> dict[str, float]:
+    """``‖element[s] − g_inv[s]‖_F / ‖g_inv[s]‖_F`` per space ``s`` (fp64)."""
+    return {s: float((element[s].double() - g_inv[s].double()).norm() / g_inv[s].double().norm()) for s in spaces}
+
+
 def planted_minilm_dual(root: Path, size: MiniLMDMSize | None = None, *, data: str | Path | None = None,
                         log: Log = print) -> dict[str, Any]:
     """Plant a random group element in a copy of MiniLM and re-join the copy with dual matching (module docstring).
@@ -194,18 +227,7 @@ def planted_minilm_dual(root: Path, size: MiniLMDMSize | None = None, *, data: s
     discrete = {s: wm.element[s] for s in spec.spaces if spec.group_of(s).exact}
     continuous = [s for s in spec.spaces if s not in discrete]
     lambdas = np.linspace(0.0, 1.0, size.lambdas)
-    work = copy.deepcopy(model)
-    last, norm = y_test[:, -1], float(y_test[:, -1].norm())
-
-    def measure(sa: dict, sb: dict) -> tuple[list[float], list[float]]:
-        losses, dists = [], []
-        for lam in lambdas:
-            work.load_state_dict({k: (a + float(lam) * (sb[k] - a)) if a.is_floating_point() else a for k, a in sa.items()})
-            with torch.no_grad():
-                h = work(x_test)[:, -1]
-            losses.append(float((((h - last) / scale[-1]) ** 2).mean()))
-            dists.append(float((h - last).norm()) / norm)
-        return losses, dists
+    measure = _Measure(model, x_test, y_test, scale, lambdas)
 
     paths = {"before learning": measure(sd, spec.apply(planted, {**spec.identity(), **discrete})),
              "WM (full element)": measure(sd, wm.apply(planted))}
@@ -219,15 +241,9 @@ def planted_minilm_dual(root: Path, size: MiniLMDMSize | None = None, *, data: s
         seconds = time.perf_counter() - t0
         sa, sb = res.apply_a(sd), res.apply_b(planted)
         paths[label] = measure(sa, sb)
-        changes = {}
-        for side, state in (("a", sa), ("b", sb)):
-            work.load_state_dict(state)
-            with torch.no_grad():
-                changes[side] = float((work(x_test) - y_test).abs().max())
         runs[label] = {"init": init, "steps": steps, "seconds": seconds, "history": res.history[0],
-                       "max_output_change": changes,
-                       "element_rel_error": {s: float((res.element[s].double() - g_inv[s].double()).norm()
-                                                      / g_inv[s].double().norm()) for s in continuous}}
+                       "max_output_change": measure.endpoint_changes(sa, sb),
+                       "element_rel_error": _element_rel_errors(res.element, g_inv, continuous)}
         log(f"planted MiniLM: {label}, {steps} steps in {seconds:.1f} s, path loss max {max(paths[label][0]):.2e}")
     scale_out = float(y_test.abs().max())
     worst = max(c for r in runs.values() for c in r["max_output_change"].values())

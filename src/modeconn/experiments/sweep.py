@@ -181,7 +181,7 @@ def expand(config: SweepConfig) -> list[dict[str, Any]]:
     names = list(config.grid)
     runs = []
     for combo in itertools.product(*(config.grid[k] for k in names)):
-        params = {**config.base, **dict(zip(names, combo))}
+        params = {**config.base, **dict(zip(names, combo, strict=False))}
         try:
             params_model.model_validate(params)
         except ValidationError as err:
@@ -278,7 +278,7 @@ def run_sweep(config: SweepConfig | str | Path, out: str | Path, *, backend: str
     else:
         atomic_write_text(mf, _json_dumps(manifest, str(mf)))
     ids = [run_id(config.task, p) for p in runs]
-    todo = [(rid, p) for rid, p in zip(ids, runs) if not (out / "runs" / rid / "result.json").is_file()]
+    todo = [(rid, p) for rid, p in zip(ids, runs, strict=False) if not (out / "runs" / rid / "result.json").is_file()]
     log(f"{len(runs)} runs, {len(runs) - len(todo)} already finished, backend {backend}")
 
     def save(rid: str, params: dict, metrics: dict) -> None:

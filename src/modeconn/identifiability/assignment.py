@@ -61,7 +61,8 @@ def assignment_margin(C: Any) -> AssignmentMargin:
     scheme): ``n`` more LAPs, exact. Ties give ``margin = 0``.
 
     ``+inf`` entries mean "not allowed". Internally ``C`` is divided by a power of two ``≥ max|finite C|`` (exact)
-    and ``+inf`` entries are replaced by the finite penalty ``2n + 1`` (so any assignment avoiding them is preferred), and forbidden edges by a larger one
+    and ``+inf`` entries are replaced by the finite penalty ``2n + 1`` (so any assignment avoiding them is preferred),
+    and forbidden edges by a larger one
     still (so the second-best subproblem never returns ``π*``); the reported costs are always recomputed from the
     original ``C``.
 

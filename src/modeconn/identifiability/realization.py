@@ -44,7 +44,8 @@ def realization_cost(U: Any, f: Any, d: Any, a: Any, *, rtol: float = 1e-6) -> t
     epsilon of the least precise floating input: the second term is the round-off floor of ``a_j − b_i`` itself,
     so that a target computed as ``a_j = Uᵀ f_i`` counts as reachable even when ``G_i = 0``); a smaller
     out-of-range component is treated as round-off and the cost of the in-range part ``Σ_{λ_l > 0} p_l² / λ_l``
-    is returned. ``a_j = b_i`` costs 0 even for ``G_i = 0``. Computed in float64, batched over ``i`` and ``j`` (memory ``O(m·n·k + m·d_in·k)``).
+    is returned. ``a_j = b_i`` costs 0 even for ``G_i = 0``. Computed in float64, batched over ``i`` and ``j`` (memory
+    ``O(m·n·k + m·d_in·k)``).
 
     Args:
         U: ``(d_in, k)`` basis of the input subspace with orthonormal columns (``UᵀU = I`` to 1e-5).

@@ -2,7 +2,8 @@
 "vit-tiny", in_shape=(C, H, W), num_classes=K)``.
 
 Every image model maps (N, C, H, W) float inputs to (N, K) logits, is ``torch.fx.symbolic_trace``-able (but
-"vit-tiny", whose spec comes from the Hugging Face adapter) and carries ``model.modeconn_config`` (architecture name + full kwargs) so checkpoints can rebuild it.
+"vit-tiny", whose spec comes from the Hugging Face adapter) and carries ``model.modeconn_config`` (architecture name +
+full kwargs) so checkpoints can rebuild it.
 Every image architecture but the Hugging Face ViT (:data:`HF_IMAGE_MODELS`: "vit-tiny", :mod:`.vit`) takes
 ``asymmetric=None | {...}`` for W-asymmetric layers (:mod:`.asymmetric`).
 Token models (:data:`TOKEN_MODELS`: "gpt-neox-tiny", :mod:`.causal_lm`, ``in_shape=(T,)``, ``num_classes`` =

@@ -223,6 +223,16 @@ def _check_sigma_f(sigma_f: Any, where: str) -> float:
 class _AsymmetricMixin:
     """Shared logic of :class:`AsymLinear` and :class:`AsymConv2d` (``weight`` of shape (out, ...))."""
 
+    _BASE: type[nn.Module]  # the stock layer the subclass extends (nn.Linear, nn.Conv2d)
+
+    def reset_parameters(self) -> None:
+        """The stock layer's initialisation of W and b, then the masked entries of W set to 0."""
+        self._BASE.reset_parameters(self)
+        self._zero_masked_weight()
+
+    def extra_repr(self) -> str:
+        return f"{self._BASE.extra_repr(self)}, {self._asym_repr()}"
+
     fixed_buffers: tuple[str, ...] = FIXED_BUFFERS
     weight: nn.Parameter
     fixed_offsets: torch.Tensor
@@ -276,6 +286,7 @@ class _AsymmetricMixin:
 
 
 class AsymLinear(_AsymmetricMixin, nn.Linear):
+    _BASE = nn.Linear
     """W-asymmetric ``nn.Linear``: ``y = x (F + D ⊙ W)ᵀ + b``; (N, *, in_features) → (N, *, out_features).
 
     Args:
@@ -310,19 +321,12 @@ class AsymLinear(_AsymmetricMixin, nn.Linear):
         nn.Linear.__init__(self, in_features, out_features, bias=bias, device=device, dtype=dtype)
         self._init_asymmetry(sigma_f, num_fixed, density, mask_seed, key)
 
-    def reset_parameters(self) -> None:
-        """PyTorch's ``nn.Linear`` initialisation of W and b, then the masked entries of W set to 0."""
-        nn.Linear.reset_parameters(self)
-        self._zero_masked_weight()
-
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         return F.linear(input, self.effective_weight(), self.bias)
 
-    def extra_repr(self) -> str:
-        return f"{nn.Linear.extra_repr(self)}, {self._asym_repr()}"
-
 
 class AsymConv2d(_AsymmetricMixin, nn.Conv2d):
+    _BASE = nn.Conv2d
     """W-asymmetric ``nn.Conv2d``: the convolution with kernel ``F + D ⊙ W``; rows are output channels.
 
     Each output channel has ``num_fixed`` masked entries among its ``in_channels/groups · kh · kw``.
@@ -359,16 +363,8 @@ class AsymConv2d(_AsymmetricMixin, nn.Conv2d):
         )
         self._init_asymmetry(sigma_f, num_fixed, density, mask_seed, key)
 
-    def reset_parameters(self) -> None:
-        """PyTorch's ``nn.Conv2d`` initialisation of W and b, then the masked entries of W set to 0."""
-        nn.Conv2d.reset_parameters(self)
-        self._zero_masked_weight()
-
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         return self._conv_forward(input, self.effective_weight(), self.bias)
-
-    def extra_repr(self) -> str:
-        return f"{nn.Conv2d.extra_repr(self)}, {self._asym_repr()}"
 
 
 ASYMMETRIC_LAYERS: tuple[type[nn.Module], ...] = (AsymLinear, AsymConv2d)
@@ -438,7 +434,7 @@ def fixed_structure_mismatches(model: nn.Module) -> list[str]:
         if regen is None:
             continue
         prefix = f"{name}." if name else ""
-        for buf, expected in zip(("fixed_offsets", "fixed_mask"), regen()):
+        for buf, expected in zip(("fixed_offsets", "fixed_mask"), regen(), strict=False):
             actual = getattr(mod, buf).detach().to("cpu")
             if actual.dtype != expected.dtype or actual.shape != expected.shape or not torch.equal(actual, expected):
                 bad.append(prefix + buf)

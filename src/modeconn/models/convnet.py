@@ -9,7 +9,7 @@ from its config has exactly the same layers.
 
 from __future__ import annotations
 
-from typing import Literal, Union
+from typing import Literal
 
 from torch import nn
 
@@ -19,7 +19,7 @@ from ._build import MODELS
 from ._types import InShape, PosFloat, PosInt
 from .asymmetric import AsymmetricConfig, AsymmetricOption, layer_asymmetry
 
-LayoutItem = Union[PosInt, Literal["M"]]
+LayoutItem = PosInt | Literal["M"]
 
 VGG_LAYOUTS: dict[str, tuple[int | str, ...]] = {
     "small": (32, "M", 64, "M", 128, 128, "M"),
@@ -75,7 +75,7 @@ class ConvNet(nn.Module):
         self.classifier = nn.Sequential(
             *(
                 LinearBlock(a, b, activation=activation, asym=layer_asymmetry(asym, boundary=False), name=f"classifier.{j}")
-                for j, (a, b) in enumerate(zip(widths[:-1], widths[1:]))
+                for j, (a, b) in enumerate(zip(widths[:-1], widths[1:], strict=False))
             )
         )
         self.head = make_linear(widths[-1], num_classes, asym=layer_asymmetry(asym, boundary=True), name="head")
@@ -99,7 +99,7 @@ def vgg(
     in_shape: InShape,
     num_classes: PosInt,
     *,
-    layout: Union[str, tuple[LayoutItem, ...]] = "small",
+    layout: str | tuple[LayoutItem, ...] = "small",
     width: PosFloat = 1.0,
     batchnorm: bool = False,
     classifier_widths: tuple[PosInt, ...] = (256, 256),

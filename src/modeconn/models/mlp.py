@@ -41,7 +41,7 @@ class MLP(nn.Module):
                     a, b, norm=norm, activation=activation, bias=bias,
                     asym=layer_asymmetry(asym, boundary=i == 0), name=f"blocks.{i}",
                 )
-                for i, (a, b) in enumerate(zip(widths[:-1], widths[1:]))
+                for i, (a, b) in enumerate(zip(widths[:-1], widths[1:], strict=False))
             )
         )
         self.head = make_linear(widths[-1], num_classes, bias=bias, asym=layer_asymmetry(asym, boundary=True), name="head")

@@ -40,7 +40,7 @@ class FlatParams:
     def params(self, v: torch.Tensor) -> dict[str, torch.Tensor]:
         """``{parameter name: tensor}`` from a (P,) vector (differentiable; each in A's dtype)."""
         parts = torch.split(v, self.numels)
-        return {n: p.view(s).to(d) for n, p, s, d in zip(self.names, parts, self.shapes, self.dtypes)}
+        return {n: p.view(s).to(d) for n, p, s, d in zip(self.names, parts, self.shapes, self.dtypes, strict=False)}
 
     def forward(self, v: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """The architecture's output at parameters ``v`` (buffers and train/eval mode of the private copy)."""

@@ -252,6 +252,178 @@ def _dense_check(chain: _Chain, pts: torch.Tensor, batches: list[tuple[torch.Ten
     return pivot, probes, forwards
 
 
+class _Run:
+    """One AutoNEB call: setup (checks, the chain, the fixed evaluation batches) → one cycle at a time (NEB steps,
+    then a dense check and at most one insertion) → finish (the :class:`Path`)."""
+
+    def __init__(self, model: nn.Module, sd_a: StateDict, sd_b: StateDict, train_data: Any, cfg: AutoNEBConfig,
+                 loss_fn: LossFn | None, progress: Callable[[int, int], None] | None) -> None:
+        self.cfg, self.progress, self.sd_a, self.sd_b = cfg, progress, sd_a, sd_b
+        ds, self.bs = resolve_dataset(train_data, cfg.batch_size)
+        self.device = device = check_endpoints(model, sd_a, sd_b)
+        self.start = time.perf_counter()
+        self.ch = _Chain(model, sd_a, sd_b, device, _loss_fn(loss_fn))
+        if not self.ch.names:
+            raise ConfigError("the model has no parameters: AutoNEB has no coordinates to move")
+        self.a, self.b = a, b = self.ch.flat(sd_a), self.ch.flat(sd_b)
+        m0 = cfg.initial_pivots
+        self.pivots = torch.stack([torch.lerp(a, b, (i + 1) / (m0 + 1)) for i in range(m0)])
+        self.gen = torch.Generator().manual_seed(cfg.seed)
+        eval_stream = BatchStream(ds, self.bs, self.gen)
+        self.eval_set = [tuple(eval_stream.next(device)[:2]) for _ in range(cfg.eval_batches)]
+        self.stream = BatchStream(ds, self.bs, self.gen)
+        self.grad_evals = self.forward_evals = 0
+        self.records: list[dict[str, Any]] = []
+        self.total_steps = cfg.cycles * cfg.steps_per_cycle
+        self.steps_done = 0
+        self.stopped = "cycles"
+        self.end_losses: tuple[float, float] | None = None
+        self.last_check: tuple[np.ndarray, np.ndarray] = (np.zeros(0), np.zeros((0, 0)))
+
+    def run(self) -> None:
+        """All cycles, under a forked global RNG seeded from the run's generator (dropout etc.)."""
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(int(torch.randint(0, 2 ** 62, (), generator=self.gen)))  # dropout etc.
+            for cycle in range(self.cfg.cycles):
+                if not self.cycle(cycle):
+                    break
+
+    def _chain(self) -> torch.Tensor:
+        """(m+2, P): A, the inner pivots (detached), B."""
+        return torch.cat([self.a[None], self.pivots.detach(), self.b[None]])
+
+    def cycle(self, cycle: int) -> bool:
+        """NEB steps with a fresh optimizer, then the dense check; False once the run stops."""
+        cfg = self.cfg
+        m = self.pivots.shape[0]
+        self.pivots = self.pivots.detach().clone().requires_grad_(True)
+        opt = (torch.optim.SGD([self.pivots], lr=cfg.lr, momentum=cfg.momentum) if cfg.optimizer == "sgd"
+               else torch.optim.Adam([self.pivots], lr=cfg.lr))
+        self.ch.train_mode()
+        mean_losses: list[float] = []
+        for step in range(cfg.steps_per_cycle):
+            if cfg.budget is not None and self.grad_evals + m > cfg.budget:
+                self.stopped = "budget"
+                break
+            mean_losses.append(self.step(opt, cycle, step, m))
+        if not mean_losses:  # the budget cannot pay a step: the last check describes this chain already
+            return False
+        self.records.append(self.check(cycle, m, mean_losses))
+        return self.stopped != "budget"
+
+    def _gradients(self, x: torch.Tensor, y: torch.Tensor, cycle: int, step: int) -> tuple[torch.Tensor, list[float]]:
+        """Minibatch gradient and loss at every inner pivot (one grad eval each)."""
+        m = self.pivots.shape[0]
+        grads = torch.empty_like(self.pivots)
+        losses = []
+        for i in range(m):
+            v = self.pivots.detach()[i].clone().requires_grad_(True)
+            loss = self.ch.loss(v, x, y)
+            if not torch.isfinite(loss):
+                raise NonFiniteError(f"AutoNEB training loss became {loss.item()} at cycle {cycle}, step {step}, "
+                                     f"pivot {i + 1} of {m}; lower lr")
+            grads[i] = torch.autograd.grad(loss, v)[0]
+            losses.append(loss.item())
+        return grads, losses
+
+    def step(self, opt: torch.optim.Optimizer, cycle: int, step: int, m: int) -> float:
+        """One NEB step on one minibatch shared by all pivots; returns the mean minibatch loss of the pivots."""
+        cfg = self.cfg
+        x, y = self.stream.next(self.device)[:2]
+        grads, losses = self._gradients(x, y, cycle, step)
+        self.grad_evals += m
+        chain = self._chain()
+        energies = None
+        if cfg.tangent == "upwind":
+            with torch.no_grad():
+                ends = [self.ch.loss(self.a, x, y).item(), self.ch.loss(self.b, x, y).item()]
+            self.forward_evals += 2
+            energies = torch.tensor([ends[0], *losses, ends[1]], dtype=torch.float64)
+        tau = neb_tangents(chain, energies)
+        opt.zero_grad(set_to_none=True)
+        self.pivots.grad = neb_gradient(grads, chain, tau, cfg.spring)
+        opt.step()
+        mean_loss = float(np.mean(losses))
+        self.steps_done += 1
+        if self.progress is not None:
+            self.progress(self.steps_done, self.total_steps)
+        return mean_loss
+
+    def check(self, cycle: int, m: int, mean_losses: list[float]) -> dict[str, Any]:
+        """The dense check after a cycle, and at most one insertion; returns the cycle's record."""
+        cfg = self.cfg
+        pts = self._chain()
+        pivot_l, probe_l, fw = _dense_check(self.ch, pts, self.eval_set, cfg.insert_probe, self.end_losses,
+                                            f"cycle {cycle}")
+        self.end_losses = (float(pivot_l[0]), float(pivot_l[-1]))
+        self.forward_evals += fw
+        self.last_check = (pivot_l, probe_l)
+        s_grid = np.arange(1, cfg.insert_probe + 1) / (cfg.insert_probe + 1)
+        excess = probe_l - ((1 - s_grid)[None, :] * pivot_l[:-1, None] + s_grid[None, :] * pivot_l[1:, None])
+        j, k = np.unravel_index(int(np.argmax(excess)), excess.shape)
+        rec: dict[str, Any] = {
+            "cycle": cycle, "steps": len(mean_losses), "grad_evals": self.grad_evals, "pivots": m,
+            "train_loss_first": mean_losses[0], "train_loss_last": mean_losses[-1],
+            "max_pivot_loss": float(pivot_l.max()), "max_dense_loss": float(max(pivot_l.max(), probe_l.max())),
+            "max_excess": float(excess[j, k]), "inserted": None,
+        }
+        can_pay = cfg.budget is None or self.grad_evals + m + 1 <= cfg.budget
+        if (self.stopped == "cycles" and cycle < cfg.cycles - 1 and m < cfg.max_pivots and can_pay
+                and excess[j, k] > cfg.insert_tol):
+            new = torch.lerp(pts[j], pts[j + 1], float(s_grid[k]))
+            self.pivots = torch.cat([self.pivots.detach()[:j], new[None], self.pivots.detach()[j:]])
+            rec["inserted"] = {"segment": int(j), "position": float(s_grid[k]), "excess": float(excess[j, k]),
+                               "loss": float(probe_l[j, k])}
+        return rec
+
+    def _points(self, pts: torch.Tensor, t: np.ndarray) -> list[dict[str, torch.Tensor]]:
+        """The pivots as CPU state dicts: exact copies of A and B at the ends, inner pivots with A's/B's buffers
+        interpolated at their ``t``."""
+        sd_a = self.sd_a
+        points = [cpu_clone(sd_a)]
+        for i in range(1, len(pts) - 1):
+            sd = interpolate(sd_a, self.sd_b, float(t[i])) if 0 < t[i] < 1 else dict(sd_a)
+            sd = cpu_clone(sd)
+            for n, p in self.ch.params(pts[i].detach()).items():
+                sd[n] = p.to("cpu", copy=True)
+            points.append(sd)
+        points.append(cpu_clone(self.sd_b))
+        return points
+
+    def finish(self) -> Path:
+        """The :class:`Path` of the final chain (``t``: normalised cumulative arc length), info and compute."""
+        cfg = self.cfg
+        pts = self._chain()
+        t = _arc_length_t(pts)
+        points = self._points(pts, t)
+        pivot_l, probe_l = self.last_check
+        info = {
+            **cfg.model_dump(), "batch_size": self.bs, "coordinates": "parameters", "n_parameters": int(self.a.numel()),
+            "eval_examples": sum(int(x.shape[0]) for x, _ in self.eval_set), "records": self.records,
+            "stopped": self.stopped, "budget_left": None if cfg.budget is None else cfg.budget - self.grad_evals,
+            "n_pivots": len(pts) - 2, "pivot_losses": pivot_l.tolist(), "segment_peaks": probe_l.max(axis=1).tolist(),
+            "max_dense_loss": float(max(pivot_l.max(), probe_l.max())),
+            "reached_b": True,  # the chain's ends are fixed at A and B; completeness is the continuity check's
+        }
+        compute = {"grad_evals": self.grad_evals, "forward_evals": self.forward_evals,
+                   "wall_time_s": time.perf_counter() - self.start}
+        return Path(points, t, method="autoneb", info=info, compute=compute)
+
+
+def _arc_length_t(pts: torch.Tensor) -> np.ndarray:
+    """Normalised cumulative arc length of the chain ``pts`` (m+2, P) in [0, 1] (evenly spaced if it has none)."""
+    seg = (pts[1:] - pts[:-1]).double().norm(dim=1).cpu().numpy()
+    total = float(seg.sum())
+    if total > 0:
+        t = np.concatenate([[0.0], np.cumsum(seg) / total])
+        t = np.clip(np.maximum.accumulate(t), 0.0, 1.0)
+        t[-1] = 1.0
+    else:
+        t = np.linspace(0.0, 1.0, len(pts))
+    return t
+
+
 def autoneb(
     model: nn.Module,
     sd_a: StateDict,
@@ -293,124 +465,6 @@ def autoneb(
         step, cycle and pivot named).
     """
     cfg = AutoNEBConfig.from_any(config, **options)
-    ds, bs = resolve_dataset(train_data, cfg.batch_size)
-    device = check_endpoints(model, sd_a, sd_b)
-    start = time.perf_counter()
-    ch = _Chain(model, sd_a, sd_b, device, _loss_fn(loss_fn))
-    if not ch.names:
-        raise ConfigError("the model has no parameters: AutoNEB has no coordinates to move")
-    a, b = ch.flat(sd_a), ch.flat(sd_b)
-    m0 = cfg.initial_pivots
-    pivots = torch.stack([torch.lerp(a, b, (i + 1) / (m0 + 1)) for i in range(m0)])
-
-    gen = torch.Generator().manual_seed(cfg.seed)
-    eval_stream = BatchStream(ds, bs, gen)
-    eval_set = [tuple(eval_stream.next(device)[:2]) for _ in range(cfg.eval_batches)]
-    stream = BatchStream(ds, bs, gen)
-    grad_evals = forward_evals = 0
-    records: list[dict[str, Any]] = []
-    total_steps = cfg.cycles * cfg.steps_per_cycle
-    steps_done = 0
-    stopped = "cycles"
-    end_losses: tuple[float, float] | None = None
-    last_check: tuple[np.ndarray, np.ndarray] = (np.zeros(0), np.zeros((0, 0)))
-    devices = [device] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(int(torch.randint(0, 2 ** 62, (), generator=gen)))  # dropout etc.
-        for cycle in range(cfg.cycles):
-            m = pivots.shape[0]
-            pivots = pivots.detach().clone().requires_grad_(True)
-            opt = (torch.optim.SGD([pivots], lr=cfg.lr, momentum=cfg.momentum) if cfg.optimizer == "sgd"
-                   else torch.optim.Adam([pivots], lr=cfg.lr))
-            ch.train_mode()
-            first_loss = last_loss = None
-            steps = 0
-            for step in range(cfg.steps_per_cycle):
-                if cfg.budget is not None and grad_evals + m > cfg.budget:
-                    stopped = "budget"
-                    break
-                x, y = stream.next(device)[:2]
-                grads = torch.empty_like(pivots)
-                losses = []
-                for i in range(m):
-                    v = pivots.detach()[i].clone().requires_grad_(True)
-                    loss = ch.loss(v, x, y)
-                    if not torch.isfinite(loss):
-                        raise NonFiniteError(f"AutoNEB training loss became {loss.item()} at cycle {cycle}, step {step}, "
-                                             f"pivot {i + 1} of {m}; lower lr")
-                    grads[i] = torch.autograd.grad(loss, v)[0]
-                    losses.append(loss.item())
-                grad_evals += m
-                chain = torch.cat([a[None], pivots.detach(), b[None]])
-                energies = None
-                if cfg.tangent == "upwind":
-                    with torch.no_grad():
-                        ends = [ch.loss(a, x, y).item(), ch.loss(b, x, y).item()]
-                    forward_evals += 2
-                    energies = torch.tensor([ends[0], *losses, ends[1]], dtype=torch.float64)
-                tau = neb_tangents(chain, energies)
-                opt.zero_grad(set_to_none=True)
-                pivots.grad = neb_gradient(grads, chain, tau, cfg.spring)
-                opt.step()
-                mean_loss = float(np.mean(losses))
-                first_loss = mean_loss if first_loss is None else first_loss
-                last_loss = mean_loss
-                steps += 1
-                steps_done += 1
-                if progress is not None:
-                    progress(steps_done, total_steps)
-            if steps == 0:  # the budget cannot pay a step: the last check describes this chain already
-                break
-            pts = torch.cat([a[None], pivots.detach(), b[None]])
-            pivot_l, probe_l, fw = _dense_check(ch, pts, eval_set, cfg.insert_probe, end_losses, f"cycle {cycle}")
-            end_losses = (float(pivot_l[0]), float(pivot_l[-1]))
-            forward_evals += fw
-            last_check = (pivot_l, probe_l)
-            s_grid = np.arange(1, cfg.insert_probe + 1) / (cfg.insert_probe + 1)
-            excess = probe_l - ((1 - s_grid)[None, :] * pivot_l[:-1, None] + s_grid[None, :] * pivot_l[1:, None])
-            j, k = np.unravel_index(int(np.argmax(excess)), excess.shape)
-            rec: dict[str, Any] = {
-                "cycle": cycle, "steps": steps, "grad_evals": grad_evals, "pivots": m,
-                "train_loss_first": first_loss, "train_loss_last": last_loss,
-                "max_pivot_loss": float(pivot_l.max()), "max_dense_loss": float(max(pivot_l.max(), probe_l.max())),
-                "max_excess": float(excess[j, k]), "inserted": None,
-            }
-            can_pay = cfg.budget is None or grad_evals + m + 1 <= cfg.budget
-            if (stopped == "cycles" and cycle < cfg.cycles - 1 and m < cfg.max_pivots and can_pay
-                    and excess[j, k] > cfg.insert_tol):
-                new = torch.lerp(pts[j], pts[j + 1], float(s_grid[k]))
-                pivots = torch.cat([pivots.detach()[:j], new[None], pivots.detach()[j:]])
-                rec["inserted"] = {"segment": int(j), "position": float(s_grid[k]), "excess": float(excess[j, k]),
-                                   "loss": float(probe_l[j, k])}
-            records.append(rec)
-            if stopped == "budget":
-                break
-
-    pts = torch.cat([a[None], pivots.detach(), b[None]])
-    seg = (pts[1:] - pts[:-1]).double().norm(dim=1).cpu().numpy()
-    total = float(seg.sum())
-    if total > 0:
-        t = np.concatenate([[0.0], np.cumsum(seg) / total])
-        t = np.clip(np.maximum.accumulate(t), 0.0, 1.0)
-        t[-1] = 1.0
-    else:
-        t = np.linspace(0.0, 1.0, len(pts))
-    points = [cpu_clone(sd_a)]
-    for i in range(1, len(pts) - 1):
-        sd = interpolate(sd_a, sd_b, float(t[i])) if 0 < t[i] < 1 else dict(sd_a)
-        sd = cpu_clone(sd)
-        for n, p in ch.params(pts[i].detach()).items():
-            sd[n] = p.to("cpu", copy=True)
-        points.append(sd)
-    points.append(cpu_clone(sd_b))
-    pivot_l, probe_l = last_check
-    info = {
-        **cfg.model_dump(), "batch_size": bs, "coordinates": "parameters", "n_parameters": int(a.numel()),
-        "eval_examples": sum(int(x.shape[0]) for x, _ in eval_set), "records": records, "stopped": stopped,
-        "budget_left": None if cfg.budget is None else cfg.budget - grad_evals, "n_pivots": len(pts) - 2,
-        "pivot_losses": pivot_l.tolist(), "segment_peaks": probe_l.max(axis=1).tolist(),
-        "max_dense_loss": float(max(pivot_l.max(), probe_l.max())),
-        "reached_b": True,  # the chain's ends are fixed at A and B; completeness is the continuity check's
-    }
-    compute = {"grad_evals": grad_evals, "forward_evals": forward_evals, "wall_time_s": time.perf_counter() - start}
-    return Path(points, t, method="autoneb", info=info, compute=compute)
+    run = _Run(model, sd_a, sd_b, train_data, cfg, loss_fn, progress)
+    run.run()
+    return run.finish()

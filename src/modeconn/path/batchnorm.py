@@ -21,7 +21,7 @@ non-finite ``running_var``, non-finite ``running_mean``), e.g. from extrapolatin
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 import torch
 import torch.nn as nn
@@ -150,7 +150,7 @@ def recalibrating(model: nn.Module):
                 m.train()
             yield
     finally:
-        for m, mom in zip(bns, momenta):
+        for m, mom in zip(bns, momenta, strict=False):
             m.momentum = mom
 
 

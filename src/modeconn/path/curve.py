@@ -104,7 +104,7 @@ class Curve:
         }
 
     @classmethod
-    def from_json(cls, d: dict) -> "Curve":
+    def from_json(cls, d: dict) -> Curve:
         return cls(
             lambdas=np.asarray(d["lambdas"]),
             metrics={s: {m: np.asarray(v) for m, v in ms.items()} for s, ms in d["metrics"].items()},

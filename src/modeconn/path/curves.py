@@ -118,7 +118,7 @@ class CurveModule(nn.Module):
         w = self.weights(t)
         nodes = [self.end_a, *self.controls, self.end_b]
         out = None
-        for wi, node in zip(w, nodes):
+        for wi, node in zip(w, nodes, strict=False):
             if wi == 0.0:
                 continue
             out = node * wi if out is None else out + node * wi

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from typing import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -119,7 +119,7 @@ def check_fixed_structure(model: nn.Module, state_dicts: Sequence[StateDict], na
     """W-asymmetric layers' fixed offsets/masks (F, D) must be identical in every model: they are shared
     structure, not coordinates. ConfigError naming the first differing key otherwise (different mask_seed)."""
     for key in fixed_structure_keys(model):
-        for sd, name in zip(state_dicts[1:], names[1:]):
+        for sd, name in zip(state_dicts[1:], names[1:], strict=False):
             if not torch.equal(state_dicts[0][key], sd[key]):
                 raise ConfigError(
                     f"fixed structure {key!r} differs between {names[0]} and {name}: W-asymmetric models must share "
@@ -254,7 +254,7 @@ def merge(
     names = [f"model {i}" for i in range(len(state_dicts))]
     check_compatible(list(state_dicts), names)
     check_one_device(list(state_dicts), names)
-    for sd, name in zip(state_dicts, names):
+    for sd, name in zip(state_dicts, names, strict=False):
         check_finite(sd, name)
     weights = merge_weights(weights, len(state_dicts), normalize=normalize)
     MERGE_RULES.get(rule)  # a typo names the rules before any work

@@ -19,7 +19,7 @@ dtype at every λ (λ=1 included); a value that overflows that dtype (fp16's ±6
 from __future__ import annotations
 
 import math
-from typing import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import torch
 
@@ -33,7 +33,8 @@ StateDict = Mapping[str, torch.Tensor]
 
 def interpolate(sd_a: StateDict, sd_b: StateDict, lam: float) -> dict[str, torch.Tensor]:
     """``θ(λ) = (1−λ)θ_A + λθ_B``; λ=0 returns A's tensors and λ=1 B's (exactly, as new dict; B's floats
-    are cast to A's dtype if they differ); any finite λ (outside [0, 1]: extrapolation). Raises StateDictMismatchError (keys/shapes, all listed) or
+    are cast to A's dtype if they differ); any finite λ (outside [0, 1]: extrapolation). Raises StateDictMismatchError
+    (keys/shapes, all listed) or
     DeviceMismatchError before any arithmetic, ConfigError for a non-finite ``lam``."""
     lam = float(lam)
     if not math.isfinite(lam):

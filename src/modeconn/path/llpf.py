@@ -200,34 +200,61 @@ def fdf_groups(model: nn.Module, level: int | None = None) -> list[list[str]]:
         raise ConfigError(f"level must be None or an integer ≥ 1, got {level!r}")
     gm = _fx_trace(model, ())
     params = param_names(model)
-    pset = set(params)
     owners = param_owners(model)
-    groups: list[list[str]] = []
-    assigned: set[str] = set()
-    writer_group: dict[torch.fx.Node, int] = {}
+    grouping = _FDFGrouping(gm, params)
     for node in gm.graph.nodes:
         if node.op == "call_module":
-            mod = gm.get_submodule(node.target)
-            keys = [f"{node.target}.{n}" for n, _ in mod.named_parameters()]
-            keys = [k for k in keys if k in pset and k not in assigned]
-            if not keys:
-                continue
-            src = node.args[0] if node.args else None
-            if isinstance(mod, NORM_TYPES) and isinstance(src, torch.fx.Node) and src in writer_group:
-                groups[writer_group[src]].extend(keys)
-            else:
-                groups.append(keys)
-                if not isinstance(mod, NORM_TYPES):
-                    writer_group[node] = len(groups) - 1
-            assigned.update(keys)
-        elif node.op == "get_attr" and node.target in pset and node.target not in assigned:
-            groups.append([node.target])
-            assigned.add(node.target)
-    rest = [k for k in params if k not in assigned]
-    if rest:
-        groups.append(rest)
-    if level is None:
-        return groups
+            grouping.add_module(node)
+        elif node.op == "get_attr":
+            grouping.add_attr(node)
+    groups = grouping.close()
+    return groups if level is None else _merge_groups(groups, owners, level)
+
+
+class _FDFGrouping:
+    """The groups of :func:`fdf_groups`, built in one pass over the fx graph ``gm`` of a model with parameters
+    ``params``: every parameter is assigned to the first group that reaches it."""
+
+    def __init__(self, gm: torch.fx.GraphModule, params: list[str]) -> None:
+        self.gm, self.params, self.pset = gm, params, set(params)
+        self.groups: list[list[str]] = []
+        self.assigned: set[str] = set()
+        self.writer_group: dict[torch.fx.Node, int] = {}  # node of a non-normalization module → its group
+
+    def add_module(self, node: torch.fx.Node) -> None:
+        """A ``call_module`` node: its unassigned parameters start a group, or join the writer's group for a
+        normalization applied directly to a writer's output."""
+        mod = self.gm.get_submodule(node.target)
+        keys = [f"{node.target}.{n}" for n, _ in mod.named_parameters()]
+        keys = [k for k in keys if k in self.pset and k not in self.assigned]
+        if not keys:
+            return
+        src = node.args[0] if node.args else None
+        if isinstance(mod, NORM_TYPES) and isinstance(src, torch.fx.Node) and src in self.writer_group:
+            self.groups[self.writer_group[src]].extend(keys)
+        else:
+            self.groups.append(keys)
+            if not isinstance(mod, NORM_TYPES):
+                self.writer_group[node] = len(self.groups) - 1
+        self.assigned.update(keys)
+
+    def add_attr(self, node: torch.fx.Node) -> None:
+        """A ``get_attr`` node: an unassigned parameter read directly is a group of its own."""
+        if node.target in self.pset and node.target not in self.assigned:
+            self.groups.append([node.target])
+            self.assigned.add(node.target)
+
+    def close(self) -> list[list[str]]:
+        """The groups, with the parameters the graph never reached as the last one."""
+        rest = [k for k in self.params if k not in self.assigned]
+        if rest:
+            self.groups.append(rest)
+        return self.groups
+
+
+def _merge_groups(groups: list[list[str]], owners: Mapping[str, str], level: int) -> list[list[str]]:
+    """Consecutive groups whose first parameter's owning module shares the first ``level`` name components,
+    merged (:func:`fdf_groups` with ``level``)."""
     merged: list[list[str]] = []
     last = None
     for g in groups:
@@ -379,30 +406,75 @@ def _check_budget(mode: str, c: Mapping[str, Any]) -> None:
                           f"({what}); lower the ticks or raise the budget")
 
 
+def _endpoint_device(model: nn.Module, sd_a: StateDict, sd_b: StateDict | None) -> torch.device:
+    """The run's device, after checking the endpoints (both: :func:`check_endpoints`; A alone — M2O — against
+    the model and for finiteness)."""
+    if sd_b is not None:
+        return check_endpoints(model, sd_a, sd_b)
+    check_compatible([model.state_dict(), sd_a], ["model", "A"])
+    check_finite(sd_a, "A")
+    devs = {v.device for v in sd_a.values()}
+    return next(iter(devs)) if devs else torch.device("cpu")
+
+
+def _mode_settings(mode: str, config: LLPFConfig) -> tuple[dict[str, Any], Any]:
+    """The run's settings for ``mode`` (M2O: every non-norm layer at once, no variance correction; M2M: no
+    angle-conformal lr; the cross-sphere fields only for cross-sphere) and the ``order`` taken out of them."""
+    c = config.model_dump()
+    if mode == "m2o":  # M2O moves every non-norm layer at once and never corrects variances
+        c.update(order="all", unlock_every=None, variance_correction="none", variance_target="source")
+    if mode == "m2m":
+        c["angle_conformal"] = False
+    if mode != "cross":
+        for k in ("m2o_step", "m2o_max_ticks", "sphere_rtol"):
+            c.pop(k)
+    order = c.pop("order")
+    return c, order
+
+
+def _set_unlock_every(c: dict[str, Any], n_groups: int) -> None:
+    """``c["unlock_every"]`` (its default where None); ConfigError when the ticks leave FDF groups locked."""
+    if c["unlock_every"] is None:
+        c["unlock_every"] = max(1, c["ticks"] // (3 * n_groups)) if c["order"] != "all" else 1
+    if c["order"] != "all" and (n_groups - 1) * c["unlock_every"] >= c["ticks"]:
+        raise ConfigError(
+            f"ticks={c['ticks']} leaves FDF groups locked: {n_groups} groups unlocked every {c['unlock_every']} "
+            f"tick(s) need ticks > {(n_groups - 1) * c['unlock_every']} (or merge groups with fdf_level=2, or "
+            "order='all')")
+
+
 class _Run:
-    """One LLPF run (M2M, M2O or cross-sphere); state checkpointed to ``out_dir``."""
+    """One LLPF run (M2M, M2O or cross-sphere); state checkpointed to ``out_dir``: setup (``__init__``: checks,
+    settings, network, groups, endpoints, fingerprint) → resume (a checkpoint, or point 0) → one :meth:`_step`
+    per tick → finish (the destination closes the path)."""
 
     def __init__(self, mode: str, model: nn.Module, sd_a: StateDict, sd_b: StateDict | None, train_data: Any,
                  config: LLPFConfig, loss_fn: LossFn | None, out_dir, resume: bool,
                  progress: Callable[[int, int], None] | None, data_info: Mapping[str, Any] | None = None) -> None:
         self.mode = mode
-        if sd_b is not None:
-            self.device = check_endpoints(model, sd_a, sd_b)
-        else:
-            check_compatible([model.state_dict(), sd_a], ["model", "A"])
-            check_finite(sd_a, "A")
-            devs = {v.device for v in sd_a.values()}
-            self.device = next(iter(devs)) if devs else torch.device("cpu")
-        c = config.model_dump()
-        if mode == "m2o":  # M2O moves every non-norm layer at once and never corrects variances
-            c.update(order="all", unlock_every=None, variance_correction="none", variance_target="source")
-        if mode == "m2m":
-            c["angle_conformal"] = False
-        if mode != "cross":
-            for k in ("m2o_step", "m2o_max_ticks", "sphere_rtol"):
-                c.pop(k)
-        order = c.pop("order")
+        self.device = _endpoint_device(model, sd_a, sd_b)
+        c, order = _mode_settings(mode, config)
         self.ds, c["batch_size"] = resolve_dataset(train_data, c["batch_size"])
+        self._setup_net(model, sd_a)
+        self._setup_groups(c, order)
+        _check_budget(mode, c)
+        self.cfg = c
+        self.loss_fn = loss_fn or mean_cross_entropy
+        self.progress = progress
+        self._setup_endpoints(sd_a, sd_b)
+        self.gen = torch.Generator().manual_seed(int(c["seed"]))
+        self.stream = BatchStream(self.ds, c["batch_size"], self.gen)
+        self.out_dir = pathlib.Path(out_dir) if out_dir is not None else None
+        self._setup_fingerprint(sd_a, sd_b, data_info)
+        self.s: dict[str, Any] = self._initial_state(sd_a)  # the mutable state (checkpointed)
+        self.pending: list[dict[str, torch.Tensor]] = []
+        self.last_point: dict[str, torch.Tensor] | None = None
+        self.resume = resume
+
+    # ------------------------------------------------------------------ setup
+    def _setup_net(self, model: nn.Module, sd_a: StateDict) -> None:
+        """The working copy of the model at A, its coordinates and the per-layer bookkeeping of the moves and
+        the angle-conformal lr."""
         self.net = copy.deepcopy(model).to(self.device)
         self.net.load_state_dict(sd_a)
         self.coords = param_names(self.net)
@@ -415,52 +487,47 @@ class _Run:
         self.lr_ref = {k: mod_weight.get(self.owners[k]) for k in self.coords}  # whose variance sets k's lr factor
         self.moved_m2o = [k for k in self.coords if k not in norm]
         self.moved_m2o_set = set(self.moved_m2o)
-        if mode in ("m2m", "cross"):
-            c["order"], self.groups = _resolve_groups(self.net, order, c["fdf_level"])
-            self.corrected = corrected_keys(self.net, c["variance_correction"])
-            G = len(self.groups)
-            if c["unlock_every"] is None:
-                c["unlock_every"] = max(1, c["ticks"] // (3 * G)) if c["order"] != "all" else 1
-            if c["order"] != "all" and (G - 1) * c["unlock_every"] >= c["ticks"]:
-                raise ConfigError(
-                    f"ticks={c['ticks']} leaves FDF groups locked: {G} groups unlocked every {c['unlock_every']} "
-                    f"tick(s) need ticks > {(G - 1) * c['unlock_every']} (or merge groups with fdf_level=2, or "
-                    "order='all')")
-            c["groups"] = self.groups
-            self.group_of = {k: g for g, keys in enumerate(self.groups) for k in keys}
-        else:
+
+    def _setup_groups(self, c: dict[str, Any], order: Any) -> None:
+        """M2M / cross-sphere: the unlock groups (recorded in ``c``), the corrected tensors and the unlock
+        schedule; M2O: none."""
+        if self.mode not in ("m2m", "cross"):
             self.groups, self.corrected, self.group_of = [], [], {}
-        _check_budget(mode, c)
-        self.cfg = c
-        self.loss_fn = loss_fn or mean_cross_entropy
-        self.progress = progress
+            return
+        c["order"], self.groups = _resolve_groups(self.net, order, c["fdf_level"])
+        self.corrected = corrected_keys(self.net, c["variance_correction"])
+        _set_unlock_every(c, len(self.groups))
+        c["groups"] = self.groups
+        self.group_of = {k: g for g, keys in enumerate(self.groups) for k in keys}
+
+    def _setup_endpoints(self, sd_a: StateDict, sd_b: StateDict | None) -> None:
+        """The destination (on the run's device), both endpoints on the CPU and their variances."""
         self.dest = {k: v.detach().to(self.device, copy=True) for k, v in sd_b.items()} if sd_b is not None else None
         self.src_cpu = cpu_clone(sd_a)
         self.dest_cpu = cpu_clone(sd_b) if sd_b is not None else None
         self.var0 = {k: tensor_variance(sd_a[k]) for k in self.sphere_keys}
         self.var_dest = ({k: tensor_variance(sd_b[k]) for k in set(self.sphere_keys) | set(self.corrected)}
                          if sd_b is not None else {})
-        self.gen = torch.Generator().manual_seed(int(c["seed"]))
-        self.stream = BatchStream(self.ds, c["batch_size"], self.gen)
-        self.out_dir = pathlib.Path(out_dir) if out_dir is not None else None
+
+    def _setup_fingerprint(self, sd_a: StateDict, sd_b: StateDict | None, data_info: Mapping[str, Any] | None) -> None:
+        """The resume fingerprint (its parts: mode, settings, endpoints, training data) of a checkpointed run."""
         self.fingerprint_parts: dict[str, Any] = {}
         if self.out_dir is not None:  # only a checkpointed run needs it (the data digest reads every example)
             self.fingerprint_parts = {
-                "mode": mode, "settings": json.loads(_json_dumps(c, "LLPF settings")), "A": tensors_sha256(sd_a),
-                "B": tensors_sha256(sd_b), "data": data_fingerprint(self.ds, data_info),
+                "mode": self.mode, "settings": json.loads(_json_dumps(self.cfg, "LLPF settings")),
+                "A": tensors_sha256(sd_a), "B": tensors_sha256(sd_b), "data": data_fingerprint(self.ds, data_info),
             }
         self.fingerprint = hashlib.sha256(_json_dumps(self.fingerprint_parts, "LLPF fingerprint").encode()).hexdigest()
-        # ---- mutable state
-        self.s: dict[str, Any] = {
-            "tick": 0, "phase": "m2o" if mode in ("m2o", "cross") else "m2m", "phase_start": 0,
+
+    def _initial_state(self, sd_a: StateDict) -> dict[str, Any]:
+        """The mutable state of a fresh run (what a checkpoint stores as ``state``)."""
+        return {
+            "tick": 0, "phase": "m2o" if self.mode in ("m2o", "cross") else "m2m", "phase_start": 0,
             "remaining": [1.0] * len(self.groups),
             "var_start": {k: tensor_variance(sd_a[k]) for k in self.corrected},
             "records": [], "n_points": 0, "shards": [], "cum": [], "grad_evals": 0, "wall_time_s": 0.0,
             "finished": False, "stopped": False, "phase_boundary": None, "sphere_reached": None, "m2o_ticks": 0,
         }
-        self.pending: list[dict[str, torch.Tensor]] = []
-        self.last_point: dict[str, torch.Tensor] | None = None
-        self.resume = resume
 
     # ------------------------------------------------------------------ state helpers
     def _params(self) -> dict[str, torch.nn.Parameter]:
@@ -523,7 +590,7 @@ class _Run:
                                          f"(step {steps}); lower lr")
                 grads = torch.autograd.grad(loss, params, allow_unused=True)
                 with torch.no_grad():
-                    for p, g, lr in zip(params, grads, lrs):
+                    for p, g, lr in zip(params, grads, lrs, strict=False):
                         if g is not None:
                             p.add_(g, alpha=-lr)
                 window.append(loss.item())
@@ -685,53 +752,84 @@ class _Run:
         return self.mode == "m2o" and self.s["tick"] >= self.cfg["ticks"]
 
     def run(self) -> Path:
+        """resume (or point 0) → one :meth:`_step` per tick until done → :meth:`_finish`; a finished
+        checkpointed run is loaded."""
+        resumed = self._resume()
+        if resumed and self.s["finished"]:
+            return Path.load(self.out_dir)
+        self._t0, self._wall0 = time.perf_counter(), self.s["wall_time_s"]
+        while not self._done():
+            self._step()
+        return self._finish()
+
+    def _resume(self) -> bool:
+        """The checkpoint in ``out_dir`` loaded (True), or point 0 — the input itself — appended (False)."""
         if self.out_dir is not None:
             self.out_dir.mkdir(parents=True, exist_ok=True)
         resumed = self._try_resume()
-        if resumed and self.s["finished"]:
-            return Path.load(self.out_dir)
         if not resumed:
             self._append(cpu_clone(self.src_cpu))  # point 0 is the input itself
+        return resumed
+
+    def _update_wall_time(self) -> None:
+        self.s["wall_time_s"] = self._wall0 + time.perf_counter() - self._t0
+
+    def _step(self) -> None:
+        """One tick: the phase's move / refinement and its record, the point, a phase switch (cross-sphere),
+        then the wall time, a checkpoint and the progress report."""
         c = self.cfg
-        t0 = time.perf_counter()
-        wall0 = self.s["wall_time_s"]
-        while not self._done():
-            phase = self.s["phase"]
-            limits = self._step_limits()
-            rec = self._tick_m2m(limits) if phase == "m2m" else self._tick_m2o(limits)
-            rec = {"tick": self.s["tick"], "phase": phase, **rec}
-            if c["budget"] is not None and limits[0] < c["max_steps"]:
-                rec["steps_cap"] = limits[0]
-            self.s["records"].append(rec)
-            self.s["tick"] += 1
-            switch = False
-            if phase == "m2o" and self.mode == "cross":
-                self.s["m2o_ticks"] += 1
-                switch = rec.get("on_sphere") or self.s["m2o_ticks"] >= c["m2o_max_ticks"]
-            if rec["reached"] is False and c["stop_on_unreached"]:
-                self.s["stopped"] = True
-            last_tick = self._done() or switch
-            if self.s["tick"] % c["record_every"] == 0 or last_tick:
-                self._record()
-            if switch:
-                self.s["sphere_reached"] = bool(rec.get("on_sphere"))
-                self.s["phase_boundary"] = self.s["n_points"] - 1
-                self.s["phase"], self.s["phase_start"] = "m2m", self.s["tick"]
-                params = self._params()
-                self.s["var_start"] = {k: tensor_variance(params[k]) for k in self.corrected}
-                self.s["remaining"] = [1.0] * len(self.groups)
-            self.s["wall_time_s"] = wall0 + time.perf_counter() - t0
-            if self.out_dir is not None and self.s["tick"] % c["checkpoint_every"] == 0 and not self._done():
-                self._checkpoint()
-            if self.progress is not None:
-                self.progress(self.s["tick"], self._total())
-        # ---- finish: the destination closes an M2M / cross-sphere path
+        phase = self.s["phase"]
+        rec = self._tick(phase)
+        self.s["records"].append(rec)
+        self.s["tick"] += 1
+        switch = self._count_m2o_tick(phase, rec)
+        if rec["reached"] is False and c["stop_on_unreached"]:
+            self.s["stopped"] = True
+        last_tick = self._done() or switch
+        if self.s["tick"] % c["record_every"] == 0 or last_tick:
+            self._record()
+        if switch:
+            self._switch_to_m2m(rec)
+        self._update_wall_time()
+        if self.out_dir is not None and self.s["tick"] % c["checkpoint_every"] == 0 and not self._done():
+            self._checkpoint()
+        if self.progress is not None:
+            self.progress(self.s["tick"], self._total())
+
+    def _tick(self, phase: str) -> dict[str, Any]:
+        """The current tick of ``phase`` (within the budget's fair share), its record."""
+        limits = self._step_limits()
+        rec = self._tick_m2m(limits) if phase == "m2m" else self._tick_m2o(limits)
+        rec = {"tick": self.s["tick"], "phase": phase, **rec}
+        if self.cfg["budget"] is not None and limits[0] < self.cfg["max_steps"]:
+            rec["steps_cap"] = limits[0]
+        return rec
+
+    def _count_m2o_tick(self, phase: str, rec: Mapping[str, Any]) -> bool:
+        """Cross-sphere M2O phase: count the tick; whether the run switches to M2M now (B's sphere reached or
+        ``m2o_max_ticks`` spent)."""
+        if not (phase == "m2o" and self.mode == "cross"):
+            return False
+        self.s["m2o_ticks"] += 1
+        return rec.get("on_sphere") or self.s["m2o_ticks"] >= self.cfg["m2o_max_ticks"]
+
+    def _switch_to_m2m(self, rec: Mapping[str, Any]) -> None:
+        """Cross-sphere: the M2M phase starts at the current point (its variance targets start from there)."""
+        self.s["sphere_reached"] = bool(rec.get("on_sphere"))
+        self.s["phase_boundary"] = self.s["n_points"] - 1
+        self.s["phase"], self.s["phase_start"] = "m2m", self.s["tick"]
+        params = self._params()
+        self.s["var_start"] = {k: tensor_variance(params[k]) for k in self.corrected}
+        self.s["remaining"] = [1.0] * len(self.groups)
+
+    def _finish(self) -> Path:
+        """The destination closes an M2M / cross-sphere path (unless stopped); the run is marked finished."""
         if self.mode != "m2o" and not self.s["stopped"]:
             self.s["final_gap"] = (distance(self.last_point, self.dest_cpu, self.coords)
                                    / max(distance(self.src_cpu, self.dest_cpu, self.coords), 1e-30))
             self._append(cpu_clone(self.dest_cpu))
         self.s["finished"] = True
-        self.s["wall_time_s"] = wall0 + time.perf_counter() - t0
+        self._update_wall_time()
         return self._build_path()
 
     def _build_path(self) -> Path:

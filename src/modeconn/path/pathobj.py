@@ -39,7 +39,8 @@ import shutil
 import tempfile
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -250,7 +251,7 @@ class PathCurve(Curve):
         return out
 
     @classmethod
-    def from_json(cls, d: dict) -> "PathCurve":
+    def from_json(cls, d: dict) -> PathCurve:
         base = Curve.from_json(d)
         p = d.get("path", {})
         return cls(lambdas=base.lambdas, metrics=base.metrics, bn=base.bn, info=base.info,
@@ -297,7 +298,7 @@ class Path:
     @classmethod
     def _from_shards(cls, directory: pathlib.Path, shards: list[dict[str, Any]], keys: Mapping[str, Sequence[int]],
                      dtypes: Mapping[str, str], t: Sequence[float], method: str, info: Mapping[str, Any],
-                     compute: Mapping[str, Any]) -> "Path":
+                     compute: Mapping[str, Any]) -> Path:
         self = cls.__new__(cls)
         self._mem = None
         self._dir = pathlib.Path(directory)
@@ -433,7 +434,7 @@ class Path:
 
     @classmethod
     def load(cls, directory: str | os.PathLike, model: nn.Module | StateDict | None = None, *,
-             verify: bool = True) -> "Path":
+             verify: bool = True) -> Path:
         """Open a saved path (points are read lazily).
 
         Args:

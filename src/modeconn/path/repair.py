@@ -15,7 +15,7 @@ the norm layer directly after it.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import torch
 import torch.nn as nn
@@ -74,7 +74,7 @@ def interpolated_targets(
 ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """``μ_t = Σ w_i μ_i``, ``σ_t = Σ w_i σ_i`` per repair point."""
     return {
-        n: (sum(w * s[n][0] for w, s in zip(weights, stats)), sum(w * s[n][1] for w, s in zip(weights, stats)))
+        n: (sum(w * s[n][0] for w, s in zip(weights, stats, strict=False)), sum(w * s[n][1] for w, s in zip(weights, stats, strict=False)))
         for n in stats[0]
     }
 

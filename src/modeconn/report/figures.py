@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Mapping
+from collections.abc import Mapping
 
 import matplotlib
 
@@ -80,7 +80,7 @@ def plot_path_pca(paths: Mapping[str, PathLike], path: str | Path, title: str = 
         z = pca.transform(pts)
         ax.plot(z[:, 0], z[:, 1], marker="o", ms=2, label=label)
     ends = pca.transform(next(iter(flat.values()))[[0, -1]])
-    for (x, y), name in zip(ends, "AB"):
+    for (x, y), name in zip(ends, "AB", strict=False):
         ax.annotate(name, (x, y), fontsize=12, fontweight="bold")
     ev = pca.explained_variance_ratio_
     ax.set_xlabel(f"PC1 ({100 * ev[0]:.1f}% of variance)")
