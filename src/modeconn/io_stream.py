@@ -107,11 +107,11 @@ class ShardLayout:
             size += info.nbytes
         n = len(groups)
         names = [WEIGHTS_NAME] if n == 1 else [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
-        infos = {i.key: TensorInfo(i.key, name, i.dtype, i.shape) for name, grp in zip(names, groups) for i in grp}
+        infos = {i.key: TensorInfo(i.key, name, i.dtype, i.shape) for name, grp in zip(names, groups, strict=False) for i in grp}
         meta = dict(metadata) if metadata is not None else {"format": "pt"}
         index = None if n == 1 else {"metadata": {"total_size": sum(i.nbytes for i in infos.values())},
                                      "weight_map": {k: i.shard for k, i in infos.items()}}
-        return cls(infos, {name: tuple(i.key for i in grp) for name, grp in zip(names, groups)},
+        return cls(infos, {name: tuple(i.key for i in grp) for name, grp in zip(names, groups, strict=False)},
                    dict.fromkeys(names, meta), index)
 
 
@@ -141,48 +141,81 @@ class LazyCheckpoint(Mapping[str, torch.Tensor]):
     """
 
     def __init__(self, path: str | os.PathLike) -> None:
-        path = Path(path)
-        if path.is_file() and path.suffix == ".safetensors":
-            self.path, single = path.parent, path
-        elif path.is_dir():
-            self.path, single = path, path / WEIGHTS_NAME
-        else:
-            raise CheckpointError(f"{path}: checkpoint directory not found")
+        # a setup in steps, each check in the same order as ever (the first problem found is the one reported):
+        # locate the files, refuse symlinks out of the tree, read the index, read the shard headers, cross-check
+        self.path, single = self._locate(Path(path))
         self.index: dict[str, Any] | None = None
-        for file in (single, self.path / INDEX_NAME):  # symlinked out of the checkpoint: refused before any read
-            if file.is_file():
-                check_in_checkpoint(file, self.path)
-        if single.is_file():
-            weight_map = None
-            shards = [single.name]
-        elif (self.path / INDEX_NAME).is_file():
-            self.index = read_json_object(self.path / INDEX_NAME, "safetensors index")
-            weight_map = self.index.get("weight_map")
-            if not isinstance(weight_map, dict) or not all(
-                isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()
-            ):
-                raise CheckpointError(f"{self.path / INDEX_NAME}: 'weight_map' must map tensor names to shard file names")
-            shards = list(dict.fromkeys(weight_map.values()))
-            bad = [s for s in shards if Path(s).name != s or not s.endswith(".safetensors")]
-            if bad:
-                raise CheckpointError(f"{self.path / INDEX_NAME}: shard names must be plain *.safetensors file names "
-                                      f"in the checkpoint directory, got {bad}")
-            missing = [s for s in shards if not (self.path / s).is_file()]
-            if missing:
-                listed = {s: [k for k, v in weight_map.items() if v == s] for s in missing}
-                raise CheckpointError(
-                    f"{self.path}: shard(s) listed in {INDEX_NAME} but missing on disk: "
-                    + "; ".join(f"{s} ({len(ks)} tensors, e.g. {ks[0]!r})" for s, ks in listed.items())
-                )
-        else:
-            pickles = sorted(p.name for p in self.path.iterdir() if p.suffix.lower() in PICKLE_SUFFIXES)
-            hint = (f"; only pickle weights ({', '.join(pickles)}), which are not loaded because unpickling can "
-                    "execute arbitrary code — convert them to safetensors") if pickles else ""
-            raise CheckpointError(f"{self.path}: no {WEIGHTS_NAME} and no {INDEX_NAME}{hint}")
-
+        self._check_side_links(single)
+        weight_map, shards = self._read_layout(single)
         self.infos: dict[str, TensorInfo] = {}
         self.shards: dict[str, tuple[str, ...]] = {}
         self.shard_metadata: dict[str, dict[str, str] | None] = {}
+        found = self._read_headers(shards)
+        self.infos = found if weight_map is None else self._check_against_index(weight_map, found)
+
+    # ------------------------------------------------------------------ opening (steps of __init__)
+    @staticmethod
+    def _locate(path: Path) -> tuple[Path, Path]:
+        """``(checkpoint directory, its single-file weights path)`` for a directory or one ``.safetensors`` file."""
+        if path.is_file() and path.suffix == ".safetensors":
+            return path.parent, path
+        if path.is_dir():
+            return path, path / WEIGHTS_NAME
+        raise CheckpointError(f"{path}: checkpoint directory not found")
+
+    def _check_side_links(self, single: Path) -> None:
+        """The single weights file and the index, where present: symlinked out of the checkpoint, refused before
+        any read."""
+        for file in (single, self.path / INDEX_NAME):
+            if file.is_file():
+                check_in_checkpoint(file, self.path)
+
+    def _read_layout(self, single: Path) -> tuple[dict[str, str] | None, list[str]]:
+        """``(weight_map, shard names)``: ``(None, [single])`` for one file, else from the index (checked)."""
+        if single.is_file():
+            return None, [single.name]
+        if (self.path / INDEX_NAME).is_file():
+            weight_map = self._read_index()
+            shards = list(dict.fromkeys(weight_map.values()))
+            self._check_shard_names(shards)
+            self._check_shards_present(weight_map, shards)
+            return weight_map, shards
+        raise self._no_weights_error()
+
+    def _read_index(self) -> dict[str, str]:
+        """Parse the index into ``self.index``; return its ``weight_map`` (tensor name → shard file name)."""
+        self.index = read_json_object(self.path / INDEX_NAME, "safetensors index")
+        weight_map = self.index.get("weight_map")
+        if not isinstance(weight_map, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()
+        ):
+            raise CheckpointError(f"{self.path / INDEX_NAME}: 'weight_map' must map tensor names to shard file names")
+        return weight_map
+
+    def _check_shard_names(self, shards: list[str]) -> None:
+        bad = [s for s in shards if Path(s).name != s or not s.endswith(".safetensors")]
+        if bad:
+            raise CheckpointError(f"{self.path / INDEX_NAME}: shard names must be plain *.safetensors file names "
+                                  f"in the checkpoint directory, got {bad}")
+
+    def _check_shards_present(self, weight_map: dict[str, str], shards: list[str]) -> None:
+        missing = [s for s in shards if not (self.path / s).is_file()]
+        if missing:
+            listed = {s: [k for k, v in weight_map.items() if v == s] for s in missing}
+            raise CheckpointError(
+                f"{self.path}: shard(s) listed in {INDEX_NAME} but missing on disk: "
+                + "; ".join(f"{s} ({len(ks)} tensors, e.g. {ks[0]!r})" for s, ks in listed.items())
+            )
+
+    def _no_weights_error(self) -> CheckpointError:
+        pickles = sorted(p.name for p in self.path.iterdir() if p.suffix.lower() in PICKLE_SUFFIXES)
+        hint = (f"; only pickle weights ({', '.join(pickles)}), which are not loaded because unpickling can "
+                "execute arbitrary code — convert them to safetensors") if pickles else ""
+        return CheckpointError(f"{self.path}: no {WEIGHTS_NAME} and no {INDEX_NAME}{hint}")
+
+    def _read_headers(self, shards: list[str]) -> dict[str, TensorInfo]:
+        """Every shard's header (all shards' symlinks checked first), filling ``shards`` and ``shard_metadata``;
+        returns key → :class:`TensorInfo` in shard and header order. A tensor in two shards is refused."""
         found: dict[str, TensorInfo] = {}
         for shard in shards:
             check_in_checkpoint(self.path / shard, self.path)
@@ -194,20 +227,22 @@ class LazyCheckpoint(Mapping[str, torch.Tensor]):
                     raise CheckpointError(f"{self.path}: tensor {key!r} is stored twice, in {found[key].shard} and {shard}")
                 found[key] = TensorInfo(key, shard, dtype, shape)
             self.shards[shard] = tuple(header)
-        if weight_map is not None:
-            absent = [k for k, s in weight_map.items() if found.get(k) is None or found[k].shard != s]
-            if absent:
-                k = absent[0]
-                where = f"it is in {found[k].shard}" if k in found else "no shard listed in the index holds it"
-                raise CheckpointError(f"{self.path / INDEX_NAME}: {len(absent)} tensor(s) not in the shard the index "
-                                      f"names, e.g. {k!r} → {weight_map[k]} ({where})")
-            unlisted = [k for k in found if k not in weight_map]
-            if unlisted:
-                raise CheckpointError(f"{self.path}: shard {found[unlisted[0]].shard} holds tensors {unlisted[:5]} that "
-                                      f"{INDEX_NAME} does not list (index and shards out of sync)")
-            self.infos = {k: found[k] for k in weight_map}
-        else:
-            self.infos = found
+        return found
+
+    def _check_against_index(self, weight_map: dict[str, str], found: dict[str, TensorInfo]) -> dict[str, TensorInfo]:
+        """The headers agree with the index (every listed key in its shard, no unlisted key); returns the infos
+        in index order."""
+        absent = [k for k, s in weight_map.items() if found.get(k) is None or found[k].shard != s]
+        if absent:
+            k = absent[0]
+            where = f"it is in {found[k].shard}" if k in found else "no shard listed in the index holds it"
+            raise CheckpointError(f"{self.path / INDEX_NAME}: {len(absent)} tensor(s) not in the shard the index "
+                                  f"names, e.g. {k!r} → {weight_map[k]} ({where})")
+        unlisted = [k for k in found if k not in weight_map]
+        if unlisted:
+            raise CheckpointError(f"{self.path}: shard {found[unlisted[0]].shard} holds tensors {unlisted[:5]} that "
+                                  f"{INDEX_NAME} does not list (index and shards out of sync)")
+        return {k: found[k] for k in weight_map}
 
     # ------------------------------------------------------------------ Mapping
     def __getitem__(self, key: str) -> torch.Tensor:

@@ -22,7 +22,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-console = Console(soft_wrap=True)
+console = Console(soft_wrap=True, log_path=False)  # no "file:line" column in log lines
 
 DATA_HELP = "data directory (default: $MODECONN_DATA, then standard places; see README 'Data')"
 OVERWRITE_HELP = "replace a non-empty --out, if modeconn wrote it (inputs and other folders are never replaced)"

@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 from ...errors import ConfigError, SpecError, StateDictMismatchError
 from ..groups import GROUPS
 from ..spec import AxisBinding, Probe, Space, StateDict, SymmetrySpec, storage_key  # noqa: F401  (storage_key: re-export)
-from .structure import Attention, Slice, Structure
+from .structure import Attention, KVHead, QueryHead, Slice, Structure
 
 ROLES = ("residual", "heads", "qk", "vo", "ffn", "ffn_scale", "hidden")
 SUPPORTED: dict[str, tuple[str, ...]] = {
@@ -235,44 +235,75 @@ def _unit_runs(units: list[list[Slice]], merge: bool) -> list[tuple[tuple[str, i
     return out
 
 
+_Groups = list[tuple[KVHead, list[QueryHead]]]  # per key/value head: (it, the query heads sharing it)
+_Strides = dict[tuple[str, int], list[tuple[int, int, int]]]
+
+
 def _build_attention(acc: _Acc, a: Attention, heads: str | None, qk: str | None, vo: str | None) -> None:
-    hd, rot = a.head_dim, a.rotary_dims
     groups = [(kv, [a.heads[i] for i in kv.queries]) for kv in a.kv_heads]
-    parent, strides = None, None
-    if heads is not None:  # whole key/value groups move: Q rows, K/V rows (out), O columns (in)
-        parent = acc.space(f"{a.path}.heads", len(groups), heads)
-        writers = [[*(s for h in qs for s in h.q), *kv.k, *kv.v] for kv, qs in groups]
-        readers = [[s for h in qs for s in h.o] for kv, qs in groups]
-        acc.bind_units(writers, parent, "out", merge=True)
-        acc.bind_units(readers, parent, "in", merge=True)
-        strides = {}
-        for ka, off, size, step in _unit_runs(writers, True) + _unit_runs(readers, True):
-            strides.setdefault(ka, []).append((off, size, step))
-        o0 = groups[0][1][0].o[0]
-        acc.probe(parent, _module_of(o0.key), "input", o0.offset, len(groups[0][1]) * hd)
+    parent, strides = _build_heads(acc, a, groups, heads) if heads is not None else (None, None)
     if qk in _HEAD_GROUPS:
-        name = acc.space(f"{a.path}.qk", len(groups), qk, parent,
-                         {"dim": hd, "rotary_dims": rot, "rotary_pairing": a.rotary_style or "half"})
-        acc.bind_units([[s for h in qs for s in h.q] for _, qs in groups], name, "out", strides=strides)
-        acc.bind_units([list(kv.k) for kv, _ in groups], name, _dual_side(qk), strides=strides)
-    elif qk is not None and hd - rot > 0:
-        for j, (kv, qs) in enumerate(groups):
-            name = acc.space(f"{a.path}.qk{j}", hd - rot, qk)
-            acc.bind([s.sub(rot, hd - rot) for h in qs for s in h.q], name, "out")
-            acc.bind([s.sub(rot, hd - rot) for s in kv.k], name, _dual_side(qk))
-            q0 = qs[0].q[0]
-            acc.probe(name, _module_of(q0.key), "output", q0.offset + rot)
+        _build_qk_heads(acc, a, groups, qk, parent, strides)
+    elif qk is not None and a.head_dim - a.rotary_dims > 0:
+        _build_qk_perms(acc, a, groups, qk)
     if vo in _HEAD_GROUPS:
-        name = acc.space(f"{a.path}.vo", len(groups), vo, parent, {"dim": hd})
-        acc.bind_units([list(kv.v) for kv, _ in groups], name, "out", strides=strides)
-        acc.bind_units([[s for h in qs for s in h.o] for _, qs in groups], name, "in", strides=strides)
+        _build_vo_heads(acc, a, groups, vo, parent, strides)
     elif vo is not None:
-        for j, (kv, qs) in enumerate(groups):
-            name = acc.space(f"{a.path}.vo{j}", hd, vo)
-            acc.bind(kv.v, name, "out")
-            acc.bind([s for h in qs for s in h.o], name, "in")
-            for h in qs:
-                acc.probe(name, _module_of(h.o[0].key), "input", h.o[0].offset)
+        _build_vo_perms(acc, a, groups, vo)
+
+
+def _build_heads(acc: _Acc, a: Attention, groups: _Groups, heads: str) -> tuple[str, _Strides]:
+    """Whole key/value groups move: Q rows, K/V rows (out), O columns (in). Returns the head space and its runs
+    per tensor axis (the strides its child spaces must follow)."""
+    parent = acc.space(f"{a.path}.heads", len(groups), heads)
+    writers = [[*(s for h in qs for s in h.q), *kv.k, *kv.v] for kv, qs in groups]
+    readers = [[s for h in qs for s in h.o] for kv, qs in groups]
+    acc.bind_units(writers, parent, "out", merge=True)
+    acc.bind_units(readers, parent, "in", merge=True)
+    strides: _Strides = {}
+    for ka, off, size, step in _unit_runs(writers, True) + _unit_runs(readers, True):
+        strides.setdefault(ka, []).append((off, size, step))
+    o0 = groups[0][1][0].o[0]
+    acc.probe(parent, _module_of(o0.key), "input", o0.offset, len(groups[0][1]) * a.head_dim)
+    return parent, strides
+
+
+def _build_qk_heads(acc: _Acc, a: Attention, groups: _Groups, qk: str, parent: str | None,
+                    strides: _Strides | None) -> None:
+    """One QK space per layer, a unit per key/value head: Q rows out, K rows on the group's dual side."""
+    name = acc.space(f"{a.path}.qk", len(groups), qk, parent,
+                     {"dim": a.head_dim, "rotary_dims": a.rotary_dims, "rotary_pairing": a.rotary_style or "half"})
+    acc.bind_units([[s for h in qs for s in h.q] for _, qs in groups], name, "out", strides=strides)
+    acc.bind_units([list(kv.k) for kv, _ in groups], name, _dual_side(qk), strides=strides)
+
+
+def _build_qk_perms(acc: _Acc, a: Attention, groups: _Groups, qk: str) -> None:
+    """One QK space per key/value head over its non-rotary dims."""
+    hd, rot = a.head_dim, a.rotary_dims
+    for j, (kv, qs) in enumerate(groups):
+        name = acc.space(f"{a.path}.qk{j}", hd - rot, qk)
+        acc.bind([s.sub(rot, hd - rot) for h in qs for s in h.q], name, "out")
+        acc.bind([s.sub(rot, hd - rot) for s in kv.k], name, _dual_side(qk))
+        q0 = qs[0].q[0]
+        acc.probe(name, _module_of(q0.key), "output", q0.offset + rot)
+
+
+def _build_vo_heads(acc: _Acc, a: Attention, groups: _Groups, vo: str, parent: str | None,
+                    strides: _Strides | None) -> None:
+    """One VO space per layer, a unit per key/value head: V rows out, O columns of its query heads in."""
+    name = acc.space(f"{a.path}.vo", len(groups), vo, parent, {"dim": a.head_dim})
+    acc.bind_units([list(kv.v) for kv, _ in groups], name, "out", strides=strides)
+    acc.bind_units([[s for h in qs for s in h.o] for _, qs in groups], name, "in", strides=strides)
+
+
+def _build_vo_perms(acc: _Acc, a: Attention, groups: _Groups, vo: str) -> None:
+    """One VO space per key/value head, of size head_dim."""
+    for j, (kv, qs) in enumerate(groups):
+        name = acc.space(f"{a.path}.vo{j}", a.head_dim, vo)
+        acc.bind(kv.v, name, "out")
+        acc.bind([s for h in qs for s in h.o], name, "in")
+        for h in qs:
+            acc.probe(name, _module_of(h.o[0].key), "input", h.o[0].offset)
 
 
 def _build_ffn(acc: _Acc, f, perm: str | None, scale: str | None) -> None:
