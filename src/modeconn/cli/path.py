@@ -9,11 +9,17 @@ import typer
 from ._app import DATA_HELP, app, check_out, console, errors_exit, log, parse_kv, progress_bar, two_arg, written
 
 
+def _method_help() -> str:
+    from ..experiments.paths import PATH_METHODS
+
+    return "path method: " + "; ".join(f"{m.name} — {m.summary}" for m in map(PATH_METHODS.get, PATH_METHODS))
+
+
 @app.command("path")
 def path_command(
     a: Path = typer.Argument(..., help="checkpoint directory of model A (the path's start)"),
     b: Path = typer.Argument(..., help="checkpoint directory of model B (the path's end)"),
-    method: str = typer.Option("llpf", help="llpf, cross-sphere, bezier, polychain, autoneb or linear"),
+    method: str = typer.Option("llpf", help=_method_help()),
     option: list[str] = typer.Option([], "--option", "-o", help="method setting key=value, repeatable (e.g. -o step=0.02 "
                                      "-o ticks=200 for llpf; -o control_points=3 for bezier)"),
     budget: int | None = typer.Option(None, min=1, help="most gradient evaluations, honoured by every method (llpf: each "

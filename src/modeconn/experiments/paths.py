@@ -40,6 +40,7 @@ import torch.nn as nn
 from .._util.outdir import MARKER, is_modeconn_output, output_directory
 from ..data import DatasetBundle, make_loader
 from ..errors import ConfigError
+from ..registry import Registry
 from ..models._validation import unknown_names_error
 from ..path import LLPFConfig, Path, PathCurve, bezier_curve, linear_path, llpf_cross_sphere, llpf_m2m
 from ..path.autoneb import AutoNEBConfig, autoneb
@@ -149,27 +150,27 @@ def _run_autoneb(model, a, b, train, options, ctx: SearchContext) -> Path:
     return autoneb(model, a, b, train, _with_budget(options, ctx.budget), progress=ctx.progress)
 
 
-PATH_METHODS: dict[str, PathMethod] = {
-    m.name: m for m in (
-        PathMethod("linear", "the straight line θ(λ) = (1−λ)θ_A + λθ_B", _run_linear, _check_names("linear", {"n"})),
-        PathMethod("llpf", "LLPF model-to-model, Follow-Data-Flow unlock order (METHODS.md §2)",
-                   _llpf_runner(llpf_m2m, cross=False), _check_config(LLPFConfig), checkpoints=True),
-        PathMethod("cross-sphere", "LLPF across variance spheres (M2O to B's sphere, then M2M)",
-                   _llpf_runner(llpf_cross_sphere, cross=True), _check_config(LLPFConfig), checkpoints=True),
-        PathMethod("bezier", "quadratic/higher Bezier curve trained on E_t L(φ(t)) (Garipov et al. 2018)",
-                   _curve_runner("bezier"), _check_config(CurveConfig, fixed={"kind"})),
-        PathMethod("polychain", "polygonal chain trained on E_t L(φ(t)) (Garipov et al. 2018)",
-                   _curve_runner("polychain"), _check_config(CurveConfig, fixed={"kind"})),
-        PathMethod("autoneb", "AutoNEB pivot chain (Draxler et al. 2018)", _run_autoneb, _check_config(AutoNEBConfig)),
-    )
-}
+PATH_METHODS: Registry[PathMethod] = Registry("path method")
+"""Every path-finding method by name; ``modeconn path --method`` and its help come from here. Adding a method is
+its runner (and config check) plus one entry below."""
+for _m in (
+    PathMethod("linear", "the straight line θ(λ) = (1−λ)θ_A + λθ_B", _run_linear, _check_names("linear", {"n"})),
+    PathMethod("llpf", "LLPF model-to-model, Follow-Data-Flow unlock order (METHODS.md §2)",
+               _llpf_runner(llpf_m2m, cross=False), _check_config(LLPFConfig), checkpoints=True),
+    PathMethod("cross-sphere", "LLPF across variance spheres (M2O to B's sphere, then M2M)",
+               _llpf_runner(llpf_cross_sphere, cross=True), _check_config(LLPFConfig), checkpoints=True),
+    PathMethod("bezier", "quadratic/higher Bezier curve trained on E_t L(φ(t)) (Garipov et al. 2018)",
+               _curve_runner("bezier"), _check_config(CurveConfig, fixed={"kind"})),
+    PathMethod("polychain", "polygonal chain trained on E_t L(φ(t)) (Garipov et al. 2018)",
+               _curve_runner("polychain"), _check_config(CurveConfig, fixed={"kind"})),
+    PathMethod("autoneb", "AutoNEB pivot chain (Draxler et al. 2018)", _run_autoneb, _check_config(AutoNEBConfig)),
+):
+    PATH_METHODS.register(_m.name)(_m)
 
 
 def get_path_method(name: str) -> PathMethod:
-    """The method called ``name``; ConfigError listing the valid names otherwise."""
-    if name not in PATH_METHODS:
-        raise ConfigError(f"unknown path method {name!r}; valid: {', '.join(PATH_METHODS)}")
-    return PATH_METHODS[name]
+    """The method called ``name``; ConfigError listing the valid names (with a "did you mean") otherwise."""
+    return PATH_METHODS.get(name)
 
 
 def check_path_options(method: str, options: Mapping[str, Any]) -> PathMethod:
@@ -507,7 +508,7 @@ def run_path(out: str | FsPath, method: str, model_a: nn.Module, model_b: nn.Mod
     _check_budget(budget)
     if resume and not m.checkpoints:
         raise ConfigError(f"--resume (resume=True): the {method} method does not checkpoint; only "
-                          f"{', '.join(k for k, v in PATH_METHODS.items() if v.checkpoints)} searches can be resumed")
+                          f"{', '.join(k for k in PATH_METHODS if PATH_METHODS.get(k).checkpoints)} searches can be resumed")
     record = SearchWorkDir.check_flags(out, method, resume=resume, overwrite=overwrite) if m.checkpoints else None
     may_replace = overwrite or bool(resume and record and record.get("overwrite"))  # the resumed run's permission
     start = time.perf_counter()
