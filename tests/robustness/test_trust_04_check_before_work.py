@@ -9,7 +9,6 @@ alignment then runs before the refusal.
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ import pytest
 import modeconn.experiments.compare as compare_mod
 import modeconn.experiments.merge as merge_mod
 import modeconn.io as io_mod
+import modeconn.recipes.merge as merge_recipe_mod
 import modeconn.stream as stream_mod
 from cli_runner import run_cli
 from hf_tiny import make
@@ -25,9 +25,6 @@ from modeconn.experiments.merge import run_merge
 from modeconn.io import save_checkpoint
 from modeconn.models import build_model
 from modeconn.stream import align_hf_checkpoints, merge_hf_checkpoints
-
-
-merge_recipe_mod = importlib.import_module("modeconn.recipes.merge")  # the module, not the function
 
 
 class HeavyWork(RuntimeError):

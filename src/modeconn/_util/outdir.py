@@ -114,9 +114,8 @@ def _pid_alive(pid: int) -> bool:
 
 def _abandoned(sibling: Path, kind: str) -> bool:
     """True if the hidden sibling was made by a process of this host that no longer runs."""
-    tag = sibling.name.split(f".{kind}-", 1)[-1]
-    host, _, rest = tag.rpartition("-")[0].rpartition("-")
-    pid = rest
+    tag = sibling.name.split(f".{kind}-", 1)[-1]  # "<host>-<pid>-<random>"
+    host, _, pid = tag.rpartition("-")[0].rpartition("-")
     if host != _host() or not pid.isdigit():
         return False
     return not _pid_alive(int(pid))

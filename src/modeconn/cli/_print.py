@@ -1,4 +1,4 @@
-"""Printing a recipe's :class:`~modeconn.recipes.Outcome`."""
+"""Printing a recipe's :class:`~modeconn.recipes.outcome.Outcome`."""
 
 from __future__ import annotations
 

@@ -60,13 +60,13 @@ def align(
     processes (--batch-size ≥ N; NCCL on cuda:LOCAL_RANK where CUDA is available, else gloo); rank 0 alone writes
     --out and prints.
     """
-    from .. import recipes
+    from ..recipes.align import AlignOptions, align as run_align
 
-    opts = recipes.AlignOptions(method=method, dataset=dataset, data=data, limit_train=limit_train, seed=seed,
+    opts = AlignOptions(method=method, dataset=dataset, data=data, limit_train=limit_train, seed=seed,
                                 steps=steps, lr=lr, lambda_schedule=lambda_schedule, lambda_value=lambda_value,
                                 parameterization=parameterization, batch_size=batch_size, restarts=restarts,
                                 max_iter=max_iter, overwrite=overwrite)
     with errors_exit(), progress_bar() as progress:
-        outcome = recipes.align(a, b, out, opts, progress=progress, log=log,
+        outcome = run_align(a, b, out, opts, progress=progress, log=log,
                                 note=lambda s: console.print(f"[yellow]{s}[/]"))
     show(outcome)

@@ -45,13 +45,13 @@ def merge(
     weight (streaming weight matching) or none, then the weighted average is written shard by shard in the first
     model's layout with its config.json and merge.json; no BatchNorm step and no evaluation (no data is read).
     """
-    from .. import recipes
+    from ..recipes.merge import MergeOptions, merge as run_merge
 
-    opts = recipes.MergeOptions(weights=[w.strip() for w in weights.split(",")] if weights else None,
+    opts = MergeOptions(weights=[w.strip() for w in weights.split(",")] if weights else None,
                                 normalize=normalize, rule=rule, align=align_method, bn=bn, dataset=dataset, data=data,
                                 limit_train=limit_train, seed=seed, restarts=restarts, max_iter=max_iter,
                                 overwrite=overwrite)
     with errors_exit(), progress_bar() as progress:
-        outcome = recipes.merge(models, out, opts, progress=progress, log=log,
+        outcome = run_merge(models, out, opts, progress=progress, log=log,
                                 note=lambda s: console.print(f"note: {s}"))
     show(outcome)

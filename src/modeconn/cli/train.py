@@ -43,13 +43,13 @@ def train(
     metrics.json also gives perplexity, config.json records dataset_options, and the tokenizer is saved as
     tokenizer.json (load it with tokenizers.Tokenizer.from_file to decode).
     """
-    from .. import recipes
+    from ..recipes.train import train as run_train
     from ..train import TrainConfig
 
     with errors_exit():
         cfg = TrainConfig(seed=seed, epochs=epochs, lr=lr, batch_size=batch_size, optimizer=optimizer,
                           weight_decay=weight_decay, warmup_epochs=warmup_epochs, schedule=schedule,
                           grad_clip=grad_clip, device=device)
-        show(recipes.train(out, model, dataset, cfg, data=data, model_kwargs=parse_kv(model_arg, "--model-arg"),
+        show(run_train(out, model, dataset, cfg, data=data, model_kwargs=parse_kv(model_arg, "--model-arg"),
                            dataset_options=parse_kv(dataset_arg, "--dataset-arg"), limit_train=limit_train,
                            overwrite=overwrite))
