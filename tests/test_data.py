@@ -42,6 +42,7 @@ IDX_STEMS = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
 def _isolated_search(tmp_path_factory, monkeypatch):
     """No test may find data through the real environment, cache or system directories by accident."""
     monkeypatch.delenv("MODECONN_DATA", raising=False)
+    monkeypatch.setattr(locate, "default_data_roots", lambda: [])  # nor through $MODECONN_DATA's default (#16)
     cache = tmp_path_factory.mktemp("cache")
     monkeypatch.setattr(locate, "cache_dir", lambda: cache)
     fm = locate.LAYOUTS["fashion-mnist"]

@@ -24,7 +24,9 @@ app = typer.Typer(
 )
 console = Console(soft_wrap=True, log_path=False)  # no "file:line" column in log lines
 
-DATA_HELP = "data directory (default: $MODECONN_DATA, then standard places; see README 'Data')"
+DATA_HELP = ("data directory (default: $MODECONN_DATA, which defaults to shared/data beside the checkout or "
+             "../shared/data from the working directory; then standard places; see README 'Data')")
+DOWNLOAD_HELP = "download MNIST / Fashion-MNIST (SHA-256 verified) if not found on disk; other datasets are never downloaded"
 OVERWRITE_HELP = "replace a non-empty --out, if modeconn wrote it (inputs and other folders are never replaced)"
 
 
@@ -35,10 +37,14 @@ def fail(err: Exception) -> None:
 
 
 @contextmanager
-def errors_exit() -> Iterator[None]:
-    """Turn a :class:`ModeconnError` raised inside the block into ``error: …`` and exit status 2."""
+def errors_exit(download: bool = False) -> Iterator[None]:
+    """Turn a :class:`ModeconnError` raised inside the block into ``error: …`` and exit status 2; with ``download``
+    (the ``--download`` flag) missing MNIST / Fashion-MNIST files are downloaded inside the block."""
+    from ..data.locate import downloads_allowed
+
     try:
-        yield
+        with downloads_allowed(download):
+            yield
     except ModeconnError as err:
         fail(err)
 

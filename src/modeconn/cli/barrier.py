@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from ._app import DATA_HELP, OVERWRITE_HELP, app, check_out, console, errors_exit, log, progress_bar, two_arg, written
+from ._app import DATA_HELP, DOWNLOAD_HELP, OVERWRITE_HELP, app, check_out, console, errors_exit, log, progress_bar, two_arg, written
 from .tables import barrier_table
 
 
@@ -23,6 +23,7 @@ def barrier(
     method: list[str] = typer.Option(["naive", "weight", "activation"], "--method", help=_method_help()),
     dataset: str | None = typer.Option(None, help="dataset (default: the one recorded in A's config.json)"),
     data: Path | None = typer.Option(None, help=DATA_HELP),
+    download: bool = typer.Option(False, help=DOWNLOAD_HELP),
     bn: str = typer.Option("reset", help="BatchNorm policy: reset, interpolate, keep, repair"),
     lambdas: int = typer.Option(25, min=2, help="points on the path, endpoints included"),
     eval_limit: int | None = typer.Option(None, min=1, help="evaluate on the first N examples of each split"),
@@ -44,7 +45,7 @@ def barrier(
     from ..recipes.pair import load_pair_and_data
 
     out = out or default_out("barrier")
-    with errors_exit():
+    with errors_exit(download):
         check_out(out, [a, b, data], overwrite)
         check_methods(method)
         check_bn_policy(bn)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from ._app import DATA_HELP, OVERWRITE_HELP, app, check_out, console, errors_exit, log, written
+from ._app import DATA_HELP, DOWNLOAD_HELP, OVERWRITE_HELP, app, check_out, console, errors_exit, log, written
 
 
 def _help() -> str:
@@ -26,13 +26,14 @@ def experiment(
     width: int | None = typer.Option(None, min=1, help="hidden width of the models (default per experiment)"),
     limit_train: int | None = typer.Option(None, min=1, help="training examples per model (default per size)"),
     data: Path | None = typer.Option(None, help=DATA_HELP),
+    download: bool = typer.Option(False, help=DOWNLOAD_HELP),
     out: Path | None = typer.Option(None, help="output directory (default runs/<name>-<time>)"),
     overwrite: bool = typer.Option(False, help=OVERWRITE_HELP),
 ) -> None:
     from ..experiments import EXPERIMENTS
     from ..experiments.output import default_out
 
-    with errors_exit():
+    with errors_exit(download):
         exp = EXPERIMENTS.get(name)
         settings = dict(pairs=pairs, epochs=epochs, width=width, limit_train=limit_train)
         exp.size(quick, **settings)  # a setting that does not apply fails before any work

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from ._app import DATA_HELP, app, check_out, console, errors_exit, log, parse_kv, progress_bar, two_arg, written
+from ._app import DATA_HELP, DOWNLOAD_HELP, app, check_out, console, errors_exit, log, parse_kv, progress_bar, two_arg, written
 
 
 def _method_help() -> str:
@@ -26,6 +26,7 @@ def path_command(
                                       "tick's refinement capped at its fair share); the number used is reported"),
     dataset: str | None = typer.Option(None, help="dataset (default: the one recorded in A's config.json)"),
     data: Path | None = typer.Option(None, help=DATA_HELP),
+    download: bool = typer.Option(False, help=DOWNLOAD_HELP),
     limit_train: int | None = typer.Option(None, min=1, help="use only the first N training examples"),
     eval_limit: int | None = typer.Option(2000, min=1, help="evaluate on the first N examples of each split"),
     sub_points: int = typer.Option(3, min=0, help="linear sub-points per segment for the continuity check"),
@@ -52,7 +53,7 @@ def path_command(
     from ..recipes.pair import load_pair_and_data
 
     out = out or default_out("path")
-    with errors_exit():
+    with errors_exit(download):
         check_out(out, [a, b, data], overwrite or resume)  # --resume continues modeconn's own run there
         options = parse_kv(option, "--option")
         check_path_options(method, options)  # typos fail before anything is loaded

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from ._app import DATA_HELP, OVERWRITE_HELP, app, errors_exit, parse_kv
+from ._app import DATA_HELP, DOWNLOAD_HELP, OVERWRITE_HELP, app, errors_exit, parse_kv
 from ._print import show
 
 
@@ -18,6 +18,7 @@ def train(
     dataset: str = typer.Option("digits", help="dataset: digits, mnist, fashion-mnist, cifar10, cifar100; "
                                                "austen (text: next-token prediction)"),
     data: Path | None = typer.Option(None, help=DATA_HELP),
+    download: bool = typer.Option(False, help=DOWNLOAD_HELP),
     model_arg: list[str] = typer.Option([], "--model-arg", "-m", help="architecture option key=value, e.g. -m width=512 -m depth=3"),
     dataset_arg: list[str] = typer.Option(
         [], "--dataset-arg", help="text dataset option key=value: vocab_size (default 4096), context_length "
@@ -46,7 +47,7 @@ def train(
     from ..recipes.train import train as run_train
     from ..train import TrainConfig
 
-    with errors_exit():
+    with errors_exit(download):
         cfg = TrainConfig(seed=seed, epochs=epochs, lr=lr, batch_size=batch_size, optimizer=optimizer,
                           weight_decay=weight_decay, warmup_epochs=warmup_epochs, schedule=schedule,
                           grad_clip=grad_clip, device=device)

@@ -5,7 +5,7 @@
 offline default), "mnist", "fashion-mnist" (IDX files), "cifar10" and "cifar100" (python-pickle batches,
 read with a restricted unpickler), and the text dataset "austen" (next-token blocks of a byte-level BPE
 tokenization, :mod:`.text`). Files are found by :func:`find_data_dir` (explicit root,
-``$MODECONN_DATA``, system directories, the download cache).
+``$MODECONN_DATA`` — by default ``shared/data`` beside the checkout —, system directories, the download cache).
 """
 
 from .bundle import DatasetBundle, make_loader, split_indices
@@ -13,7 +13,7 @@ from .checksums import KNOWN_SHA256, sha256_file, verify_sha256
 from .cifar import safe_unpickle
 from .datasets import DATASETS, DatasetSpec, load_dataset
 from .idx import read_idx, write_idx
-from .locate import ENV_VAR, find_data_dir
+from .locate import ENV_VAR, downloads_allowed, find_data_dir
 from .synthetic import subspace_mixture
 from .text import TEXT_DATASETS, TextBundle, load_austen, load_tokenizer, text_bundle, train_tokenizer
 
@@ -25,6 +25,7 @@ __all__ = [
     "KNOWN_SHA256",
     "TEXT_DATASETS",
     "TextBundle",
+    "downloads_allowed",
     "find_data_dir",
     "load_austen",
     "load_dataset",

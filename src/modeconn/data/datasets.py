@@ -71,7 +71,7 @@ def _register(spec: DatasetSpec) -> None:
     DATASETS.register(spec.name)(spec)
 
 
-def _read_digits(root: Any, download: bool, verify: bool) -> dict[str, Any]:
+def _read_digits(root: Any, download: bool | None, verify: bool) -> dict[str, Any]:
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
@@ -104,7 +104,7 @@ def _read_idx_split(name: str, directory, images: str, labels: str, verify: bool
 
 
 def _idx_reader(name: str, classes: tuple[str, ...]) -> Reader:
-    def read(root: Any, download: bool, verify: bool) -> dict[str, Any]:
+    def read(root: Any, download: bool | None, verify: bool) -> dict[str, Any]:
         directory = find_data_dir(name, root, download=download)
         x_train, y_train = _read_idx_split(name, directory, "train-images-idx3-ubyte",
                                            "train-labels-idx1-ubyte", verify)
@@ -117,7 +117,7 @@ def _idx_reader(name: str, classes: tuple[str, ...]) -> Reader:
 
 
 def _cifar_reader(name: str, load: Callable[[Any], dict[str, Any]]) -> Reader:
-    def read(root: Any, download: bool, verify: bool) -> dict[str, Any]:
+    def read(root: Any, download: bool | None, verify: bool) -> dict[str, Any]:
         directory = find_data_dir(name, root, download=download)
         return {**load(directory), "source": str(directory)}
 
@@ -160,7 +160,7 @@ def load_dataset(
     split_seed: int = 0,
     limit_train: int | None = None,
     limit_test: int | None = None,
-    download: bool = False,
+    download: bool | None = None,
     verify: bool = True,
     **options: Any,
 ) -> DatasetBundle:
@@ -178,7 +178,8 @@ def load_dataset(
             datasets ignore it (their splits are fixed and contiguous).
         limit_train, limit_test: keep only the first N examples of ``train`` / ``test`` after splitting
             (text datasets: the first N blocks).
-        download: fetch MNIST / Fashion-MNIST if not found (SHA-256 verified).
+        download: fetch MNIST / Fashion-MNIST if not found (SHA-256 verified); None (default): only inside a
+            :func:`~modeconn.data.locate.downloads_allowed` block (the command line's ``--download``).
         verify: check MNIST / Fashion-MNIST / Austen files against the pinned SHA-256 of their
             decompressed content.
         **options: text datasets only, e.g. ``vocab_size=4096, context_length=128, test_fraction=0.05``.
