@@ -26,6 +26,27 @@ TINY = {
     "bert_mlm": lambda: T.BertForMaskedLM(T.BertConfig(**_BERT)),
     "vit": lambda: T.ViTForImageClassification(T.ViTConfig(num_labels=5, **_VIT)),
     "vit_base": lambda: T.ViTModel(T.ViTConfig(**_VIT)),
+    # the families of the table-driven pre-norm description (modeconn/symmetry/hf/families.py)
+    "mistral": lambda: T.MistralForCausalLM(T.MistralConfig(num_key_value_heads=2, **_LM)),
+    "qwen2": lambda: T.Qwen2ForCausalLM(T.Qwen2Config(num_key_value_heads=2, **_LM)),
+    "qwen3": lambda: T.Qwen3ForCausalLM(T.Qwen3Config(num_key_value_heads=2, head_dim=8, **_LM)),
+    "gemma": lambda: T.GemmaForCausalLM(T.GemmaConfig(num_key_value_heads=2, head_dim=8, **_LM)),
+    "gemma2": lambda: T.Gemma2ForCausalLM(T.Gemma2Config(num_key_value_heads=2, head_dim=8, sliding_window=4, **_LM)),
+    "phi3": lambda: T.Phi3ForCausalLM(T.Phi3Config(num_key_value_heads=2, partial_rotary_factor=0.5, **_LM)),
+    "phi": lambda: T.PhiForCausalLM(T.PhiConfig(partial_rotary_factor=0.5, **_LM)),
+    "olmo": lambda: T.OlmoForCausalLM(T.OlmoConfig(num_key_value_heads=2, **_LM)),
+    "olmo2": lambda: T.Olmo2ForCausalLM(T.Olmo2Config(num_key_value_heads=2, **_LM)),
+    "stablelm": lambda: T.StableLmForCausalLM(T.StableLmConfig(num_key_value_heads=2, use_qkv_bias=True, **_LM)),
+    "starcoder2": lambda: T.Starcoder2ForCausalLM(T.Starcoder2Config(num_key_value_heads=2, **_LM)),
+    "gptj": lambda: T.GPTJForCausalLM(T.GPTJConfig(n_embd=32, n_head=4, n_layer=2, n_inner=64, rotary_dim=4, vocab_size=50,
+                                                   n_positions=32, bos_token_id=0, eos_token_id=0)),
+    "opt": lambda: T.OPTForCausalLM(T.OPTConfig(ffn_dim=64, word_embed_proj_dim=32, **_LM)),
+    "falcon": lambda: T.FalconForCausalLM(T.FalconConfig(**_LM)),
+    "bloom": lambda: T.BloomForCausalLM(T.BloomConfig(hidden_size=32, n_head=4, n_layer=2, vocab_size=50,
+                                                      bos_token_id=0, eos_token_id=0, pad_token_id=0)),
+    "deit": lambda: T.DeiTForImageClassificationWithTeacher(T.DeiTConfig(num_labels=5, **_VIT)),
+    "clip": lambda: T.CLIPForImageClassification(T.CLIPConfig(
+        vision_config={**_VIT, "projection_dim": 16}, text_config={**_SIZE, "vocab_size": 50}, num_labels=5)),
 }
 NAMES = list(TINY)
 
@@ -37,7 +58,8 @@ def randomize(model: nn.Module, seed: int = 0) -> nn.Module:
         for m in model.modules():
             for name, p in m.named_parameters(recurse=False):
                 p.copy_(0.3 * torch.randn(p.shape, generator=g))
-                if name == "weight" and (isinstance(m, nn.LayerNorm) or hasattr(m, "variance_epsilon")):
+                if name == "weight" and (isinstance(m, nn.LayerNorm) or hasattr(m, "variance_epsilon")) \
+                        and "Gemma" not in type(m).__name__:  # Gemma's RMSNorm scales by 1 + w
                     p.add_(1.0)
     return model.eval()
 

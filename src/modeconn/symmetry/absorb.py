@@ -232,13 +232,13 @@ def _center(root: nn.Module, st: Structure, note: dict) -> None:
 
 def _fold_norms(root: nn.Module, st: Structure, note: dict) -> None:
     for n in st.stream.norms:
-        gamma = _param(root, n.weight).detach() if n.weight else None
+        gamma = n.offset + _param(root, n.weight).detach().double() if n.weight else None  # Gemma: scale 1 + w
         beta = _param(root, n.bias).detach() if n.bias else None
         for r in n.readers:
             if _fold(root, r, gamma, beta):
                 note["biased"].append(r.path)
         if n.weight:
-            _set(root, n.weight, torch.ones_like(gamma))
+            _set(root, n.weight, torch.full_like(gamma, 1.0 - n.offset))  # the identity scale
         if n.bias:
             _set(root, n.bias, torch.zeros_like(beta))
 

@@ -85,25 +85,16 @@ class Walker:
             f"{self.family} adapter: {path!r} is a {type(m).__name__}, expected nn.Linear or Conv1D"
         )
 
-    def norm(self, path: str, readers: Iterable[LinearRef] = ()) -> NormRef:
+    def norm(self, path: str, readers: Iterable[LinearRef] = (), offset: float = 0.0) -> NormRef:
+        """The norm at ``path``: ``nn.LayerNorm`` (with or without affine), a parameter-free LayerNorm module
+        (``normalized_shape``, no parameters: OLMo), an RMSNorm (a ``weight`` and ``variance_epsilon`` or ``eps``)
+        whose scale is ``offset + weight`` (Gemma: 1), or :class:`ScaleFreeRMSNorm`."""
         m = self.mod(path)
-        kind: NormKind
-        if isinstance(m, ScaleFreeRMSNorm):
-            kind, eps, size = "rms", m.eps, m.size
-        elif isinstance(m, nn.LayerNorm):
-            if len(m.normalized_shape) != 1:
-                raise UnsupportedOperationError(f"{self.family} adapter: LayerNorm {path!r} over several dims")
-            kind, eps, size = "layernorm", m.eps, m.normalized_shape[0]
-        elif hasattr(m, "variance_epsilon") and isinstance(getattr(m, "weight", None), torch.Tensor):
-            kind, eps, size = "rmsnorm", float(m.variance_epsilon), m.weight.shape[0]  # LlamaRMSNorm & co.
-        else:
-            raise UnsupportedOperationError(
-                f"{self.family} adapter: {path!r} is a {type(m).__name__}; expected LayerNorm, an RMSNorm "
-                "(weight + variance_epsilon) or ScaleFreeRMSNorm"
-            )
+        kind, eps, size = _norm_kind(m, self.family, path)
         weight = self.key(path, "weight") if getattr(m, "weight", None) is not None else None
         bias = self.key(path, "bias") if getattr(m, "bias", None) is not None else None
-        return NormRef(join(self.prefix, path), kind, float(eps), int(size), weight, bias, tuple(readers))
+        return NormRef(join(self.prefix, path), kind, float(eps), int(size), weight, bias, tuple(readers),
+                       offset if kind == "rmsnorm" else 0.0)
 
     def param(self, path: str, name: str, axis: int) -> Slice:
         """A parameter written into a space along ``axis`` (an embedding table, a CLS token)."""
@@ -132,6 +123,26 @@ class Walker:
                     f"{self.family} adapter: head {n!r} is a {type(m).__name__}; only nn.Linear heads are supported"
                 )
         return out
+
+
+def _norm_kind(m: nn.Module, family: str, path: str) -> tuple[NormKind, float, int]:
+    if isinstance(m, ScaleFreeRMSNorm):
+        return "rms", m.eps, m.size
+    if isinstance(m, nn.LayerNorm):
+        if len(m.normalized_shape) != 1:
+            raise UnsupportedOperationError(f"{family} adapter: LayerNorm {path!r} over several dims")
+        return "layernorm", m.eps, m.normalized_shape[0]
+    shape = getattr(m, "normalized_shape", None)
+    if shape is not None and len(shape) == 1 and not any(True for _ in m.parameters(recurse=False)):
+        return "layernorm", float(getattr(m, "eps", 1e-5)), int(shape[0])  # OlmoLayerNorm: F.layer_norm, no affine
+    w = getattr(m, "weight", None)
+    eps = getattr(m, "variance_epsilon", getattr(m, "eps", None))
+    if isinstance(w, torch.Tensor) and w.ndim == 1 and isinstance(eps, (int, float)):
+        return "rmsnorm", float(eps), w.shape[0]  # LlamaRMSNorm & co. (variance_epsilon), GemmaRMSNorm (eps)
+    raise UnsupportedOperationError(
+        f"{family} adapter: {path!r} is a {type(m).__name__}; expected LayerNorm, an RMSNorm "
+        "(weight + variance_epsilon or eps), a parameter-free LayerNorm (normalized_shape) or ScaleFreeRMSNorm"
+    )
 
 
 def base_path(model: nn.Module) -> str:

@@ -239,7 +239,17 @@ _Groups = list[tuple[KVHead, list[QueryHead]]]  # per key/value head: (it, the q
 _Strides = dict[tuple[str, int], list[tuple[int, int, int]]]
 
 
+def _restrict(a: Attention, role: str, group: str | None) -> str | None:
+    """``group`` unless the layer declares the role frozen, or permutation-only and ``group`` is continuous."""
+    if group is None or role in a.frozen_roles:
+        return None
+    if role in a.permutation_only and group in _HEAD_GROUPS:
+        return None
+    return group
+
+
 def _build_attention(acc: _Acc, a: Attention, heads: str | None, qk: str | None, vo: str | None) -> None:
+    heads, qk, vo = _restrict(a, "heads", heads), _restrict(a, "qk", qk), _restrict(a, "vo", vo)
     groups = [(kv, [a.heads[i] for i in kv.queries]) for kv in a.kv_heads]
     parent, strides = _build_heads(acc, a, groups, heads) if heads is not None else (None, None)
     if qk in _HEAD_GROUPS:

@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 NormKind = Literal["layernorm", "rmsnorm", "rms"]
-"""``layernorm``: (x − mean)/std · γ + β; ``rmsnorm``: x/rms · γ; ``rms``: x/rms, no parameters (absorbed)."""
+"""``layernorm``: (x − mean)/std · γ + β; ``rmsnorm``: x/rms · γ; ``rms``: x/rms, no parameters (absorbed).
+The scale is ``offset + weight`` (:attr:`NormRef.offset`; Gemma's RMSNorm: ``1 + w``)."""
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,7 @@ class NormRef:
     weight: str | None
     bias: str | None
     readers: tuple[LinearRef, ...] = ()
+    offset: float = 0.0
 
     def params(self) -> tuple[Slice, ...]:
         return tuple(Slice(k, 0) for k in (self.weight, self.bias) if k is not None)
@@ -128,7 +130,13 @@ class Attention:
     """One self-attention layer. ``rotary_dims`` leading dims of every Q/K head carry rotary position
     embeddings; ``rotary_style="half"`` (``rotate_half``) rotates dim ``i`` with dim ``i + rotary_dims/2``
     at frequency ``θ_i`` (distinct per ``i``), so only 2×2 rotation-commuting maps of each such pair (and no
-    permutation of pairs) preserve the function."""
+    permutation of pairs) preserve the function; ``"interleaved"`` (GPT-J) pairs ``(2i, 2i + 1)``.
+
+    ``frozen_roles``: roles (``heads``, ``qk``) that are no symmetry of this layer and stay unbound whatever group
+    is requested — ALiBi's slopes are fixed per head index (no head permutation); a norm shared by every head's
+    Q/K (Qwen3's per-head ``q_norm``) follows no per-head map or per-dim permutation. ``permutation_only``:
+    roles on which only permutations act (an elementwise op on Q/K/V such as OLMo's ``clip_qkv``, or a Q/K norm
+    over the whole projection whose weights move with the rows); continuous per-head groups leave them unbound."""
 
     path: str
     head_dim: int
@@ -136,6 +144,8 @@ class Attention:
     kv_heads: tuple[KVHead, ...]
     rotary_dims: int = 0
     rotary_style: str | None = None
+    frozen_roles: tuple[str, ...] = ()
+    permutation_only: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,113 @@
+"""The pre-norm families: one :class:`~modeconn.symmetry.hf.prenorm.Table` entry each (adding a family is one
+entry here; :mod:`.prenorm` says what the fields mean).
+
+Decoders: Llama, Mistral, Qwen2 (Q/K/V biases), Qwen3 (a ``head_dim`` RMSNorm on Q and K shared by every head:
+qk frozen), Gemma (``1 + w`` RMSNorm, scaled and tied embeddings, GeGLU), Gemma2 (sandwich norms, soft-capped
+attention and logits: elementwise, so no symmetry changes), Phi-3 (fused ``qkv_proj`` and ``[gate | up]``), Phi
+(parallel block, partial rotary, LayerNorm with bias, head bias), OLMo (parameter-free LayerNorm; ``clip_qkv``
+restricts Q/K/V maps to permutations), OLMo2 (post-norms only, Q/K norms over the whole projection), StableLM
+(partial rotary, LayerNorm with bias, optional parallel residual), Starcoder2, GPT-J (parallel block,
+interleaved partial rotary), OPT (learned positions), Falcon (fused multi-query / grouped / per-head QKV,
+parallel block, optional ALiBi), BLOOM (embedding LayerNorm, ALiBi: head permutations frozen), GPT-NeoX.
+Pre-LN vision encoders: DeiT (distillation token), CLIP's vision tower (embedding LayerNorm; the pooled CLS
+token's ``post_layernorm`` feeds ``visual_projection``; ``CLIPForImageClassification`` reads the stream).
+
+``absorb``: where :func:`modeconn.absorb_normalization` cannot apply, the reason.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from .prenorm import Embedding, Table, register
+
+_NOT_PRE_NORM = ("{}: normalization absorption needs every norm to read the stream and feed linear layers; {} "
+                 "normalise what a block writes (or the embeddings) before it joins the stream, so their scales "
+                 "cannot be folded into readers and no orthogonal residual symmetry appears")
+
+
+def _lm(prefix: str, *extra: str) -> tuple[str, ...]:
+    return (f"{prefix}Model", f"{prefix}ForCausalLM", f"{prefix}ForSequenceClassification",
+            f"{prefix}ForTokenClassification", f"{prefix}ForQuestionAnswering", *extra)
+
+
+def _pixels(model: nn.Module, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    cfg = getattr(model.config, "vision_config", model.config)
+    size = cfg.image_size if isinstance(cfg.image_size, int) else cfg.image_size[0]
+    return {"pixel_values": torch.randn(2, cfg.num_channels, size, size, generator=gen)}
+
+
+def _act(field: str):
+    return lambda cfg: str(getattr(cfg, field, ""))
+
+
+def _falcon_layout(cfg: Any) -> str:
+    if cfg.new_decoder_architecture:
+        return "grouped"
+    return "blocks" if cfg.multi_query else "per_head"
+
+
+register(Table("llama", _lm("Llama")))
+register(Table("mistral", _lm("Mistral")))
+register(Table("qwen2", _lm("Qwen2")))
+register(Table("qwen3", _lm("Qwen3")))
+register(Table("gemma", _lm("Gemma"), norm_offset=1.0))
+register(Table("gemma2", _lm("Gemma2"), norm_offset=1.0, mlp_norm=("pre_feedforward_layernorm",),
+               post_norms=("post_attention_layernorm", "post_feedforward_layernorm"),
+               absorb=_NOT_PRE_NORM.format("Gemma2", "its sandwich norms (post_attention_layernorm, "
+                                                     "post_feedforward_layernorm)")))
+register(Table("phi3", _lm("Phi3"), qkv="qkv_proj", gate_up="gate_up_proj"))
+register(Table("phi", _lm("Phi"), o="dense", up="fc1", gate=None, down="fc2", mlp_norm=(), parallel=True,
+               final_norm="final_layernorm"))
+register(Table("olmo", _lm("Olmo"), clip_qkv=lambda cfg: cfg.clip_qkv is not None))
+register(Table("olmo2", _lm("Olmo2"), attn_norm=(), mlp_norm=(),
+               post_norms=("post_attention_layernorm", "post_feedforward_layernorm"),
+               absorb=_NOT_PRE_NORM.format("OLMo2", "its post-norms")))
+register(Table("stablelm", _lm("StableLm"), parallel=lambda cfg: cfg.use_parallel_residual,
+               requires=(("qk_layernorm", lambda v: not v, "False (a separate LayerNorm per head)"),)))
+register(Table("starcoder2", _lm("Starcoder2"), up="c_fc", gate=None, down="c_proj"))
+register(Table("gptj", _lm("GPTJ"), embeddings=(Embedding("wte"),), layers="h", attn="attn", o="out_proj", up="fc_in",
+               gate=None, down="fc_out", attn_norm=("ln_1",), mlp_norm=(), parallel=True, final_norm="ln_f",
+               rotary="interleaved", activation=_act("activation_function")))
+register(Table("opt", _lm("OPT"), embeddings=(Embedding("decoder.embed_tokens"), Embedding("decoder.embed_positions")),
+               layers="decoder.layers", o="out_proj", mlp="", up="fc1", gate=None, down="fc2",
+               attn_norm=("self_attn_layer_norm",), mlp_norm=("final_layer_norm",), final_norm="decoder.final_layer_norm",
+               rotary=None, activation=_act("activation_function"),
+               requires=(("do_layer_norm_before", lambda v: v is not False, "True (pre-norm)"),)))
+register(Table("falcon", _lm("Falcon"), embeddings=(Embedding("word_embeddings"),), layers="h", attn="self_attention",
+               qkv="query_key_value", qkv_layout=_falcon_layout, o="dense", up="dense_h_to_4h", gate=None,
+               down="dense_4h_to_h", attn_norm=("ln_attn", "input_layernorm"), mlp_norm=("ln_mlp", "post_attention_layernorm"),
+               parallel=lambda cfg: cfg.parallel_attn or cfg.new_decoder_architecture, final_norm="ln_f",
+               rotary=lambda cfg: None if cfg.alibi else "half", alibi=lambda cfg: cfg.alibi, activation=_act("activation")))
+register(Table("bloom", _lm("Bloom"), embeddings=(Embedding("word_embeddings"),), embed_norm="word_embeddings_layernorm",
+               layers="h", attn="self_attention", qkv="query_key_value", qkv_layout="per_head", o="dense",
+               up="dense_h_to_4h", gate=None, down="dense_4h_to_h", final_norm="ln_f", rotary=None, alibi=True,
+               activation=lambda cfg: "gelu",
+               requires=(("apply_residual_connection_post_layernorm", lambda v: not v, "False"),),
+               absorb=_NOT_PRE_NORM.format("BLOOM", "word_embeddings_layernorm and the stream it starts")))
+register(Table("gpt_neox", _lm("GPTNeoX"), embeddings=(Embedding("embed_in"),), attn="attention", qkv="query_key_value",
+               qkv_layout="per_head", o="dense", up="dense_h_to_4h", gate=None, down="dense_4h_to_h",
+               final_norm="final_layer_norm"))
+
+_DEIT_TOKENS = tuple(Embedding("embeddings", n, 2, optional=o) for n, o in (
+    ("cls_token", False), ("distillation_token", False), ("position_embeddings", False), ("mask_token", True)))
+register(Table("deit", ("DeiTForImageClassification", "DeiTForImageClassificationWithTeacher"),
+               embeddings=(Embedding("embeddings.patch_embeddings.projection", linear=True), *_DEIT_TOKENS),
+               attn="attention", up="fc1", gate=None, down="fc2", attn_norm=("layernorm_before",),
+               mlp_norm=("layernorm_after",), final_norm="layernorm",
+               heads=("classifier", "cls_classifier", "distillation_classifier"), rotary=None, example=_pixels))
+
+_CLIP = dict(embeddings=(Embedding("vision_model.embeddings", "class_embedding", 0),
+                         Embedding("vision_model.embeddings.patch_embedding", linear=True),
+                         Embedding("vision_model.embeddings.position_embedding")),
+             embed_norm="vision_model.pre_layrnorm", layers="vision_model.encoder.layers", o="out_proj", up="fc1",
+             gate=None, down="fc2", attn_norm=("layer_norm1",), mlp_norm=("layer_norm2",),
+             final_norm="vision_model.post_layernorm", rotary=None, example=_pixels)
+_CLIP_ABSORB = _NOT_PRE_NORM.format("CLIP vision", "pre_layrnorm")
+register(Table("clip_vision_model", ("CLIPVisionModel", "CLIPVisionModelWithProjection"), heads=("visual_projection",),
+               returns_stream=("CLIPVisionModelWithProjection",), absorb=_CLIP_ABSORB, **_CLIP))
+register(Table("clip", ("CLIPForImageClassification",), heads=("classifier",), final_norm_feeds_heads=False,
+               config_of=lambda m: m.config.vision_config, absorb=_CLIP_ABSORB, **_CLIP))
