@@ -25,7 +25,7 @@ def merge(
     normalize: bool = typer.Option(True, "--normalize/--no-normalize", help="normalise --weights to sum 1 (default); "
                                    "--no-normalize: any finite weights as given (task-arithmetic sums, extrapolation)"),
     rule: str = typer.Option("linear", help=_rule_help()),
-    align_method: str = typer.Option("weight", "--align", help="align every model to the first first: weight, activation, none"),
+    align_method: str = typer.Option("weight", "--align", help="align every model to the first: weight, activation, none"),
     bn: str = typer.Option("reset", help="BatchNorm policy after averaging: reset, interpolate, repair"),
     dataset: str | None = typer.Option(None, help="dataset for BN reset / REPAIR / activation matching (default: the first model's)"),
     data: Path | None = typer.Option(None, help=DATA_HELP),
