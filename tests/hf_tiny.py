@@ -26,6 +26,11 @@ TINY = {
     "bert_mlm": lambda: T.BertForMaskedLM(T.BertConfig(**_BERT)),
     "vit": lambda: T.ViTForImageClassification(T.ViTConfig(num_labels=5, **_VIT)),
     "vit_base": lambda: T.ViTModel(T.ViTConfig(**_VIT)),
+    "roberta": lambda: T.RobertaForSequenceClassification(T.RobertaConfig(num_labels=3, **_BERT)),
+    "roberta_mlm": lambda: T.RobertaForMaskedLM(T.RobertaConfig(**_BERT)),
+    "electra": lambda: T.ElectraForSequenceClassification(T.ElectraConfig(num_labels=3, embedding_size=32, **_BERT)),
+    "distilbert": lambda: T.DistilBertForSequenceClassification(T.DistilBertConfig(
+        dim=32, n_heads=4, hidden_dim=64, n_layers=2, vocab_size=50, max_position_embeddings=32, num_labels=3)),
     # the families of the table-driven pre-norm description (modeconn/symmetry/hf/families.py)
     "mistral": lambda: T.MistralForCausalLM(T.MistralConfig(num_key_value_heads=2, **_LM)),
     "qwen2": lambda: T.Qwen2ForCausalLM(T.Qwen2Config(num_key_value_heads=2, **_LM)),

@@ -1,4 +1,5 @@
-"""BERT adapter (post-LN encoder; all-MiniLM-L6-v2 is a BertModel).
+"""Post-LN encoders: BERT (all-MiniLM-L6-v2 is a BertModel), RoBERTa, ELECTRA, DistilBERT — one :class:`PostLN`
+table entry each (:data:`POST_LN`); BERT's names are described below, the others differ only in names and heads.
 
 Layout: ``embeddings.{word,position,token_type}_embeddings`` summed → ``embeddings.LayerNorm`` → layers
 (``attention.self.{query,key,value}`` → ``attention.output.dense`` → ``LN(x + ·)`` (``attention.output.LayerNorm``);
@@ -21,6 +22,8 @@ to ``cls.predictions.bias``. Decoders (``is_decoder``/``add_cross_attention``) a
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 from torch import nn
 
@@ -29,80 +32,130 @@ from ._common import Walker, base_path, join, require, token_inputs
 from .registry import ADAPTERS, Adapter
 from .structure import FFN, Attention, Hidden, KVHead, QueryHead, Stream, Structure
 
-POOLER_HEADS = {"BertForSequenceClassification": "classifier", "BertForMultipleChoice": "classifier"}
-STREAM_HEADS = {"BertForTokenClassification": "classifier", "BertForQuestionAnswering": "qa_outputs"}
-CLASSES = ("BertModel", *POOLER_HEADS, *STREAM_HEADS, "BertForMaskedLM")
+
+@dataclass(frozen=True)
+class PostLN:
+    """One post-LN encoder family (names relative to the base model unless said otherwise).
+
+    ``pooled``: per task class, ``(dense, out, activation)`` — a hidden space written by ``dense`` (reading the
+    stream's first token; ``None``: the base model's ``pooler.dense``) and read by the top-level ``out``.
+    ``stream_heads``: per task class, the top-level head reading the stream. ``mlm``: per class, the masked-LM
+    head ``(dense, LayerNorm, decoder, extra bias key)`` (top-level paths); the decoder may be tied to the word
+    embeddings."""
+
+    family: str
+    base_classes: tuple[str, ...]
+    embeddings: tuple[str, ...] = ("word_embeddings", "position_embeddings", "token_type_embeddings")
+    layers: str = "encoder.layer"
+    qkv: tuple[str, str, str] = ("attention.self.query", "attention.self.key", "attention.self.value")
+    o: str = "attention.output.dense"
+    attn_norm: str = "attention.output.LayerNorm"
+    up: str = "intermediate.dense"
+    down: str = "output.dense"
+    out_norm: str = "output.LayerNorm"
+    attn_path: str = "attention"
+    ffn_path: str = "intermediate"
+    pooled: dict[str, tuple[str | None, str, str]] = field(default_factory=dict)
+    stream_heads: dict[str, str] = field(default_factory=dict)
+    mlm: dict[str, tuple[str, str, str, str]] = field(default_factory=dict)
+    activation: str = "hidden_act"
+
+    @property
+    def classes(self) -> tuple[str, ...]:
+        return (*self.base_classes, *self.pooled, *self.stream_heads, *self.mlm)
 
 
 def _is(model: nn.Module, name: str) -> bool:
     return any(c.__name__ == name for c in type(model).__mro__)
 
 
-def describe(model: nn.Module, prefix: str) -> Structure:
-    cfg = model.config
-    for f in ("is_decoder", "add_cross_attention"):
-        require(not getattr(cfg, f, False), "bert", f, True, "False (encoder only)")
-    pet = getattr(cfg, "position_embedding_type", "absolute")
-    require(pet in (None, "absolute"), "bert", "position_embedding_type", pet, "'absolute'")
-    cls_name = next((n for n in CLASSES if _is(model, n)), None)
-    if cls_name is None:
-        raise UnsupportedOperationError(f"bert adapter: {type(model).__name__} is not supported (supported: {', '.join(CLASSES)})")
-    W = Walker(model, prefix, "bert")
-    base = base_path(model)
+def _layer(W: Walker, t: PostLN, cfg, prefix: str, lp: str, pending, acc: dict) -> object:
+    """Bind one layer; returns the pending LayerNorm (read by the next layer's Q/K/V or the heads)."""
     H, nh = cfg.hidden_size, cfg.num_attention_heads
     hd = H // nh
-    emb = join(base, "embeddings")
-    writers = [W.param(f"{emb}.{n}_embeddings", "weight", 1) for n in ("word", "position", "token_type")]
-    readers, norms, attentions, ffns, hidden = [], [], [], [], []
-    frozen = list(W.buffers())
-    layers = [join(base, f"encoder.layer.{i}") for i in range(cfg.num_hidden_layers)]
-    pending = W.norm(f"{emb}.LayerNorm")  # each post-LN's readers are the next block's q/k/v
-    for lp in layers:
-        q, k, v = (W.linear(f"{lp}.attention.self.{n}") for n in ("query", "key", "value"))
-        o = W.linear(f"{lp}.attention.output.dense")
-        up, down = W.linear(f"{lp}.intermediate.dense"), W.linear(f"{lp}.output.dense")
-        norms.append(_with_readers(pending, (q, k, v)))
-        norms.append(W.norm(f"{lp}.attention.output.LayerNorm", [up]))
-        pending = W.norm(f"{lp}.output.LayerNorm")
-        readers += [*q.cols(), *k.cols(), *v.cols(), *up.cols()]
-        writers += [*o.rows(), *down.rows()]
-        heads = tuple(QueryHead(q.rows(h * hd, hd), o.cols(h * hd, hd)) for h in range(nh))
-        kv = tuple(KVHead(k.rows(h * hd, hd), v.rows(h * hd, hd), (h,)) for h in range(nh))
-        attentions.append(Attention(join(prefix, lp, "attention"), hd, heads, kv))
-        ffns.append(FFN(join(prefix, lp, "intermediate"), up.out_features, up.rows(), down.cols(), (),
-                        str(cfg.hidden_act)))
+    q, k, v = (W.linear(join(lp, n)) for n in t.qkv)
+    o = W.linear(join(lp, t.o))
+    up, down = W.linear(join(lp, t.up)), W.linear(join(lp, t.down))
+    acc["norms"] += [_with_readers(pending, (q, k, v)), W.norm(join(lp, t.attn_norm), [up])]
+    acc["readers"] += [*q.cols(), *k.cols(), *v.cols(), *up.cols()]
+    acc["writers"] += [*o.rows(), *down.rows()]
+    heads = tuple(QueryHead(q.rows(h * hd, hd), o.cols(h * hd, hd)) for h in range(nh))
+    kv = tuple(KVHead(k.rows(h * hd, hd), v.rows(h * hd, hd), (h,)) for h in range(nh))
+    acc["attentions"].append(Attention(join(prefix, lp, t.attn_path), hd, heads, kv))
+    acc["ffns"].append(FFN(join(prefix, lp, t.ffn_path), up.out_features, up.rows(), down.cols(), (),
+                           str(getattr(cfg, t.activation))))
+    return W.norm(join(lp, t.out_norm))
+
+
+def _parent(path: str, levels: int) -> str:
+    parts = path.split(".")
+    return ".".join(parts[:-levels]) if len(parts) > levels else path
+
+
+def _heads(W: Walker, t: PostLN, cls_name: str, base: str, emb: str, prefix: str, acc: dict) -> list:
+    """Bind the pooler, the pooled / stream / masked-LM heads of ``cls_name``; returns the stream's heads."""
+    cfg = W.model.config
     stream_heads = []
-    pooler = join(base, "pooler.dense")
-    has_pooler = W.has(join(base, "pooler")) and W.mod(join(base, "pooler")) is not None
-    if has_pooler:
-        pool = W.linear(pooler)
-        readers += pool.cols()
-        if cls_name in POOLER_HEADS:
-            clf = W.linear(POOLER_HEADS[cls_name])
-            hidden.append(Hidden(join(prefix, base, "pooler"), pool.out_features, pool.rows(), clf.cols(),
-                                 activation="tanh"))
-            frozen += [clf.bias] if clf.bias else []
-        else:
-            frozen += [pool.bias] if pool.bias else []  # the pooler output is a model output
-    if cls_name in STREAM_HEADS:
-        head = W.linear(STREAM_HEADS[cls_name])
+    pooler = join(base, "pooler")
+    pool = W.linear(f"{pooler}.dense") if W.has(pooler) and W.mod(pooler) is not None else None
+    if pool is not None:
+        acc["readers"] += pool.cols()
+    if cls_name in t.pooled:
+        dense_path, out_path, act = t.pooled[cls_name]
+        dense = pool if dense_path is None else W.linear(dense_path)
+        if dense_path is not None:
+            stream_heads.append(dense)
+        out = W.linear(out_path)
+        name = join(prefix, pooler) if dense_path is None else join(prefix, _parent(dense_path, 1))
+        acc["hidden"].append(Hidden(name, dense.out_features, dense.rows(), out.cols(), activation=act))
+        acc["frozen"] += [out.bias] if out.bias else []
+    elif pool is not None:
+        acc["frozen"] += [pool.bias] if pool.bias else []  # the pooler output is a model output
+    if cls_name in t.stream_heads:
+        head = W.linear(t.stream_heads[cls_name])
         stream_heads.append(head)
-        frozen += [head.bias] if head.bias else []
-    if cls_name == "BertForMaskedLM":
-        t, ln, dec = "cls.predictions.transform.dense", "cls.predictions.transform.LayerNorm", "cls.predictions.decoder"
-        dense, decoder = W.linear(t), W.linear(dec)
-        tied = W.mod(dec).weight is W.mod(f"{emb}.word_embeddings").weight
+        acc["frozen"] += [head.bias] if head.bias else []
+    if cls_name in t.mlm:
+        dpath, ln, dec, extra_bias = t.mlm[cls_name]
+        dense, decoder = W.linear(dpath), W.linear(dec)
+        tied = W.mod(dec).weight is W.mod(f"{emb}.{t.embeddings[0]}").weight
         stream_heads.append(dense)  # reads the stream; its rows and bias write the transform space
-        frozen += [k for k in (decoder.bias, W.key("cls.predictions", "bias")) if k]
+        acc["frozen"] += [k for k in (decoder.bias, W.key("", extra_bias)) if k]
         lnorm = W.norm(ln, [decoder])
-        hidden.append(Hidden(join(prefix, "cls.predictions.transform"), dense.out_features, dense.rows(),
-                             decoder.cols(), lnorm.params(), str(cfg.hidden_act), joins_stream=tied))
-    norms.append(_with_readers(pending, tuple(stream_heads)))
-    readers += [c for h in stream_heads for c in h.cols()]
-    is_output = cls_name == "BertModel"
-    stream = Stream(H, tuple(writers), tuple(norms), tuple(readers), is_output=is_output, post_norm=True)
-    return Structure("bert", cfg.model_type, type(model).__name__, prefix, stream, tuple(attentions), tuple(ffns),
-                     tuple(hidden), frozen=tuple(frozen),
+        acc["hidden"].append(Hidden(join(prefix, _parent(dpath, 1)), dense.out_features, dense.rows(), decoder.cols(),
+                                    lnorm.params(), str(getattr(cfg, t.activation)), joins_stream=tied))
+    return stream_heads
+
+
+def describe_post_ln(t: PostLN, model: nn.Module, prefix: str) -> Structure:
+    """The :class:`Structure` of a post-LN encoder ``model`` by the table ``t`` (see the module docstring)."""
+    cfg = model.config
+    for f in ("is_decoder", "add_cross_attention"):
+        require(not getattr(cfg, f, False), t.family, f, True, "False (encoder only)")
+    pet = getattr(cfg, "position_embedding_type", "absolute")
+    require(pet in (None, "absolute"), t.family, "position_embedding_type", pet, "'absolute'")
+    emb_size = getattr(cfg, "embedding_size", cfg.hidden_size)
+    require(emb_size == cfg.hidden_size, t.family, "embedding_size", emb_size, f"hidden_size ({cfg.hidden_size})")
+    cls_name = next((n for n in t.classes if _is(model, n)), None)
+    if cls_name is None:
+        raise UnsupportedOperationError(f"{t.family} adapter: {type(model).__name__} is not supported "
+                                        f"(supported: {', '.join(t.classes)})")
+    W = Walker(model, prefix, t.family)
+    base = base_path(model)
+    emb = join(base, "embeddings")
+    acc: dict[str, list] = {"writers": [W.param(f"{emb}.{n}", "weight", 1) for n in t.embeddings if W.has(f"{emb}.{n}")],
+                            "readers": [], "norms": [], "attentions": [], "ffns": [], "hidden": [],
+                            "frozen": list(W.buffers())}
+    pending = W.norm(f"{emb}.LayerNorm")  # each post-LN's readers are the next block's q/k/v
+    for i in range(cfg.num_hidden_layers):
+        pending = _layer(W, t, cfg, prefix, join(base, f"{t.layers}.{i}"), pending, acc)
+    stream_heads = _heads(W, t, cls_name, base, emb, prefix, acc)
+    acc["norms"].append(_with_readers(pending, tuple(stream_heads)))
+    acc["readers"] += [c for h in stream_heads for c in h.cols()]
+    stream = Stream(cfg.hidden_size, tuple(acc["writers"]), tuple(acc["norms"]), tuple(acc["readers"]),
+                    is_output=cls_name in t.base_classes, post_norm=True)
+    return Structure(t.family, cfg.model_type, type(model).__name__, prefix, stream, tuple(acc["attentions"]),
+                     tuple(acc["ffns"]), tuple(acc["hidden"]), frozen=tuple(acc["frozen"]),
                      notes=("post-LN: LayerNorm parameters act on the stream; no orthogonal residual symmetry",))
 
 
@@ -115,8 +168,9 @@ def _with_readers(n, readers):
 def example(model: nn.Module, gen: torch.Generator) -> dict[str, torch.Tensor]:
     x = token_inputs(model, gen)
     ids = x["input_ids"]
-    n_types = getattr(model.config, "type_vocab_size", 1)
-    x["token_type_ids"] = torch.randint(0, max(1, n_types), ids.shape, generator=gen)
+    n_types = getattr(model.config, "type_vocab_size", None)
+    if n_types is not None:  # DistilBERT has no token types
+        x["token_type_ids"] = torch.randint(0, max(1, n_types), ids.shape, generator=gen)
     mask = torch.ones_like(ids)
     mask[-1, -2:] = 0  # some padding, so the attention mask path is exercised
     x["attention_mask"] = mask
@@ -125,9 +179,32 @@ def example(model: nn.Module, gen: torch.Generator) -> dict[str, torch.Tensor]:
     return x
 
 
-ADAPTERS.register("bert")(
-    Adapter("bert", describe, example, CLASSES,
-            absorb="BERT is post-LN (x ← LN(x + f(x))): each LayerNorm's scale and shift act on the residual stream "
-                   "itself, so they cannot be folded into the next linear layers and LayerNorm cannot become a "
-                   "parameter-free RMSNorm; there is no orthogonal residual symmetry to expose")
+_ABSORB = ("{} is post-LN (x ← LN(x + f(x))): each LayerNorm's scale and shift act on the residual stream itself, so "
+           "they cannot be folded into the next linear layers and LayerNorm cannot become a parameter-free RMSNorm; "
+           "there is no orthogonal residual symmetry to expose")
+_ROBERTA_MLM = ("lm_head.dense", "lm_head.layer_norm", "lm_head.decoder", "lm_head.bias")
+POST_LN = (
+    PostLN("bert", ("BertModel",),
+           pooled={"BertForSequenceClassification": (None, "classifier", "tanh"),
+                   "BertForMultipleChoice": (None, "classifier", "tanh")},
+           stream_heads={"BertForTokenClassification": "classifier", "BertForQuestionAnswering": "qa_outputs"},
+           mlm={"BertForMaskedLM": ("cls.predictions.transform.dense", "cls.predictions.transform.LayerNorm",
+                                    "cls.predictions.decoder", "cls.predictions.bias")}),
+    PostLN("roberta", ("RobertaModel",),
+           pooled={"RobertaForSequenceClassification": ("classifier.dense", "classifier.out_proj", "tanh")},
+           stream_heads={"RobertaForTokenClassification": "classifier", "RobertaForQuestionAnswering": "qa_outputs"},
+           mlm={"RobertaForMaskedLM": _ROBERTA_MLM}),
+    PostLN("electra", ("ElectraModel",),
+           pooled={"ElectraForSequenceClassification": ("classifier.dense", "classifier.out_proj", "gelu")},
+           stream_heads={"ElectraForTokenClassification": "classifier", "ElectraForQuestionAnswering": "qa_outputs"}),
+    PostLN("distilbert", ("DistilBertModel",), embeddings=("word_embeddings", "position_embeddings"),
+           layers="transformer.layer", qkv=("attention.q_lin", "attention.k_lin", "attention.v_lin"),
+           o="attention.out_lin", attn_norm="sa_layer_norm", up="ffn.lin1", down="ffn.lin2", out_norm="output_layer_norm",
+           ffn_path="ffn",
+           pooled={"DistilBertForSequenceClassification": ("pre_classifier", "classifier", "relu")},
+           stream_heads={"DistilBertForTokenClassification": "classifier", "DistilBertForQuestionAnswering": "qa_outputs"},
+           activation="activation"),
 )
+for _t in POST_LN:
+    ADAPTERS.register(_t.family)(Adapter(_t.family, lambda m, p, t=_t: describe_post_ln(t, m, p), example, _t.classes,
+                                         absorb=_ABSORB.format(_t.family)))
