@@ -260,8 +260,13 @@ def describe(t: Table, model: nn.Module, prefix: str) -> Structure:
                      frozen=tuple(frozen))
 
 
+TABLES: dict[str, Table] = {}
+"""Every registered table by family name."""
+
+
 def register(t: Table, *model_types: str) -> Table:
     """Register ``t`` as the adapter of ``model_types`` (default: its family name); returns it."""
+    TABLES[t.family] = t
     for mt in model_types or (t.family,):
         ADAPTERS.register(mt)(Adapter(t.family, lambda m, p, t=t: describe(t, m, p), t.example, t.classes, t.absorb))
     return t

@@ -1,0 +1,231 @@
+"""The table-driven Hugging Face families: absorption and the full group, what is frozen and why (negative
+controls), streaming equal to in memory, outputs that transformers loads and generates from, the CLI on sharded
+fp16/bf16 Mistral and Qwen2 pairs. (Per-family spec validity, random elements, planted recovery and the richer
+groups run over every family of ``hf_tiny.TINY`` in test_hf_adapters.py.)"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import transformers as T
+from cli_runner import run_cli
+from hf_tiny import loaded, make, max_diff, outputs
+
+import modeconn as mc
+from modeconn.errors import AbsorptionError, UnsupportedOperationError
+from modeconn.stream import hf_checkpoint_spec, side_files, stream_apply, stream_merge, stream_weight_matching
+from modeconn.symmetry import hf
+from modeconn.symmetry.hf import prenorm
+from modeconn.path.interpolate import weighted_average
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+PRE_NORM = ["mistral", "qwen2", "qwen3", "gemma", "phi3", "phi", "olmo", "stablelm", "starcoder2", "gptj", "opt",
+            "falcon", "deit"]
+NOT_ABSORBABLE = {"gemma2": "sandwich", "olmo2": "post-norms", "bloom": "word_embeddings_layernorm",
+                  "clip": "pre_layrnorm", "roberta": "post-LN", "electra": "post-LN", "distilbert": "post-LN"}
+DECODERS = ["gpt_neox", "gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "phi", "olmo", "olmo2",
+            "stablelm", "starcoder2", "gptj", "opt", "falcon", "bloom"]
+FULL = {"residual": "orthogonal", "heads": "permutation", "qk": "head_invertible", "vo": "head_invertible"}
+
+
+def _changes(model, spec, g, x) -> float:
+    return max_diff(outputs(model, x), outputs(loaded(model, spec.apply(model.state_dict(), g)), x))
+
+
+# ----------------------------------------------------------------------------------------- absorption
+@pytest.mark.parametrize("name", PRE_NORM)
+def test_absorption_then_the_full_group_keeps_outputs(name):
+    model = make(name)
+    x = hf.example_inputs(model)
+    absorbed = mc.absorb_normalization(model)
+    assert max_diff(outputs(model, x), outputs(absorbed, x)) < 1e-4
+    assert {n.kind for n in hf.describe(absorbed).stream.norms} == {"rms"}
+    groups = FULL | ({"ffn_scale": "scaling"} if hf.describe(model).ffns[0].gate else {})
+    spec = hf.hf_symmetry_spec(absorbed, groups=groups)
+    assert spec.spaces["residual"].group == "orthogonal"
+    g = spec.random_element(seed=2)
+    assert max_diff(outputs(model, x), outputs(loaded(absorbed, spec.apply(absorbed.state_dict(), g)), x)) < 1e-4
+    # negative control: the same orthogonal residual map on the model before absorption breaks it
+    raw = hf.hf_symmetry_spec(model)
+    n = raw.spaces["residual"].size
+    q = torch.linalg.qr(torch.randn(n, n, generator=torch.Generator().manual_seed(0)))[0]
+    rotated = dict(model.state_dict())
+    for key, b in raw.bindings_by_space["residual"]:
+        t = rotated[key].movedim(b.axis, 0)
+        rotated[key] = (q @ t.reshape(q.shape[0], -1)).reshape(t.shape).movedim(0, b.axis)
+    assert max_diff(outputs(model, x), outputs(loaded(model, rotated), x)) > 1e-3
+
+
+@pytest.mark.parametrize("name", list(NOT_ABSORBABLE))
+def test_absorption_refused_with_the_reason(name):
+    with pytest.raises(UnsupportedOperationError, match=NOT_ABSORBABLE[name]):
+        mc.absorb_normalization(make(name))
+
+
+def test_gemma_scale_is_one_plus_weight(monkeypatch):
+    """Negative control: folding Gemma's RMSNorm as if it scaled by ``w`` (not ``1 + w``) is caught by the
+    absorption's own output check."""
+    model = make("gemma")
+    mc.absorb_normalization(model)  # with the table's offset: fine
+    wrong = dataclasses.replace(prenorm.TABLES["gemma"], norm_offset=0.0)
+    adapter = hf.Adapter("gemma", lambda m, p: prenorm.describe(wrong, m, p), wrong.example, wrong.classes)
+    monkeypatch.setitem(hf.ADAPTERS._items, "gemma", adapter)
+    with pytest.raises(AbsorptionError, match="fold"):
+        mc.absorb_normalization(model)
+
+
+# ----------------------------------------------------------------------------- what is frozen, and why
+def _unfrozen(model, groups, **replace):
+    """The spec built with every attention's frozen / permutation-only roles replaced (a deliberately wrong spec)."""
+    st = hf.describe(model)
+    atts = tuple(dataclasses.replace(a, **replace) for a in st.attentions)
+    return hf.build_spec(dataclasses.replace(st, attentions=atts), model.state_dict(), groups)
+
+
+def test_alibi_freezes_head_permutations():
+    model = make("bloom")
+    x = hf.example_inputs(model)
+    groups = {"heads": "permutation", "qk": "head_orthogonal", "vo": "head_orthogonal"}
+    spec = hf.hf_symmetry_spec(model, groups=groups)
+    assert not any(s.endswith(".heads") for s in spec.spaces) and any(s.endswith(".vo") for s in spec.spaces)
+    assert _changes(model, spec, spec.random_element(seed=1), x) < 1e-4
+    wrong = _unfrozen(model, groups, frozen_roles=())
+    heads = next(s for s in wrong.spaces if s.endswith(".heads"))
+    assert _changes(model, wrong, wrong.identity() | {heads: torch.roll(torch.arange(4), 1)}, x) > 1e-3
+
+
+def test_shared_per_head_qk_norm_freezes_the_qk_role():
+    model = make("qwen3")
+    x = hf.example_inputs(model)
+    spec = hf.hf_symmetry_spec(model, groups={"qk": "head_orthogonal"})
+    assert not any(".qk" in s for s in spec.spaces)
+    assert "model.layers.0.self_attn.q_norm.weight" in spec.structure.frozen
+    wrong = _unfrozen(model, {"qk": "head_orthogonal"}, frozen_roles=())
+    assert _changes(model, wrong, wrong.random_element(seed=0), x) > 1e-3
+
+
+def test_clip_qkv_allows_permutations_only():
+    model = T.OlmoForCausalLM(T.OlmoConfig(num_key_value_heads=2, clip_qkv=0.5, hidden_size=32, num_attention_heads=4,
+                                           intermediate_size=64, num_hidden_layers=2, vocab_size=50,
+                                           max_position_embeddings=32, pad_token_id=0))
+    from hf_tiny import randomize
+
+    model = randomize(model, 0)
+    x = hf.example_inputs(model)
+    spec = hf.hf_symmetry_spec(model, groups={"vo": "head_orthogonal"})
+    assert not any(s.endswith(".vo") for s in spec.spaces)
+    perm = hf.hf_symmetry_spec(model)
+    assert any(".vo" in s for s in perm.spaces) and _changes(model, perm, perm.random_element(seed=0), x) < 1e-4
+    wrong = _unfrozen(model, {"vo": "head_orthogonal"}, permutation_only=())
+    assert _changes(model, wrong, wrong.random_element(seed=0), x) > 1e-3
+
+
+def test_whole_projection_qk_norm_moves_with_the_heads():
+    model = make("olmo2")
+    x = hf.example_inputs(model)
+    groups = {"heads": "permutation", "qk": None, "vo": None}
+    spec = hf.hf_symmetry_spec(model, groups=groups)
+    heads = next(s for s in spec.spaces if s.endswith(".heads"))
+    g = spec.identity() | {heads: torch.tensor([1, 0])}
+    assert _changes(model, spec, g, x) < 1e-4
+    norm = "model.layers.0.self_attn.q_norm.weight"
+    assert any(b.space == heads for b in spec.tensors[norm])
+    wrong = dataclasses.replace(spec, tensors={k: (() if k == norm else v) for k, v in spec.tensors.items()})
+    assert _changes(model, wrong, g, x) > 1e-3
+
+
+def test_the_fused_qkv_layout_matters():
+    """GPT-NeoX's ``per_head`` rows read as ``blocks``: a spec that validates but breaks the function."""
+    model = make("gpt_neox")
+    x = hf.example_inputs(model)
+    t = dataclasses.replace(prenorm.TABLES["gpt_neox"], qkv_layout="blocks")
+    wrong = hf.build_spec(prenorm.describe(t, model, ""), model.state_dict())
+    wrong.validate(model)
+    assert _changes(model, wrong, wrong.random_element(seed=0), x) > 1e-3
+
+
+def test_interleaved_rotary_pairs_matter():
+    """GPT-J rotates (2i, 2i+1): per-head maps built for rotate_half pairs break it."""
+    model = make("gptj")
+    x = hf.example_inputs(model)
+    ok = hf.hf_symmetry_spec(model, groups={"qk": "head_invertible"})
+    assert _changes(model, ok, ok.random_element(seed=0), x) < 1e-4
+    wrong = _unfrozen(model, {"qk": "head_invertible"}, rotary_style="half")
+    assert _changes(model, wrong, wrong.random_element(seed=0), x) > 1e-3
+
+
+# ----------------------------------------------------------------------------- streaming, transformers
+def _ids(model, seed=0):
+    return torch.randint(0, model.config.vocab_size, (2, 6), generator=torch.Generator().manual_seed(seed))
+
+
+def _logits(model, ids):
+    with torch.no_grad():
+        return model.float().eval()(input_ids=ids).logits
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", DECODERS)
+def test_streaming_equals_in_memory_and_outputs_load_and_generate(name, tmp_path):
+    ma, mb = make(name, 0), make(name, 1)
+    da, db = tmp_path / "a", tmp_path / "b"
+    for m, d in ((ma, da), (mb, db)):
+        m.save_pretrained(d, max_shard_size="20KB")
+    spec_m, spec_c = hf.hf_symmetry_spec(ma), hf_checkpoint_spec(da)
+    ref = mc.weight_matching(spec_m, ma.state_dict(), mb.state_dict(), restarts=1, max_iter=5)
+    res = stream_weight_matching(spec_c, da, db, restarts=1, max_iter=5)
+    assert all(torch.equal(res.element[s], ref.element[s]) for s in ref.element)
+    aligned = tmp_path / "aligned"
+    stream_apply(spec_c, db, res.element, aligned, files=side_files(db))
+    back = T.AutoModelForCausalLM.from_pretrained(aligned).eval()
+    ids = _ids(ma)
+    torch.testing.assert_close(_logits(back, ids), _logits(mb, ids), rtol=1e-4, atol=1e-4)
+    assert back.generate(ids, max_new_tokens=3, do_sample=False).shape == (2, 9)
+    merged = tmp_path / "merged"
+    stream_merge(spec_c, [da, db], merged, elements=[None, res.element], files=side_files(da))
+    expected = weighted_average([ma.state_dict(), spec_m.apply(mb.state_dict(), res.element)])
+    got = T.AutoModelForCausalLM.from_pretrained(merged).eval()
+    sd = got.state_dict()
+    assert set(sd) == set(expected) and all(torch.equal(sd[k], expected[k]) for k in expected)
+    assert got.generate(ids, max_new_tokens=2, do_sample=False).shape == (2, 8)
+
+
+def _lm_pair(tmp_path, cls, cfg, dtype):
+    dirs = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        from hf_tiny import randomize
+
+        m = randomize(cls(cfg), seed).to(dtype)
+        d = tmp_path / f"{cls.__name__}-{seed}"
+        m.save_pretrained(d, max_shard_size="20KB")
+        dirs.append(d)
+    assert len(list(dirs[0].glob("*.safetensors"))) > 1  # sharded
+    return dirs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["mistral", "qwen2"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_cli_align_and_merge_sharded_half_precision_pairs(family, dtype, tmp_path):
+    cls, cfg_cls = {"mistral": (T.MistralForCausalLM, T.MistralConfig), "qwen2": (T.Qwen2ForCausalLM, T.Qwen2Config)}[family]
+    cfg = cfg_cls(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
+                  num_hidden_layers=2, vocab_size=50, max_position_embeddings=32, pad_token_id=0, bos_token_id=0,
+                  eos_token_id=0)
+    da, db = _lm_pair(tmp_path, cls, cfg, dtype)
+    out = tmp_path / "aligned"
+    run_cli("align", da, db, "--out", out, "--restarts", "1", "--max-iter", "5")
+    b = T.AutoModelForCausalLM.from_pretrained(db).eval()
+    aligned = T.AutoModelForCausalLM.from_pretrained(out).eval()
+    assert next(aligned.parameters()).dtype == dtype
+    ids = _ids(b)
+    torch.testing.assert_close(_logits(aligned, ids), _logits(b, ids), rtol=1e-3, atol=1e-3)
+    assert aligned.generate(ids, max_new_tokens=3, do_sample=False).shape == (2, 9)
+    merged = tmp_path / "merged"
+    run_cli("merge", da, db, "--out", merged, "--align", "weight", "--restarts", "1", "--max-iter", "5")
+    m = T.AutoModelForCausalLM.from_pretrained(merged).eval()
+    assert torch.isfinite(_logits(m, ids)).all()
+    assert m.generate(ids, max_new_tokens=3, do_sample=False).shape == (2, 9)
