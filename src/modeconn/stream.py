@@ -29,6 +29,7 @@ BatchNorm statistics to re-estimate, and nothing is evaluated (no data is read).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -39,11 +40,11 @@ import torch
 from .checks import check_compatible, check_finite
 from .errors import CheckpointError, ConfigError, UnsupportedOperationError
 from .io import CONFIG_NAME, PICKLE_SUFFIXES, _check_target, check_dtype_kinds, check_in_checkpoint, read_json_object
-from .io_stream import INDEX_NAME, LazyCheckpoint, write_like
+from .io_stream import INDEX_NAME, LazyCheckpoint, ShardLayout, write_like
 from .match.result import Alignment
 from .match.weight import weight_matching
-from .path.interpolate import merge_weights, weighted_average
-from .path.merge_rules import MERGE_RULES
+from .path.interpolate import merge_weights, plan_settings, weighted_average
+from .path.merge_rules import MERGE_RULES, RuleSettings, check_rule_settings, rule_weights
 from .symmetry import Element, SymmetrySpec
 
 PathLike = str | os.PathLike
@@ -199,19 +200,28 @@ def stream_weight_matching(spec: SymmetrySpec, a: Checkpoint, b: Checkpoint, **k
     return weight_matching(spec, a, b, **kwargs)
 
 
-def _tensor(spec: SymmetrySpec, ckpt: LazyCheckpoint, key: str, g: Element | None, cache: dict) -> torch.Tensor:
-    """``(g·θ)[key]`` read from ``ckpt``; a tied alias is its primary transformed (so the tie survives)."""
+def _tensor(spec: SymmetrySpec | None, ckpt: LazyCheckpoint, key: str, g: Element | None, cache: dict) -> torch.Tensor:
+    """``(g·θ)[key]`` read from ``ckpt``; a tied alias is its primary transformed (so the tie survives). Without a
+    spec: the stored tensor."""
+    if spec is None:
+        return ckpt[key]
     src = spec.primary_of(key) if spec.primary_of(key) in ckpt else key
     t = ckpt[src]
     return t if g is None else spec.apply_tensor(src, t, g, cache=cache)
 
 
-def _check_inputs(spec: SymmetrySpec, ckpts: list[LazyCheckpoint], elements: Sequence[Element | None]) -> None:
+def _check_inputs(spec: SymmetrySpec | None, ckpts: list[LazyCheckpoint], elements: Sequence[Element | None]) -> None:
+    """Names, shapes and dtype kinds agree (and, with a spec, fit it; elements valid; stored ties equal)."""
     metas = [c.meta() for c in ckpts]
     for c, m in zip(ckpts, metas, strict=False):
-        spec.check_state_dict(m, f"checkpoint {c.path}")
+        if spec is not None:
+            spec.check_state_dict(m, f"checkpoint {c.path}")
     check_compatible(metas, [str(c.path) for c in ckpts])
     check_dtype_kinds(metas, [f"checkpoint {c.path}" for c in ckpts])  # kinds as the first (reference) checkpoint's
+    if spec is None:
+        if any(g is not None for g in elements):
+            raise ConfigError("group elements need a symmetry spec: pass the spec of the checkpoints")
+        return
     for g in elements:
         if g is not None:
             spec.check_element(g)
@@ -226,7 +236,9 @@ def stream_apply(spec: SymmetrySpec, src: Checkpoint, element: Element, out: Pat
 
     Same shard file names, keys per shard, index (``weight_map`` and ``metadata``) and safetensors metadata; dtypes
     kept (permutations are exact in every dtype: the result equals ``spec.apply`` bit for bit). ``files``: other
-    files for ``out`` (name → path to copy, bytes, or a JSON object). Peak memory: one tensor and its image.
+    files for ``out`` (name → path to copy, bytes, or a JSON object); only the weights are written otherwise — pass
+    ``files=side_files(src)`` for config.json and tokenizer files (``from_pretrained`` needs the config). Peak
+    memory: one tensor and its image.
 
     Returns: ``out``, created atomically. Raises: CheckpointError (src unreadable, ``out`` non-empty without
     ``overwrite``), StateDictMismatchError (src does not fit the spec), SpecError (bad element; tied tensors stored
@@ -240,36 +252,48 @@ def stream_apply(spec: SymmetrySpec, src: Checkpoint, element: Element, out: Pat
                       overwrite=overwrite, progress=tick, command="align")
 
 
-def stream_merge(spec: SymmetrySpec, srcs: Sequence[Checkpoint], out: PathLike, *,
+def stream_merge(spec: SymmetrySpec | None, srcs: Sequence[Checkpoint], out: PathLike, *,
                  weights: Sequence[float] | None = None, elements: Sequence[Element | None] | None = None,
                  files: Mapping[str, Any] | None = None, overwrite: bool = False,
-                 progress: Progress | None = None, normalize: bool = True, rule: str = "linear") -> Path:
-    """Write ``Σ_i w_i · (g_i · θ_i)`` of two or more checkpoints to ``out``, tensor by tensor, in the first one's
-    layout (as :func:`modeconn.path.interpolate.weighted_average`: fp32 accumulation, the first model's dtype,
-    integer tensors kept exactly, every floating tensor by the same rule).
+                 progress: Progress | None = None, normalize: bool = True, rule: str = "linear",
+                 settings: RuleSettings | None = None, dtype: torch.dtype | None = None,
+                 out_dtype: torch.dtype | None = None) -> Path:
+    """Write the merge of two or more checkpoints, ``rule((g_i · θ_i)_i)`` (default ``Σ_i w_i · (g_i · θ_i)``), to
+    ``out``, tensor by tensor, in the first one's layout (as :func:`modeconn.path.interpolate.weighted_average`:
+    fp32 accumulation, the first model's dtype unless ``out_dtype``, integer tensors kept exactly, every floating
+    tensor by the same rule). The first checkpoint's ``config.json`` is written with the weights (its dtype field set
+    to ``out_dtype`` when given) unless ``files`` has one.
 
     Args:
+        spec: the checkpoints' symmetry spec, or ``None`` for checkpoints merged as stored (any architecture whose
+            tensor names, shapes and dtype kinds agree; no ``elements`` then).
         srcs: checkpoint directories (or lazy checkpoints) of one architecture; the first is the reference.
         weights: one finite weight per model (default uniform); ``normalize`` (default): non-negative, divided by
             their sum; ``normalize=False``: any finite weights as given (:func:`~modeconn.path.interpolate.merge_weights`).
         elements: per model the group element to apply first (``None``: as stored), e.g. from
             :func:`stream_weight_matching` against the first model.
         files, overwrite, progress: as in :func:`stream_apply`.
-        rule: the merge rule applied to each tensor (:data:`~modeconn.path.merge_rules.MERGE_RULES`; ``linear``).
+        rule: the merge rule applied to each tensor (:data:`~modeconn.path.merge_rules.MERGE_RULES`; ``linear``);
+            ``settings``: its base, parameters and seed (:class:`~modeconn.path.merge_rules.RuleSettings`).
+        dtype: inputs cast to it before the rule (mergekit's recipe ``dtype``); ``out_dtype``: the written floating
+            tensors' dtype.
     Returns: ``out``, created atomically. Peak memory: one tensor per model plus the fp32 sum.
-    Raises: ConfigError (fewer than two models, bad weights, elements not one per model), StateDictMismatchError
-        (keys/shapes differ), SpecError, CheckpointError; NonFiniteError naming the model and tensor with NaN/Inf
-        (or an fp16 overflow of the average) — nothing is written then.
+    Raises: ConfigError (fewer than two models, bad weights or rule settings, elements not one per model),
+        StateDictMismatchError (keys/shapes differ), SpecError, CheckpointError; NonFiniteError naming the model and
+        tensor with NaN/Inf (or an fp16 overflow of the average) — nothing is written then.
     """
     ckpts = [_lazy(s) for s in srcs]
     if len(ckpts) < 2:
         raise ConfigError(f"merging needs at least two checkpoints, got {len(ckpts)}")
     weights = merge_weights(weights, len(ckpts), normalize=normalize)  # before any work
-    MERGE_RULES.get(rule)
+    merge_rule = check_rule_settings(rule, settings, len(ckpts))
     elements = list(elements) if elements is not None else [None] * len(ckpts)
     if len(elements) != len(ckpts):
         raise ConfigError(f"elements must have one entry (or None) per checkpoint: {len(elements)} for {len(ckpts)}")
     _check_inputs(spec, ckpts, elements)
+    metas = [c.meta() for c in ckpts]
+    keys = [k for k, t in metas[0].items() if t.is_floating_point() or t.is_complex()]
+    settings = plan_settings(merge_rule, metas, weights, settings, keys, dtype=dtype)
     names = [str(c.path) for c in ckpts]
     caches: list[dict] = [{} for _ in ckpts]
 
@@ -277,11 +301,42 @@ def stream_merge(spec: SymmetrySpec, srcs: Sequence[Checkpoint], out: PathLike, 
         sds = [{key: _tensor(spec, c, key, g, cache)} for c, g, cache in zip(ckpts, elements, caches, strict=False)]
         for sd, name in zip(sds, names, strict=False):
             check_finite(sd, name)
-        return weighted_average(sds, weights, check=False, normalize=False, rule=rule)[key]
+        return weighted_average(sds, weights, check=False, normalize=False, rule=rule, settings=settings,
+                                dtype=dtype, out_dtype=out_dtype)[key]
 
     tick = (lambda d, t: progress("writing", d, t)) if progress is not None else None
-    return write_like(out, ckpts[0], produce, files=files, overwrite=overwrite, progress=tick,
+    return write_like(out, _layout_in(ckpts[0].layout, out_dtype), produce,
+                      files=with_config(ckpts[0].path, files, out_dtype), overwrite=overwrite, progress=tick,
                       inputs=[c.path for c in ckpts], command="merge")
+
+
+def _layout_in(layout: ShardLayout, dtype: torch.dtype | None) -> ShardLayout:
+    """``layout`` with its floating tensors stored as ``dtype`` (the index's ``total_size`` updated)."""
+    if dtype is None:
+        return layout
+    infos = {k: (dataclasses.replace(i, dtype=dtype) if i.dtype.is_floating_point else i) for k, i in layout.infos.items()}
+    index = layout.index
+    if index is not None:
+        meta = {**index.get("metadata", {}), "total_size": sum(i.nbytes for i in infos.values())}
+        index = {**index, "metadata": meta}
+    return ShardLayout(infos, layout.shards, layout.shard_metadata, index)
+
+
+def with_config(src: PathLike, files: Mapping[str, Any] | None, dtype: torch.dtype | None = None) -> dict[str, Any]:
+    """``files`` plus the ``config.json`` of checkpoint directory ``src`` when ``files`` has none (so that
+    ``from_pretrained`` reads the real architecture); with ``dtype``, the config's dtype field (``dtype`` /
+    ``torch_dtype``) set to it. CheckpointError for an unreadable config that has to be rewritten."""
+    files = dict(files or {})
+    source = files.get(CONFIG_NAME, Path(src) / CONFIG_NAME)
+    if CONFIG_NAME not in files and not Path(source).is_file():
+        return files
+    files[CONFIG_NAME] = source
+    if dtype is None:
+        return files
+    cfg = dict(source) if isinstance(source, Mapping) else read_json_object(Path(source), "config file")
+    fields = [f for f in ("dtype", "torch_dtype") if f in cfg] or ["dtype"]
+    files[CONFIG_NAME] = {**cfg, **dict.fromkeys(fields, str(dtype).removeprefix("torch."))}
+    return files
 
 
 # ---------------------------------------------------------------------------------------------- recipes
@@ -299,19 +354,96 @@ def side_files(path: PathLike) -> dict[str, Path]:
     return files
 
 
-def _open_pair(paths: Sequence[PathLike], out: PathLike, overwrite: bool):
-    """Every cheap check before heavy work: configs agree, weights complete, spec fits, ``out`` writable."""
+def _open_pair(paths: Sequence[PathLike], out: PathLike, overwrite: bool,
+               groups: str | Mapping[str, str | None] | None = "permutation"):
+    """Every cheap check before heavy work: one vocabulary, configs agree, weights complete, spec fits (``groups``
+    ``None``: no spec, names/shapes/dtype kinds only), ``out`` writable. Returns ``(spec or None, lazy ckpts)``."""
     _check_target(Path(out), overwrite, paths)
     for p in paths:
         if not is_hf_checkpoint(p):
             raise CheckpointError(f"{p}: not a Hugging Face checkpoint directory (config.json with model_type)")
+    check_vocabularies(paths)
     configs = check_same_hf_configs(paths)
     for p in paths:  # side files that would be copied to --out: no symlink out of the checkpoint
         side_files(p)
     ckpts = [LazyCheckpoint(p) for p in paths]
-    spec = hf_checkpoint_spec(paths[0], config=configs[0], checkpoint=ckpts[0])
+    spec = None if groups is None else hf_checkpoint_spec(paths[0], groups, config=configs[0], checkpoint=ckpts[0])
     _check_inputs(spec, ckpts, [])
     return spec, ckpts
+
+
+def _vocab_sizes(path: Path) -> tuple[int | None, int | None]:
+    """``(config vocab_size, tokenizer.json vocabulary size)`` of a checkpoint directory (``None`` where absent or not
+    readable as such: the tokenizer file is not validated here)."""
+    cfg = read_json_object(path / CONFIG_NAME, "config file")
+    text = cfg.get("text_config")
+    size = cfg.get("vocab_size", text.get("vocab_size") if isinstance(text, dict) else None)
+    return (size if isinstance(size, int) else None), _tokenizer_size(path / "tokenizer.json")
+
+
+def _tokenizer_size(file: Path) -> int | None:
+    """1 + the largest token id of a ``tokenizers`` file (model vocabulary and added tokens), None if unreadable."""
+    try:
+        data = read_json_object(file, "tokenizer file") if file.is_file() else None
+    except CheckpointError:
+        return None
+    model = data.get("model") if data is not None else None
+    vocab = model.get("vocab") if isinstance(model, dict) else None
+    if not isinstance(vocab, (dict, list)):
+        return None
+    ids = list(vocab.values()) if isinstance(vocab, dict) else list(range(len(vocab)))
+    added = data.get("added_tokens")
+    ids += [t.get("id") for t in added if isinstance(t, dict)] if isinstance(added, list) else []
+    return max((i for i in ids if isinstance(i, int)), default=-1) + 1
+
+
+def check_vocabularies(paths: Sequence[PathLike]) -> None:
+    """ConfigError naming every model's size when the checkpoints' vocabularies differ (config ``vocab_size``, or
+    the tokenizer.json vocabularies where every model has one): merged embeddings need one token numbering."""
+    sizes = {str(p): _vocab_sizes(Path(p)) for p in paths}
+    for i, what in ((0, "vocab_size (config.json)"), (1, "tokenizer vocabulary (tokenizer.json)")):
+        values = {p: v[i] for p, v in sizes.items()}
+        if None not in values.values() and len(set(values.values())) > 1:
+            raise ConfigError(f"the models have different vocabularies, {what}: "
+                              + ", ".join(f"{p}: {n} tokens" for p, n in values.items())
+                              + "; merging needs one tokenizer (align the vocabularies first)")
+
+
+def resolve_checkpoint_path(path: PathLike) -> Path:
+    """``path`` itself, or for a Hugging Face hub cache entry (``…/models--ORG--NAME`` with ``snapshots/``) its
+    snapshot: the revision ``refs/main`` names, else the only one. CheckpointError naming the entry and its
+    revisions when that is ambiguous or the named snapshot is missing."""
+    p = Path(path)
+    snaps = p / "snapshots"
+    if not (p.name.startswith("models--") and snaps.is_dir()):
+        return p
+    revs = sorted(d.name for d in snaps.iterdir() if d.is_dir())
+    ref = p / "refs" / "main"
+    if ref.is_file():
+        rev = ref.read_text().strip()
+        if (snaps / rev).is_dir():
+            return snaps / rev
+        raise CheckpointError(f"{p}: refs/main names revision {rev!r}, which is not among its snapshots {revs}")
+    if len(revs) == 1:
+        return snaps / revs[0]
+    raise CheckpointError(f"{p}: Hugging Face cache entry with snapshots {revs} and no refs/main; pass one snapshot "
+                          f"directory ({snaps}/<revision>)")
+
+
+def model_names(paths: Sequence[PathLike]) -> list[str]:
+    """Names of checkpoint directories for records and model cards, never machine paths: ``ORG/NAME@REVISION`` for
+    a Hugging Face cache snapshot, else the directory's name (with its parent's where two names would collide)."""
+    def name(p: Path, depth: int) -> str:
+        parts = p.resolve().parts
+        for i, part in enumerate(parts[:-2]):
+            if part.startswith("models--") and parts[i + 1] == "snapshots":
+                return part.removeprefix("models--").replace("--", "/") + "@" + parts[i + 2]
+        return "/".join(parts[-depth:])
+
+    names = [name(Path(p), 1) for p in paths]
+    if len(set(names)) < len(names):
+        names = [name(Path(p), 2) for p in paths]
+    return names
 
 
 def align_hf_checkpoints(a: PathLike, b: PathLike, out: PathLike, *, seed: int = 0, restarts: int = 4,
@@ -338,22 +470,59 @@ def merge_hf_checkpoints(paths: Sequence[PathLike], out: PathLike, *, weights: S
                          align: str = "weight", seed: int = 0, restarts: int = 4, max_iter: int = 100,
                          chunk: int = 1 << 20, overwrite: bool = False,
                          progress: Progress | None = None, normalize: bool = True,
-                         rule: str = "linear") -> dict[str, Any]:
-    """Merge Hugging Face checkpoints: align every one to the first (``align="weight"``: streaming weight matching;
-    ``"none"``: as stored), then write the weighted average to ``out`` (the first one's layout and side files, plus
-    ``merge.json``: sources, weights as used, alignment objectives and stats); ``weights``/``normalize``/``rule`` as in
-    :func:`stream_merge`. Returns that record.
-    Raises: ConfigError (align not weight/none, fewer than two models, bad weights) and as
-    :func:`align_hf_checkpoints`.
+                         rule: str = "linear", settings: RuleSettings | None = None,
+                         dtype: torch.dtype | None = None, out_dtype: torch.dtype | None = None,
+                         groups: str | Mapping[str, str | None] = "permutation",
+                         files: Mapping[str, Any] | Callable[[dict], Mapping[str, Any]] | None = None) -> dict[str, Any]:
+    """Merge Hugging Face checkpoints: align every one to the first (``align="weight"``: streaming weight matching
+    with ``groups``; ``"none"``: as stored — then any architecture with matching tensor names, shapes and dtype
+    kinds, no symmetry adapter needed), then write the merge to ``out`` in the first one's layout.
+
+    ``out`` also gets the side files (config.json, tokenizer files …) of the base model (``settings.base``) or else
+    the first, ``files`` (e.g. a model card; or a function of the record returning them) and ``merge.json``: the
+    inputs' names (:func:`model_names`, never machine paths), weights as used, rule, parameters, base, alignment
+    objectives and stats. ``paths`` may be Hugging Face
+    cache entries (:func:`resolve_checkpoint_path`). ``weights``/``normalize``/``rule``/``settings``/``dtype``/
+    ``out_dtype`` as in :func:`stream_merge`; a rule weighting task vectors (``non_base``) takes the weights as given
+    (default 1 each); ``seed`` also seeds a randomised rule unless ``settings.seed`` is set. Returns the record.
+    Raises: ConfigError (align not weight/none, fewer than two models, bad weights or rule settings, different
+    vocabularies — the sizes named) and as :func:`align_hf_checkpoints`.
     """
     if align not in ("weight", "none"):
         raise ConfigError(f"Hugging Face checkpoints are aligned by streaming weight matching: align must be "
                           f"'weight' or 'none', got {align!r}")
     if len(paths) < 2:
         raise ConfigError(f"merging needs at least two checkpoints, got {len(paths)}")
-    w = merge_weights(weights, len(paths), normalize=normalize)  # checked before heavy work
-    MERGE_RULES.get(rule)
-    spec, ckpts = _open_pair(paths, out, overwrite)
+    paths = [resolve_checkpoint_path(p) for p in paths]
+    merge_rule = MERGE_RULES.get(rule)
+    w = rule_weights(merge_rule, weights, len(paths), normalize=normalize)  # checked before heavy work
+    settings = settings or RuleSettings()
+    if merge_rule.random and settings.seed is None:
+        settings = dataclasses.replace(settings, seed=seed)
+    check_rule_settings(merge_rule, settings, len(paths), weights_given=weights is not None)
+    spec, ckpts = _open_pair(paths, out, overwrite, None if align == "none" else groups)
+    names = model_names(paths)
+    elements, alignments = _align_to_first(spec, ckpts, names, align, dict(seed=seed, restarts=restarts,
+                                                                          max_iter=max_iter, chunk=chunk), progress)
+    record = {"merged_from": names, "weights": w, "rule": rule, "source": merge_rule.source, "align": align,
+              "base": None if settings.base is None else names[settings.base], "params": dict(settings.params),
+              "model_params": [dict(p) for p in settings.model_params], "seed": settings.seed if merge_rule.random else None,
+              "dtype": _dtype_name(dtype), "out_dtype": _dtype_name(out_dtype), "alignments": alignments}
+    src = paths[settings.base if settings.base is not None else 0]
+    extra = files(record) if callable(files) else (files or {})
+    stream_merge(spec, ckpts, out, weights=w, normalize=False, elements=elements, rule=rule, settings=settings,
+                 dtype=dtype, out_dtype=out_dtype, files={**side_files(src), **extra, "merge.json": record},
+                 overwrite=overwrite, progress=progress)
+    return record
+
+
+def _dtype_name(dtype: torch.dtype | None) -> str | None:
+    return None if dtype is None else str(dtype).removeprefix("torch.")
+
+
+def _align_to_first(spec, ckpts: list[LazyCheckpoint], names: list[str], align: str, wm: dict, progress):
+    """Per model the element aligning it to the first (``None`` for the first and for ``align="none"``) and the
+    alignment records (name, objective, stats)."""
     elements: list[Element | None] = [None]
     alignments = []
     for i, c in enumerate(ckpts[1:], 1):
@@ -361,18 +530,14 @@ def merge_hf_checkpoints(paths: Sequence[PathLike], out: PathLike, *, weights: S
             elements.append(None)
             continue
         tick = (lambda s, d, t, i=i: progress(f"model {i + 1}: {s}", d, t)) if progress is not None else None
-        res = weight_matching(spec, ckpts[0], c, restarts=restarts, max_iter=max_iter, seed=seed, chunk=chunk,
-                              progress=tick)
+        res = weight_matching(spec, ckpts[0], c, progress=tick, **wm)
         elements.append(res.element)
-        alignments.append({"model": str(paths[i]), "objective": res.objective, "stats": res.stats})
-    record = {"merged_from": [str(p) for p in paths], "weights": w, "rule": rule, "align": align,
-              "alignments": alignments}
-    stream_merge(spec, ckpts, out, weights=w, normalize=False, elements=elements, rule=rule,
-                 files={**side_files(paths[0]), "merge.json": record}, overwrite=overwrite, progress=progress)
-    return record
+        alignments.append({"model": names[i], "objective": res.objective, "stats": res.stats})
+    return elements, alignments
 
 
 __all__ = [
-    "align_hf_checkpoints", "check_same_hf_configs", "checkpoint_tensor_names", "hf_checkpoint_spec", "hf_config", "is_hf_checkpoint",
-    "merge_hf_checkpoints", "side_files", "stream_apply", "stream_merge", "stream_weight_matching",
+    "align_hf_checkpoints", "check_same_hf_configs", "check_vocabularies", "checkpoint_tensor_names",
+    "hf_checkpoint_spec", "hf_config", "is_hf_checkpoint", "merge_hf_checkpoints", "model_names",
+    "resolve_checkpoint_path", "side_files", "stream_apply", "stream_merge", "stream_weight_matching",
 ]

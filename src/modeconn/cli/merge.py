@@ -13,45 +13,58 @@ from ._print import show
 def _rule_help() -> str:
     from ..path.merge_rules import MERGE_RULES
 
-    return "merge rule: " + "; ".join(f"{r.name} — {r.summary} ({r.source})" for r in map(MERGE_RULES.get, MERGE_RULES))
+    return "merge rule: " + "; ".join(f"{r.name} — {r.summary} ({r.source})" + (f" [params: {', '.join(r.params)}]" if r.params else "")
+                                      for r in map(MERGE_RULES.get, MERGE_RULES))
 
 
 @app.command()
 def merge(
-    models: list[Path] = typer.Argument(..., help="two or more checkpoint directories (the first is the reference)"),
+    models: list[Path] = typer.Argument(None, help="two or more checkpoint directories or Hugging Face cache entries "
+                                        "(models--ORG--NAME); the first is the reference (omit with --config)"),
     out: Path = typer.Option(..., help="checkpoint directory for the merged model"),
+    config: Path | None = typer.Option(None, help="a merge recipe (mergekit's YAML schema, a subset, plus an align: "
+                                       "section; see modeconn.recipes.merge_recipe) instead of models and rule options"),
     weights: str | None = typer.Option(None, help="comma-separated weights, one per model (default uniform); "
-                                       "non-negative and normalised to sum 1 unless --no-normalize"),
+                                       "non-negative and normalised to sum 1 unless --no-normalize; task-vector rules "
+                                       "(ties, dare_*, task_arithmetic …) take them as given, default 1, base ignored"),
     normalize: bool = typer.Option(True, "--normalize/--no-normalize", help="normalise --weights to sum 1 (default); "
                                    "--no-normalize: any finite weights as given (task-arithmetic sums, extrapolation)"),
     rule: str = typer.Option("linear", help=_rule_help()),
-    align_method: str = typer.Option("weight", "--align", help="align every model to the first: weight, activation, none"),
+    base: str | None = typer.Option(None, help="the base model of a task-vector rule or SLERP (one of the models)"),
+    param: list[str] = typer.Option([], "--param", help="a rule parameter name=value, repeatable (e.g. density=0.5, "
+                                    "t=0.3; mergekit's names)"),
+    dtype: str | None = typer.Option(None, help="Hugging Face checkpoints: dtype of the output (float32, float16, "
+                                     "bfloat16; default: the first model's)"),
+    align_method: str = typer.Option("weight", "--align", help="align every model to the first first: weight, activation, none"),
     bn: str = typer.Option("reset", help="BatchNorm policy after averaging: reset, interpolate, repair"),
     dataset: str | None = typer.Option(None, help="dataset for BN reset / REPAIR / activation matching (default: the first model's)"),
     data: Path | None = typer.Option(None, help=DATA_HELP),
     limit_train: int | None = typer.Option(None, min=1),
-    seed: int = typer.Option(0),
+    seed: int = typer.Option(0, help="seed of weight matching's restarts and of randomised rules (DARE, DELLA)"),
     restarts: int | None = typer.Option(None, min=1, help="Hugging Face directories: weight-matching runs (default 4)"),
     max_iter: int | None = typer.Option(None, min=1, help="Hugging Face directories: sweeps per run (default 100)"),
     overwrite: bool = typer.Option(False, help=OVERWRITE_HELP),
 ) -> None:
     """Merge two or more checkpoints into one.
 
-    Aligns every model to the first (unless --align none), averages with --weights, re-estimates
-    BatchNorm statistics (reset) or applies REPAIR, evaluates on the test split and writes a checkpoint.
-    A merged model whose BatchNorm statistics are invalid or that computes NaN/Inf is refused; nothing is written.
+    Aligns every model to the first (unless --align none), merges them with --rule (default: the weighted average
+    with --weights), re-estimates BatchNorm statistics (reset) or applies REPAIR, evaluates on the test split and
+    writes a checkpoint. A merged model whose BatchNorm statistics are invalid or that computes NaN/Inf is refused;
+    nothing is written.
 
     Hugging Face checkpoint directories (config.json with model_type, safetensors shards or one file): --align
-    weight (streaming weight matching) or none, then the weighted average is written shard by shard in the first
-    model's layout with its config.json and merge.json; no BatchNorm step and no evaluation (no data is read).
+    weight (streaming weight matching) or none (any architecture with matching tensor names and shapes), then the
+    merge is written shard by shard in the first model's layout with the base's (else the first's) config and
+    tokenizer files, merge.json, the recipe it ran (merge_recipe.yml) and a model card (README.md); no BatchNorm step
+    and no evaluation (no data is read). Rules other than linear come from mergekit (pip install 'modeconn[mergekit]').
     """
     from ..recipes.merge import MergeOptions, merge as run_merge
 
     opts = MergeOptions(weights=[w.strip() for w in weights.split(",")] if weights else None,
-                                normalize=normalize, rule=rule, align=align_method, bn=bn, dataset=dataset, data=data,
-                                limit_train=limit_train, seed=seed, restarts=restarts, max_iter=max_iter,
-                                overwrite=overwrite)
+                        normalize=normalize, rule=rule, align=align_method, bn=bn, dataset=dataset, data=data,
+                        limit_train=limit_train, seed=seed, restarts=restarts, max_iter=max_iter,
+                        overwrite=overwrite, base=base, params=tuple(param), dtype=dtype, config=config)
     with errors_exit(), progress_bar() as progress:
-        outcome = run_merge(models, out, opts, progress=progress, log=log,
-                                note=lambda s: console.print(f"note: {s}"))
+        outcome = run_merge(models or [], out, opts, progress=progress, log=log,
+                            note=lambda s: console.print(f"note: {s}"))
     show(outcome)

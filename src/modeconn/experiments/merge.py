@@ -12,7 +12,8 @@ from ..io import read_config, save_checkpoint
 from ..match import activation_matching, weight_matching
 from ..path import evaluate_model, merge
 from ..path.batchnorm import check_bn_policy, check_bn_statistics
-from ..path.merge_rules import MERGE_RULES
+from ..path.merge_rules import check_rule_settings
+from ..stream import model_names
 from ..path.interpolate import merge_weights
 from ..symmetry import symmetry_spec
 from .._util.outdir import check_output_target
@@ -24,11 +25,12 @@ ALIGN_CHOICES = ("weight", "activation", "none")
 def run_merge(paths: Sequence[Path], out: Path, *, weights: Sequence[float] | None = None, align_method: str = "weight",
               bn: str = "reset", dataset: str | None = None, data: Path | None = None, limit_train: int | None = None,
               seed: int = 0, overwrite: bool = False, normalize: bool = True, rule: str = "linear",
-              log: Callable[[str], None] = print):
+              settings=None, log: Callable[[str], None] = print):
     """Merge checkpoint directories; returns (output path, test metrics or {}).
 
-    ``weights``/``normalize`` as in :func:`modeconn.merge` (validated before any checkpoint is read; the config
-    records the weights used). Raises NonFiniteError — and writes nothing to ``out`` — when the merged model has
+    ``weights``/``normalize``/``rule``/``settings`` as in :func:`modeconn.merge` (validated before any checkpoint is
+    read; the config records the weights used and the inputs' directory names, never machine paths). Raises
+    NonFiniteError — and writes nothing to ``out`` — when the merged model has
     invalid BatchNorm statistics or a NaN/Inf logit or loss on the test split."""
     check_output_target(out, inputs=paths, overwrite=overwrite, error=CheckpointError)
     if align_method not in ALIGN_CHOICES:
@@ -37,7 +39,7 @@ def run_merge(paths: Sequence[Path], out: Path, *, weights: Sequence[float] | No
     if len(paths) < 2:
         raise ConfigError("merge needs at least two checkpoints")
     weights = merge_weights(weights, len(paths), normalize=normalize, option="--weights")
-    MERGE_RULES.get(rule)  # a typo names the rules before any checkpoint is read
+    check_rule_settings(rule, settings, len(paths))  # a typo names the rules before any checkpoint is read
     configs = [read_config(p) for p in paths]
     name = dataset or configs[0].get("dataset")
     if name is None and (bn == "repair" or align_method == "activation"):
@@ -61,13 +63,15 @@ def run_merge(paths: Sequence[Path], out: Path, *, weights: Sequence[float] | No
     log(f"averaging {len(sds)} models (bn={bn})")
     with_model = bundle is not None or bn in ("interpolate", "keep")  # these need no data
     merged = merge(sds, weights, model=models[0] if with_model else None, bn=bn, bn_loader=bn_loader,
-                   bn_batches=20, spec=spec, normalize=False, rule=rule)  # weights already validated/normalised above
+                   bn_batches=20, spec=spec, normalize=False, rule=rule, settings=settings)  # weights already validated/normalised above
     result = copy.deepcopy(models[0])
     result.load_state_dict(merged)
     check_bn_statistics(result, "merged model")
     metrics = ({"test": evaluate_model(result, make_loader(bundle.test, 512), where="merged model, split 'test'")}
                if bundle is not None else {})
-    extra = {"merged_from": [str(p) for p in paths], "weights": weights, "rule": rule, "align": align_method, "bn": bn}
+    extra = {"merged_from": model_names(paths), "weights": weights, "rule": rule, "align": align_method, "bn": bn}
+    if settings is not None:
+        extra.update(base=settings.base, params=dict(settings.params))
     if name:
         extra["dataset"] = name
     path = save_checkpoint(out, result, config=extra, metrics=metrics or None, overwrite=overwrite,

@@ -224,6 +224,7 @@ def merge(
     spec: SymmetrySpec | None = None,
     normalize: bool = True,
     rule: str = "linear",
+    settings=None,
 ) -> dict[str, torch.Tensor]:
     """Merge aligned models: ``Σ_i w_i θ_i`` (uniform weights by default; another merge rule with ``rule``), then fix
     BatchNorm.
@@ -241,7 +242,8 @@ def merge(
             model's statistics) or ``repair`` (REPAIR with the endpoints' channel statistics, folded back
             into the weights).
         bn_loader, bn_batches, spec: as in :func:`evaluate_path`.
-        rule: the merge rule (:data:`~modeconn.path.merge_rules.MERGE_RULES`; ``linear``: the weighted average).
+        rule: the merge rule (:data:`~modeconn.path.merge_rules.MERGE_RULES`; ``linear``: the weighted average);
+            ``settings``: its base model, parameters and seed (:class:`~modeconn.path.merge_rules.RuleSettings`).
     Returns: the merged state dict (input dtypes kept). With a model, W-asymmetric fixed structure is the first
     model's (checked identical in all) and integer buffers are never averaged.
     Raises: ConfigError (bad weights naming the entry, bn policy, missing bn_loader), StateDictMismatchError,
@@ -261,11 +263,11 @@ def merge(
     if model is None:
         if bn == "repair":
             raise ConfigError("bn='repair' needs model= and bn_loader=")
-        return weighted_average(state_dicts, weights, check=False, normalize=False, rule=rule)
+        return weighted_average(state_dicts, weights, check=False, normalize=False, rule=rule, settings=settings)
     check_compatible([model.state_dict(), state_dicts[0]], ["model", names[0]])
     check_fixed_structure(model, state_dicts, names)
     merged = weighted_average(state_dicts, weights, check=False, normalize=False, keep=fixed_structure_keys(model),
-                              rule=rule)
+                              rule=rule, settings=settings)
     bench = _Workbench(model, bn, bn_loader, bn_batches, spec)
     targets = None
     if bn == "repair":

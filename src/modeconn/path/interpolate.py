@@ -19,6 +19,7 @@ dtype at every λ (λ=1 included); a value that overflows that dtype (fp16's ±6
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from collections.abc import Iterable, Mapping, Sequence
 
 import torch
@@ -26,7 +27,7 @@ import torch
 from ..checks import check_compatible, check_one_device, is_interpolable
 from ..errors import ConfigError, NonFiniteError
 from ..io import check_dtype_kinds
-from .merge_rules import MERGE_RULES
+from .merge_rules import MERGE_RULES, MergeRule, RuleSettings
 
 StateDict = Mapping[str, torch.Tensor]
 
@@ -115,7 +116,8 @@ def weights_sum_to_one(weights: Sequence[float]) -> bool:
 
 def weighted_average(
     state_dicts: Sequence[StateDict], weights: Sequence[float] | None = None, *, check: bool = True,
-    normalize: bool = True, keep: Iterable[str] = (), rule: str = "linear",
+    normalize: bool = True, keep: Iterable[str] = (), rule: str = "linear", settings: RuleSettings | None = None,
+    dtype: torch.dtype | None = None, out_dtype: torch.dtype | None = None,
 ) -> dict[str, torch.Tensor]:
     """``Σ_i w_i θ_i`` per floating tensor (fp32 accumulation, fp64 for fp64 tensors, cast to the first
     model's dtype); integer buffers and the keys in ``keep`` (shared fixed structure, e.g. W-asymmetric masks)
@@ -130,8 +132,14 @@ def weighted_average(
             ``linear``, the weighted average).
         keep: keys copied from the first model unchanged (``modeconn.merge`` passes the W-asymmetric fixed
             structure of its ``model``; without it, weights that do not sum to 1 scale those buffers too).
-    Raises: ConfigError (bad weights, see :func:`merge_weights`), StateDictMismatchError / DeviceMismatchError,
-        NonFiniteError on fp16 overflow.
+        settings: base model, parameters and seed of a rule that takes them
+            (:class:`~modeconn.path.merge_rules.RuleSettings`; checked by
+            :func:`~modeconn.path.merge_rules.check_rule_settings`). A randomised rule's generator states are planned
+            here unless ``settings.states`` has them.
+        dtype: floating inputs are cast to it before the rule (mergekit's recipe ``dtype``); ``out_dtype``: the
+            merged floating tensors' dtype (default: the first model's).
+    Raises: ConfigError (bad weights, see :func:`merge_weights`; bad rule settings), StateDictMismatchError /
+        DeviceMismatchError, NonFiniteError on fp16 overflow.
     """
     if not state_dicts:
         raise ConfigError("need at least one state dict to average")
@@ -141,17 +149,42 @@ def weighted_average(
         check_compatible(state_dicts)
         check_one_device(state_dicts)
     check_dtype_kinds(state_dicts)  # always (cheap): averaging int32 bytes read over float32 weights is never right
-    exact_if_equal = merge_rule.affine and weights_sum_to_one(weights)
     keep = set(keep)
     first = state_dicts[0]
+    merged_keys = [k for k, t in first.items() if is_interpolable(t) and k not in keep]
+    settings = plan_settings(merge_rule, state_dicts, weights, settings, merged_keys, dtype=dtype)
+    exact_if_equal = merge_rule.affine and weights_sum_to_one(weights) and dtype is None
     out = {}
     for k, t in first.items():
         if not is_interpolable(t) or k in keep:
             out[k] = t  # integer buffers and shared fixed structure: the first model's, never averaged
         elif exact_if_equal and all(torch.equal(t, sd[k]) for sd in state_dicts[1:]):
-            out[k] = t  # Σ w_i·θ = θ exactly (no rounding) when Σ w_i = 1
+            out[k] = t if out_dtype is None else checked_cast(t, out_dtype, k)  # Σ w_i·θ = θ exactly when Σ w_i = 1
         else:
-            out[k] = merge_rule.combine([sd[k] for sd in state_dicts], weights, k)
+            out[k] = merge_tensor(merge_rule, [sd[k] for sd in state_dicts], weights, k, settings,
+                                  dtype=dtype, out_dtype=out_dtype)
     return out
 
 
+def plan_settings(rule: MergeRule, inputs: Sequence[StateDict], weights: Sequence[float],
+                  settings: RuleSettings | None, keys: Sequence[str], *, dtype: torch.dtype | None = None) -> RuleSettings:
+    """``settings`` (default: none) with the generator states of a randomised rule planned for ``keys``
+    (:func:`~modeconn.path.merge_mergekit.plan_random_states`; ``inputs`` may hold meta tensors; ``dtype``: the
+    dtype the inputs are cast to before the rule)."""
+    settings = settings if settings is not None else RuleSettings()
+    if not rule.random or settings.states:
+        return settings
+    from .merge_mergekit import plan_random_states
+
+    return replace(settings, states=plan_random_states(rule, inputs, weights, settings, keys, dtype=dtype))
+
+
+def merge_tensor(rule: MergeRule, tensors: Sequence[torch.Tensor], weights: Sequence[float], key: str,
+                 settings: RuleSettings | None = None, *, dtype: torch.dtype | None = None,
+                 out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """One merged floating tensor: inputs cast to ``dtype`` (if given), combined by ``rule``, the result in
+    ``out_dtype`` (default: the first input's dtype; NonFiniteError naming ``key`` on an fp16 overflow)."""
+    target = out_dtype if out_dtype is not None else tensors[0].dtype
+    if dtype is not None:
+        tensors = [x.to(dtype) for x in tensors]
+    return checked_cast(rule.apply(tensors, weights, key, settings), target, key)

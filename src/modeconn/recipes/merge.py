@@ -1,20 +1,26 @@
-"""Recipe ``merge``: align every model to the first, take the weighted average, write it — for every checkpoint kind.
+"""Recipe ``merge``: align every model to the first, merge by a rule, write it — for every checkpoint kind.
 
 * modeconn checkpoints: in memory, BatchNorm statistics reset / interpolated / REPAIRed, evaluated on the test split
   (:func:`modeconn.experiments.merge.run_merge`).
-* Hugging Face directories: streamed shard by shard in the first model's layout, no data read
-  (:func:`modeconn.stream.merge_hf_checkpoints`).
+* Hugging Face directories (or cache entries): streamed shard by shard in the first model's layout, no data read
+  (:func:`modeconn.stream.merge_hf_checkpoints`), with the recipe it ran and a model card beside the weights.
+
+Options come from the command line or from a recipe (``--config``, mergekit's schema plus ``align:``,
+:mod:`modeconn.recipes.merge_recipe`); every check runs before any checkpoint is read.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from .._util.outdir import check_output_target
 from ..checkpoints import Checkpoint, open_checkpoints
 from ..errors import ConfigError
+from ..path.interpolate import weights_sum_to_one
+from ..path.merge_rules import MERGE_RULES, RuleSettings
 from .align import check_single_process, no_streaming_options
 from .outcome import Outcome
 
@@ -23,7 +29,9 @@ Log = Callable[[str], None]
 
 @dataclass(frozen=True)
 class MergeOptions:
-    """The options of ``modeconn merge`` (see its ``--help``); ``weights`` as given (strings or numbers)."""
+    """The options of ``modeconn merge`` (see its ``--help``); ``weights`` as given (strings or numbers); ``base``: one
+    of the models (as given); ``params``: ``name=value`` strings (``--param``); ``dtype``: output dtype name;
+    ``config``: a recipe file (:mod:`modeconn.recipes.merge_recipe`)."""
 
     weights: Sequence[str | float] | None = None
     normalize: bool = True
@@ -37,37 +45,141 @@ class MergeOptions:
     restarts: int | None = None
     max_iter: int | None = None
     overwrite: bool = False
+    base: str | None = None
+    params: Sequence[str] = ()
+    dtype: str | None = None
+    config: Path | None = None
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Everything a merge needs, checked: inputs, weights as used, rule settings, dtypes, alignment groups."""
+
+    models: list[Path]
+    opts: MergeOptions
+    weights: list[float] | None
+    settings: RuleSettings
+    dtype: str | None = None
+    out_dtype: str | None = None
+    groups: Any = "permutation"
 
 
 def merge(models: Sequence[Path], out: Path, opts: MergeOptions = MergeOptions(), *, progress=None,
           log: Log = print, note: Log = print) -> Outcome:
-    """Merge checkpoint directories ``models`` (the first is the reference) into ``out``.
+    """Merge checkpoint directories ``models`` (the first is the reference) into ``out``; with ``opts.config`` the
+    models and options come from a recipe (then ``models`` must be empty).
 
     ``note`` is told when the weights were normalised. Raises ConfigError / CheckpointError for a bad option, weight,
-    output target or checkpoint, before any work; NonFiniteError (nothing written) for a merged model that computes
-    NaN/Inf."""
-    from ..path.interpolate import merge_weights, weights_sum_to_one
-
-    check_output_target(out, inputs=[p for p in (*models, opts.data) if p is not None], overwrite=opts.overwrite)
-    weights = None
-    if opts.weights is not None:
-        weights = merge_weights(opts.weights, len(models), normalize=opts.normalize, option="--weights")
-        if opts.normalize and not weights_sum_to_one([float(w) for w in opts.weights]):
-            note(f"--weights {','.join(map(str, opts.weights))} normalised to sum 1: "
-                 f"{','.join(f'{w:g}' for w in weights)} (--no-normalize uses them as given)")
+    rule parameter, recipe key, output target or checkpoint, before any work; NonFiniteError (nothing written) for a
+    merged model that computes NaN/Inf."""
+    plan = _from_recipe(models, opts) if opts.config is not None else _from_options(models, opts)
+    opts = plan.opts
+    check_output_target(out, inputs=[p for p in (*plan.models, opts.data) if p is not None], overwrite=opts.overwrite)
+    if plan.weights is not None and opts.normalize and MERGE_RULES.get(opts.rule).weights == "all" \
+            and opts.weights is not None and not weights_sum_to_one([float(w) for w in opts.weights]):
+        note(f"--weights {','.join(map(str, opts.weights))} normalised to sum 1: "
+             f"{','.join(f'{w:g}' for w in plan.weights)} (--no-normalize uses them as given)")
     _check_options(opts)
-    ckpts = open_checkpoints(models)
+    ckpts = open_checkpoints(plan.models)
     handler = _BY_KIND.get(ckpts[0].kind.name)
     if handler is None:
         raise ConfigError(f"merge reads {', '.join(_BY_KIND)} checkpoints; {ckpts[0].describe()} is not one")
-    return handler(ckpts, Path(out), opts, weights, progress, log)
+    return handler(ckpts, Path(out), plan, progress, log)
+
+
+def _from_options(models: Sequence[Path], opts: MergeOptions) -> _Plan:
+    """The plan of a command line: Hugging Face cache entries resolved, --base found among the models, --param
+    parsed, weights and rule settings checked."""
+    from ..stream import resolve_checkpoint_path
+
+    models = [resolve_checkpoint_path(m) for m in models]
+    if len(models) < 2:
+        raise ConfigError(f"merge needs at least two checkpoints, got {len(models)}")
+    base = _base_index(opts.base, models)
+    params = dict(_param(p) for p in opts.params)
+    return _checked(models, opts, opts.weights, RuleSettings(base=base, params=params, seed=opts.seed), None,
+                    opts.dtype, "permutation")
+
+
+def _from_recipe(models: Sequence[Path], opts: MergeOptions) -> _Plan:
+    """The plan of a recipe (``--config``): models, rule, base, weights, parameters, dtypes and alignment from the
+    file; the rule's own options on the command line are refused (one source of truth)."""
+    from ..stream import resolve_checkpoint_path
+    from .merge_recipe import load_recipe
+
+    if models:
+        raise ConfigError("--config: the recipe lists the models; give no model directories on the command line")
+    overridden = [o for o, v in (("--rule", opts.rule != "linear"), ("--weights", opts.weights), ("--base", opts.base),
+                                 ("--param", opts.params)) if v]
+    if overridden:
+        raise ConfigError(f"--config: {overridden[0]} comes from the recipe; give it there, not on the command line")
+    r = load_recipe(opts.config)
+    weights = None if all(w is None for w in r.weights) else [1.0 if w is None else w for w in r.weights]
+    normalize = bool(r.params.pop("normalize", opts.normalize)) if r.rule == "linear" else opts.normalize
+    opts = replace(opts, rule=r.rule, align=r.align, normalize=normalize,
+                   weights=weights, dtype=r.out_dtype or opts.dtype)
+    settings = RuleSettings(base=r.base, params=r.params, seed=opts.seed,
+                            model_params=r.model_params if any(r.model_params) else ())
+    return _checked([resolve_checkpoint_path(m) for m in r.models], opts, weights, settings, r.dtype,
+                    opts.dtype, r.groups)
+
+
+def _checked(models, opts: MergeOptions, weights, settings: RuleSettings, dtype, out_dtype, groups) -> _Plan:
+    from ..path.merge_rules import check_rule_settings, rule_weights
+
+    rule = MERGE_RULES.get(opts.rule)
+    used = rule_weights(rule, weights, len(models), normalize=opts.normalize, option="--weights")
+    check_rule_settings(rule, settings, len(models), weights_given=weights is not None)
+    for name, value in (("--dtype", out_dtype), ("dtype", dtype)):
+        _torch_dtype(value, name)
+    return _Plan(list(models), opts, used if weights is not None or rule.weights == "non_base" else None, settings,
+                 dtype, out_dtype, groups)
+
+
+def _base_index(base: str | None, models: list[Path]) -> int | None:
+    if base is None:
+        return None
+    from ..stream import resolve_checkpoint_path
+
+    target = resolve_checkpoint_path(Path(base)).resolve()
+    for i, m in enumerate(models):
+        if m.resolve() == target:
+            return i
+    raise ConfigError(f"--base {base}: not one of the models being merged ({', '.join(map(str, models))})")
+
+
+def _param(text: str) -> tuple[str, Any]:
+    """``name=value`` of --param, the value read as YAML (numbers, true/false, strings)."""
+    import yaml
+
+    name, sep, value = text.partition("=")
+    if not sep or not name.strip():
+        raise ConfigError(f"--param {text!r}: expected name=value, e.g. --param density=0.5")
+    try:
+        return name.strip(), yaml.safe_load(value)
+    except yaml.YAMLError:
+        raise ConfigError(f"--param {text!r}: the value is not a number, boolean or string") from None
+
+
+_DTYPES = {"float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16", "bfloat16": "bfloat16",
+           "bf16": "bfloat16", "float64": "float64"}
+
+
+def _torch_dtype(name: str | None, option: str = "--dtype"):
+    """The torch dtype named by ``name`` (None stays None); ConfigError naming ``option`` and the valid names."""
+    import torch
+
+    if name is None:
+        return None
+    if name not in _DTYPES:
+        raise ConfigError(f"{option} {name!r}; valid: {', '.join(_DTYPES)}")
+    return getattr(torch, _DTYPES[name])
 
 
 def _check_options(opts: MergeOptions) -> None:
     """Typos in --align, --bn or --rule fail before any checkpoint is opened."""
     from ..experiments.merge import ALIGN_CHOICES
     from ..path.batchnorm import check_bn_policy
-    from ..path.merge_rules import MERGE_RULES
 
     if opts.align not in ALIGN_CHOICES:
         raise ConfigError(f"unknown --align {opts.align!r}; valid: {', '.join(ALIGN_CHOICES)}")
@@ -75,31 +187,44 @@ def _check_options(opts: MergeOptions) -> None:
     MERGE_RULES.get(opts.rule)
 
 
-def _merge_modeconn(ckpts: list[Checkpoint], out: Path, opts: MergeOptions, weights, progress, log: Log) -> Outcome:
+def _merge_modeconn(ckpts: list[Checkpoint], out: Path, plan: _Plan, progress, log: Log) -> Outcome:
     from ..experiments.merge import run_merge
 
+    opts = plan.opts
     no_streaming_options(opts)
-    path, metrics = run_merge([c.path for c in ckpts], out, weights=weights, align_method=opts.align, bn=opts.bn,
+    if plan.dtype is not None or plan.out_dtype is not None:
+        raise ConfigError("--dtype / dtype apply to Hugging Face checkpoints; modeconn checkpoints keep their dtype")
+    path, metrics = run_merge([c.path for c in ckpts], out, weights=plan.weights, align_method=opts.align, bn=opts.bn,
                               dataset=opts.dataset, data=opts.data, limit_train=opts.limit_train, seed=opts.seed,
-                              overwrite=opts.overwrite, normalize=opts.normalize, rule=opts.rule, log=log)
+                              overwrite=opts.overwrite, normalize=False if plan.weights is not None else opts.normalize,
+                              rule=opts.rule, settings=plan.settings, log=log)
     lines = (f"merged model: test acc {100 * metrics['test']['acc']:.2f}%, test loss {metrics['test']['loss']:.4f}",
              ) if metrics else ()
     return Outcome(path, "config.json, model.safetensors, metrics.json", lines, "merged checkpoint")
 
 
-def _merge_hf(ckpts: list[Checkpoint], out: Path, opts: MergeOptions, weights, progress, log: Log) -> Outcome:
+def _merge_hf(ckpts: list[Checkpoint], out: Path, plan: _Plan, progress, log: Log) -> Outcome:
     from ..stream import merge_hf_checkpoints
+    from .merge_recipe import CARD_NAME, RECIPE_NAME, card_text, recipe_text
 
+    opts = plan.opts
     check_single_process()
     if opts.bn == "repair" or opts.dataset is not None or opts.data is not None or opts.limit_train is not None:
         raise ConfigError("Hugging Face checkpoints are merged without data: --bn repair, --dataset, --data and "
                           "--limit-train do not apply (transformer LMs have no BatchNorm statistics to reset)")
-    rec = merge_hf_checkpoints([c.path for c in ckpts], out, weights=weights, align=opts.align, seed=opts.seed,
+
+    def files(rec: dict) -> dict:
+        recipe = recipe_text(rec, plan.groups)
+        return {RECIPE_NAME: recipe.encode(), CARD_NAME: card_text(Path(out).name, rec, recipe).encode()}
+
+    rec = merge_hf_checkpoints([c.path for c in ckpts], out, weights=plan.weights, align=opts.align, seed=opts.seed,
                                restarts=opts.restarts or 4, max_iter=opts.max_iter or 100, overwrite=opts.overwrite,
-                               progress=progress, normalize=opts.normalize, rule=opts.rule)
+                               progress=progress, normalize=False, rule=opts.rule, settings=plan.settings,
+                               dtype=_torch_dtype(plan.dtype, "dtype"), out_dtype=_torch_dtype(plan.out_dtype),
+                               groups=plan.groups, files=files)
     lines = tuple(f"{r['model']}: streaming weight matching objective {r['objective']:.4f}" for r in rec["alignments"])
-    return Outcome(Path(out), "config.json, safetensors shards and index as the first model, merge.json", lines,
-                   "merged checkpoint")
+    return Outcome(Path(out), f"config.json, safetensors shards and index as the first model, merge.json, {RECIPE_NAME}, "
+                   f"{CARD_NAME}", lines, "merged checkpoint")
 
 
 _BY_KIND = {"modeconn": _merge_modeconn, "huggingface": _merge_hf}
