@@ -376,6 +376,27 @@ def read_json_object(path: str | os.PathLike, what: str = "JSON file") -> dict[s
     return obj
 
 
+def config_differences(a: Mapping[str, Any], b: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any, Any]]:
+    """The keys where two (nested) configs differ, as ``(dotted key, value in a, value in b)`` in ``a``'s key order
+    then ``b``'s extra keys; a key absent on one side has the value ``"<absent>"`` there. Lists compare whole."""
+    out: list[tuple[str, Any, Any]] = []
+    for key in list(a) + [k for k in b if k not in a]:
+        va, vb = a.get(key, "<absent>"), b.get(key, "<absent>")
+        if isinstance(va, Mapping) and isinstance(vb, Mapping):
+            out += config_differences(va, vb, f"{prefix}{key}.")
+        elif va != vb:
+            out.append((f"{prefix}{key}", va, vb))
+    return out
+
+
+def describe_config_mismatch(path_a: Any, cfg_a: Mapping[str, Any], path_b: Any, cfg_b: Mapping[str, Any]) -> str:
+    """"``B`` differs from ``A`` in kwargs.width (32 vs 16), …" — the differing keys of two configs first (values of
+    ``cfg_b`` then ``cfg_a``), for error messages about checkpoints that must match."""
+    diffs = config_differences(cfg_b, cfg_a)
+    listed = ", ".join(f"{k} ({vb!r} vs {va!r})" for k, vb, va in diffs)
+    return f"{path_b} differs from {path_a} in {listed}" if diffs else f"{path_b} and {path_a} have the same config"
+
+
 def read_config(path: str | os.PathLike) -> dict[str, Any]:
     """The parsed ``config.json`` of a checkpoint directory (or the path of a config.json file itself).
 

@@ -24,6 +24,20 @@ app = typer.Typer(
 )
 console = Console(soft_wrap=True, log_path=False)  # no "file:line" column in log lines
 
+
+def _show_version(value: bool) -> None:
+    if value:
+        from .. import __version__
+
+        console.print(f"modeconn {__version__}", markup=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: bool = typer.Option(False, "--version", callback=_show_version, is_eager=True,
+                                       help="print the version and exit")) -> None:
+    """modeconn: mode connectivity for PyTorch — align, interpolate, measure barriers, merge."""
+
 DATA_HELP = ("data directory (default: $MODECONN_DATA, which defaults to shared/data beside the checkout or "
              "../shared/data from the working directory; then standard places; see README 'Data')")
 DOWNLOAD_HELP = "download MNIST / Fashion-MNIST (SHA-256 verified) if not found on disk; other datasets are never downloaded"

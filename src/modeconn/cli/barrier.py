@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from ._app import DATA_HELP, DOWNLOAD_HELP, OVERWRITE_HELP, app, check_out, console, errors_exit, log, progress_bar, two_arg, written
-from .tables import barrier_table
+from .tables import comparison_table
 
 
 def _method_help() -> str:
@@ -26,7 +26,8 @@ def barrier(
     download: bool = typer.Option(False, help=DOWNLOAD_HELP),
     bn: str = typer.Option("reset", help="BatchNorm policy: reset, interpolate, keep, repair"),
     lambdas: int = typer.Option(25, min=2, help="points on the path, endpoints included"),
-    eval_limit: int | None = typer.Option(None, min=1, help="evaluate on the first N examples of each split"),
+    eval_limit: int | None = typer.Option(None, min=1, help="evaluate on the first N examples of each split (recorded "
+                                          "in report.md, results.json and the figure)"),
     limit_train: int | None = typer.Option(None, min=1, help="use only the first N training examples"),
     seed: int = typer.Option(0),
     out: Path | None = typer.Option(None, help="output directory (default runs/barrier-<time>)"),
@@ -54,5 +55,5 @@ def barrier(
             comparison = run_barrier(out, ma, mb, bundle, method, bn=bn, lambdas=lambdas, eval_limit=eval_limit,
                                      seed=seed, overwrite=overwrite, names=(str(a), str(b)), inputs=[a, b],
                                      log=log, progress=two_arg(progress, "path points"))
-    console.print(barrier_table(comparison, "test"))
+    console.print(comparison_table(comparison.to_json(), "test"))
     written(out, "report.md, results.json, barrier.png")

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from ._app import OVERWRITE_HELP, app, check_out, console, errors_exit, log, written
-from .tables import demo_table
+from .tables import comparison_table
 
 
 @app.command()
@@ -33,5 +33,5 @@ def demo(
         with console.status("running the demo"):
             _, results = run_demo(out, seeds=(seed_a, seed_b), epochs=epochs, overwrite=overwrite, log=log,
                                   progress=False)
-    console.print(demo_table(results))
+    console.print(comparison_table(results))
     written(out, "report.md, results.json, barrier.png, models/")

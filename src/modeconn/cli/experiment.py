@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from ._app import DATA_HELP, DOWNLOAD_HELP, OVERWRITE_HELP, app, check_out, console, errors_exit, log, written
+from .tables import report_text
 
 
 def _help() -> str:
@@ -41,5 +42,5 @@ def experiment(
         check_out(out, [data], overwrite)
         with console.status(f"running {name}"):
             results = exp(out, quick=quick, data=data, overwrite=overwrite, log=log, **settings)
-    console.print(exp.report(results).split("![")[0])
+    console.print(report_text(exp.report(results).split("![")[0]), markup=False)  # tables fitted to 80 columns
     written(out, ", ".join(exp.outputs))

@@ -7,11 +7,12 @@ from pathlib import Path
 import typer
 
 from ._app import app, console, errors_exit, log
+from .tables import report_text
 
 
 @app.command()
 def sweep(
-    config: Path = typer.Argument(..., help="sweep file (TOML or JSON): name, task, [base], [grid]"),
+    config: Path = typer.Argument(..., help="sweep file (TOML or JSON): name, task, \\[base], \\[grid]"),
     out: Path | None = typer.Option(None, help="sweep directory (default runs/sweep-<name>); rerun to resume"),
     backend: str = typer.Option("auto", help="auto (Ray if installed), ray, or sequential"),
     address: str | None = typer.Option(None, help="Ray cluster address (default: a local ray.init())"),
@@ -21,15 +22,18 @@ def sweep(
 
     Every run's parameters are validated before the first run starts (a typo names the key). Each run
     writes runs/<run-id>/result.json atomically; rerunning with the same --out skips finished runs.
-    Writes results.json, results.csv and report.md. Ray is optional: pip install 'modeconn[ray]'.
+    Writes results.json, results.csv and report.md (every run, and mean ± std with n over the grid's seed axis;
+    the barrier task's seed s trains the independent pair of init seeds 2s, 2s + 1) and prints the table over
+    seeds. Ray is optional: pip install 'modeconn\\[ray]'.
     """
-    from ..experiments.sweep import read_sweep_config, run_sweep
+    from ..experiments.sweep import aggregated_table, read_sweep_config, run_sweep
 
     with errors_exit():
         cfg = read_sweep_config(config)
         out = out or Path("runs") / f"sweep-{cfg.name}"
         with console.status(f"sweep {cfg.name}"):
             results = run_sweep(cfg, out, backend=backend, address=address, cpus_per_run=cpus_per_run, log=log)
-    console.print((out / "report.md").read_text())
+    console.print(report_text(f"Over seeds (mean ± std, n; full tables in report.md):\n\n{aggregated_table(results['over_seeds'])}"),
+                  markup=False)
     console.print(f"[bold green]{len(results['rows'])} runs aggregated in[/] {out.resolve()}  "
                   "(results.json, results.csv, report.md, runs/)")

@@ -8,8 +8,7 @@ from collections.abc import Callable, Sequence
 
 import torch.nn as nn
 
-from ..data import DatasetBundle, make_loader
-from ..path import evaluate_model
+from ..data import DatasetBundle
 from .compare import Comparison, compare_alignments
 from .output import output_directory
 from .reporting import write_comparison
@@ -27,13 +26,11 @@ def run_barrier(out: str | Path, model_a: nn.Module, model_b: nn.Module, bundle:
         comparison = compare_alignments(model_a, model_a.state_dict(), model_b.state_dict(), bundle, methods,
                                         lambdas=lambdas, bn=bn, seed=seed, eval_limit=eval_limit, on_step=log,
                                         progress=progress)
-        test = make_loader(bundle.test, 512)
         results = {
             "task": f"barrier between {names[0]} and {names[1]} on {bundle.name}",
             "models": list(names),
             "dataset": {"name": bundle.name, "train": len(bundle.train), "test": len(bundle.test)},
-            "endpoints": {k: evaluate_model(m, test, where=f"endpoint {k}, split 'test'")
-                          for k, m in (("A", model_a), ("B", model_b))},
+            "endpoints": comparison.endpoints("test"),
             "bn": bn,
             **comparison.to_json(),
             "seconds": time.perf_counter() - start,

@@ -9,20 +9,28 @@ import torch
 import torch.nn as nn
 
 from ..errors import ConfigError
-from ..io import load_checkpoint, read_config
+from ..io import describe_config_mismatch, load_checkpoint, read_config
 
 
 def load_same_architecture(paths: Sequence[Path]) -> tuple[list[nn.Module], list[dict]]:
-    """Load checkpoints that must share one architecture; ConfigError naming both before any weights load."""
+    """Load checkpoints that must share one architecture; ConfigError naming the checkpoints and the differing
+    config keys (``architecture``, ``kwargs.*``) with both values, before any weights load."""
     configs = [read_config(p) for p in paths]
-    ref = (configs[0].get("architecture"), configs[0].get("kwargs"))
+    arch = lambda c: {"architecture": c.get("architecture"), "kwargs": c.get("kwargs")}  # noqa: E731
     for p, c in zip(paths[1:], configs[1:], strict=False):
-        if (c.get("architecture"), c.get("kwargs")) != ref:
-            raise ConfigError(
-                f"{p} is {c.get('architecture')} {c.get('kwargs')} but {paths[0]} is {ref[0]} {ref[1]}: "
-                "alignment and merging need models of one architecture"
-            )
+        if arch(c) != arch(configs[0]):
+            raise ConfigError(f"{describe_config_mismatch(paths[0], arch(configs[0]), p, arch(c))}: alignment and "
+                              "merging need models of one architecture")
     return [load_checkpoint(p)[0] for p in paths], configs
+
+
+def check_input_shape(expected: Sequence[int] | None, got: Sequence[int], model: str, data: str) -> None:
+    """Before any tracing or evaluation: ConfigError when ``data`` (e.g. "dataset 'mnist'") gives examples of shape
+    ``got`` but ``model`` (e.g. a checkpoint path) was built for ``expected`` (its ``in_shape``; None: not
+    recorded, nothing to check). Shapes exclude the batch axis."""
+    if expected is not None and tuple(expected) != tuple(got):
+        raise ConfigError(f"{data} gives inputs of shape {tuple(got)} but {model} was built for inputs of shape "
+                          f"{tuple(expected)} (in_shape): use the dataset the model was trained on")
 
 
 def example_input(config: dict) -> torch.Tensor:

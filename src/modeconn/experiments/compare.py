@@ -14,6 +14,7 @@ from ..match import Alignment, activation_matching, learned_matching, weight_mat
 from ..path import Curve, evaluate_model, evaluate_path, merge
 from ..path.batchnorm import fixed_batches
 from ..symmetry import SymmetrySpec, symmetry_spec
+from .checkpoints import check_input_shape
 
 METHODS = ("naive", "weight", "activation", "learned")
 METHOD_LABELS = {"naive": "naive", "weight": "weight matching", "activation": "activation matching",
@@ -39,13 +40,32 @@ class Comparison:
     """Per method: the alignment (None for naive), the path curve and the midpoint merge's metrics."""
 
     spec: SymmetrySpec
+    examples: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """split → (examples evaluated, examples in the split): curves, endpoints and merges use the same examples."""
+    eval_limit: int | None = None
     alignments: dict[str, Alignment | None] = field(default_factory=dict)
     curves: dict[str, Curve] = field(default_factory=dict)
     merged: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
     aligned_b: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
 
+    def evaluated(self, split: str) -> str:
+        """What was evaluated on ``split``, in words: "all 360 examples" or "first 2000 of 48600 examples,
+        --eval-limit 2000"."""
+        n, total = self.examples[split]
+        return f"all {total} examples" if n == total else f"first {n} of {total} examples, --eval-limit {self.eval_limit}"
+
+    def endpoints(self, split: str = "test") -> dict[str, dict[str, float]]:
+        """Loss and accuracy of A (λ=0) and B (λ=1) on the evaluated examples of ``split``: the curves' ends
+        (λ=0 and λ=1 evaluate the given models exactly), so they agree with the curves and the tables."""
+        curve = next(iter(self.curves.values()))
+        ends = curve.summary()[split]
+        return {name: {"loss": ends["endpoint_loss"][i], "acc": ends["endpoint_acc"][i]} for i, name in enumerate("AB")}
+
     def to_json(self) -> dict:
         return {
+            "eval_limit": self.eval_limit,
+            "evaluated": {s: self.evaluated(s) for s in self.examples},
+            "examples": {s: {"evaluated": n, "total": t} for s, (n, t) in self.examples.items()},
             "methods": list(self.curves),
             "barriers": {m: c.summary() for m, c in self.curves.items()},
             "curves": {m: c.to_json() for m, c in self.curves.items()},
@@ -103,15 +123,19 @@ def compare_alignments(
 ) -> Comparison:
     """Align B to A with each method, evaluate the linear path on train and test, merge at λ=½.
 
-    ``eval_limit`` evaluates on the first examples of each split only (quick runs). BatchNorm statistics
+    ``eval_limit`` evaluates on the first examples of each split only (quick runs); the comparison records how
+    many (:meth:`Comparison.evaluated`). BatchNorm statistics
     are re-estimated (``bn``) on one fixed list of shuffled (``seed``) training batches, drawn once and shared
     by every method's path and midpoint merge: the merge at λ=½ is the path's point at λ=½ (same weights, same
     BN batches), so its loss equals the curve's there whenever the λ grid contains ½. Returns a
-    :class:`Comparison`. Raises NonFiniteError (naming λ/split, or the merged model and split) for a NaN/Inf
+    :class:`Comparison`. Raises ConfigError when the bundle's examples do not have the model's ``in_shape``
+    (before tracing); NonFiniteError (naming λ/split, or the merged model and split) for a NaN/Inf
     logit or loss.
     """
     methods = check_methods(methods)
     x0 = bundle.train.tensors[0][:2]
+    check_input_shape(getattr(model, "modeconn_config", {}).get("kwargs", {}).get("in_shape"), x0.shape[1:],
+                      f"the model ({type(model).__name__})", f"dataset {bundle.name!r}")
     spec = symmetry_spec(model, x0)
     train_eval, test_eval = bundle.train, bundle.test
     if eval_limit is not None:
@@ -119,7 +143,8 @@ def compare_alignments(
         test_eval = torch.utils.data.Subset(bundle.test, range(min(eval_limit, len(bundle.test))))
     loaders = {"train": make_loader(train_eval, batch_size), "test": make_loader(test_eval, batch_size)}
     bn_loader = fixed_batches(make_loader(bundle.train, batch_size, shuffle=True, seed=seed), BN_BATCHES)
-    result = Comparison(spec=spec)
+    result = Comparison(spec=spec, eval_limit=eval_limit,
+                        examples={"train": (len(train_eval), len(bundle.train)), "test": (len(test_eval), len(bundle.test))})
     for method in methods:
         if on_step:
             on_step(f"aligning: {METHOD_LABELS[method]}")

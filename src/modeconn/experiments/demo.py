@@ -11,7 +11,7 @@ from collections.abc import Callable
 from ..data import load_dataset
 from ..io import save_checkpoint
 from ..models import build_model
-from ..train import TrainConfig, evaluate, fit
+from ..train import TrainConfig, fit
 from .compare import compare_alignments
 from .output import output_directory
 from .reporting import write_comparison
@@ -29,13 +29,12 @@ def run_demo(out: str | Path, *, seeds: tuple[int, int] = (0, 1), epochs: int | 
     with output_directory(out, overwrite) as tmp:
         bundle = load_dataset("digits")
         train_cfg = dict(DEMO_TRAIN, **({"epochs": epochs} if epochs else {}))
-        models, endpoint_metrics = [], {}
+        models = []
         for name, seed in zip("AB", seeds, strict=False):
             log(f"training MLP {name} (seed {seed}) on digits: {len(bundle.train)} train / {len(bundle.test)} test")
             model = build_model("mlp", in_shape=bundle.input_shape, num_classes=bundle.num_classes, seed=seed, **DEMO_MODEL)
             cfg = TrainConfig(seed=seed, **train_cfg)
-            history = fit(model, bundle.train, cfg, val_set=bundle.val, progress=progress)
-            endpoint_metrics[name] = {"test": evaluate(model, bundle.test), "history": history}
+            fit(model, bundle.train, cfg, val_set=bundle.val, progress=progress)
             save_checkpoint(tmp / "models" / name, model, config={"training": cfg.model_dump(mode="json"),
                                                                   "dataset": "digits"})
             models.append(model)
@@ -47,7 +46,7 @@ def run_demo(out: str | Path, *, seeds: tuple[int, int] = (0, 1), epochs: int | 
             "training": train_cfg,
             "seeds": list(seeds),
             "dataset": {"name": "digits", "train": len(bundle.train), "val": len(bundle.val), "test": len(bundle.test)},
-            "endpoints": {k: v["test"] for k, v in endpoint_metrics.items()},
+            "endpoints": comparison.endpoints("test"),
             **comparison.to_json(),
             "seconds": time.perf_counter() - start,
         }

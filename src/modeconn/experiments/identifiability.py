@@ -1,4 +1,4 @@
-"""Neuron-identifiability experiments (METHODS.md §1, seed 000): when does *unaligned* LMC appear?
+"""Neuron-identifiability experiments (docs/methods.md §1, seed 000): when does *unaligned* LMC appear?
 
 - ``identifiability-sigma``: W-asymmetric MLPs on MNIST for σ_F ∈ {0, 0.25, 0.5, 1, 2} and a standard MLP;
   unaligned vs weight-matched barrier, identity/optimal activation-matching ratio, test accuracy.
@@ -31,6 +31,7 @@ from ..identifiability import center_separation, realization_cost, subspace_cohe
 from ..match import activation_matching, weight_matching
 from ..path import evaluate_model, evaluate_path
 from ..report import markdown_table
+from ..report.stats import format_mean_std
 from ..symmetry import symmetry_spec
 from .output import output_directory, write_json
 from .training import train_models
@@ -92,7 +93,7 @@ def first_layer_swap_costs(model: nn.Module, U: torch.Tensor) -> dict[str, float
     """Swap-cost statistics of the first W-asymmetric layer on inputs in span(U).
 
     C[i, j] = c_i(a_j): the realization cost for neuron i of neuron j's learned feature a_j = Uᵀ w_eff,j
-    (METHODS.md §1); Δ for every transposition of the identity assignment (positive = the swap is costlier).
+    (docs/methods.md §1); Δ for every transposition of the identity assignment (positive = the swap is costlier).
     """
     layer = next(m for m in model.modules() if hasattr(m, "fixed_offsets"))
     w_eff = layer.fixed_offsets + layer.fixed_mask * layer.weight.detach()
@@ -113,17 +114,18 @@ def first_layer_swap_costs(model: nn.Module, U: torch.Tensor) -> dict[str, float
 
 
 def aggregate(rows: list[dict], keys: list[str]) -> dict[str, dict[str, float]]:
-    """mean ± std over pairs of each numeric key."""
+    """mean ± std (population, ddof 0) and n over pairs of each numeric key."""
     out = {}
     for k in keys:
         vals = np.array([np.mean(r[k]) if isinstance(r[k], list) else r[k] for r in rows if r.get(k) is not None], float)
-        out[k] = {"mean": float(vals.mean()) if len(vals) else None, "std": float(vals.std()) if len(vals) else None}
+        out[k] = {"mean": float(vals.mean()) if len(vals) else None, "std": float(vals.std()) if len(vals) else None,
+                  "n": len(vals)}
     return out
 
 
 def _pm(agg: dict, key: str, scale: float = 1.0, digits: int = 3) -> str:
-    m, s = agg[key]["mean"], agg[key]["std"]
-    return "n/a" if m is None else f"{scale * m:.{digits}f} ± {scale * s:.{digits}f}"
+    """"mean ± std", or the mean alone for a single pair (no spread to show)."""
+    return format_mean_std(agg[key], scale, digits)
 
 
 # ---------------------------------------------------------------------------------------------- experiments
@@ -247,11 +249,13 @@ def report(results: dict) -> str:
                      _pm(a, "unaligned_barrier_interp"), _pm(a, "aligned_barrier_mean"),
                      _pm(a, "unaligned_acc_drop_pct", 1, 2), _pm(a, "identity_ratio")])
     lines = [f"# {results['experiment']}", "", f"Data: {results['dataset']}; size: {results['size']}; "
-             f"{results['pairs']} pair(s) per setting, mean ± std. Barriers on test loss (cross-entropy, nats): "
-             "`barrier_mean` = max_λ L − ½(L_A+L_B), `barrier_interp` = max_λ [L − chord]; accuracy drop relative, %.",
+             f"{results['pairs']} pair(s) per setting, mean ± std over pairs (population std; one pair: its value "
+             "alone). Barriers on test loss (cross-entropy, nats): `barrier_mean` = max_λ L − ½(L_A+L_B), "
+             "`barrier_interp` = max_λ [L − chord]; acc drop % = 100 · (max(acc_A, acc_B) − min_λ acc) / "
+             "max(acc_A, acc_B).",
              "", markdown_table(header, rows), ""]
     if "swap_cost_median" in results["settings"][0]["summary"]:
-        lines += ["## First-layer swap costs (realization costs, METHODS.md §1)", "",
+        lines += ["## First-layer swap costs (realization costs, docs/methods.md §1)", "",
                   markdown_table(["setting", "median swap cost Δ", "fraction Δ > 0", "median self cost"],
                                  [[s["label"], _pm(s["summary"], "swap_cost_median"),
                                    _pm(s["summary"], "swap_positive_fraction"), _pm(s["summary"], "self_cost_median")]
@@ -322,7 +326,7 @@ def run_sweep(name: str, out: Path, *, size: Size, data: Path | None = None, ove
     return results
 
 
-_SUMMARIES = {  # METHODS.md §1
+_SUMMARIES = {  # docs/methods.md §1
     "identifiability-sigma": "W-asymmetric MLPs on MNIST over σ_F and a standard MLP: unaligned vs weight-matched "
                              "barrier, identity/optimal activation-matching ratio, accuracy",
     "identifiability-k": "synthetic Gaussian mixtures on a k-dimensional subspace: first-layer swap costs and "

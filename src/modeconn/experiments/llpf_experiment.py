@@ -1,4 +1,4 @@
-"""`modeconn experiment llpf`: low-loss paths between independently trained BN ResNet20s (METHODS.md §2, seed 001).
+"""`modeconn experiment llpf`: low-loss paths between independently trained BN ResNet20s (docs/methods.md §2, seed 001).
 
 Trains three ResNet20-style models with BatchNorm on Fashion-MNIST — A (seed 0) and B (seed 1) with weight
 decay 5e-4, C (seed 2) without — then, between A and B:
@@ -169,7 +169,7 @@ def assemble(rows: list[dict], size: LLPFSize, ends: list[float], cross_ends: li
     spread = float(max(abs(p - mean) for p in seed_peaks) / mean) if mean > 0 else 0.0
     llpf0 = by[f"llpf (seed {size.seeds[0]})"]
     return {
-        "task": "low-loss paths between BN ResNet20s on Fashion-MNIST (METHODS.md §2)",
+        "task": "low-loss paths between BN ResNet20s on Fashion-MNIST (docs/methods.md §2)",
         "size": asdict(size),
         "dataset": {"name": bundle.name, "train": len(bundle.train), "test": len(bundle.test),
                     "eval_limit": size.eval_limit},

@@ -1,4 +1,4 @@
-"""`modeconn experiment lmc-dm`: dual learned matching (LMC-DM, METHODS.md §3) for a pair of language models.
+"""`modeconn experiment lmc-dm`: dual learned matching (LMC-DM, docs/methods.md §3) for a pair of language models.
 
 Two GPT-NeoX-configured causal LMs are trained on the Austen text from seeds 0 and 1 (the training of
 ``transformer-wm``: :func:`modeconn.experiments.transformer_wm.train_pair`), their normalizations are absorbed
@@ -255,7 +255,7 @@ def run_lmc_dm(out: str | Path, *, quick: bool = False, data: str | Path | None 
         curves, ablations, stats = lm_dm_barriers(size, bundle, models, log)
         plot_curves(curves, tmp / "lm_dm_barrier.png", title="GPT-NeoX pair on Austen: held-out loss vs λ")
         results = {
-            "task": "dual learned matching for language models (LMC-DM, METHODS.md §3)",
+            "task": "dual learned matching for language models (LMC-DM, docs/methods.md §3)",
             "size": asdict(size),
             "groups": GROUPS,
             "learned_options": learned_options(size),

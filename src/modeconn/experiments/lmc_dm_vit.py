@@ -1,4 +1,4 @@
-"""`modeconn experiment lmc-dm-vit`: dual learned matching (LMC-DM, METHODS.md §3) for a pair of vision transformers.
+"""`modeconn experiment lmc-dm-vit`: dual learned matching (LMC-DM, docs/methods.md §3) for a pair of vision transformers.
 
 Two standard (pre-LN) ViTs — Hugging Face ``ViTForImageClassification`` behind the ``vit-tiny`` architecture
 (:mod:`modeconn.models.vit`) — are trained on Fashion-MNIST from seeds 0 and 1 with AdamW
@@ -135,7 +135,7 @@ def run_lmc_dm_vit(out: str | Path, *, quick: bool = False, data: str | Path | N
         plot_curves(curves, tmp / "vit_dm_barrier.png",
                     title="ViT pair on Fashion-MNIST: held-out loss and accuracy vs λ")
         results = {
-            "task": "dual learned matching for vision transformers (LMC-DM, METHODS.md §3)",
+            "task": "dual learned matching for vision transformers (LMC-DM, docs/methods.md §3)",
             "size": asdict(size),
             "groups": GROUPS,
             "learned_options": learned_options(size),

@@ -155,7 +155,7 @@ PATH_METHODS: Registry[PathMethod] = Registry("path method")
 its runner (and config check) plus one entry below."""
 for _m in (
     PathMethod("linear", "the straight line θ(λ) = (1−λ)θ_A + λθ_B", _run_linear, _check_names("linear", {"n"})),
-    PathMethod("llpf", "LLPF model-to-model, Follow-Data-Flow unlock order (METHODS.md §2)",
+    PathMethod("llpf", "LLPF model-to-model, Follow-Data-Flow unlock order (docs/methods.md §2)",
                _llpf_runner(llpf_m2m, cross=False), _check_config(LLPFConfig), checkpoints=True),
     PathMethod("cross-sphere", "LLPF across variance spheres (M2O to B's sphere, then M2M)",
                _llpf_runner(llpf_cross_sphere, cross=True), _check_config(LLPFConfig), checkpoints=True),

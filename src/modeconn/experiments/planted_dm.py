@@ -1,4 +1,4 @@
-"""Planted MiniLM with dual matching (LMC-DM, METHODS.md §3): re-joining a symmetry-moved copy of a pretrained model.
+"""Planted MiniLM with dual matching (LMC-DM, docs/methods.md §3): re-joining a symmetry-moved copy of a pretrained model.
 
 The pretrained all-MiniLM-L6-v2 (``BertModel``, post-LN) is copied and moved by a random element ``g`` of the
 group BERT has *without* normalization absorption (absorption is refused for post-LN models): per layer a head

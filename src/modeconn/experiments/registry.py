@@ -29,7 +29,7 @@ class Experiment:
     Attributes:
         name: the registry name (``modeconn experiment NAME``).
         doc: its description; the first line, without a leading "`modeconn experiment NAME`: ", is the
-            one-line :attr:`summary` of ``--help``, naming the METHODS.md section whose claim it checks.
+            one-line :attr:`summary` of ``--help``, naming the docs/methods.md section whose claim it checks.
         sizes: ``{"quick": size, "full": size}``, frozen dataclasses of the run's settings.
         run: ``run(out, *, size, data, overwrite, log) -> results`` writing ``results.json``, ``report.md`` and its
             figures into ``out`` atomically.

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..report import barrier_table, plot_curves
+from ..report.tables import definitions
 from .compare import METHOD_LABELS, Comparison
 from .output import write_json
 
@@ -12,26 +13,36 @@ from .output import write_json
 def write_comparison(directory: Path, comparison: Comparison, results: dict, title: str) -> None:
     """Write results.json, barrier.png and report.md into ``directory``."""
     write_json(directory / "results.json", results)
-    plot_curves({METHOD_LABELS[m]: c for m, c in comparison.curves.items()}, directory / "barrier.png", title=title)
+    plot_curves({METHOD_LABELS[m]: c for m, c in comparison.curves.items()}, directory / "barrier.png", title=title,
+                note=evaluated_line(comparison))
     (directory / "report.md").write_text(comparison_report(comparison, results))
+
+
+def evaluated_line(comparison: Comparison) -> str:
+    """"Evaluated — test: all 360 examples; train: …" — what every number of the comparison was measured on."""
+    return "Evaluated — " + "; ".join(f"{s}: {comparison.evaluated(s)}" for s in ("test", "train") if s in comparison.examples)
 
 
 def comparison_report(comparison: Comparison, results: dict) -> str:
     """The markdown report of a comparison (demo, barrier)."""
-    ends = results["endpoints"]
+    ends = comparison.endpoints("test")
+    curve = next(iter(comparison.curves.values()))
+    limit = "none (every example)" if comparison.eval_limit is None else str(comparison.eval_limit)
     lines = [
         f"# modeconn — {results['task']}",
         "",
-        f"Endpoints: A test acc {100 * ends['A']['acc']:.2f}%, B test acc {100 * ends['B']['acc']:.2f}%.",
+        f"{evaluated_line(comparison)}. `--eval-limit`: {limit}. Curves, endpoints, tables and merges all use these "
+        "examples.",
         "",
-        "Barrier definitions: `barrier_mean` = max_λ L(λ) − ½(L(0)+L(1)) (Frankle et al. 2020); "
-        "`barrier_interp` = max_λ [L(λ) − ((1−λ)L(0)+λL(1))] (Entezari et al. 2022); `peak` = max_λ L(λ). "
-        f"Loss = cross-entropy (nats); {len(next(iter(comparison.curves.values())).lambdas)} λ points; "
-        f"BatchNorm policy `{next(iter(comparison.curves.values())).bn}`.",
+        f"Endpoints (test): A loss {ends['A']['loss']:.4f}, acc {100 * ends['A']['acc']:.2f}%; "
+        f"B loss {ends['B']['loss']:.4f}, acc {100 * ends['B']['acc']:.2f}%.",
+        "",
+        f"Loss = cross-entropy (nats); {len(curve.lambdas)} λ points, endpoints included; BatchNorm policy `{curve.bn}`.",
         "",
     ]
     for split in ("test", "train"):
         lines += [f"## {split} split", "", barrier_table({METHOD_LABELS[m]: c for m, c in comparison.curves.items()}, split), ""]
+    lines += ["## Definitions", "", definitions(), ""]
     lines += ["## Midpoint merge (λ = ½ of the aligned pair)", "", "| method | train acc | test acc | test loss |",
               "|---|---:|---:|---:|"]
     for m, d in comparison.merged.items():

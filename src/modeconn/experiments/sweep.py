@@ -17,11 +17,15 @@ Every run's parameters are validated against the task's typed parameter model *b
 a typo names the key (and the valid keys), a bad value names the run. Each run writes
 ``runs/<run-id>/result.json`` atomically, ``run-id`` being a digest of its parameters, so a killed sweep
 resumes without recomputing finished runs. Results are aggregated into ``results.json``, ``results.csv``
-and ``report.md``.
+and ``report.md``: one row per run, and — over the grid's ``seed`` axis — mean ± sample std and n of every
+metric per setting of the other parameters (:func:`over_seeds`).
+
+Seeds: the ``barrier`` task's seed ``s`` trains the pair of init seeds ``(2s, 2s + 1)``, so different seeds never
+share a model and the repetitions are independent.
 
 Backends: ``ray`` (``ray.init()`` locally, or ``address=`` a cluster; one Ray task per run, CPU count
 per task configurable) and ``sequential`` (in-process; the default when Ray is not installed —
-``pip install modeconn[ray]``).
+``pip install 'modeconn[ray]'``).
 """
 
 from __future__ import annotations
@@ -60,6 +64,9 @@ class SweepTask:
 
     params: type[StrictConfig]
     run: Callable[[Any], dict[str, Any]]
+    version: int = 1
+    """Bumped when the meaning of the parameters changes; part of the run id, so finished runs of an older
+    version are never reused for a newer one."""
 
 
 TASKS: Registry[SweepTask] = Registry("sweep task")
@@ -67,8 +74,9 @@ TASKS: Registry[SweepTask] = Registry("sweep task")
 
 # ------------------------------------------------------------------------------------------------- tasks
 class BarrierTask(StrictConfig):
-    """One grid point of the ``barrier`` task: train two models (init seeds ``seed`` and ``seed + 1``) and
-    measure the test-loss barrier of the linear path after alignment ``method`` (METHODS.md §0)."""
+    """One grid point of the ``barrier`` task: train two models (init seeds ``2·seed`` and ``2·seed + 1``, so that
+    the pairs of different seeds are independent) and measure the test-loss barrier of the linear path after
+    alignment ``method`` (docs/methods.md, "Barriers")."""
 
     dataset: str = "digits"
     model: Literal["mlp", "cnn", "vgg", "resnet20"] = "mlp"
@@ -91,6 +99,11 @@ def _model_kwargs(p: BarrierTask) -> dict[str, Any]:
     return {}
 
 
+def pair_seeds(seed: int) -> tuple[int, int]:
+    """The init seeds of the pair trained for sweep seed ``seed``: ``(2·seed, 2·seed + 1)`` — disjoint across seeds."""
+    return 2 * seed, 2 * seed + 1
+
+
 @functools.lru_cache(maxsize=2)
 def _trained_pair(training: str) -> tuple[Any, tuple[nn.Module, nn.Module]]:
     """The dataset and the two trained models of one training setting (``BarrierTask`` JSON without the
@@ -101,7 +114,7 @@ def _trained_pair(training: str) -> tuple[Any, tuple[nn.Module, nn.Module]]:
 
     p = BarrierTask(**json.loads(training))
     bundle = load_dataset(p.dataset, limit_train=p.limit_train)
-    a, b = train_models(p.model, bundle, (p.seed, p.seed + 1), dict(epochs=p.epochs, lr=p.lr, batch_size=p.batch_size),
+    a, b = train_models(p.model, bundle, pair_seeds(p.seed), dict(epochs=p.epochs, lr=p.lr, batch_size=p.batch_size),
                         **_model_kwargs(p))
     return bundle, (a, b)
 
@@ -123,6 +136,7 @@ def run_barrier_task(p: BarrierTask) -> dict[str, Any]:
     curve = evaluate_path(a, a.state_dict(), sd_b, test, lambdas=p.lambdas, spec=spec,
                           bn_loader=make_loader(bundle.train, 256, shuffle=True, seed=p.seed), bn_batches=10)
     return {
+        "init_seeds": list(pair_seeds(p.seed)),
         "test_acc_a": evaluate_model(a, test["test"])["acc"],
         "test_acc_b": evaluate_model(b, test["test"])["acc"],
         "barrier_mean_loss": curve.barrier("mean", "test"),
@@ -132,7 +146,7 @@ def run_barrier_task(p: BarrierTask) -> dict[str, Any]:
     }
 
 
-TASKS.register("barrier")(SweepTask(BarrierTask, run_barrier_task))
+TASKS.register("barrier")(SweepTask(BarrierTask, run_barrier_task, version=2))  # 2: seeds (2s, 2s+1)
 
 
 # ------------------------------------------------------------------------------------------------ config
@@ -192,9 +206,11 @@ def expand(config: SweepConfig) -> list[dict[str, Any]]:
     return runs
 
 
-def run_id(task: str, params: Mapping[str, Any]) -> str:
-    """A stable id of one run: sha256 of the task name and its parameters (sorted JSON), 16 hex digits."""
-    return hashlib.sha256(json.dumps([task, params], sort_keys=True).encode()).hexdigest()[:16]
+def run_id(task: str, params: Mapping[str, Any], version: int = 1) -> str:
+    """A stable id of one run: sha256 of the task name, its version (when above 1) and its parameters (sorted
+    JSON), 16 hex digits."""
+    key = [task, params] if version == 1 else [task, version, params]
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _execute(task: str, params: dict[str, Any]) -> dict[str, Any]:
@@ -277,7 +293,7 @@ def run_sweep(config: SweepConfig | str | Path, out: str | Path, *, backend: str
                               "choose another --out")
     else:
         atomic_write_text(mf, _json_dumps(manifest, str(mf)))
-    ids = [run_id(config.task, p) for p in runs]
+    ids = [run_id(config.task, p, TASKS.get(config.task).version) for p in runs]
     todo = [(rid, p) for rid, p in zip(ids, runs, strict=False) if not (out / "runs" / rid / "result.json").is_file()]
     log(f"{len(runs)} runs, {len(runs) - len(todo)} already finished, backend {backend}")
 
@@ -295,9 +311,56 @@ def run_sweep(config: SweepConfig | str | Path, out: str | Path, *, backend: str
     return aggregate(out, config, ids)
 
 
+SEED_AXIS = "seed"
+"""The grid parameter repetitions run over; :func:`over_seeds` aggregates across it."""
+
+
+def over_seeds(rows: list[dict[str, Any]], params: list[str]) -> list[dict[str, Any]]:
+    """One row per setting of ``params`` other than the seed: those parameters, ``n`` (runs, i.e. seeds) and, for
+    every numeric metric (not ``seconds``), ``{"mean", "std", "n"}`` over the seeds (sample std, None for one run)."""
+    from ..report.stats import mean_std
+
+    keys = [p for p in params if p != SEED_AXIS]
+    numeric = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)  # noqa: E731
+    metrics = [k for k in dict.fromkeys(k for r in rows for k in r)
+               if k not in params and k not in ("run_id", "seconds") and all(numeric(r.get(k)) for r in rows)]
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault(json.dumps([r.get(k) for k in keys]), []).append(r)
+    return [{**{k: g[0].get(k) for k in keys}, "n": len(g), **{m: mean_std([r[m] for r in g]) for m in metrics}}
+            for g in groups.values()]
+
+
+def aggregated_table(agg: list[dict[str, Any]]) -> str:
+    """The markdown table of :func:`over_seeds` rows: parameters, n, then "mean ± std" per metric (the mean alone
+    for n = 1)."""
+    from ..report.stats import format_mean_std
+
+    if not agg:
+        return ""
+    columns = list(agg[0])
+    cell = lambda v: format_mean_std(v, digits=4) if isinstance(v, dict) else v  # noqa: E731
+    return markdown_table(columns, [[cell(r[c]) for c in columns] for r in agg])
+
+
+def _report(config: SweepConfig, rows: list[dict[str, Any]], agg: list[dict[str, Any]], columns: list[str]) -> str:
+    seeds = config.grid.get(SEED_AXIS, [config.base.get(SEED_AXIS, 0)])
+    return "\n".join([
+        f"# sweep {config.name} (task {config.task})", "",
+        "## Over seeds: mean ± std (n) per setting", "",
+        f"Seeds {seeds}; n = runs (seeds) per setting; std = sample standard deviation over the seeds (n − 1 in the "
+        "denominator), shown only for n > 1. The barrier task's seed s trains the independent pair of init seeds "
+        "(2s, 2s + 1).", "",
+        aggregated_table(agg), "",
+        "## Every run", "",
+        markdown_table(columns, [[r.get(c, "") for c in columns] for r in rows]), "",
+    ])
+
+
 def aggregate(out: Path, config: SweepConfig, ids: list[str]) -> dict[str, Any]:
-    """Collect ``runs/<id>/result.json`` of ``ids`` into one table (JSON, CSV, markdown)."""
-    rows = []
+    """Collect ``runs/<id>/result.json`` of ``ids`` into one table per run (JSON, CSV, markdown) and one over the
+    seeds (:func:`over_seeds`; ``results.json["over_seeds"]`` and ``report.md``)."""
+    rows, params = [], []
     for rid in ids:
         f = out / "runs" / rid / "result.json"
         try:
@@ -305,14 +368,16 @@ def aggregate(out: Path, config: SweepConfig, ids: list[str]) -> dict[str, Any]:
         except (OSError, json.JSONDecodeError) as err:
             raise ModeconnError(f"{f}: unreadable run result: {err}") from None
         rows.append({"run_id": rid, **r["params"], **r["metrics"]})
+        params += [k for k in r["params"] if k not in params]
     columns = list(dict.fromkeys(k for r in rows for k in r))
-    results = {"name": config.name, "task": config.task, "grid": config.grid, "base": config.base, "rows": rows}
+    agg = over_seeds(rows, params)
+    results = {"name": config.name, "task": config.task, "grid": config.grid, "base": config.base, "rows": rows,
+               "over_seeds": agg}
     atomic_write_text(out / "results.json", _json_dumps(results, str(out / "results.json")))
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=columns)
     writer.writeheader()
     writer.writerows(rows)
     atomic_write_text(out / "results.csv", buf.getvalue())
-    table = markdown_table(columns, [[r.get(c, "") for c in columns] for r in rows])
-    atomic_write_text(out / "report.md", f"# sweep {config.name} (task {config.task})\n\n{table}\n")
+    atomic_write_text(out / "report.md", _report(config, rows, agg, columns))
     return results

@@ -1,4 +1,4 @@
-"""`modeconn experiment transformer-wm`: weight matching for transformers on real data (METHODS.md §0, §3).
+"""`modeconn experiment transformer-wm`: weight matching for transformers on real data (docs/methods.md §0, §3).
 
 1. **Locally trained GPT pair.** Two GPT-NeoX-configured causal LMs (Hugging Face classes; parallel residual,
    partial rotary, LayerNorm) trained from seeds 0 and 1 on the Austen text with a byte-level BPE tokenizer;
@@ -188,7 +188,7 @@ def run_transformer_wm(out: str | Path, *, quick: bool = False, data: str | Path
         plot_minilm(minilm, tmp / "minilm_recovery.png")
         plot_curves(curves, tmp / "lm_barrier.png", title="GPT-NeoX pair on Austen: held-out loss vs λ")
         results = {
-            "task": "transformer weight matching (METHODS.md §0, §3)",
+            "task": "transformer weight matching (docs/methods.md §0, §3)",
             "size": asdict(size),
             "data": {"train_tokens": int(bundle.train.tensors[0].numel()), "test_blocks": min(size.eval_blocks,
                                                                                               len(bundle.test))},

@@ -125,13 +125,20 @@ def _align_modeconn(ckpts: list[Checkpoint], out: Path, opts: AlignOptions, prog
 
 
 def dataset_for(config: dict, dataset: str | None, data: Path | None, limit_train: int | None):
-    """The dataset named by ``dataset`` or recorded in the checkpoint's config (ConfigError if neither)."""
+    """The dataset named by ``dataset`` or recorded in the checkpoint's config (ConfigError if neither, or if its
+    examples do not have the shape the model was built for — checked before anything is traced)."""
     from ..data import load_dataset
+
+    from ..experiments.checkpoints import check_input_shape
 
     name = dataset or config.get("dataset")
     if name is None:
         raise ConfigError("the checkpoint does not record its dataset; pass --dataset")
-    return load_dataset(name, data, limit_train=limit_train, **config.get("dataset_options", {}))
+    bundle = load_dataset(name, data, limit_train=limit_train, **config.get("dataset_options", {}))
+    recorded = f" (trained on {config['dataset']!r})" if config.get("dataset") else ""
+    check_input_shape(config.get("kwargs", {}).get("in_shape"), bundle.input_shape, f"the checkpoint{recorded}",
+                      f"dataset {name!r}")
+    return bundle
 
 
 def _align_in_memory(ckpts: list[Checkpoint], out: Path, opts: AlignOptions, method: str) -> Outcome:

@@ -16,41 +16,108 @@ from ..path import Curve, PathCurve  # noqa: E402
 from ..path import Path as PathLike  # noqa: E402
 
 
-def _loss_acc_grid(curves: Mapping[str, Curve], splits: tuple[str, ...] | list[str], xlabel: str, path: str | Path,
-                   title: str, ms: float) -> Path:
-    """Loss (top) and accuracy (bottom) vs each curve's ``lambdas``, one column per split, one line per curve;
-    a PathCurve with a continuity check also gets its segment sub-point peaks (×) on its continuity split."""
-    fig, axes = plt.subplots(2, len(splits), figsize=(5 * len(splits), 7), squeeze=False, sharex=True)
-    for col, split in enumerate(splits):
+ZOOM_RATIO = 4.0
+"""The figure gets a zoom row (the lower curves on their own loss scale, still from 0) when, in some split, the
+highest curve's peak is this many times every other curve's peak (aligned curves beside a naive peak)."""
+MIN_ACC_SPAN = 10.0
+"""The accuracy axes span at least this many percentage points (ending at 100 %), so a small drop looks small."""
+
+
+def _finite(values) -> np.ndarray:
+    v = np.asarray(values, dtype=float)
+    return v[np.isfinite(v)]
+
+
+def _loss_top(curves: Mapping[str, Curve], splits) -> float:
+    """5% above the highest finite loss of ``curves`` on ``splits`` (1.0 when there is none): the top of a loss axis
+    that starts at 0."""
+    values = np.concatenate([_finite(c.values(s, "loss")) for c in curves.values() for s in splits] or [np.zeros(0)])
+    top = float(values.max()) if values.size else 0.0
+    return 1.05 * top if top > 0 else 1.0
+
+
+def _acc_bottom(curves: Mapping[str, Curve], splits) -> float:
+    """The bottom of every accuracy axis (top 100 %): a point below the lowest accuracy, at most 100 − MIN_ACC_SPAN."""
+    values = np.concatenate([_finite(100 * c.values(s, "acc")) for c in curves.values() for s in splits] or [np.zeros(0)])
+    low = float(values.min()) if values.size else 0.0
+    return max(0.0, min(np.floor(low) - 1.0, 100.0 - MIN_ACC_SPAN))
+
+
+def _low_curves(curves: Mapping[str, Curve], splits) -> list[str]:
+    """The labels of the curves a zoom row shows (empty when no curve dwarfs the others): all but the highest curve,
+    when in some split its peak loss is :data:`ZOOM_RATIO` times every other curve's."""
+    if len(curves) < 2:
+        return []
+    for split in splits:
+        peaks = {label: float(v.max()) for label, c in curves.items() if (v := _finite(c.values(split, "loss"))).size}
+        if len(peaks) < 2:
+            continue
+        highest = max(peaks, key=peaks.get)
+        others = [label for label in peaks if label != highest]
+        if peaks[highest] > ZOOM_RATIO * max(max(peaks[o] for o in others), 1e-12):
+            return others
+    return []
+
+
+def _plot_row(axes, curves: Mapping[str, Curve], splits, metric: str, colors: dict[str, str], ms: float) -> None:
+    """One row of panels: ``metric`` ("loss" or "acc", in %) of ``curves`` per split, in their fixed colours."""
+    for ax, split in zip(axes, splits, strict=True):
         for label, c in curves.items():
-            (line,) = axes[0, col].plot(c.lambdas, c.values(split, "loss"), marker="o", ms=ms, label=label)
-            axes[1, col].plot(c.lambdas, 100 * c.values(split, "acc"), marker="o", ms=ms, label=label)
-            if isinstance(c, PathCurve) and split == c.continuity_split and len(c.segment_peaks):
+            scale = 100.0 if metric == "acc" else 1.0
+            ax.plot(c.lambdas, scale * c.values(split, metric), marker="o", ms=ms, color=colors[label], label=label)
+            if metric == "loss" and isinstance(c, PathCurve) and split == c.continuity_split and len(c.segment_peaks):
                 mid = (c.lambdas[:-1] + c.lambdas[1:]) / 2
-                axes[0, col].plot(mid, c.segment_peaks, "x", ms=3, color=line.get_color(), alpha=0.6)
-        axes[0, col].set_title(split)
-        axes[0, col].set_ylabel("loss (cross-entropy, nats)")
-        axes[1, col].set_ylabel("accuracy (%)")
-        axes[1, col].set_xlabel(xlabel)
-        for ax in axes[:, col]:
-            ax.grid(alpha=0.3)
-    axes[0, 0].legend(fontsize=8)
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
+                ax.plot(mid, c.segment_peaks, "x", ms=3, color=colors[label], alpha=0.6)
+        ax.grid(alpha=0.3)
+
+
+def _loss_acc_grid(curves: Mapping[str, Curve], splits: tuple[str, ...] | list[str], xlabel: str, path: str | Path,
+                   title: str, ms: float, note: str = "") -> Path:
+    """Loss (top) and accuracy (bottom) vs each curve's ``lambdas``, one column per split, one line per curve;
+    a PathCurve with a continuity check also gets its segment sub-point peaks (×) on its continuity split.
+
+    Honest scales: every loss axis starts at 0 and is shared by the splits; every accuracy axis ends at 100 % and
+    spans at least :data:`MIN_ACC_SPAN` points. When one curve dwarfs the others (:func:`_low_curves`) a middle
+    row shows the others alone, on their own loss scale from 0. One legend for the whole figure; ``note`` (what
+    was evaluated) is the title's second line."""
+    low = _low_curves(curves, splits)
+    rows = [("loss", curves)] + ([("zoom", {k: curves[k] for k in low})] if low else []) + [("acc", curves)]
+    fig, axes = plt.subplots(len(rows), len(splits), figsize=(5 * len(splits), 3.4 * len(rows) + 0.8), squeeze=False,
+                             sharex=True)
+    colors = {label: f"C{i}" for i, label in enumerate(curves)}
+    for r, (kind, shown) in enumerate(rows):
+        _plot_row(axes[r], shown, splits, "acc" if kind == "acc" else "loss", colors, ms)
+        for col, ax in enumerate(axes[r]):
+            if kind == "acc":
+                ax.set_ylim(_acc_bottom(curves, splits), 100.5)
+                ax.set_ylabel("accuracy (%)")
+            else:
+                ax.set_ylim(0, _loss_top(shown, splits))
+                ax.set_ylabel("loss (cross-entropy, nats)" if kind == "loss" else "loss, zoom (nats)")
+            if r == 0:
+                ax.set_title(splits[col])
+            if kind == "zoom":
+                ax.set_title(f"{splits[col]}: zoom on " + ", ".join(low), fontsize=9)
+    for ax in axes[-1]:
+        ax.set_xlabel(xlabel)
+    handles = [plt.Line2D([], [], color=colors[label], marker="o", ms=ms, label=label) for label in curves]
+    fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 4), fontsize=8, frameon=False)
+    fig.suptitle("\n".join(t for t in (title, note) if t), fontsize=11)
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
     path = Path(path)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
 
 
-def plot_curves(curves: Mapping[str, Curve], path: str | Path, title: str = "") -> Path:
+def plot_curves(curves: Mapping[str, Curve], path: str | Path, title: str = "", note: str = "") -> Path:
     """Loss (top) and accuracy (bottom) vs λ, one column per split, one line per method.
 
-    ``curves``: method label → Curve (all with the same splits). Writes a PNG to ``path``.
+    ``curves``: method label → Curve (all with the same splits); ``note``: a second title line (what was
+    evaluated, e.g. the ``--eval-limit``). Writes a PNG to ``path``.
     """
     return _loss_acc_grid(curves, next(iter(curves.values())).splits, "λ   (0 = model A, 1 = model B)", path,
-                          title, ms=3)
+                          title, ms=3, note=note)
 
 
 def plot_path_losses(curves: Mapping[str, PathCurve], path: str | Path, title: str = "",
