@@ -229,3 +229,50 @@ def test_cli_align_and_merge_sharded_half_precision_pairs(family, dtype, tmp_pat
     m = T.AutoModelForCausalLM.from_pretrained(merged).eval()
     assert torch.isfinite(_logits(m, ids)).all()
     assert m.generate(ids, max_new_tokens=3, do_sample=False).shape == (2, 9)
+
+
+# ----------------------------------------------------------------------------- automatic fallback
+def _granite(layers=3):
+    from hf_tiny import randomize
+
+    torch.manual_seed(0)
+    cfg = T.GraniteConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
+                          num_hidden_layers=layers, vocab_size=50, max_position_embeddings=32, pad_token_id=0,
+                          embedding_multiplier=3.0, residual_multiplier=0.5, logits_scaling=2.0)
+    return randomize(T.GraniteForCausalLM(cfg), 0)
+
+
+def test_unknown_model_type_with_a_known_layout_is_inferred_and_checked(tmp_path):
+    """Granite has no adapter; it is Llama's layout with scalar multipliers: inferred, then verified."""
+    model = _granite()
+    assert "granite" not in hf.supported_model_types()
+    spec = mc.symmetry_spec(model)
+    assert spec.structure.family == "llama" and "inferred" in hf.adapter_for(model).family
+    x = hf.example_inputs(model)
+    g = spec.random_element(seed=5)
+    assert _changes(model, spec, g, x) < 1e-4
+    res = mc.weight_matching(spec, model.state_dict(), spec.apply(model.state_dict(), g), restarts=1)
+    assert spec.equal(res.element, spec.inverse(g))
+    model.save_pretrained(tmp_path / "a", max_shard_size="20KB")  # the config-only (meta) path infers it too
+    assert set(hf_checkpoint_spec(tmp_path / "a").spaces) == set(spec.spaces)
+    with pytest.raises(UnsupportedOperationError, match="granite has no adapter of its own"):
+        mc.absorb_normalization(model)
+
+
+def test_unknown_model_type_that_fits_no_layout_is_refused_with_reasons():
+    model = T.MptForCausalLM(T.MptConfig(vocab_size=50, d_model=16, n_layers=1, n_heads=2, max_seq_len=32))
+    with pytest.raises(UnsupportedOperationError, match=r"'mpt'.*no registered layout fits.*\n  llama: .*embed_tokens"):
+        mc.symmetry_spec(model)
+
+
+def test_fallback_refuses_a_layout_whose_names_fit_but_function_breaks(monkeypatch):
+    """Negative control of the function check: a GPT-NeoX model under a new model_type, with the only fitting table
+    deliberately wrong (fused QKV read as blocks): names and shapes fit, the check refuses it."""
+    model = make("gpt_neox")
+    monkeypatch.setattr(model.config, "model_type", "my_neox")
+    monkeypatch.setitem(prenorm.TABLES, "gpt_neox", dataclasses.replace(prenorm.TABLES["gpt_neox"], qkv_layout="blocks"))
+    with pytest.raises(UnsupportedOperationError, match="gpt_neox: its names fit, but a random permutation changed"):
+        mc.symmetry_spec(model)
+    monkeypatch.undo()
+    model.config.model_type = "my_neox2"
+    assert mc.symmetry_spec(model).structure.family == "gpt_neox"  # with the right table it is inferred

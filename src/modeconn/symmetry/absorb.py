@@ -53,7 +53,7 @@ from torch import nn
 
 from ..errors import AbsorptionError, ConfigError, UnsupportedOperationError
 from .hf._common import ScaleFreeRMSNorm
-from .hf.registry import _require_hf, describe, example_inputs, get_adapter
+from .hf.registry import _require_hf, adapter_for, describe, example_inputs
 from .hf.structure import LinearRef, Structure
 
 ABSORBED_KEY = "modeconn_absorbed"
@@ -160,7 +160,7 @@ def absorb_normalization(
         AbsorptionError (a step changed the outputs: names the step, the error and the tolerance).
     """
     prefix, hf = _require_hf(model)
-    adapter = get_adapter(hf.config.model_type, type(hf).__name__)
+    adapter = adapter_for(hf)
     if adapter.absorb is not None:
         raise UnsupportedOperationError(f"normalization absorption is not supported for {adapter.family}: {adapter.absorb}")
     st = describe(model)

@@ -40,8 +40,21 @@ def supported_model_types() -> list[str]:
     return ADAPTERS.names()
 
 
+def adapter_for(hf: nn.Module) -> Adapter:
+    """The adapter of the Hugging Face model ``hf``: registered for its ``model_type``, else inferred from a registered
+    layout and checked on a small random instance (:func:`modeconn.symmetry.hf.infer.infer_adapter`).
+
+    Raises UnsupportedOperationError naming what each registered layout could not match."""
+    model_type = getattr(hf.config, "model_type", "?")
+    if model_type in ADAPTERS:
+        return ADAPTERS.get(model_type)
+    from .infer import infer_adapter
+
+    return infer_adapter(hf)
+
+
 def get_adapter(model_type: str, model_class: str = "?") -> Adapter:
-    """The adapter for ``model_type``; UnsupportedOperationError listing the supported types otherwise."""
+    """The adapter registered for ``model_type``; UnsupportedOperationError listing the supported types otherwise."""
     if model_type not in ADAPTERS:
         raise UnsupportedOperationError(
             f"no symmetry adapter for Hugging Face model_type {model_type!r} ({model_class}); supported "
@@ -120,8 +133,7 @@ def describe(model: nn.Module) -> Structure:
     adapter does not know), SpecError (unsupported config option, naming the field).
     """
     prefix, hf = _require_hf(model)
-    adapter = get_adapter(getattr(hf.config, "model_type", "?"), type(hf).__name__)
-    st = adapter.describe(hf, prefix)
+    st = adapter_for(hf).describe(hf, prefix)
     return replace(st, aliases=tied_aliases(model.state_dict()))
 
 
@@ -146,7 +158,7 @@ def example_inputs(model: nn.Module, generator: torch.Generator | None = None) -
     """Small fixed inputs for a forward of the HF model inside ``model`` (token ids, pixel values …)."""
     _, hf = _require_hf(model)
     gen = generator if generator is not None else torch.Generator().manual_seed(0)
-    return get_adapter(hf.config.model_type, type(hf).__name__).example(hf, gen)
+    return adapter_for(hf).example(hf, gen)
 
 
 # config fields that do not change the function computed by the weights
