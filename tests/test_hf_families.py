@@ -276,3 +276,19 @@ def test_fallback_refuses_a_layout_whose_names_fit_but_function_breaks(monkeypat
     monkeypatch.undo()
     model.config.model_type = "my_neox2"
     assert mc.symmetry_spec(model).structure.family == "gpt_neox"  # with the right table it is inferred
+
+
+# ----------------------------------------------------------------------------- config comparison
+def test_base_and_instruct_token_ids_do_not_block_alignment(tmp_path):
+    """Checkpoints differing only in special-token ids and generation settings are one architecture; a structural
+    difference is reported first."""
+    a, b = make("qwen2", 0), make("qwen2", 1)
+    b.config.eos_token_id, b.config.pad_token_id = 7, 3
+    b.generation_config.temperature, b.generation_config.do_sample = 0.3, True
+    hf.check_same_config(a, b)
+    a.save_pretrained(tmp_path / "base", max_shard_size="20KB")
+    b.save_pretrained(tmp_path / "instruct", max_shard_size="20KB")
+    run_cli("align", tmp_path / "base", tmp_path / "instruct", "--out", tmp_path / "aligned", "--restarts", "1")
+    diffs = hf.config_differences({"eos_token_id": 1, "rope_theta": 1e4, "num_hidden_layers": 2},
+                                  {"eos_token_id": 2, "rope_theta": 1e6, "num_hidden_layers": 3})
+    assert diffs == ["config.num_hidden_layers: 2 vs 3", "config.rope_theta: 10000.0 vs 1000000.0"]

@@ -29,7 +29,6 @@ from torch import nn
 from ...errors import ConfigError, SpecError, UnsupportedOperationError
 from .builder import build_spec
 from .registry import Adapter, supported_model_types
-from .structure import Structure
 
 _ATOL = 1e-4
 _NO_FIT = (SpecError, UnsupportedOperationError, ConfigError, AttributeError, TypeError, ValueError, RuntimeError)

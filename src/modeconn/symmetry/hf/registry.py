@@ -168,6 +168,20 @@ _IGNORED_CONFIG_FIELDS = {
     "use_cache", "output_attentions", "output_hidden_states", "return_dict", "id2label", "label2id",
     "gradient_checkpointing", "_experts_implementation",
 }
+# token ids and generation settings: base and instruct checkpoints of one model differ here (special tokens, chat
+# defaults), never in what the weights compute
+TOKEN_AND_GENERATION_FIELDS = {
+    "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "unk_token_id", "cls_token_id", "mask_token_id",
+    "decoder_start_token_id", "forced_bos_token_id", "forced_eos_token_id", "suppress_tokens", "begin_suppress_tokens",
+    "max_length", "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups", "diversity_penalty",
+    "temperature", "top_k", "top_p", "typical_p", "repetition_penalty", "length_penalty", "no_repeat_ngram_size",
+    "encoder_no_repeat_ngram_size", "bad_words_ids", "num_return_sequences", "output_scores",
+    "return_dict_in_generate", "remove_invalid_values", "exponential_decay_length_penalty", "task_specific_params",
+    "tokenizer_class", "prefix", "finetuning_task", "generation_config", "chunk_size_feed_forward",
+}
+# the structural fields, reported first: the difference that explains every other one
+_STRUCTURAL = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+               "head_dim", "intermediate_size", "vocab_size", "max_position_embeddings", "tie_word_embeddings")
 
 
 def check_same_config(model_a: nn.Module, model_b: nn.Module) -> None:
@@ -187,16 +201,15 @@ def check_same_config(model_a: nn.Module, model_b: nn.Module) -> None:
 
 def config_differences(config_a: Any, config_b: Any) -> list[str]:
     """``["config.FIELD: value_a vs value_b", …]`` for every field (of two ``PretrainedConfig`` objects or plain
-    dicts) that differs, ignoring fields that do not change the function computed by the weights."""
+    dicts) that differs — structural fields (sizes, layer and head counts, vocabulary, model type) first — ignoring
+    fields that do not change the function computed by the weights (names, dtype, attention backend, cache flags,
+    label names, and the token ids and generation settings of :data:`TOKEN_AND_GENERATION_FIELDS`)."""
     da, db = _config_dict(config_a), _config_dict(config_b)
-    problems = []
-    for k in sorted(set(da) | set(db)):
-        if k in _IGNORED_CONFIG_FIELDS:
-            continue
-        va, vb = da.get(k, "<absent>"), db.get(k, "<absent>")
-        if va != vb:
-            problems.append(f"config.{k}: {va!r} vs {vb!r}")
-    return problems
+    ignored = _IGNORED_CONFIG_FIELDS | TOKEN_AND_GENERATION_FIELDS
+    keys = [k for k in set(da) | set(db) if k not in ignored and da.get(k, "<absent>") != db.get(k, "<absent>")]
+    rank = {k: i for i, k in enumerate(_STRUCTURAL)}
+    keys.sort(key=lambda k: (rank.get(k, len(rank)), k))
+    return [f"config.{k}: {da.get(k, '<absent>')!r} vs {db.get(k, '<absent>')!r}" for k in keys]
 
 
 def _config_dict(cfg: Any) -> dict[str, Any]:
