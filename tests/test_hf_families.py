@@ -292,3 +292,36 @@ def test_base_and_instruct_token_ids_do_not_block_alignment(tmp_path):
     diffs = hf.config_differences({"eos_token_id": 1, "rope_theta": 1e4, "num_hidden_layers": 2},
                                   {"eos_token_id": 2, "rope_theta": 1e6, "num_hidden_layers": 3})
     assert diffs == ["config.num_hidden_layers: 2 vs 3", "config.rope_theta: 10000.0 vs 1000000.0"]
+
+
+# ----------------------------------------------------------------------------- barrier on HF causal LMs
+@pytest.mark.slow
+def test_barrier_on_hugging_face_causal_lms(tmp_path, shared_data):
+    """`modeconn barrier A B --dataset austen` on two Hugging Face causal LMs, tokenized with their own
+    tokenizer.json; without the tokenizer or a text dataset, the error says what is needed."""
+    from modeconn.data import train_tokenizer
+    from modeconn.data.text import read_text_file
+    from hf_tiny import randomize
+
+    tok = train_tokenizer(read_text_file(shared_data / "austen" / "austen.txt.gz", None)[:200_000], 300)
+    cfg = T.Qwen2Config(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
+                        num_hidden_layers=2, vocab_size=320, max_position_embeddings=64, pad_token_id=0)
+    dirs = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        d = tmp_path / f"lm{seed}"
+        randomize(T.Qwen2ForCausalLM(cfg), seed).save_pretrained(d)
+        (d / "tokenizer.json").write_text(tok.to_str())
+        dirs.append(d)
+    res = run_cli("barrier", *dirs, "--dataset", "austen", "--method", "naive", "--method", "weight", "--lambdas", "3",
+                  "--eval-limit", "8", "--limit-train", "16", "--out", tmp_path / "out")
+    import json
+
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert set(results["barriers"]) == {"naive", "weight"}
+    assert all(torch.isfinite(torch.tensor(v["test"]["barrier_mean_loss"])) for v in results["barriers"].values()), res.output
+    bad = run_cli("barrier", *dirs, "--out", tmp_path / "o2", ok=False)
+    assert bad.exit_code == 2 and "--dataset austen" in bad.output
+    (dirs[0] / "tokenizer.json").unlink()
+    bad = run_cli("barrier", *dirs, "--dataset", "austen", "--out", tmp_path / "o3", ok=False)
+    assert bad.exit_code == 2 and "tokenizer.json" in bad.output

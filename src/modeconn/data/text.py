@@ -272,12 +272,15 @@ def text_bundle(
     test_fraction: float = DEFAULT_TEST_FRACTION,
     limit_train: int | None = None,
     limit_test: int | None = None,
+    tokenizer: Tokenizer | None = None,
 ) -> TextBundle:
     """A :class:`TextBundle` of ``text``: contiguous splits, a BPE tokenizer trained on the training split,
     next-token blocks of ``context_length`` tokens (module docstring).
 
     Args:
-        vocab_size: BPE vocabulary size (≥ 257: 256 bytes + ``<|endoftext|>``).
+        vocab_size: BPE vocabulary size (≥ 257: 256 bytes + ``<|endoftext|>``); ignored with ``tokenizer``.
+        tokenizer: a ready ``tokenizers.Tokenizer`` (a pretrained model's ``tokenizer.json``) used instead of
+            training one; the bundle's vocabulary is then the tokenizer's.
         context_length: tokens per block T (≥ 1).
         val_fraction, test_fraction: shares of the text (by characters) in the val and test splits.
         limit_train, limit_test: keep only the first N blocks of ``train`` / ``test``.
@@ -294,7 +297,7 @@ def text_bundle(
     pieces = {k: text[a:b] for k, (a, b) in spans.items()}
     if not pieces["train"]:
         raise ConfigError(f"{source}: the training split is empty")
-    tokenizer = train_tokenizer(pieces["train"], vocab_size)
+    tokenizer = train_tokenizer(pieces["train"], vocab_size) if tokenizer is None else tokenizer
     streams = {k: encode_stream(tokenizer, p) for k, p in pieces.items()}
     sets = {k: blocks(s, context_length) for k, s in streams.items()}
     if len(sets["train"]) == 0:
@@ -367,6 +370,7 @@ def load_austen(
     limit_train: int | None = None,
     limit_test: int | None = None,
     verify: bool = True,
+    tokenizer: Tokenizer | None = None,
 ) -> TextBundle:
     """Jane Austen's six novels as next-token blocks (module docstring); about 5 s the first time in a process
     (tokenizer training ≈ 1.5 s, encoding ≈ 3.5 s), then cached in memory.
@@ -378,6 +382,7 @@ def load_austen(
         root: the directory holding ``austen.txt[.gz]`` or a parent with an ``austen/`` sub-directory; when
             omitted, ``$MODECONN_DATA/austen`` and then the download cache are searched.
         verify: check the SHA-256 of the decompressed text against :data:`AUSTEN_SHA256`.
+        tokenizer: tokenize with this ``tokenizers.Tokenizer`` instead of training one (a pretrained model's).
         Other options: as in :func:`text_bundle`.
 
     Raises:
@@ -393,6 +398,7 @@ def load_austen(
     return text_bundle(
         text, name="austen", source=str(directory), vocab_size=vocab_size, context_length=context_length,
         val_fraction=val_fraction, test_fraction=test_fraction, limit_train=limit_train, limit_test=limit_test,
+        tokenizer=tokenizer,
     )
 
 

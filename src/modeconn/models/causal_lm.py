@@ -41,17 +41,26 @@ class CausalLM(nn.Module):
     """A causal LM whose forward maps token ids to next-token logits.
 
     Attributes:
-        lm: the Hugging Face ``GPTNeoXForCausalLM``.
+        lm: the Hugging Face causal LM (``GPTNeoXForCausalLM`` for ``gpt-neox-tiny``; any ``…ForCausalLM`` wrapped
+            with :meth:`wrap`).
         vocab_size: V; context_length: T (the training block length; ``max_position_embeddings ≥ T``).
     """
 
-    def __init__(self, config: Any, context_length: int) -> None:
+    def __init__(self, config: Any, context_length: int, lm: nn.Module | None = None) -> None:
         super().__init__()
-        from transformers import GPTNeoXForCausalLM
+        if lm is None:
+            from transformers import GPTNeoXForCausalLM
 
-        self.lm = GPTNeoXForCausalLM(config)
+            lm = GPTNeoXForCausalLM(config)
+        self.lm = lm
         self.vocab_size = int(config.vocab_size)
         self.context_length = int(context_length)
+
+    @classmethod
+    def wrap(cls, lm: nn.Module, context_length: int) -> CausalLM:
+        """Wrap a loaded Hugging Face causal LM (``logits`` output; ``config.vocab_size``), so that modeconn's
+        evaluation and paths treat it like its own models. The wrapper holds ``lm`` itself (no copy)."""
+        return cls(lm.config, context_length, lm)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """``input_ids`` (B, T') int ids in ``[0, V)`` with T' ≤ ``max_position_embeddings`` → logits (B, T', V)
