@@ -35,7 +35,7 @@ def merge(
                                     "t=0.3; mergekit's names)"),
     dtype: str | None = typer.Option(None, help="Hugging Face checkpoints: dtype of the output (float32, float16, "
                                      "bfloat16; default: the first model's)"),
-    align_method: str = typer.Option("weight", "--align", help="align every model to the first first: weight, activation, none"),
+    align_method: str = typer.Option("weight", "--align", help="align every model to the first: weight, activation, none"),
     bn: str = typer.Option("reset", help="BatchNorm policy after averaging: reset, interpolate, repair"),
     dataset: str | None = typer.Option(None, help="dataset for BN reset / REPAIR / activation matching (default: the first model's)"),
     data: Path | None = typer.Option(None, help=DATA_HELP),
