@@ -4,13 +4,17 @@ Maximise ``J(g) = Σ_k ⟨θ_A[k], (g·θ_B)[k]⟩`` over the spec's group by co
 at a time, with every other space fixed, the optimal element solves a LAP on the (n × n) score
 ``S = Σ_{(k, axis) on the space} A_k^{(axis)} · (B_k with the other spaces applied)^{(axis)ᵀ}``, where
 ``X^{(axis)}`` moves ``axis`` to the front and flattens the rest (n rows, one per unit). Sweeps repeat until
-the relative gain of a whole sweep falls below ``rtol``. Coordinate descent stalls in local optima on
-residual nets, so several restarts (random orders, random initial elements after the first) are run and
-the best objective kept. The first run starts from a *greedy data-flow* element: spaces in spec order
-(the traced data-flow order), each matched on its writer tensors only — those whose other axes read spaces
-already matched — with the spaces before it applied (layer-wise matching, as in Singh & Jaggi 2020); on
-independently trained or initialised nets it reaches a clearly better optimum than starting from the
-identity. The second run starts from the identity, the others from random elements. ``J`` is bounded by
+a sweep changes no element or its relative gain falls below ``rtol``; a space whose score reads only elements
+unchanged since its last LAP is not solved again (same score, same solution). Coordinate descent stalls in local
+optima on residual nets, so restarts (random orders, other initial elements after the first) are run and the best
+objective kept — until one fails to beat the best by ``restart_rtol`` (relative), or ``restarts`` runs. The first
+run starts from a *greedy data-flow* element: spaces in spec order (the traced data-flow order), each matched on
+its writer tensors only — those whose other axes read spaces already matched — with the spaces before it applied
+(layer-wise matching, as in Singh & Jaggi 2020); on independently trained or initialised nets it reaches a clearly
+better optimum than starting from the
+identity. The second run starts from the identity, with the orders of a first run of the same seed — exactly the
+plain git re-basin run (:mod:`modeconn.match.reference`), so the default is never worse than it — the others from
+random elements (or, ``restart_init="perturb"``, from kicks of the best element). ``J`` is bounded by
 ``‖θ_A‖·‖θ_B‖`` (Cauchy–Schwarz), reached exactly when ``g·θ_B = θ_A``; restarts stop early once it is reached.
 
 *Continuous groups and heads* (METHODS.md §0/§3, Theus et al. 2025). In general WM minimises the distance
@@ -51,7 +55,7 @@ import functools
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import torch
 from pydantic import ConfigDict, Field, field_validator
@@ -90,21 +94,34 @@ class WeightMatchingConfig(StrictConfig):
     work).
 
     Attributes:
-        restarts: number of coordinate-descent runs (≥ 1); the first starts at ``init``, the second at the identity,
-            the others at random elements; the best objective is returned.
-        max_iter: maximum sweeps over all spaces per run (≥ 1).
+        restarts: the most coordinate-descent runs (≥ 1). The first starts at ``init``; each later one starts from a
+            *kick* (``restart_init="perturb"``: the best element so far with one random space re-drawn at random —
+            iterated local search, Lourenço, Martin & Stützle 2003) or from scratch (``restart_init="scratch"``: the
+            second at the identity, the others at random elements). The best objective is returned. Fewer runs happen
+            when the objective reaches its upper bound, or (``restart_rtol``) when a run fails to beat the best.
+        restart_rtol: stop the restarts once a run ``r ≥ 2`` ends at an objective that does not exceed the best of the
+            runs before it by more than ``restart_rtol·|best|`` (≥ 0); ``None`` runs all ``restarts`` (up to the
+            bound), as before this option existed.
+        restart_init: how runs after the first start, ``"perturb"`` (default) or ``"scratch"`` (see ``restarts``).
+        max_iter: the most sweeps over all spaces per run (≥ 1). A run ends earlier after a sweep that changes no
+            element (nothing is left to gain: the next sweep would solve the same problems) or whose gain is below
+            ``rtol``.
         rtol: a sweep that raises the objective by less than ``rtol·|J|`` ends the run, in [0, 1) (relative, so it
             behaves the same on small and billion-parameter models).
-        seed: seeds the random orders and initial elements (same seed → same result).
+        seed: seeds the random orders, kicks and initial elements (same seed → same result).
         init: start of the first run: ``"greedy"`` (default, see the module docstring), ``"identity"`` or a group
             element (warm start; checked against the spec).
         keys: restrict the objective to these tensors (default: every floating tensor bound to a space).
         chunk: streaming only — elements per chunk of a tensor read, converted and multiplied at a time (≥ 1).
+
+    The defaults before ``restart_rtol``/``restart_init`` existed are ``restart_rtol=None, restart_init="scratch"``.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
 
     restarts: PositiveInt = 4
+    restart_rtol: Annotated[Real, Field(ge=0)] | None = 1e-4
+    restart_init: Literal["scratch", "perturb"] = "scratch"
     max_iter: PositiveInt = 100
     rtol: Annotated[Real, Field(ge=0, lt=1)] = 1e-9
     seed: Int = 0
@@ -137,13 +154,17 @@ def weight_matching(spec: SymmetrySpec, sd_a: StateDict, sd_b: StateDict,
             then *streams* on the CPU (module docstring) — peak memory is about the largest space's n×n fp64 score
             plus a few ``chunk``-sized fp32 blocks, not the model size.
         config, options: a :class:`WeightMatchingConfig` (or a dict of its fields) and keyword overrides:
-            ``restarts``, ``max_iter``, ``rtol``, ``seed``, ``init``, ``keys``, ``chunk``.
+            ``restarts``, ``restart_rtol``, ``restart_init``, ``max_iter``, ``rtol``, ``seed``, ``init``, ``keys``,
+            ``chunk``.
         progress: called as ``progress(stage, done, total)`` after every space (``stage`` e.g. ``"run 1/4 sweep
             2"``; :mod:`modeconn.match.progress`).
     Returns: :class:`Alignment` (``objective_sense="maximize"``) with ``element`` (apply to B), ``objective`` (``J``,
         or ``J̃`` when a space is not isometric — see the module docstring), ``history`` (objective per sweep per
-        run) and ``stats`` (iterations, seconds, lap_seconds, restart objectives, upper bound, isometric;
-        ``streaming`` and ``chunk`` when streamed).
+        run) and ``stats``: ``restarts_run``, ``restarts_stopped_by`` (``"bound"``, ``"no_gain"`` or
+        ``"restarts"``), ``sweeps`` (= ``iterations``) per run, ``restart_objectives``, ``upper_bound``, ``seconds``,
+        the LAP counts of :meth:`~modeconn.match.lap.LapTimer.stats` (``lap_seconds``, ``lap_calls``,
+        ``lap_sparse_calls``, ``lap_certificate_failures``, ``lap_dense_fallbacks``), ``lap_skipped`` (LAP steps not
+        needed: their score was unchanged), ``isometric``; ``streaming`` and ``chunk`` when streamed.
     Raises: ConfigError (bad option: restarts, max_iter, rtol, init, unknown keys, chunk), StateDictMismatchError,
         NonFiniteError, DeviceMismatchError (streaming: an in-memory partner off the CPU), SpecError (all before any
         LAP); CheckpointError if a lazy checkpoint's file changes while it is read.
@@ -171,9 +192,9 @@ class _Run:
         ]
         self.problem, self.bound = self._problem(sd_a, sd_b)
         self.problem.progress = progress
-        self.gen = torch.Generator().manual_seed(cfg.seed)
         self.starts = [cfg.init, "identity"] if cfg.init != "identity" else ["identity"]
         self.best: tuple[float, Element] | None = None
+        self.best_fixed = False  # whether the best run ended at a fixed point of the sweeps
         self.history: list[list[float]] = []
 
     def _check_inputs(self, sd_a: StateDict, sd_b: StateDict) -> dict[str, torch.Tensor]:
@@ -209,17 +230,44 @@ class _Run:
         return problem, bound
 
     def step(self, r: int) -> bool:
-        """Run restart ``r`` (coordinate descent from its start); True once the bound is reached (stop early)."""
+        """Run restart ``r`` (coordinate descent from its start); True when no further restart should run: the
+        bound is reached, or (``restart_rtol``) run ``r ≥ 2`` did not beat the best of the runs before it."""
         cfg = self.cfg
         self.problem.run = f"run {r + 1}/{cfg.restarts}"
-        g0 = self.problem.start(self.starts[r] if r < len(self.starts) else "random", self.gen)
+        # the first two runs draw their orders from ``seed`` itself: the identity run (second by default) is then
+        # exactly the plain git re-basin run of that seed (reference.py), so the result is never worse than it
+        self.gen = torch.Generator().manual_seed(cfg.seed if r < 2 else cfg.seed * 1_000_003 + r)
+        start, dirty = self._start_of(r)
+        g0 = self.problem.start(start, self.gen)
+        self.problem.first_dirty, self.problem.fixed_point = dirty, False
         g, hist = self.problem.coordinate_descent(g0, self.gen, cfg.max_iter, cfg.rtol)
         self.history.append(hist)
-        if self.best is None or hist[-1] > self.best[0]:
-            self.best = (hist[-1], g)
-        return self.best[0] >= self.bound * (1 - 1e-6)
+        prev = self.best[0] if self.best is not None else None
+        if prev is None or hist[-1] > prev:
+            self.best, self.best_fixed = (hist[-1], g), self.problem.fixed_point
+        assert self.best is not None
+        if self.best[0] >= self.bound * (1 - 1e-6):
+            self.stopped = "bound"
+            return True
+        if prev is not None and cfg.restart_rtol is not None and hist[-1] <= prev + cfg.restart_rtol * abs(prev):
+            self.stopped = "no_gain"
+            return True
+        return False
+
+    def _start_of(self, r: int) -> tuple[Element | str, set[str] | None]:
+        """The start of run ``r`` — ``init``; then a kick of the best element, or the identity and random elements —
+        and the spaces to solve first (None: all). A kick of a fixed point of the sweeps (a run that ended with a
+        sweep changing nothing) leaves every LAP solution in place except the kicked spaces' and their dependents'."""
+        if r == 0:
+            return self.starts[0], None
+        if self.cfg.restart_init == "perturb":
+            assert self.best is not None
+            g, kicked = self.problem.kick(self.best[1], self.gen)
+            return g, (set(kicked).union(*(self.problem.dependents[s] for s in kicked)) if self.best_fixed else None)
+        return (self.starts[r] if r < len(self.starts) else "random"), None
 
     def run(self) -> Alignment:
+        self.stopped = "restarts"
         for r in range(self.cfg.restarts):
             if self.step(r):
                 break
@@ -236,12 +284,14 @@ class _Run:
             history=history,
             stats={
                 "iterations": [len(h) - 1 for h in history],
+                "sweeps": [len(h) - 1 for h in history],
                 "restarts_run": len(history),
+                "restarts_stopped_by": self.stopped,
                 "restart_objectives": [h[-1] for h in history],
                 "upper_bound": self.bound,
                 "seconds": time.perf_counter() - self.start_time,
-                "lap_seconds": problem.timer.seconds,
-                "lap_calls": problem.timer.calls,
+                **problem.timer.stats(),
+                "lap_skipped": problem.skipped,
                 "isometric": problem.isometric,
                 **({"streaming": True, "chunk": self.cfg.chunk} if self.streaming else {}),
             },
@@ -281,6 +331,23 @@ class _Problem:
             self.half_b_sq = stream.b_sq / 2
         else:
             self.half_b_sq = float(sum((t.double() ** 2).sum() for t in b.values())) / 2
+        self.dependents = self._dependents()
+        self.term_cache: dict[tuple[str, int], tuple[tuple[torch.Tensor, ...], torch.Tensor]] = {}
+        self.term_bytes = 0
+        self.skipped = 0  # LAP steps skipped because their score could not have changed
+        self.first_dirty: set[str] | None = None
+        self.fixed_point = False
+
+    def _dependents(self) -> dict[str, set[str]]:
+        """``{t: spaces whose solve reads t's element}``: plain space ``s`` reads the elements of every space bound to
+        one of its tensors other than through the binding being scored (``s`` itself when a tensor binds it twice)."""
+        out: dict[str, set[str]] = {t: set() for t in self.spec.spaces}
+        for s, terms in self.terms.items():
+            for k, bd, _ in terms:
+                for b in self.spec.tensors[k]:
+                    if b is not bd:
+                        out[b.space].add(s)
+        return out
 
     def _amat(self, k: str, bd: AxisBinding, a_mat: torch.Tensor | None) -> torch.Tensor:
         """The A unit matrix of a term: precomputed in memory; streaming: read (fp32) now."""
@@ -299,10 +366,29 @@ class _Problem:
             return self.stream.score(terms, g, n)
         total = None
         for k, bd, a_mat in terms:
-            b_k = self.spec.apply_tensor(k, self.b[k], g, skip=bd)
-            term = a_mat @ unit_matrix(b_k, bd, n).T
+            term = self._term(k, bd, a_mat, g, n)
             total = term if total is None else total + term
         return total if total is not None else torch.zeros(n, n)
+
+    def _term(self, k: str, bd: AxisBinding, a_mat: torch.Tensor, g: Element, n: int) -> torch.Tensor:
+        """``unit(A_k) · unit(g·B_k)ᵀ`` on binding ``bd`` (in memory). Kept while the elements of the tensor's other
+        bindings are the same objects (elements are replaced, never changed in place), within a memory budget, so
+        that a space whose neighbours changed recomputes only the terms that read them."""
+        key = (k, id(bd))
+        els = tuple(g[b.space] for b in self.spec.tensors[k] if b is not bd)
+        hit = self.term_cache.get(key)
+        if hit is not None and len(hit[0]) == len(els) and all(x is y for x, y in zip(hit[0], els, strict=True)):
+            return hit[1]
+        term = a_mat @ unit_matrix(self.spec.apply_tensor(k, self.b[k], g, skip=bd), bd, n).T
+        size = term.numel() * term.element_size()
+        if hit is not None:
+            self.term_bytes -= hit[1].numel() * hit[1].element_size()
+        if self.term_bytes + size <= _TERM_CACHE_BYTES:
+            self.term_cache[key] = (els, term)
+            self.term_bytes += size
+        else:
+            self.term_cache.pop(key, None)
+        return term
 
     def start(self, how: Element | str, gen: torch.Generator) -> Element:
         """The initial element of one run: a given element, ``greedy``, ``identity`` or ``random``."""
@@ -351,29 +437,74 @@ class _Problem:
             total += float((self.a[k].double() * gb).sum() - (gb * gb).sum() / 2)
         return total
 
-    def coordinate_descent(self, g: Element, gen: torch.Generator, max_iter: int, rtol: float):
+    def kick(self, best: Element, gen: torch.Generator) -> tuple[Element, tuple[str, ...]]:
+        """``best`` with one random space without parent (and its children) replaced by a random element: the
+        perturbation of iterated local search (Lourenço, Martin & Stützle 2003) — a restart near the best optimum so
+        far, which converges in few sweeps when there is nothing better nearby. Returns it and the re-drawn spaces."""
+        roots = [s for s, sp in self.spec.spaces.items() if sp.parent is None]
+        root = roots[int(torch.randint(len(roots), (), generator=gen))]
+        g, kicked = dict(best), (root, *self.spec.children[root])
+        for s in kicked:
+            g[s] = self.spec.group_of(s).random(self.spec.spaces[s].size, gen)
+        return g, kicked
+
+    def coordinate_descent(self, g: Element, gen: torch.Generator, max_iter: int,
+                           rtol: float) -> tuple[Element, list[float]]:
+        """Sweeps over the spaces in random order from ``g``; ``(g, objective after every sweep)``. Reads
+        ``first_dirty`` (the plain spaces whose LAP solution may differ from their element in ``g``; None: all; reset
+        to None) and sets ``fixed_point`` (whether the last sweep changed nothing).
+
+        A plain space whose score reads only elements unchanged since its last LAP is not solved again (the same
+        score gives the same LAP solution, which was already taken or refused), and a sweep in which no element
+        changes ends the run with the objective unchanged (appended without recomputing it). Otherwise a run ends
+        after ``max_iter`` sweeps or a sweep gaining less than ``rtol·|J|``."""
         spaces = list(self.spec.spaces)
         hist = [self.objective(g)]
+        dirty = set(spaces) if self.first_dirty is None else set(self.first_dirty)
+        self.first_dirty = None
+        changed = True
         for it in range(max_iter):
+            changed = False
             for j, i in enumerate(torch.randperm(len(spaces), generator=gen).tolist()):
                 self._tick(f"sweep {it + 1}", j, len(spaces))
-                s = spaces[i]
-                if s not in self.plain:
-                    if self.spec.spaces[s].parent is None:  # children are solved with their parent
-                        self.solve_block(s, g)
-                    continue
-                g[s] = self.lap_step(s, g)
+                changed |= self._visit(spaces[i], g, dirty)
             self._tick(f"sweep {it + 1}", len(spaces), len(spaces))
+            if not changed:
+                hist.append(hist[-1])
+                break
             hist.append(self.objective(g))
             if hist[-1] - hist[-2] <= rtol * max(abs(hist[-2]), 1e-30):
                 break
+        self.fixed_point = not changed
         return g, hist
+
+    def _visit(self, s: str, g: Element, dirty: set[str]) -> bool:
+        """Solve space ``s`` (its block, for a continuous space or a parent) in place in ``g``; whether an element
+        changed. Updates ``dirty``, the plain spaces whose score may have changed since their last solve."""
+        if s not in self.plain:
+            if self.spec.spaces[s].parent is not None:  # children are solved with their parent
+                return False
+            members = (s, *self.spec.children[s])
+            before = [g[m] for m in members]
+            self.solve_block(s, g)
+            moved = [m for m, old in zip(members, before, strict=True) if g[m] is not old]
+        else:
+            if s not in dirty:
+                self.skipped += 1
+                return False
+            dirty.discard(s)
+            new = self.lap_step(s, g)
+            moved = [s] if new is not g[s] else []
+            g[s] = new
+        for m in moved:
+            dirty.update(self.dependents[m])
+        return bool(moved)
 
     def lap_step(self, s: str, g: Element) -> torch.Tensor:
         """The LAP solution for plain space ``s`` (others at ``g``) if it raises the score over ``g[s]``, else
         ``g[s]``. A method of its own so that the n×n score is freed before the next space allocates its own."""
         score = self.score(s, g)
-        new = solve_lap(score, s, self.timer)
+        new = solve_lap(score, s, self.timer, hint=g[s])
         idx = torch.arange(len(new), device=score.device)
         if score[idx, new.to(score.device)].sum() > score[idx, g[s].to(score.device)].sum():
             return new
@@ -687,6 +818,8 @@ def _gather(t: torch.Tensor, plan: Mapping[int, torch.Tensor]) -> torch.Tensor:
 
 
 _TRIM_BYTES = 32 << 20
+_TERM_CACHE_BYTES = 256 << 20
+"""Memory for the score terms kept between the LAP steps of in-memory weight matching (:meth:`_Problem._term`)."""
 
 
 @functools.cache
