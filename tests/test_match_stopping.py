@@ -1,0 +1,112 @@
+"""Weight matching stops when there is nothing left to gain (issue #20): restarts stop at the first run that fails to
+beat the best (``restart_rtol``), sweeps end when no element changes, LAPs whose score cannot have changed are
+skipped — with the same result as solving them — and ``stats`` reports what ran."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from archs import make
+
+import modeconn as mc
+from modeconn.errors import ConfigError
+from modeconn.match import WeightMatchingConfig, reference_weight_matching
+from modeconn.match import weight as weight_mod
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _pair(arch: str):
+    a, x = make(arch, seed=0)
+    b, _ = make(arch, seed=1)
+    return mc.symmetry_spec(a, x), a.state_dict(), b.state_dict()
+
+
+@pytest.mark.parametrize("arch", ["mlp", "cnn", "vgg-bn", "resnet20-bn"])
+def test_restarts_stop_at_the_first_run_that_does_not_beat_the_best(arch):
+    spec, sa, sb = _pair(arch)
+    res = mc.weight_matching(spec, sa, sb, seed=0)
+    st, objs = res.stats, res.stats["restart_objectives"]
+    assert st["restarts_run"] == len(res.history) == len(st["sweeps"]) == len(objs)
+    assert res.objective == max(objs)
+    if st["restarts_stopped_by"] == "no_gain":
+        assert objs[-1] <= max(objs[:-1]) * (1 + 1e-4) + 1e-12
+        # every earlier restart after the first did beat the best before it
+        assert all(objs[r] > max(objs[:r]) * (1 + 1e-4) for r in range(1, len(objs) - 1))
+    else:
+        assert st["restarts_stopped_by"] in ("restarts", "bound")
+    # restart_rtol=None runs every restart (the behaviour before the option existed), never better than needed
+    every = mc.weight_matching(spec, sa, sb, seed=0, restart_rtol=None)
+    assert every.stats["restarts_run"] == 4 and every.stats["restarts_stopped_by"] == "restarts"
+    assert every.stats["restart_objectives"][: st["restarts_run"]] == objs
+
+
+def test_a_planted_permutation_stops_after_one_run_at_the_bound():
+    spec, sa, _ = _pair("vgg-bn")
+    g = spec.random_element(seed=5)
+    res = mc.weight_matching(spec, sa, spec.apply(sa, g))
+    assert res.stats["restarts_run"] == 1 and res.stats["restarts_stopped_by"] == "bound"
+    assert spec.equal(spec.compose(res.element, g), spec.identity())
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_identity_run_is_the_plain_git_re_basin_run_of_the_seed(seed):
+    spec, sa, sb = _pair("mlp-bn")
+    res = mc.weight_matching(spec, sa, sb, seed=seed, restarts=2, restart_rtol=None, rtol=0.0)
+    ref = reference_weight_matching(spec, sa, sb, seed=seed)
+    assert res.history[1] == pytest.approx(ref.history[0], rel=1e-5)
+    assert mc.weight_matching(spec, sa, sb, seed=seed).objective >= ref.objective * (1 - 1e-6)
+
+
+def _always_solve(self, s, g, dirty):  # the variant without skipping: every plain space solved on every visit
+    dirty.add(s)
+    return _visit(self, s, g, dirty)
+
+
+_visit = weight_mod._Problem._visit
+
+
+@pytest.mark.parametrize("arch", ["mlp", "resnet20-bn"])
+def test_skipped_laps_give_the_result_of_solving_them(arch, monkeypatch):
+    spec, sa, sb = _pair(arch)
+    fast = mc.weight_matching(spec, sa, sb, seed=1, restart_rtol=None)
+    monkeypatch.setattr(weight_mod._Problem, "_visit", _always_solve)
+    slow = mc.weight_matching(spec, sa, sb, seed=1, restart_rtol=None)
+    assert spec.equal(fast.element, slow.element) and fast.history == slow.history
+    assert fast.stats["lap_skipped"] > 0 and slow.stats["lap_skipped"] == 0
+    assert fast.stats["lap_calls"] + fast.stats["lap_skipped"] == slow.stats["lap_calls"]
+
+
+def test_a_sweep_that_changes_nothing_ends_the_run():
+    spec, sa, sb = _pair("cnn")
+    res = mc.weight_matching(spec, sa, sb, seed=0, rtol=0.0, max_iter=100, restarts=1)
+    hist = res.history[0]
+    assert len(hist) - 1 == res.stats["sweeps"][0] < 100
+    assert hist[-1] == hist[-2]  # the last sweep changed no element (the objective is not recomputed)
+    again = mc.weight_matching(spec, sa, sb, init=res.element, restarts=1, rtol=0.0)
+    assert again.stats["sweeps"] == [1] and spec.equal(again.element, res.element)
+
+
+def test_kick_restarts_are_deterministic_and_reported():
+    spec, sa, sb = _pair("resnet20-bn")
+    r1 = mc.weight_matching(spec, sa, sb, seed=4, restart_init="perturb", restart_rtol=None, restarts=3)
+    r2 = mc.weight_matching(spec, sa, sb, seed=4, restart_init="perturb", restart_rtol=None, restarts=3)
+    assert spec.equal(r1.element, r2.element) and r1.history == r2.history
+    assert r1.stats["restarts_run"] == 3 and r1.objective == max(r1.stats["restart_objectives"])
+    first = mc.weight_matching(spec, sa, sb, seed=4, restarts=1)
+    assert r1.objective >= first.objective  # kicks start from the best element so far
+
+
+def test_new_options_are_validated_and_overridable():
+    spec, sa, sb = _pair("mlp")
+    cfg = WeightMatchingConfig(restart_rtol=None, restarts=2)
+    assert mc.weight_matching(spec, sa, sb, config=cfg).stats["restarts_run"] == 2
+    assert mc.weight_matching(spec, sa, sb, config=cfg, restarts=1).stats["restarts_run"] == 1
+    for bad in ({"restart_rtol": -1e-3}, {"restart_rtol": float("nan")}, {"restart_init": "random"}):
+        with pytest.raises(ConfigError, match=next(iter(bad))):
+            WeightMatchingConfig(**bad)
+    st = mc.weight_matching(spec, sa, sb).stats
+    for key in ("lap_seconds", "lap_calls", "lap_sparse_calls", "lap_certificate_failures", "lap_dense_fallbacks",
+                "lap_skipped", "sweeps", "restarts_run", "restarts_stopped_by"):
+        assert key in st
+    assert torch.is_tensor(next(iter(mc.weight_matching(spec, sa, sb).element.values())))
