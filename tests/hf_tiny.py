@@ -49,6 +49,19 @@ TINY = {
     "falcon": lambda: T.FalconForCausalLM(T.FalconConfig(**_LM)),
     "bloom": lambda: T.BloomForCausalLM(T.BloomConfig(hidden_size=32, n_head=4, n_layer=2, vocab_size=50,
                                                       bos_token_id=0, eos_token_id=0, pad_token_id=0)),
+    "gemma3": lambda: T.Gemma3ForCausalLM(T.Gemma3TextConfig(num_key_value_heads=2, head_dim=8, sliding_window=4, **_LM)),
+    "cohere": lambda: T.CohereForCausalLM(T.CohereConfig(num_key_value_heads=2, **_LM)),
+    # variants: config options that change the layout
+    "cohere_qk_norm": lambda: T.CohereForCausalLM(T.CohereConfig(num_key_value_heads=2, use_qk_norm=True, **_LM)),
+    "stablelm_parallel_qk_ln": lambda: T.StableLmForCausalLM(T.StableLmConfig(
+        num_key_value_heads=2, qk_layernorm=True, use_parallel_residual=True, **_LM)),
+    "phi_qk_ln": lambda: T.PhiForCausalLM(T.PhiConfig(partial_rotary_factor=0.5, qk_layernorm=True, **_LM)),
+    "falcon_grouped": lambda: T.FalconForCausalLM(T.FalconConfig(new_decoder_architecture=True, num_kv_heads=2, **_LM)),
+    "falcon_alibi_mha": lambda: T.FalconForCausalLM(T.FalconConfig(alibi=True, multi_query=False, parallel_attn=False,
+                                                                  **_LM)),
+    "llama_biases_tied": lambda: T.LlamaForCausalLM(T.LlamaConfig(num_key_value_heads=2, attention_bias=True, mlp_bias=True,
+                                                                  tie_word_embeddings=True, head_dim=16, **_LM)),
+    "deit_plain": lambda: T.DeiTForImageClassification(T.DeiTConfig(num_labels=5, **_VIT)),
     "deit": lambda: T.DeiTForImageClassificationWithTeacher(T.DeiTConfig(num_labels=5, **_VIT)),
     "clip": lambda: T.CLIPForImageClassification(T.CLIPConfig(
         vision_config={**_VIT, "projection_dim": 16}, text_config={**_SIZE, "vocab_size": 50}, num_labels=5)),

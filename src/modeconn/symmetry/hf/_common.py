@@ -85,12 +85,15 @@ class Walker:
             f"{self.family} adapter: {path!r} is a {type(m).__name__}, expected nn.Linear or Conv1D"
         )
 
-    def norm(self, path: str, readers: Iterable[LinearRef] = (), offset: float = 0.0) -> NormRef:
+    def norm(self, path: str, readers: Iterable[LinearRef] = (), offset: float = 0.0,
+             kind: NormKind | None = None) -> NormRef:
         """The norm at ``path``: ``nn.LayerNorm`` (with or without affine), a parameter-free LayerNorm module
         (``normalized_shape``, no parameters: OLMo), an RMSNorm (a ``weight`` and ``variance_epsilon`` or ``eps``)
-        whose scale is ``offset + weight`` (Gemma: 1), or :class:`ScaleFreeRMSNorm`."""
+        whose scale is ``offset + weight`` (Gemma: 1), or :class:`ScaleFreeRMSNorm`. ``kind`` overrides what the
+        module looks like (a mean-subtracting norm with the attributes of an RMSNorm: Cohere)."""
         m = self.mod(path)
-        kind, eps, size = _norm_kind(m, self.family, path)
+        found, eps, size = _norm_kind(m, self.family, path)
+        kind = kind if kind is not None and found != "rms" else found
         weight = self.key(path, "weight") if getattr(m, "weight", None) is not None else None
         bias = self.key(path, "bias") if getattr(m, "bias", None) is not None else None
         return NormRef(join(self.prefix, path), kind, float(eps), int(size), weight, bias, tuple(readers),

@@ -3,12 +3,14 @@ entry here; :mod:`.prenorm` says what the fields mean).
 
 Decoders: Llama, Mistral, Qwen2 (Q/K/V biases), Qwen3 (a ``head_dim`` RMSNorm on Q and K shared by every head:
 qk frozen), Gemma (``1 + w`` RMSNorm, scaled and tied embeddings, GeGLU), Gemma2 (sandwich norms, soft-capped
-attention and logits: elementwise, so no symmetry changes), Phi-3 (fused ``qkv_proj`` and ``[gate | up]``), Phi
-(parallel block, partial rotary, LayerNorm with bias, head bias), OLMo (parameter-free LayerNorm; ``clip_qkv``
-restricts Q/K/V maps to permutations), OLMo2 (post-norms only, Q/K norms over the whole projection), StableLM
-(partial rotary, LayerNorm with bias, optional parallel residual), Starcoder2, GPT-J (parallel block,
-interleaved partial rotary), OPT (learned positions), Falcon (fused multi-query / grouped / per-head QKV,
-parallel block, optional ALiBi), BLOOM (embedding LayerNorm, ALiBi: head permutations frozen), GPT-NeoX.
+attention and logits: elementwise, so no symmetry changes), Gemma3 (Gemma2's sandwich norms with Qwen3's Q/K
+norms), Cohere (parallel block, mean-subtracting ``CohereLayerNorm`` without bias, interleaved rotary, logit
+scale), Phi-3 (fused ``qkv_proj`` and ``[gate | up]``), Phi (parallel block, partial rotary, LayerNorm with bias,
+head bias), OLMo (parameter-free LayerNorm; ``clip_qkv`` restricts Q/K/V maps to permutations), OLMo2 (post-norms
+only, Q/K norms over the whole projection), StableLM (partial rotary, LayerNorm with bias, optional parallel
+residual; per-head Q/K LayerNorms freeze heads and Q/K), Starcoder2, GPT-J (parallel block, interleaved partial
+rotary), OPT (learned positions), Falcon (fused multi-query / grouped / per-head QKV, parallel block, optional
+ALiBi), BLOOM (embedding LayerNorm, ALiBi: head permutations frozen), GPT-NeoX.
 Pre-LN vision encoders: DeiT (distillation token), CLIP's vision tower (embedding LayerNorm; the pooled CLS
 token's ``post_layernorm`` feeds ``visual_projection``; ``CLIPForImageClassification`` reads the stream).
 
@@ -59,6 +61,10 @@ register(Table("gemma2", _lm("Gemma2"), norm_offset=1.0, mlp_norm=("pre_feedforw
                post_norms=("post_attention_layernorm", "post_feedforward_layernorm"),
                absorb=_NOT_PRE_NORM.format("Gemma2", "its sandwich norms (post_attention_layernorm, "
                                                      "post_feedforward_layernorm)")))
+register(Table("gemma3_text", ("Gemma3TextModel", "Gemma3ForCausalLM"), norm_offset=1.0,
+               mlp_norm=("pre_feedforward_layernorm",), post_norms=("post_attention_layernorm", "post_feedforward_layernorm"),
+               absorb=_NOT_PRE_NORM.format("Gemma3", "its sandwich norms")))
+register(Table("cohere", _lm("Cohere"), mlp_norm=(), parallel=True, rotary="interleaved", norm_kind="layernorm"))
 register(Table("phi3", _lm("Phi3"), qkv="qkv_proj", gate_up="gate_up_proj"))
 register(Table("phi", _lm("Phi"), o="dense", up="fc1", gate=None, down="fc2", mlp_norm=(), parallel=True,
                final_norm="final_layernorm"))
@@ -66,8 +72,7 @@ register(Table("olmo", _lm("Olmo"), clip_qkv=lambda cfg: cfg.clip_qkv is not Non
 register(Table("olmo2", _lm("Olmo2"), attn_norm=(), mlp_norm=(),
                post_norms=("post_attention_layernorm", "post_feedforward_layernorm"),
                absorb=_NOT_PRE_NORM.format("OLMo2", "its post-norms")))
-register(Table("stablelm", _lm("StableLm"), parallel=lambda cfg: cfg.use_parallel_residual,
-               requires=(("qk_layernorm", lambda v: not v, "False (a separate LayerNorm per head)"),)))
+register(Table("stablelm", _lm("StableLm"), parallel=lambda cfg: cfg.use_parallel_residual))
 register(Table("starcoder2", _lm("Starcoder2"), up="c_fc", gate=None, down="c_proj"))
 register(Table("gptj", _lm("GPTJ"), embeddings=(Embedding("wte"),), layers="h", attn="attn", o="out_proj", up="fc_in",
                gate=None, down="fc_out", attn_norm=("ln_1",), mlp_norm=(), parallel=True, final_norm="ln_f",

@@ -13,6 +13,7 @@ heads. :func:`describe` walks a model with it and returns the group-agnostic
 :class:`~modeconn.symmetry.hf.structure.Structure`; :func:`register` turns an entry into an adapter.
 
 Facts a table states because no module tells them: ``norm_offset`` (Gemma's RMSNorm scales by ``1 + w``),
+``norm_kind`` (Cohere's ``CohereLayerNorm`` subtracts the mean though it looks like an RMSNorm: ``"layernorm"``),
 ``rotary`` (``"half"``: ``rotate_half`` pairs, ``"interleaved"``: GPT-J's ``rotate_every_two``, ``None``: no
 RoPE), ``alibi`` (per-head ALiBi slopes are fixed by head index, so heads may not be permuted), ``clip_qkv``
 (an elementwise clamp on Q/K/V commutes with permutations only), ``parallel`` (the MLP reads the attention
@@ -89,6 +90,7 @@ class Table:
     clip_qkv: ConfigTest = staticmethod(lambda cfg: False)
     activation: Callable[[Any], str] = staticmethod(lambda cfg: str(getattr(cfg, "hidden_act", "")))
     norm_offset: float = 0.0
+    norm_kind: str | None = None
     requires: tuple[tuple[str, ConfigTest, str], ...] = ()
     example: Callable[[nn.Module, torch.Generator], dict[str, torch.Tensor]] = staticmethod(token_inputs)
     absorb: str | None = None
@@ -138,13 +140,23 @@ def _projections(W: Walker, t: Table, cfg: Any, ap: str, nh: int, hd: int) -> _P
 
 
 def _qk_norms(W: Walker, ap: str, nh: int, n_kv: int, hd: int) -> tuple[str | None, tuple[str, ...], list, list]:
-    """``(scope, frozen keys, per-head q slices, per-kv-head k slices)`` of the Q/K norms in ``ap``, if any."""
+    """``(scope, frozen keys, per-head q slices, per-kv-head k slices)`` of the Q/K norms in ``ap``, if any.
+
+    Scopes: ``"head"`` — one ``head_dim`` norm shared by every head (Qwen3, Gemma3): frozen, it pins the qk role;
+    ``"full"`` — one norm over the whole projection (OLMo2): its weights move with the Q/K rows; ``"separate"`` —
+    a different norm per head (StableLM's per-head LayerNorms, Cohere's ``(heads, head_dim)`` weight): frozen, and
+    neither heads nor Q/K dims may move."""
     names = next(((q, k) for q, k in (("q_norm", "k_norm"), ("q_layernorm", "k_layernorm")) if W.has(join(ap, q))), None)
+    none: tuple[list, list] = ([()] * nh, [()] * n_kv)
     if names is None:
-        return None, (), [()] * nh, [()] * n_kv
-    refs = [W.norm(join(ap, n)) for n in names]
-    if any(r.size == hd for r in refs):  # one head_dim norm shared by every head: frozen, and it pins the qk role
-        return "head", tuple(k for r in refs for k in (r.weight, r.bias) if k), [()] * nh, [()] * n_kv
+        return None, (), *none
+    mods = {join(ap, n): W.mod(join(ap, n)) for n in names}
+    keys = tuple(W.key(p, n) for p, m in mods.items() for n, _ in m.named_parameters())
+    if any(getattr(m, "weight", None) is not None and m.weight.ndim != 1 or hasattr(m, "norms") for m in mods.values()):
+        return "separate", keys, *none
+    refs = [W.norm(p) for p in mods]
+    if any(r.size == hd for r in refs):
+        return "head", keys, *none
     qn, kn = refs
     if qn.size != nh * hd or kn.size != n_kv * hd:
         raise UnsupportedOperationError(f"{W.family} adapter: Q/K norms of sizes {qn.size}/{kn.size} in {ap!r} fit "
@@ -152,6 +164,9 @@ def _qk_norms(W: Walker, ap: str, nh: int, n_kv: int, hd: int) -> tuple[str | No
     q = [tuple(Slice(p.key, 0, h * hd, hd) for p in qn.params()) for h in range(nh)]
     k = [tuple(Slice(p.key, 0, j * hd, hd) for p in kn.params()) for j in range(n_kv)]
     return "full", (), q, k
+
+
+_QK_NORM_FROZEN = {"head": ("qk",), "separate": ("heads", "qk")}
 
 
 def _attention(W: Walker, t: Table, model: nn.Module, prefix: str, lp: str, base: str) -> tuple[Attention, _Proj,
@@ -169,9 +184,10 @@ def _attention(W: Walker, t: Table, model: nn.Module, prefix: str, lp: str, base
     kv = tuple(KVHead((*p.k(j), *kn[j]), p.v(j), tuple(range(j * rep, (j + 1) * rep))) for j in range(p.n_kv))
     style = _resolve(t.rotary, cfg)
     rot = rotary_dims(model, base, W.mod(ap), hd) if style else 0
-    frozen_roles = (("heads",) if _resolve(t.alibi, cfg) else ()) + (("qk",) if scope == "head" else ())
+    frozen_roles = (("heads",) if _resolve(t.alibi, cfg) else ()) + _QK_NORM_FROZEN.get(scope, ())
     perm_only = (("qk", "vo") if t.clip_qkv(cfg) else ()) + (("qk",) if scope == "full" else ())
-    att = Attention(join(prefix, ap), hd, heads, kv, rot, style, frozen_roles, tuple(dict.fromkeys(perm_only)))
+    att = Attention(join(prefix, ap), hd, heads, kv, rot, style, tuple(dict.fromkeys(frozen_roles)),
+                    tuple(dict.fromkeys(perm_only)))
     return att, p, o, frozen
 
 
@@ -205,10 +221,10 @@ def _block_norms(W: Walker, t: Table, cfg: Any, lp: str, attn_readers: tuple, ml
     share = mn is None and an is not None  # parallel block with one norm: the MLP reads it too
     out = []
     if an is not None:
-        out.append(W.norm(an, (*attn_readers, *(mlp_readers if share else ())), t.norm_offset))
+        out.append(W.norm(an, (*attn_readers, *(mlp_readers if share else ())), t.norm_offset, t.norm_kind))
     if mn is not None:
-        out.append(W.norm(mn, mlp_readers, t.norm_offset))
-    out += [W.norm(join(lp, n), (), t.norm_offset) for n in t.post_norms if n is not None]
+        out.append(W.norm(mn, mlp_readers, t.norm_offset, t.norm_kind))
+    out += [W.norm(join(lp, n), (), t.norm_offset, t.norm_kind) for n in t.post_norms if n is not None]
     return out
 
 
@@ -239,7 +255,7 @@ def describe(t: Table, model: nn.Module, prefix: str) -> Structure:
     H = cfg.hidden_size
     writers, readers, norms, attentions, ffns, frozen = _embeddings(W, t, base), [], [], [], [], list(W.buffers())
     if t.embed_norm is not None:
-        norms.append(W.norm(join(base, t.embed_norm), (), t.norm_offset))
+        norms.append(W.norm(join(base, t.embed_norm), (), t.norm_offset, t.norm_kind))
     for i in range(cfg.num_hidden_layers):
         lp = join(base, f"{t.layers}.{i}")
         att, proj, o, qk_frozen = _attention(W, t, model, prefix, lp, base)
@@ -251,7 +267,8 @@ def describe(t: Table, model: nn.Module, prefix: str) -> Structure:
         ffns.append(ffn)
         frozen += qk_frozen
     heads = W.heads_reading(t.heads, H)
-    norms.append(W.norm(join(base, t.final_norm), heads if t.final_norm_feeds_heads else (), t.norm_offset))
+    norms.append(W.norm(join(base, t.final_norm), heads if t.final_norm_feeds_heads else (), t.norm_offset,
+                        t.norm_kind))
     readers += [c for h in heads for c in h.cols()]
     frozen += [h.bias for h in heads if h.bias]
     is_output = not heads or type(model).__name__ in t.returns_stream
