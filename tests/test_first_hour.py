@@ -124,11 +124,11 @@ def test_demo_table_reads_at_80_columns_and_the_report_has_the_full_table(tmp_pa
     res = run80("demo", "--out", tmp_path / "demo", "--epochs", "1")
     table = res.output[res.output.index("barriers on the test split"):]
     assert_fits_80(table, tmp_path)
-    assert "B_mean" in table and "B_interp" in table and "barrier_interp = max_λ" in table
+    assert "B_mean" in table and "B_interp" in table and "barrier_interp (loss) = max_λ" in table
     for method in ("naive", "weight", "activation"):
         assert re.search(rf"^\s*{method}\s+\d", table, re.M), f"{method} row wrapped or missing"
     report = (tmp_path / "demo" / "report.md").read_text()
-    assert "| barrier_interp (loss) |" in report and "rel. acc. drop %: 100 · (max(acc(A), acc(B))" in report
+    assert "| barrier_interp (loss) |" in report and "rel. acc. drop % = 100 · (max(acc(A), acc(B))" in report
 
 
 def test_barrier_output_and_report_say_what_was_evaluated(digits_pair, tmp_path):

@@ -18,7 +18,7 @@ MERGED = Column("merged_acc", "merged acc", "merged\nacc",
 
 
 def _legend_text(lines: list[str]) -> Text:
-    return Text("\n".join(w for line in lines for w in wrap(line, WIDTH)), style="dim")
+    return Text("\n".join(w for line in lines for w in wrap(line, WIDTH, hang="    ")), style="dim")
 
 
 def barrier_table(summaries: Mapping[str, Mapping], merged: Mapping[str, Mapping], split: str = "test",

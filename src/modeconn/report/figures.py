@@ -71,15 +71,16 @@ def _plot_row(axes, curves: Mapping[str, Curve], splits, metric: str, colors: di
         ax.grid(alpha=0.3)
 
 
-def _loss_acc_grid(curves: Mapping[str, Curve], splits: tuple[str, ...] | list[str], xlabel: str, path: str | Path,
-                   title: str, ms: float, note: str = "") -> Path:
+def loss_acc_figure(curves: Mapping[str, Curve], splits: tuple[str, ...] | list[str], xlabel: str, title: str = "",
+                    ms: float = 3, note: str = ""):
     """Loss (top) and accuracy (bottom) vs each curve's ``lambdas``, one column per split, one line per curve;
     a PathCurve with a continuity check also gets its segment sub-point peaks (×) on its continuity split.
 
     Honest scales: every loss axis starts at 0 and is shared by the splits; every accuracy axis ends at 100 % and
     spans at least :data:`MIN_ACC_SPAN` points. When one curve dwarfs the others (:func:`_low_curves`) a middle
     row shows the others alone, on their own loss scale from 0. One legend for the whole figure; ``note`` (what
-    was evaluated) is the title's second line."""
+    was evaluated) is the title's second line. Returns the matplotlib Figure (rows: loss, [zoom,] accuracy;
+    one column per split)."""
     low = _low_curves(curves, splits)
     rows = [("loss", curves)] + ([("zoom", {k: curves[k] for k in low})] if low else []) + [("acc", curves)]
     fig, axes = plt.subplots(len(rows), len(splits), figsize=(5 * len(splits), 3.4 * len(rows) + 0.8), squeeze=False,
@@ -104,6 +105,13 @@ def _loss_acc_grid(curves: Mapping[str, Curve], splits: tuple[str, ...] | list[s
     fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 4), fontsize=8, frameon=False)
     fig.suptitle("\n".join(t for t in (title, note) if t), fontsize=11)
     fig.tight_layout(rect=(0, 0.04, 1, 1))
+    return fig
+
+
+def _loss_acc_grid(curves: Mapping[str, Curve], splits: tuple[str, ...] | list[str], xlabel: str, path: str | Path,
+                   title: str, ms: float, note: str = "") -> Path:
+    """:func:`loss_acc_figure` saved as a PNG at ``path`` (110 dpi)."""
+    fig = loss_acc_figure(curves, splits, xlabel, title, ms, note)
     path = Path(path)
     fig.savefig(path, dpi=110)
     plt.close(fig)

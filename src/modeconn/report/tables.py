@@ -29,15 +29,15 @@ class Column:
 
 COLUMNS: tuple[Column, ...] = (
     Column("barrier_mean_loss", "barrier_mean (loss)", "B_mean\nloss",
-           "barrier_mean = max_λ L(λ) − ½(L(A) + L(B)) (Frankle et al. 2020)"),
+           "max_λ L(λ) − ½(L(A) + L(B)) (Frankle et al. 2020)"),
     Column("barrier_interp_loss", "barrier_interp (loss)", "B_interp\nloss",
-           "barrier_interp = max_λ [L(λ) − ((1−λ)L(A) + λL(B))] (Entezari et al. 2022)"),
-    Column("peak_loss", "peak (loss)", "peak\nloss", "peak = max_λ L(λ)"),
+           "max_λ [L(λ) − ((1−λ)L(A) + λL(B))] (Entezari et al. 2022)"),
+    Column("peak_loss", "peak (loss)", "peak\nloss", "max_λ L(λ)"),
     Column("barrier_mean_error", "barrier_mean (error)", "B_mean\nerror",
-           "barrier_mean of the error 1 − accuracy instead of the loss"),
+           "max_λ E(λ) − ½(E(A) + E(B)) on the error E = 1 − accuracy"),
     Column("midpoint_acc", "midpoint acc", "acc\nλ=½", "accuracy of the path's point at λ = ½", percent=True),
     Column("accuracy_drop_pct", "rel. acc. drop %", "acc drop\n%",
-           "rel. acc. drop % = 100 · (max(acc(A), acc(B)) − min_λ acc(λ)) / max(acc(A), acc(B))"),
+           "100 · (max(acc(A), acc(B)) − min_λ acc(λ)) / max(acc(A), acc(B))"),
 )
 """Every barrier column, in table order (report.md shows all of them)."""
 
@@ -76,9 +76,9 @@ def barrier_cells(summary: Mapping[str, float], keys: tuple[str, ...]) -> list[s
 
 
 def legend(columns: Sequence[Column], *, short: bool) -> list[str]:
-    """One definition per column, prefixed by the header it explains (the terminal's abbreviation when ``short``,
-    else the full name), then the units."""
-    lines = [f"{c.short.replace(chr(10), ' ') if short else c.name}: {c.definition}" for c in columns]
+    """One definition per column, ``name = definition``, prefixed by the terminal's abbreviation when ``short``,
+    then the units."""
+    lines = [(f"{c.short.replace(chr(10), ' ')}: " if short else "") + f"{c.name} = {c.definition}" for c in columns]
     lines.append("L = mean cross-entropy (nats) on the evaluated examples; error = 1 − accuracy.")
     return lines
 

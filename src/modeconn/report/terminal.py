@@ -21,11 +21,12 @@ def _is_rule(line: str) -> bool:
     return set(line.replace("|", "").replace(":", "").replace("-", "").strip()) == set() and "-" in line
 
 
-def wrap(line: str, width: int = WIDTH) -> list[str]:
-    """``line`` wrapped at ``width``; a list item (``- ``) or an indented line keeps its indent for the rest."""
+def wrap(line: str, width: int = WIDTH, hang: str | None = None) -> list[str]:
+    """``line`` wrapped at ``width``; continuation lines get ``hang`` (default: the line's own indent, plus two
+    spaces for a list item ``- ``)."""
     body = line.lstrip()
     indent = line[: len(line) - len(body)]
-    hang = indent + ("  " if body.startswith(("- ", "* ")) else "")
+    hang = hang if hang is not None else indent + ("  " if body.startswith(("- ", "* ")) else "")
     return textwrap.wrap(body, width, initial_indent=indent, subsequent_indent=hang, break_long_words=True,
                          break_on_hyphens=False) or [""]
 
