@@ -507,7 +507,9 @@ def merge_hf_checkpoints(paths: Sequence[PathLike], out: PathLike, *, weights: S
     record = {"merged_from": names, "weights": w, "rule": rule, "source": merge_rule.source, "align": align,
               "base": None if settings.base is None else names[settings.base], "params": dict(settings.params),
               "model_params": [dict(p) for p in settings.model_params], "seed": settings.seed if merge_rule.random else None,
-              "dtype": _dtype_name(dtype), "out_dtype": _dtype_name(out_dtype), "alignments": alignments}
+              "dtype": _dtype_name(dtype), "out_dtype": _dtype_name(out_dtype), "alignments": alignments,
+              "input_dtypes": sorted({_dtype_name(i.dtype) for c in ckpts for i in c.infos.values()
+                                      if i.dtype.is_floating_point})}
     src = paths[settings.base if settings.base is not None else 0]
     extra = files(record) if callable(files) else (files or {})
     stream_merge(spec, ckpts, out, weights=w, normalize=False, elements=elements, rule=rule, settings=settings,

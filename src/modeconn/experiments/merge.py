@@ -13,7 +13,6 @@ from ..match import activation_matching, weight_matching
 from ..path import evaluate_model, merge
 from ..path.batchnorm import check_bn_policy, check_bn_statistics
 from ..path.merge_rules import check_rule_settings
-from ..stream import model_names
 from ..path.interpolate import merge_weights
 from ..symmetry import symmetry_spec
 from .._util.outdir import check_output_target
@@ -29,7 +28,7 @@ def run_merge(paths: Sequence[Path], out: Path, *, weights: Sequence[float] | No
     """Merge checkpoint directories; returns (output path, test metrics or {}).
 
     ``weights``/``normalize``/``rule``/``settings`` as in :func:`modeconn.merge` (validated before any checkpoint is
-    read; the config records the weights used and the inputs' directory names, never machine paths). Raises
+    read; the config records the weights used, rule and inputs). Raises
     NonFiniteError — and writes nothing to ``out`` — when the merged model has
     invalid BatchNorm statistics or a NaN/Inf logit or loss on the test split."""
     check_output_target(out, inputs=paths, overwrite=overwrite, error=CheckpointError)
@@ -69,7 +68,7 @@ def run_merge(paths: Sequence[Path], out: Path, *, weights: Sequence[float] | No
     check_bn_statistics(result, "merged model")
     metrics = ({"test": evaluate_model(result, make_loader(bundle.test, 512), where="merged model, split 'test'")}
                if bundle is not None else {})
-    extra = {"merged_from": model_names(paths), "weights": weights, "rule": rule, "align": align_method, "bn": bn}
+    extra = {"merged_from": [str(p) for p in paths], "weights": weights, "rule": rule, "align": align_method, "bn": bn}
     if settings is not None:
         extra.update(base=settings.base, params=dict(settings.params))
     if name:

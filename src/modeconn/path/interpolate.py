@@ -18,6 +18,7 @@ dtype at every λ (λ=1 included); a value that overflows that dtype (fp16's ±6
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import replace
 from collections.abc import Iterable, Mapping, Sequence
@@ -182,9 +183,12 @@ def plan_settings(rule: MergeRule, inputs: Sequence[StateDict], weights: Sequenc
 def merge_tensor(rule: MergeRule, tensors: Sequence[torch.Tensor], weights: Sequence[float], key: str,
                  settings: RuleSettings | None = None, *, dtype: torch.dtype | None = None,
                  out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """One merged floating tensor: inputs cast to ``dtype`` (if given), combined by ``rule``, the result in
+    """One merged floating tensor: inputs cast to ``dtype`` (if given; else, for inputs of different dtypes, to their
+    promoted dtype, e.g. fp16 + bf16 → fp32, as mergekit does), combined by ``rule``, the result cast once to
     ``out_dtype`` (default: the first input's dtype; NonFiniteError naming ``key`` on an fp16 overflow)."""
     target = out_dtype if out_dtype is not None else tensors[0].dtype
+    if dtype is None and any(x.dtype != tensors[0].dtype for x in tensors):
+        dtype = functools.reduce(torch.promote_types, (x.dtype for x in tensors))
     if dtype is not None:
         tensors = [x.to(dtype) for x in tensors]
     return checked_cast(rule.apply(tensors, weights, key, settings), target, key)

@@ -223,6 +223,8 @@ def _merge_hf(ckpts: list[Checkpoint], out: Path, plan: _Plan, progress, log: Lo
                                dtype=_torch_dtype(plan.dtype, "dtype"), out_dtype=_torch_dtype(plan.out_dtype),
                                groups=plan.groups, files=files)
     lines = tuple(f"{r['model']}: streaming weight matching objective {r['objective']:.4f}" for r in rec["alignments"])
+    if len(rec["input_dtypes"]) > 1 and plan.out_dtype is None:
+        lines += (f"inputs in {', '.join(rec['input_dtypes'])}: written in the first model's dtype (--dtype chooses)",)
     return Outcome(Path(out), f"config.json, safetensors shards and index as the first model, merge.json, {RECIPE_NAME}, "
                    f"{CARD_NAME}", lines, "merged checkpoint")
 
