@@ -296,3 +296,11 @@ def test_readme_first_steps_and_python_example_run_verbatim(monkeypatch, tmp_pat
     scope: dict = {}
     exec(compile(snippet, "README.md (Python API)", "exec"), scope)  # noqa: S102 - the README's own example
     assert scope["curve"].barrier("interp", "test") < 0.5 and "merged" in scope
+
+
+def test_path_report_and_output_state_the_eval_limit(digits_pair, tmp_path):
+    res = run80("path", digits_pair / "a", digits_pair / "b", "--method", "linear", "--eval-limit", "40",
+                "--out", tmp_path / "p", ok=False)
+    assert res.exit_code in (0, 3), res.output  # 3: an incomplete path, still reported
+    assert_fits_80(res.output, tmp_path)
+    assert "on 40 train and 40 test examples (`--eval-limit`: 40)" in (tmp_path / "p" / "report.md").read_text()

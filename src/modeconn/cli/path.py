@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from ._app import DATA_HELP, DOWNLOAD_HELP, app, check_out, console, errors_exit, log, parse_kv, progress_bar, two_arg, written
+from .tables import report_text
 
 
 def _method_help() -> str:
@@ -64,7 +65,7 @@ def path_command(
                                names=(str(a), str(b)), inputs=[p for p in (a, b, data) if p is not None],
                                limit_train=limit_train, continuity_tol=continuity_tol, log=log,
                                progress=two_arg(progress, "search / evaluation"))
-    console.print(results["headline"], style=None if results["complete"] else "bold red", markup=False)
+    console.print(report_text(results["headline"]), style=None if results["complete"] else "bold red", markup=False)
     written(out, "path/, results.json, report.md, path_loss.png")
     if not results["complete"]:
         raise typer.Exit(code=INCOMPLETE_EXIT_CODE)

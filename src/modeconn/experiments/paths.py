@@ -454,7 +454,8 @@ def _report(results: Mapping[str, Any], row: Mapping[str, Any]) -> str:
                                                       else " (no budget given)."))
     size = (f"Evaluated: {ev['points']} points and {ev['sub_points_per_segment']} linear sub-points per segment "
             f"({ev['models_evaluated']} models), on {ev['examples']['train']} train and {ev['examples']['test']} "
-            f"test examples" + (f"; BatchNorm statistics recomputed at every point from {ev['bn_batches']} training "
+            f"test examples (`--eval-limit`: {ev.get('eval_limit') or 'none, every example'})"
+            + (f"; BatchNorm statistics recomputed at every point from {ev['bn_batches']} training "
                                  "batches." if ev["has_batchnorm"] else " (the model has no BatchNorm)."))
     return (f"# {results['task']}\n\n{verdict}\n\n{budget} {size}\n\n{rows_table([row])}\n\n"
             "Losses are cross-entropy (nats); 'dense peak' includes the linear sub-points between consecutive points "
@@ -543,7 +544,10 @@ def run_path(out: str | FsPath, method: str, model_a: nn.Module, model_b: nn.Mod
             }
             results["headline"] = completeness_headline(method, results)
             results["seconds"] = time.perf_counter() - start
-            plot_path_losses({method: curve}, tmp / "path_loss.png", title=results["task"])
+            ex = results["evaluation"]["examples"]
+            plot_path_losses({method: curve}, tmp / "path_loss.png", title=results["task"],
+                             note=f"Evaluated — train: {ex['train']} of {len(bundle.train)} examples; test: {ex['test']} of "
+                                  f"{len(bundle.test)} (--eval-limit {eval_limit})")
             write_json(tmp / "results.json", results)
             (tmp / "report.md").write_text(_report(results, row))  # tmp becomes out in one swap: no per-file temp
             if work is not None:

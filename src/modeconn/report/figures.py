@@ -129,14 +129,16 @@ def plot_curves(curves: Mapping[str, Curve], path: str | Path, title: str = "", 
 
 
 def plot_path_losses(curves: Mapping[str, PathCurve], path: str | Path, title: str = "",
-                     splits: tuple[str, ...] = ("train", "test")) -> Path:
+                     splits: tuple[str, ...] = ("train", "test"), note: str = "") -> Path:
     """Loss (top) and accuracy (bottom) along each path vs the normalised arc length t, one column per split,
     one line per method; the continuity split's panel also marks each path's sub-point peaks (×) per segment.
 
-    ``curves``: method label → PathCurve (from :meth:`Path.evaluate`). Writes a PNG to ``path``.
+    ``curves``: method label → PathCurve (from :meth:`Path.evaluate`); ``note``: a second title line (what was
+    evaluated). Writes a PNG to ``path``.
     """
     splits = tuple(s for s in splits if s in next(iter(curves.values())).splits)
-    return _loss_acc_grid(curves, splits, "t: normalised arc length (0 = model A, 1 = model B)", path, title, ms=2)
+    return _loss_acc_grid(curves, splits, "t: normalised arc length (0 = model A, 1 = model B)", path, title, ms=2,
+                          note=note)
 
 
 def plot_path_pca(paths: Mapping[str, PathLike], path: str | Path, title: str = "", keys: list[str] | None = None) -> Path:
