@@ -304,3 +304,14 @@ def test_path_report_and_output_state_the_eval_limit(digits_pair, tmp_path):
     assert res.exit_code in (0, 3), res.output  # 3: an incomplete path, still reported
     assert_fits_80(res.output, tmp_path)
     assert "on 40 train and 40 test examples (`--eval-limit`: 40)" in (tmp_path / "p" / "report.md").read_text()
+
+
+def test_error_messages_keep_their_square_brackets(capsys):
+    import typer
+
+    from modeconn.cli._app import errors_exit
+
+    with pytest.raises(typer.Exit), errors_exit():
+        raise ConfigError("backend 'ray' needs Ray: pip install 'modeconn[ray]'; missing t10k-images-idx3-ubyte[.gz]")
+    out = capsys.readouterr().out
+    assert "pip install 'modeconn[ray]'" in out and "ubyte[.gz]" in out

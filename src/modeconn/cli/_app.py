@@ -11,6 +11,7 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
                            TimeRemainingColumn)
 
@@ -46,7 +47,7 @@ OVERWRITE_HELP = "replace a non-empty --out, if modeconn wrote it (inputs and ot
 
 def fail(err: Exception) -> None:
     """Print ``err`` and exit with status 2 (the status of every refused input)."""
-    console.print(f"[bold red]error:[/] {err}")
+    console.print(f"[bold red]error:[/] {escape(str(err))}")  # messages may hold brackets: modeconn[ray], x[.gz]
     raise typer.Exit(code=2)
 
 
@@ -91,7 +92,7 @@ def check_out(out: Path | None, inputs, overwrite: bool) -> None:
 
 
 def written(out: Path, contents: str, what: str = "outputs") -> None:
-    console.print(f"[bold green]{what} written to[/] {Path(out).resolve()}  ({contents})")
+    console.print(f"[bold green]{what} written to[/] {escape(str(Path(out).resolve()))}  ({escape(contents)})")
 
 
 @contextmanager

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 
 from ._app import app, console, errors_exit, log
 from .tables import report_text
@@ -35,5 +36,5 @@ def sweep(
             results = run_sweep(cfg, out, backend=backend, address=address, cpus_per_run=cpus_per_run, log=log)
     console.print(report_text(f"Over seeds (mean ± std, n; full tables in report.md):\n\n{aggregated_table(results['over_seeds'])}"),
                   markup=False)
-    console.print(f"[bold green]{len(results['rows'])} runs aggregated in[/] {out.resolve()}  "
+    console.print(f"[bold green]{len(results['rows'])} runs aggregated in[/] {escape(str(out.resolve()))}  "
                   "(results.json, results.csv, report.md, runs/)")
