@@ -10,15 +10,17 @@ import torch.nn as nn
 
 from ..data import DatasetBundle, make_loader
 from ..errors import ConfigError
-from ..match import Alignment, activation_matching, learned_matching, weight_matching
+from ..match import Alignment
+from ..match.methods import ALIGNMENT_METHODS
 from ..path import Curve, evaluate_model, evaluate_path, merge
 from ..path.batchnorm import fixed_batches
 from ..symmetry import SymmetrySpec, symmetry_spec
 from .checkpoints import check_input_shape
 
-METHODS = ("naive", "weight", "activation", "learned")
-METHOD_LABELS = {"naive": "naive", "weight": "weight matching", "activation": "activation matching",
-                 "learned": "learned matching (STE)"}
+METHODS = ("naive", *(n for n in ALIGNMENT_METHODS if not ALIGNMENT_METHODS.get(n).needs_continuous))
+"""``naive`` (no alignment) and every registered alignment method a permutation spec admits (the learned continuous
+methods, one-sided and dual, need the transformer group and run through ``modeconn align`` / the lmc-dm experiments)."""
+METHOD_LABELS = {"naive": "naive", **{n: ALIGNMENT_METHODS.get(n).display for n in METHODS[1:]}}
 
 StateDict = Mapping[str, torch.Tensor]
 BN_BATCHES = 20
@@ -84,17 +86,22 @@ def _jsonable(stats: dict) -> dict:
 
 def align(method: str, spec: SymmetrySpec, model: nn.Module, sd_a: StateDict, sd_b: StateDict,
           bundle: DatasetBundle, *, seed: int = 0, batch_size: int = 256, learned_steps: int = 300) -> Alignment | None:
-    """Run one alignment method (``naive`` returns None)."""
+    """Run one alignment method of :data:`METHODS` through its registry entry (``naive`` returns None).
+
+    Methods that read activations get the training split in order (batches of ``batch_size``); methods that learn
+    get it shuffled with ``seed`` (batches of 128) and ``learned_steps`` steps; ``seed`` goes to every method whose
+    config has one."""
     if method == "naive":
         return None
-    if method == "weight":
-        return weight_matching(spec, sd_a, sd_b, seed=seed)
-    loader = make_loader(bundle.train, batch_size, shuffle=False)
-    if method == "activation":
-        model_a, model_b = _instance(model, sd_a), _instance(model, sd_b)
-        return activation_matching(spec, model_a, model_b, loader)
-    shuffled = make_loader(bundle.train, 128, shuffle=True, seed=seed)
-    return learned_matching(spec, model, sd_a, sd_b, shuffled, steps=learned_steps, seed=seed)
+    entry = ALIGNMENT_METHODS.get(method)
+    fields = entry.config.model_fields
+    options = {k: v for k, v in (("seed", seed), ("steps", learned_steps)) if k in fields}
+    loader = None
+    if entry.needs_data:
+        learns = entry.inputs == "model_and_state_dicts"
+        loader = (make_loader(bundle.train, 128, shuffle=True, seed=seed) if learns
+                  else make_loader(bundle.train, batch_size, shuffle=False))
+    return entry.align(spec, sd_a, sd_b, model=model, loader=loader, **options)
 
 
 def _instance(template: nn.Module, sd: StateDict) -> nn.Module:

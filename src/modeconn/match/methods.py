@@ -55,6 +55,7 @@ class AlignmentMethod:
         groups: the group names it solves; None for every registered group (:data:`modeconn.symmetry.GROUPS`).
         objective_sense: ``"maximize"`` (a score) or ``"minimize"`` (a loss), as in :attr:`Alignment.objective_sense`.
         needs_continuous: the spec must have a continuous space (dual / one-sided matching learn those).
+        label: a short display name for tables and figure legends (default: ``name``).
     """
 
     name: str
@@ -68,6 +69,11 @@ class AlignmentMethod:
     objective_sense: Literal["maximize", "minimize"]
     inputs: Inputs = "state_dicts"
     needs_continuous: bool = False
+    label: str = ""
+
+    @property
+    def display(self) -> str:
+        return self.label or self.name
 
     def supported_groups(self) -> list[str]:
         """The group names this method solves."""
@@ -124,27 +130,30 @@ register(AlignmentMethod(
     "weight", "weight matching: coordinate descent on Σ⟨θ_A, g·θ_B⟩ with restarts (every group; streams)",
     weight_matching, WeightMatchingConfig,
     f"{GIT_RE_BASIN}, Alg. 1; greedy start: Singh & Jaggi, NeurIPS 2020; continuous groups: {THEUS}",
-    needs_data=False, streams=True, groups=None, objective_sense="maximize"))
+    needs_data=False, streams=True, groups=None, objective_sense="maximize", label="weight matching"))
 register(AlignmentMethod(
     "reference", "plain git-re-basin weight matching (permutations, one run): the readable reference",
     reference_weight_matching, ReferenceMatchingConfig, f"{GIT_RE_BASIN}, Alg. 1",
-    needs_data=False, streams=False, groups=("permutation",), objective_sense="maximize"))
+    needs_data=False, streams=False, groups=("permutation",), objective_sense="maximize",
+    label="reference weight matching"))
 register(AlignmentMethod(
     "activation", "activation matching: LAP on Pearson correlations of unit activations (permutations)",
     activation_matching, ActivationMatchingConfig,
     f"{GIT_RE_BASIN}, §3.1; Li et al., \"Convergent Learning\", 2015",
-    needs_data=True, streams=False, groups=("permutation",), objective_sense="maximize", inputs="models"))
+    needs_data=True, streams=False, groups=("permutation",), objective_sense="maximize", inputs="models",
+    label="activation matching"))
 register(AlignmentMethod(
     "learned", "learned matching with the straight-through estimator (permutations projected by weight matching)",
     learned_matching, LearnedMatchingConfig, f"{GIT_RE_BASIN}, §3.3, Alg. 2",
-    needs_data=True, streams=False, groups=None, objective_sense="minimize", inputs="model_and_state_dicts"))
+    needs_data=True, streams=False, groups=None, objective_sense="minimize", inputs="model_and_state_dicts",
+    label="learned matching (STE)"))
 register(AlignmentMethod(
     "one-sided", "one-sided learned matching: B's continuous transforms learned on the path loss (transformers)",
     one_sided_matching, DualMatchingConfig, f"{THEUS} (one-sided learned matching)",
     needs_data=True, streams=False, groups=None, objective_sense="minimize", inputs="model_and_state_dicts",
-    needs_continuous=True))
+    needs_continuous=True, label="one-sided learned matching"))
 register(AlignmentMethod(
     "dual", "dual learned matching (LMC-DM): continuous transforms of both endpoints learned on the path loss",
     dual_matching, DualMatchingConfig, f"LMC-DM dual matching (METHODS.md §3), after {THEUS}",
     needs_data=True, streams=False, groups=None, objective_sense="minimize", inputs="model_and_state_dicts",
-    needs_continuous=True))
+    needs_continuous=True, label="dual learned matching (LMC-DM)"))

@@ -42,8 +42,8 @@ def _hf_causal_lm(ckpts, command, dataset, data, limit_train):
     from ..symmetry import check_same_config
 
     if dataset not in TEXT_DATASETS:
-        raise ConfigError(f"{command} on Hugging Face checkpoints evaluates a causal LM on a text dataset: pass "
-                          f"--dataset {' or '.join(TEXT_DATASETS.names())} (got {dataset!r})")
+        raise ConfigError(f"{command} evaluates modeconn checkpoints (on their recorded dataset) or Hugging Face causal "
+                          f"LMs on a text dataset: pass --dataset {' or '.join(TEXT_DATASETS.names())} (got {dataset!r})")
     archs = [(c.config.get("architectures") or ["?"])[0] for c in ckpts]
     if not all(str(x).endswith("ForCausalLM") for x in archs):
         raise ConfigError(f"{command} on Hugging Face checkpoints needs causal LMs (…ForCausalLM); got {archs}")
