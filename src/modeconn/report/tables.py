@@ -86,7 +86,7 @@ def legend(columns: Sequence[Column], *, short: bool) -> list[str]:
 def definitions() -> str:
     """The markdown list defining every column of :data:`COLUMNS` and the endpoint-attained mark."""
     return "\n".join([f"- {line}" for line in legend(COLUMNS, short=False)]
-                     + [f"- {FLAT_MARK} after a barrier_mean (loss): {FLAT_NOTE}."])
+                     + [f"- `{FLAT_MARK}` after a barrier_mean (loss) value: {FLAT_NOTE}."])
 
 
 def barrier_table(curves: Mapping[str, Curve], split: str) -> str:
@@ -102,7 +102,7 @@ def barrier_table(curves: Mapping[str, Curve], split: str) -> str:
         rows.append(f"| {label} | " + " | ".join(barrier_cells(s, keys)) + " |")
         if flat_at_endpoint(s):
             flat.append(label)
-    note = ["", f"{FLAT_MARK} {', '.join(flat)}: {FLAT_NOTE}."] if flat else []
+    note = ["", f"`{FLAT_MARK}` {', '.join(flat)}: {FLAT_NOTE}."] if flat else []
     return "\n".join([head, sep, *rows, *note])
 
 
