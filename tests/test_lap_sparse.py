@@ -18,6 +18,12 @@ from modeconn.match.lap import LapTimer, solve_lap
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
+@pytest.fixture
+def small_k(monkeypatch):
+    """8 candidates per row: on these small matrices the default would make every pair a candidate."""
+    monkeypatch.setattr(lap_mod, "TOP_K", 8)
+
+
 def _dense_optimum(s: np.ndarray) -> float:
     r, c = linear_sum_assignment(s, maximize=True)
     return float(s[r, c].sum())
@@ -44,6 +50,7 @@ def _matrix(kind: str, n: int, rng: np.random.Generator) -> np.ndarray:
 
 @pytest.mark.parametrize("kind", ["uniform", "wm-like", "ties", "hubs"])
 @pytest.mark.parametrize("n", [37, 180])
+@pytest.mark.usefixtures("small_k")
 def test_sparse_solver_reaches_the_dense_optimum(kind, n):
     rng = np.random.default_rng(n)
     for _ in range(3):
@@ -57,6 +64,7 @@ def test_sparse_solver_reaches_the_dense_optimum(kind, n):
         assert timer.certificate_failures >= 1
 
 
+@pytest.mark.usefixtures("small_k")
 def test_dense_fallback_when_the_certificate_keeps_failing(monkeypatch):
     monkeypatch.setattr(lap_mod, "MAX_ROUNDS", 1)  # one sparse solve, then the dense solver
     s = _matrix("hubs", 150, np.random.default_rng(0))
@@ -66,6 +74,7 @@ def test_dense_fallback_when_the_certificate_keeps_failing(monkeypatch):
     assert _objective(s, perm) == pytest.approx(_dense_optimum(s), rel=1e-12)
 
 
+@pytest.mark.usefixtures("small_k")
 def test_negative_control_a_vacuous_certificate_returns_a_suboptimal_permutation(monkeypatch):
     """Without the certificate the sparse answer on the hub matrix is wrong: the tests above can fail."""
     monkeypatch.setattr(lap_mod, "_violations", lambda *a: (np.empty(0, np.int64), np.empty(0, np.int64)))
@@ -126,6 +135,7 @@ def test_the_callers_score_is_left_unchanged():
 
 
 @pytest.mark.parametrize("arch", ["mlp", "vgg-bn"])
+@pytest.mark.usefixtures("small_k")
 def test_weight_matching_with_the_sparse_solver_equals_the_dense_one(arch, monkeypatch):
     a, x = make(arch, seed=0)
     b, _ = make(arch, seed=1)
@@ -138,3 +148,14 @@ def test_weight_matching_with_the_sparse_solver_equals_the_dense_one(arch, monke
     assert len(sparse.history) == len(dense.history)
     for hs, hd in zip(sparse.history, dense.history, strict=True):
         assert hs == pytest.approx(hd, rel=1e-6)
+
+
+@pytest.mark.usefixtures("small_k")
+def test_fp32_scores_are_solved_without_an_fp64_copy_to_the_fp64_optimum():
+    s32 = torch.from_numpy(_matrix("hubs", 120, np.random.default_rng(6))).float()
+    s64 = s32.double().numpy()  # exact: the problem the dense solver sees
+    timer = LapTimer()
+    perm = solve_lap(s32, "P", timer, method="sparse")
+    assert timer.dense_fallbacks == 0 and timer.certificate_failures >= 1
+    assert _objective(s64, perm) == pytest.approx(_dense_optimum(s64), rel=1e-12)
+    assert _objective(s64, solve_lap(s32, "P", method="dense")) == pytest.approx(_dense_optimum(s64), rel=1e-12)

@@ -23,7 +23,7 @@ certificate, with the checks that keep NaN/Inf out of the solvers.
    *every* ``(i, j)`` (one pass over ``S``, row blocks). If it holds, π is optimal on the dense problem: for any
    permutation σ, ``Σ_i S[i, σ(i)] = Σ_i (S[i, σ(i)] + p[σ(i)]) − Σ_j p[j] ≤ Σ_i h_i − Σ_j p[j] = Σ_i S[i, π(i)]``
    (σ and π are bijections, so ``Σ_i p[σ(i)] = Σ_i p[π(i)] = Σ_j p[j]``) — weak LP duality, proved in one line.
-5. If the certificate fails, the violating rows get their ``k`` pairs of largest reduced score ``S[i, j] + p[j]``
+5. If the certificate fails, the violating rows get their ``2k`` pairs of largest reduced score ``S[i, j] + p[j]``
    added to ``E`` (pricing, as in column generation: each round adds pairs the certificate rejected, so ``E``
    grows) and steps 2–4 repeat; after :data:`MAX_ROUNDS` failed certificates (or Bellman–Ford not settling within
    its round limit) the dense solver answers. Never an uncertified answer.
@@ -35,6 +35,7 @@ permutation than the dense solver. Failed certificates and dense fallbacks are c
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Literal
 
@@ -48,14 +49,14 @@ from ..errors import ConfigError, NonFiniteError
 
 SPARSE_MIN_N = 2048
 """``method="auto"`` solves spaces of at least this many units by the sparse certified solver."""
-TOP_K = 16
-"""Candidates per row of the sparse solver (and pairs added per violating row after a failed certificate)."""
+TOP_K = 48
+"""Candidates per row of the sparse solver (twice as many are added per violating row after a failed certificate)."""
 MAX_ROUNDS = 4
 """Sparse solves (certificates) before the dense solver answers."""
 BF_ROUNDS = 500
 """Bellman–Ford rounds (each relaxes every arc once) before the potentials are given up (dense fallback)."""
 _RTOL = 1e-11
-_BLOCK = 1 << 21  # entries per row block of the certificate pass
+_BLOCK = 1 << 16  # entries per row block of the certificate pass (fits in cache)
 
 LapMethod = Literal["auto", "dense", "sparse"]
 
@@ -94,25 +95,33 @@ def solve_lap(score: torch.Tensor, space: str, timer: LapTimer | None = None, *,
     """
     if method not in ("auto", "dense", "sparse"):
         raise ConfigError(f"LAP method must be 'auto', 'dense' or 'sparse', got {method!r}")
-    t = score.detach().to("cpu", torch.float64)
-    s = t.numpy()
-    # a finite sum means finite entries (NaN/Inf propagate); the entry-wise test (an n×n temporary) only on failure
-    if not np.isfinite(s.sum()) and not np.isfinite(s).all():
-        bad = int((~np.isfinite(s)).sum())
-        raise NonFiniteError(f"cost matrix of space {space!r} ({s.shape[0]}×{s.shape[1]}) has {bad} NaN/Inf entries")
-    n = s.shape[0]
     start = time.perf_counter()
+    src = score.detach().to("cpu")
+    if src.dtype not in (torch.float32, torch.float64):
+        src = src.to(torch.float64)
+    _check_finite(src, space)
+    n = src.shape[0]
     timer = timer if timer is not None else LapTimer()
     perm = None
     if method == "sparse" or (method == "auto" and n >= SPARSE_MIN_N):
+        # fp32 scores are read as they are (their fp64 values are exact): no n×n fp64 copy unless the dense solver runs
         timer.sparse_calls += 1
-        perm = _sparse_certified(t, _hint(hint, n), timer)
+        perm = _sparse_certified(src, _hint(hint, n), timer)
         timer.dense_fallbacks += perm is None
     if perm is None:
-        perm = _dense(t, score)
+        perm = _dense(src.to(torch.float64), score)
     timer.seconds += time.perf_counter() - start
     timer.calls += 1
     return torch.from_numpy(perm)
+
+
+def _check_finite(t: torch.Tensor, space: str) -> None:
+    """NonFiniteError naming ``space`` if ``t`` holds NaN/Inf: a finite fp64 sum means finite entries (NaN/Inf
+    propagate; an overflowing sum is re-checked); the entry-wise test (an n×n temporary) only on failure."""
+    if math.isfinite(float(t.sum())) or bool(torch.isfinite(t).all()):
+        return
+    bad = int((~torch.isfinite(t)).sum())
+    raise NonFiniteError(f"cost matrix of space {space!r} ({t.shape[0]}×{t.shape[1]}) has {bad} NaN/Inf entries")
 
 
 def _hint(hint: torch.Tensor | None, n: int) -> np.ndarray:
@@ -141,23 +150,25 @@ def _dense(t: torch.Tensor, score: torch.Tensor) -> np.ndarray:
 
 
 def _sparse_certified(t: torch.Tensor, hint: np.ndarray, timer: LapTimer) -> np.ndarray | None:
-    """Steps 1–5 of the module docstring: a certified optimal permutation, or None (the dense solver answers)."""
+    """Steps 1–5 of the module docstring on the fp32 or fp64 score ``t``: a certified optimal permutation, or None
+    (the dense solver answers). All arithmetic is fp64 (fp32 entries convert exactly)."""
     n = t.shape[0]
     k = min(TOP_K, n)
     top = torch.topk(t, k, dim=1, sorted=False).indices.numpy()
     rows = np.concatenate([np.repeat(np.arange(n), k), np.arange(n)])
     cols = np.concatenate([top.reshape(-1), hint])
     s = t.numpy()
+    p = None
     for _ in range(MAX_ROUNDS):
         rows, cols = _unique_pairs(rows, cols, n)
-        vals = s[rows, cols]
+        vals = s[rows, cols].astype(np.float64)
         perm = _sparse_match(rows, cols, vals, n)
         scale = float(np.abs(vals).max())
-        p = _potentials(rows, cols, vals, perm, s[np.arange(n), perm], _RTOL * scale)
+        p = _potentials(rows, cols, vals, perm, s[np.arange(n), perm].astype(np.float64), _RTOL * scale, p)
         if p is None:
             return None
         tol = _RTOL * (scale + float(np.abs(p).max()))
-        bad_rows, bad_cols = _violations(t, perm, p, tol, k)
+        bad_rows, bad_cols = _violations(t, perm, p, tol, min(2 * k, n))
         if len(bad_rows) == 0:
             return perm
         timer.certificate_failures += 1
@@ -187,15 +198,18 @@ def _sparse_match(rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, n: int) 
 
 
 def _potentials(rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, perm: np.ndarray, matched: np.ndarray,
-                tol: float) -> np.ndarray | None:
+                tol: float, start: np.ndarray | None = None) -> np.ndarray | None:
     """Column potentials ``p`` with ``vals + p[cols] ≤ matched[rows] + p[perm[rows]] (+ tol)`` on every candidate:
-    Bellman–Ford distances from 0 over arcs ``perm[i] → j`` of length ``S[i, perm[i]] − S[i, j]`` (step 3), in
-    rounds that relax every arc at once; None if they have not settled after :data:`BF_ROUNDS` rounds."""
+    Bellman–Ford distances over arcs ``perm[i] → j`` of length ``S[i, perm[i]] − S[i, j]`` (step 3), every node
+    starting at ``start`` (default 0: a virtual source with 0-length arcs to every column; any start gives feasible
+    potentials, ``min`` over paths of start + length, when there is no negative cycle — the previous round's
+    potentials settle in fewer rounds), in rounds that relax every arc at once; None if they have not settled after
+    :data:`BF_ROUNDS` rounds."""
     off = cols != perm[rows]
     src, dst, length = perm[rows[off]], cols[off], matched[rows[off]] - vals[off]
     order = np.argsort(dst, kind="stable")
     src, dst, length = src[order], dst[order], length[order]
-    p = np.zeros(len(perm))
+    p = np.zeros(len(perm)) if start is None else start.copy()
     if len(dst) == 0:
         return p
     heads = np.flatnonzero(np.r_[True, dst[1:] != dst[:-1]])
@@ -214,13 +228,14 @@ def _violations(t: torch.Tensor, perm: np.ndarray, p: np.ndarray, tol: float, k:
     largest ``S[i, j] + p[j]`` (step 5); empty arrays when the certificate holds."""
     n = t.shape[0]
     pt = torch.from_numpy(p)
-    h = torch.from_numpy(t.numpy()[np.arange(n), perm] + p[perm]) + tol
+    h = torch.from_numpy(t.numpy()[np.arange(n), perm].astype(np.float64) + p[perm]) + tol
     step = max(1, _BLOCK // n)
     buf = torch.empty(min(step, n), n, dtype=torch.float64)
     bad_rows, bad_cols = [], []
     for i in range(0, n, step):
         red = buf[: min(step, n - i)]
-        torch.add(t[i:i + step], pt, out=red)
+        red.copy_(t[i:i + step])  # fp32 → fp64 exactly; blocks that stay in cache
+        red.add_(pt)
         bad = torch.nonzero(red.amax(dim=1) > h[i:i + step]).flatten()
         if len(bad):
             idx = torch.topk(red[bad], k, dim=1, sorted=False).indices
