@@ -109,8 +109,10 @@ def check_rule_settings(rule: MergeRule | str, settings: RuleSettings | None, n_
     names = set(settings.params).union(*(set(p) for p in settings.model_params))
     unknown = sorted(names - set(rule.params))
     if unknown:
+        hint = "; per-model weights are given with --weights (recipes: models[i].parameters.weight)" \
+            if unknown[0] == "weight" else ""
         raise ConfigError(f"--param {unknown[0]}: merge rule {rule.name!r} has no parameter {unknown[0]!r}; its "
-                          f"parameters: {', '.join(rule.params) or 'none'}")
+                          f"parameters: {', '.join(rule.params) or 'none'}{hint}")
     if settings.model_params and len(settings.model_params) != n_models:
         raise ConfigError(f"per-model parameters: {len(settings.model_params)} entries for {n_models} models")
     if rule.requires == "mergekit":
