@@ -132,3 +132,16 @@ def test_dare_depends_on_the_seed(models, tmp_path):
     run_cli(*args, "--seed", SEED + 1, "--out", tmp_path / "other")
     ours, ref = _tensors(tmp_path / "other"), _tensors(tmp_path / "mergekit")
     assert any(not torch.equal(ours[k], ref[k]) for k in ref)
+
+
+def test_recipe_dtype_and_out_dtype_equal_mergekit(models, tmp_path):
+    """`dtype:` (inputs cast before the rule) and `out_dtype:` (the written dtype) mean what they mean in mergekit."""
+    root = models[torch.float32]
+    recipe = {**_recipe(root, "ties"), "dtype": "bfloat16", "out_dtype": "float16"}
+    _mergekit(recipe, tmp_path / "mergekit")
+    file = tmp_path / "recipe.yml"
+    file.write_text(yaml.safe_dump({**recipe, "align": {"method": "none"}}))
+    run_cli("merge", "--config", file, "--out", tmp_path / "ours")
+    ours = _tensors(tmp_path / "ours")
+    assert all(t.dtype == torch.float16 for t in ours.values())
+    _compare(ours, _tensors(tmp_path / "mergekit"), bitwise=True)
