@@ -40,8 +40,8 @@ def architectures(draw) -> Arch:
                 kernel=draw(st.sampled_from([1, 3])), flatten_head=draw(st.booleans()), seed=draw(st.integers(0, 2**16)))
 
 
-def check_architecture(model: nn.Module, x: torch.Tensor, seed: int) -> None:
-    spec = mc.symmetry_spec(model, x)
+def check_architecture(model: nn.Module, x: torch.Tensor, seed: int, check: bool = True) -> None:
+    spec = mc.symmetry_spec(model, x, check=check)
     sd = model.state_dict()
     # (b) the spec covers every tensor exactly once; every hidden floating tensor is bound
     spec.validate(model)
@@ -92,8 +92,12 @@ def test_negative_control_spec_forgetting_the_shortcut_bn_is_caught(monkeypatch)
                                                   for k, v in spec.tensors.items()})
 
     monkeypatch.setattr(trace_mod._Tracer, "build_spec", forgetful)
-    with pytest.raises(AssertionError, match="unbound hidden tensors"):
-        check_architecture(*build(_fixed_arch()), seed=1)
+    with pytest.raises(AssertionError, match="unbound hidden tensors"):  # this checker, library self-check off ...
+        check_architecture(*build(_fixed_arch()), seed=1, check=False)
+    from modeconn.errors import SpecError
+
+    with pytest.raises(SpecError, match=r"changes its function.*blocks\.1\.shortcut\.1\.weight"):  # ... and its own
+        mc.symmetry_spec(*build(_fixed_arch()))
 
 
 def test_negative_control_matching_that_returns_the_identity_is_caught(monkeypatch):

@@ -277,6 +277,12 @@ class _AsymmetricMixin:
             with torch.no_grad():
                 self.weight.masked_fill_(mask == 0, 0.0)
 
+    def symmetric_fixed_structure(self) -> dict[str, torch.Tensor]:
+        """Values of the fixed buffers under which this layer computes its stock base layer (F = 0, D = 1). The
+        W-asymmetry breaks the permutation symmetry by design, so a traced spec's self-check
+        (:mod:`modeconn.symmetry.selfcheck`) tests function preservation there."""
+        return {"fixed_offsets": torch.zeros_like(self.fixed_offsets), "fixed_mask": torch.ones_like(self.fixed_mask)}
+
     def effective_weight(self) -> torch.Tensor:
         """``W_eff = F + D ⊙ W`` (same shape as ``weight``); differentiable in W only."""
         return self.fixed_offsets + self.fixed_mask * self.weight

@@ -258,7 +258,7 @@ class _Tracer:
         return self.module_space[name]
 
     def unsupported(self, node: torch.fx.Node, why: str) -> _Val | None:
-        msg = f"unsupported operation at node {node.name!r} ({node.op} {_target_name(node)}): {why}"
+        msg = f"unsupported operation at node {node.name!r} ({node.op} {_target_name(node)}{_module_of(node)}): {why}"
         if self.on_unsupported == "error":
             raise UnsupportedOperationError(
                 msg + ". Pass on_unsupported='freeze' to leave the spaces touching it unpermuted."
@@ -729,6 +729,7 @@ def symmetry_spec(
     *,
     on_unsupported: OnUnsupported = "error",
     leaf_modules: tuple[type[nn.Module], ...] = (),
+    check: bool = True,
 ) -> SymmetrySpec:
     """Trace ``model`` with torch.fx and derive its permutation symmetries.
 
@@ -741,11 +742,16 @@ def symmetry_spec(
             train/eval flags are restored and shape propagation runs under ``no_grad`` in eval mode.
         example_input: a tensor (or tuple of tensors) of the shape the model takes, e.g. (N, C, H, W);
             required unless ``model`` is a Hugging Face model.
-        on_unsupported: ``"error"`` (default) raises :class:`UnsupportedOperationError` naming the node;
-            ``"freeze"`` leaves every space touching such a node unpermuted.
+        on_unsupported: ``"error"`` (default) raises :class:`UnsupportedOperationError` naming the node and the
+            module whose forward holds it; ``"freeze"`` leaves every space touching such a node unpermuted.
+        check: verify the traced spec on a perturbed copy before returning it
+            (:func:`modeconn.symmetry.selfcheck.check_function_preserved`: random norm affines, BN statistics and
+            biases, a random group element, outputs compared on ``example_input``). ``False`` skips it.
     Returns: a validated :class:`SymmetrySpec` (every state-dict tensor listed exactly once; input and
-        output spaces never permuted).
-    Raises: :class:`ConfigError` for a bad option, :class:`TraceError` if fx cannot trace the model.
+        output spaces never permuted) that keeps the model's function.
+    Raises: :class:`ConfigError` for a bad option, :class:`TraceError` if fx cannot trace the model,
+        :class:`SpecError` if the traced spec changes the function of the perturbed copy (naming the spaces and the
+        tensors that do not follow them).
     """
     from .hf.registry import find_hf_model, hf_symmetry_spec  # lazy: never imports transformers itself
 
@@ -771,6 +777,10 @@ def symmetry_spec(
     tracer.run()
     spec = tracer.build_spec(model)
     spec.validate(model)
+    if check:
+        from .selfcheck import check_function_preserved
+
+        check_function_preserved(spec, model, inputs)
     return spec
 
 
@@ -845,6 +855,18 @@ def _flat_args(node: torch.fx.Node) -> list[torch.fx.Node]:
     out: list[torch.fx.Node] = []
     torch.fx.node.map_arg((node.args, node.kwargs), lambda n: out.append(n) or n)
     return out
+
+
+def _module_of(node: torch.fx.Node) -> str:
+    """`` in module 'path' (Type)``: the innermost module whose forward holds ``node`` (fx's ``nn_module_stack``)."""
+    if node.op == "call_module":
+        return ""
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return ""
+    path, cls = list(stack.values())[-1]
+    name = getattr(cls, "__name__", str(cls).rsplit(".", 1)[-1].rstrip("'>"))
+    return f" in module {path!r} ({name})" if path else f" in {name}.forward"
 
 
 def _target_name(node: torch.fx.Node) -> str:

@@ -1,0 +1,97 @@
+"""symmetry_spec checks what it traced on a perturbed copy (torchvision ConvNeXt's LayerNorm2d pattern), and names the
+module of an unsupported operation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import modeconn as mc
+from modeconn.errors import SpecError, UnsupportedOperationError
+from modeconn.models import build_model
+from modeconn.symmetry.selfcheck import check_function_preserved, perturbed_copy
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+class LayerNorm2d(nn.LayerNorm):
+    """torchvision ConvNeXt's norm: an ``nn.LayerNorm`` subclass that normalises channels-last inside forward."""
+
+    def forward(self, x):
+        x = x.permute(0, 2, 3, 1)
+        x = nn.functional.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+        return x.permute(0, 3, 1, 2)
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c1, self.n, self.c2 = nn.Conv2d(3, 8, 3, padding=1), LayerNorm2d(8), nn.Conv2d(8, 8, 3, padding=1)
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.head(self.c2(torch.relu(self.n(self.c1(x)))).mean((2, 3)))
+
+
+def test_a_wrong_traced_spec_is_refused_naming_the_unbound_tensors():
+    model, x = Net(), torch.randn(2, 3, 8, 8)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(SpecError, match=r"changes its function.*\['P_c1'\].*'n\.weight', 'n\.bias'"):
+        mc.symmetry_spec(model, x)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # the input is never modified
+    wrong = mc.symmetry_spec(model, x, check=False)  # the silent wrong answer the check prevents:
+    wrong.validate(model)  # validates,
+    g = wrong.random_element(seed=1)
+    sd = model.state_dict()
+    stock = Net()  # keeps the outputs at stock init (γ = 1, β = 0) ...
+    stock.load_state_dict(wrong.apply(sd, g))
+    with torch.no_grad():
+        assert torch.allclose(model.eval()(x), stock.eval()(x), atol=1e-5)
+    perturbed = perturbed_copy(model, torch.Generator().manual_seed(0))  # ... but not once the norm is perturbed
+    moved = perturbed_copy(model, torch.Generator().manual_seed(0))
+    moved.load_state_dict(wrong.apply(perturbed.state_dict(), g))
+    with torch.no_grad():
+        assert (perturbed(x) - moved(x)).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("arch", ["mlp", "resnet20", "mobilenetv2", "cct"])
+def test_correct_specs_pass_the_check(arch):
+    shape = (1, 28, 28) if arch == "mlp" else (3, 32, 32)
+    model = build_model(arch, in_shape=shape, num_classes=10, seed=0)
+    spec = mc.symmetry_spec(model, torch.randn(2, *shape))
+    assert check_function_preserved(spec, model, (torch.randn(2, *shape),), seed=3) <= 1e-4
+
+
+def test_w_asymmetric_layers_are_checked_at_their_symmetric_structure():
+    """W-asymmetry breaks the symmetry by design: the spec is checked with F = 0, D = 1, and at the trained fixed
+    structure a permutation does change the function (as it should)."""
+    model = build_model("mlp", in_shape=(1, 8, 8), num_classes=10, width=16, depth=2, seed=0,
+                        asymmetric={"sigma_f": 1.0, "num_fixed": 4, "mask_seed": 0})
+    x = torch.randn(4, 1, 8, 8)
+    spec = mc.symmetry_spec(model, x)
+    sd = model.state_dict()
+    moved = build_model("mlp", in_shape=(1, 8, 8), num_classes=10, width=16, depth=2, seed=0,
+                        asymmetric={"sigma_f": 1.0, "num_fixed": 4, "mask_seed": 0})
+    moved.load_state_dict(spec.apply(sd, spec.random_element(seed=0)))
+    with torch.no_grad():
+        assert (model.eval()(x) - moved.eval()(x)).abs().max() > 1e-3
+
+
+class Sorter(nn.Module):
+    def forward(self, x):
+        return torch.sort(x, dim=1).values
+
+
+class WithSort(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc, self.block, self.head = nn.Linear(4, 6), Sorter(), nn.Linear(6, 2)
+
+    def forward(self, x):
+        return self.head(self.block(self.fc(x)))
+
+
+def test_unsupported_operation_names_its_module():
+    with pytest.raises(UnsupportedOperationError, match=r"sort.* in module 'block' \(Sorter\)"):
+        mc.symmetry_spec(WithSort(), torch.randn(2, 4))
