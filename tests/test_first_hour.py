@@ -137,6 +137,7 @@ def test_barrier_output_and_report_say_what_was_evaluated(digits_pair, tmp_path)
                 "--lambdas", "5", "--eval-limit", "50", "--out", out)
     assert_fits_80(res.output, tmp_path)
     assert "first 50 of 360 examples, --eval-limit 50" in res.output
+    assert "aligning: weight matching" in res.output and not re.search(r"\w\.py:\d+", res.output)  # no file:line
     report = (out / "report.md").read_text()
     assert "`--eval-limit`: 50" in report and "test: first 50 of 360 examples" in report
     results = json.loads((out / "results.json").read_text())
