@@ -10,6 +10,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .._util.statedict import with_metadata
 from ..checks import check_compatible, check_finite, check_one_device
 from ..errors import ConfigError, NonFiniteError
 from ..models.asymmetric import fixed_structure_keys
@@ -276,4 +277,5 @@ def merge(
         merged = _keep_a_stats(merged, state_dicts[0], bench.model)
     net = bench.load(merged, endpoint=False, targets=targets)
     check_bn_statistics(net, "merged model")
-    return {k: v.detach().clone() for k, v in net.state_dict().items()}
+    final = net.state_dict()
+    return with_metadata({k: v.detach().clone() for k, v in final.items()}, final)

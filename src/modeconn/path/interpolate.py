@@ -27,6 +27,7 @@ import torch
 
 from ..checks import check_compatible, check_one_device, is_interpolable
 from ..errors import ConfigError, NonFiniteError
+from .._util.statedict import with_metadata
 from ..io import check_dtype_kinds
 from .merge_rules import MERGE_RULES, MergeRule, RuleSettings
 
@@ -45,9 +46,9 @@ def interpolate(sd_a: StateDict, sd_b: StateDict, lam: float) -> dict[str, torch
     check_dtype_kinds([sd_a, sd_b], ["A", "B"])  # an integer B where A is floating would be reinterpreted
     check_one_device([sd_a, sd_b], ["A", "B"])
     if lam == 0:
-        return dict(sd_a)
+        return with_metadata(dict(sd_a), sd_a)
     if lam == 1:
-        return {k: (_as_dtype(sd_b[k], a, k) if is_interpolable(a) else a) for k, a in sd_a.items()}
+        return with_metadata({k: (_as_dtype(sd_b[k], a, k) if is_interpolable(a) else a) for k, a in sd_a.items()}, sd_a)
     return weighted_average([sd_a, sd_b], [1.0 - lam, lam], check=False, normalize=False)
 
 
@@ -164,7 +165,7 @@ def weighted_average(
         else:
             out[k] = merge_tensor(merge_rule, [sd[k] for sd in state_dicts], weights, k, settings,
                                   dtype=dtype, out_dtype=out_dtype)
-    return out
+    return with_metadata(out, first)
 
 
 def plan_settings(rule: MergeRule, inputs: Sequence[StateDict], weights: Sequence[float],

@@ -411,7 +411,9 @@ class SymmetrySpec:
         out = {key: self.apply_tensor(key, t, g, cache=cache) for key, t in state_dict.items() if key not in tied}
         for alias, primary in tied.items():
             out[alias] = out[primary]
-        return {key: out[key] for key in state_dict}
+        from .._util.statedict import with_metadata
+
+        return with_metadata({key: out[key] for key in state_dict}, state_dict)
 
     def apply_tensor(
         self,
