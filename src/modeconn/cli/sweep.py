@@ -34,7 +34,7 @@ def sweep(
         out = out or Path("runs") / f"sweep-{cfg.name}"
         with console.status(f"sweep {cfg.name}"):
             results = run_sweep(cfg, out, backend=backend, address=address, cpus_per_run=cpus_per_run, log=log)
-    console.print(report_text(f"Over seeds (mean ± std, n; full tables in report.md):\n\n{aggregated_table(results['over_seeds'])}"),
-                  markup=False)
+    table = aggregated_table(results["over_seeds"], cfg.base)
+    console.print(report_text(f"Over seeds (mean ± std, n; full tables in report.md):\n\n{table}"), markup=False)
     console.print(f"[bold green]{len(results['rows'])} runs aggregated in[/] {escape(str(out.resolve()))}  "
                   "(results.json, results.csv, report.md, runs/)")

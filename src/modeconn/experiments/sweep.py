@@ -331,16 +331,19 @@ def over_seeds(rows: list[dict[str, Any]], params: list[str]) -> list[dict[str, 
             for g in groups.values()]
 
 
-def aggregated_table(agg: list[dict[str, Any]]) -> str:
+def aggregated_table(agg: list[dict[str, Any]], fixed: Mapping[str, Any] | None = None) -> str:
     """The markdown table of :func:`over_seeds` rows: parameters, n, then "mean ± std" per metric (the mean alone
-    for n = 1)."""
+    for n = 1). Parameters in ``fixed`` (the sweep's ``base``: the same in every row) are left out, preceded by one
+    line naming them."""
     from ..report.stats import format_mean_std
 
     if not agg:
         return ""
-    columns = list(agg[0])
+    fixed = dict(fixed or {})
+    columns = [c for c in agg[0] if c not in fixed]
+    head = f"Fixed: {', '.join(f'{k}={v}' for k, v in fixed.items())}.\n\n" if fixed else ""
     cell = lambda v: format_mean_std(v, digits=4) if isinstance(v, dict) else v  # noqa: E731
-    return markdown_table(columns, [[cell(r[c]) for c in columns] for r in agg])
+    return head + markdown_table(columns, [[cell(r[c]) for c in columns] for r in agg])
 
 
 def _report(config: SweepConfig, rows: list[dict[str, Any]], agg: list[dict[str, Any]], columns: list[str]) -> str:
@@ -351,7 +354,7 @@ def _report(config: SweepConfig, rows: list[dict[str, Any]], agg: list[dict[str,
         f"Seeds {seeds}; n = runs (seeds) per setting; std = sample standard deviation over the seeds (n − 1 in the "
         "denominator), shown only for n > 1. The barrier task's seed s trains the independent pair of init seeds "
         "(2s, 2s + 1).", "",
-        aggregated_table(agg), "",
+        aggregated_table(agg, config.base), "",
         "## Every run", "",
         markdown_table(columns, [[r.get(c, "") for c in columns] for r in rows]), "",
     ])
