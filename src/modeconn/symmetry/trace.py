@@ -708,19 +708,35 @@ class _Tracer:
                     probes[roots[r]].append(replace(p, offset=off))
 
     def repair_points(self, roots: dict[int, str]) -> list[tuple[str, int]]:
-        """Where REPAIR corrects statistics: each hidden writer, or the norm layer right after it."""
-        points = []
+        """Where REPAIR corrects statistics: each hidden writer, or the affine norm layers right after it — also when
+        they read it through concatenations (DenseNet: a bias-free conv whose channels every later layer's norm
+        reads), where the norms' outputs are corrected instead (each once)."""
+        points: list[tuple[str, int]] = []
         for name, sid, node in self.writers:
             if self.find(sid) not in roots:
                 continue
-            target, dim = name, self.vals[node].dim
-            users = list(node.users)
-            if len(users) == 1 and users[0].op == "call_module":
-                nxt = self.modules[str(users[0].target)]
-                if isinstance(nxt, _NORM_MODULES) and getattr(nxt, "weight", None) is not None:
-                    target = str(users[0].target)
-            points.append((target, dim))
+            norms = self._norms_behind(node)
+            for target, dim in norms or [(name, self.vals[node].dim)]:
+                if (target, dim) not in points:
+                    points.append((target, dim))
         return points
+
+    def _norms_behind(self, node: torch.fx.Node, depth: int = 0) -> list[tuple[str, int]] | None:
+        """The affine norm layers (name, channel dim) that every use of ``node`` reaches directly or through
+        ``torch.cat`` only; None if some use is anything else."""
+        found: list[tuple[str, int]] = []
+        for u in node.users:
+            mod = self.modules.get(str(u.target)) if u.op == "call_module" else None
+            if isinstance(mod, _NORM_MODULES) and getattr(mod, "weight", None) is not None and self.vals.get(u) is not None:
+                found.append((str(u.target), self.vals[u].dim))
+            elif u.op == "call_function" and u.target in (torch.cat, torch.concat) and depth < 256:
+                sub = self._norms_behind(u, depth + 1)
+                if sub is None:
+                    return None
+                found += sub
+            else:
+                return None
+        return found or None
 
 
 def symmetry_spec(
