@@ -316,3 +316,19 @@ def test_error_messages_keep_their_square_brackets(capsys):
         raise ConfigError("backend 'ray' needs Ray: pip install 'modeconn[ray]'; missing t10k-images-idx3-ubyte[.gz]")
     out = capsys.readouterr().out
     assert "pip install 'modeconn[ray]'" in out and "ubyte[.gz]" in out
+
+
+def test_the_report_says_when_an_aligned_barrier_mean_is_only_half_the_endpoint_difference():
+    from modeconn.experiments.compare import Comparison
+    from modeconn.experiments.reporting import comparison_report
+
+    def curve(loss):
+        metrics = {s: {"loss": np.asarray(loss, float), "acc": np.full(len(loss), 0.9)} for s in ("test", "train")}
+        return Curve(lambdas=np.linspace(0, 1, len(loss)), metrics=metrics)
+
+    comp = Comparison(spec=None, examples={"test": (10, 10), "train": (10, 10)})
+    comp.curves = {"naive": curve([0.1, 0.9, 0.2]), "weight": curve([0.1, 0.15, 0.2])}
+    comp.merged = {m: {s: {"acc": 0.9, "loss": 0.15} for s in ("train", "test")} for m in comp.curves}
+    report = comparison_report(comp, {"task": "flat"})
+    assert "- weight matching: 0.0500 = 6.7% of naive (0.7500) — attained at an endpoint, so it is ½|L(A) − L(B)|" in report
+    assert "| weight matching | 0.0500* |" in report and "| naive | 0.7500 |" in report

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..report import barrier_table, plot_curves
-from ..report.tables import definitions
+from ..report.tables import definitions, flat_at_endpoint
 from .compare import METHOD_LABELS, Comparison
 from .output import write_json
 
@@ -55,7 +55,9 @@ def comparison_report(comparison: Comparison, results: dict) -> str:
         for m, c in comparison.curves.items():
             if m != "naive":
                 b = c.barrier("mean", "test")
-                lines.append(f"- {METHOD_LABELS[m]}: {b:.4f} = {100 * b / nb:.1f}% of naive ({nb:.4f})" if nb > 0
-                             else f"- {METHOD_LABELS[m]}: {b:.4f} (naive {nb:.4f})")
+                flat = (" — attained at an endpoint, so it is ½|L(A) − L(B)|, not a barrier; barrier_interp "
+                        f"{c.barrier('interp', 'test'):.4f}" if flat_at_endpoint(c.summary()["test"]) else "")
+                lines.append((f"- {METHOD_LABELS[m]}: {b:.4f} = {100 * b / nb:.1f}% of naive ({nb:.4f})" if nb > 0
+                              else f"- {METHOD_LABELS[m]}: {b:.4f} (naive {nb:.4f})") + flat)
     lines += ["", "![loss and accuracy along the path](barrier.png)", ""]
     return "\n".join(lines)
