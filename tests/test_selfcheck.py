@@ -10,6 +10,7 @@ from torch import nn
 import modeconn as mc
 from modeconn.errors import SpecError, UnsupportedOperationError
 from modeconn.models import build_model
+from modeconn.symmetry import trace as trace_mod
 from modeconn.symmetry.selfcheck import check_function_preserved, perturbed_copy
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -34,14 +35,27 @@ class Net(nn.Module):
         return self.head(self.c2(torch.relu(self.n(self.c1(x)))).mean((2, 3)))
 
 
-def test_a_wrong_traced_spec_is_refused_naming_the_unbound_tensors():
+def test_channels_last_norm_subclass_is_traced_into_and_bound():
+    """torchvision ConvNeXt's LayerNorm2d: traced through its own forward (permute, F.layer_norm, permute)."""
+    model, x = Net(), torch.randn(2, 3, 8, 8)
+    spec = mc.symmetry_spec(model, x)
+    assert [b.space for b in spec.tensors["n.weight"]] == ["P_c1"] and [b.space for b in spec.tensors["n.bias"]] == ["P_c1"]
+    assert check_function_preserved(spec, model, (x,), seed=5) <= 1e-4
+
+
+def _old_leaf_rule(m):  # the broken variant: any subclass of a rule layer is a leaf with its base's rule
+    return isinstance(m, trace_mod._RULE_MODULES)
+
+
+def test_a_wrong_traced_spec_is_refused_naming_the_unbound_tensors(monkeypatch):
+    monkeypatch.setattr(trace_mod, "_rule_leaf", _old_leaf_rule)
     model, x = Net(), torch.randn(2, 3, 8, 8)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     with pytest.raises(SpecError, match=r"changes its function.*\['P_c1'\].*'n\.weight', 'n\.bias'"):
         mc.symmetry_spec(model, x)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # the input is never modified
     wrong = mc.symmetry_spec(model, x, check=False)  # the silent wrong answer the check prevents:
-    wrong.validate(model)  # validates,
+    wrong.validate(model)  # it validates,
     g = wrong.random_element(seed=1)
     sd = model.state_dict()
     stock = Net()  # keeps the outputs at stock init (γ = 1, β = 0) ...

@@ -402,6 +402,8 @@ class _Tracer:
             return self.matmul(node)
         if not is_method and t is torch.cat:
             return self.cat(node)
+        if not is_method and t is F.layer_norm:
+            return self.functional_layer_norm(node)
         x = self.arg_val(node)
         if among(_ELEMENTWISE_METHODS | _SOFTMAX_METHODS, _ELEMENTWISE_FUNCTIONS | _SOFTMAX_FUNCTIONS):
             return x if x is not None else self.frozen_val(node)
@@ -418,6 +420,30 @@ class _Tracer:
         if among({"permute", "transpose"}, {torch.permute, torch.transpose}):
             return self.permute(node, x)
         return self.unsupported(node, "no symmetry rule for this operation")
+
+    def functional_layer_norm(self, node: torch.fx.Node) -> _Val | None:
+        """``F.layer_norm(x, normalized_shape, weight, bias, eps)`` (e.g. inside a channels-last norm's forward):
+        normalising over the permuted dim commutes with its permutation when ``weight``/``bias`` move with it
+        (bound like :meth:`norm`'s); over other dims they are constant along it."""
+        names = ("input", "normalized_shape", "weight", "bias", "eps")
+        args = dict(zip(names, node.args, strict=False)) | {k: v for k, v in node.kwargs.items() if k in names}
+        x = self.value(args["input"])
+        if x is None or self.all_frozen(x):
+            for k in ("weight", "bias"):
+                self.value(args.get(k))
+            return x if x is not None else self.frozen_val(node)
+        shape = args["normalized_shape"]
+        n = len(shape) if isinstance(shape, (tuple, list, torch.Size)) else 1
+        first = x.ndim - n
+        if x.dim < first:
+            return x
+        for k in ("weight", "bias"):
+            a = self.vals.get(args.get(k)) if isinstance(args.get(k), torch.fx.Node) else None
+            if isinstance(a, _Attr) and a.key is not None:
+                self.bind(a.key, x.dim - first, x, "out")
+            elif args.get(k) is not None:
+                return self.unsupported(node, f"layer_norm {k} is not a parameter of the model")
+        return x
 
     def binary(self, node: torch.fx.Node) -> _Val | None:
         """``a ∘ b`` elementwise (add, mul, …, broadcasting): a parameter operand is bound like a bias
@@ -800,12 +826,23 @@ def symmetry_spec(
     return spec
 
 
+def _rule_leaf(m: nn.Module) -> bool:
+    """Whether ``m`` is one node with the rule of a stock layer: the layer itself, a subclass that keeps its
+    ``forward``, or one that declares ``symmetry_rule`` (W-asymmetric layers compute their base layer's symmetry). A
+    subclass with a forward of its own is traced into: torchvision's ConvNeXt ``LayerNorm2d`` subclasses
+    ``nn.LayerNorm`` but normalises channels-last, so the ``nn.LayerNorm`` rule would bind its parameters wrongly."""
+    base = next((b for b in _RULE_MODULES if isinstance(m, b)), None)
+    if base is None:
+        return False
+    return type(m).forward is base.forward or getattr(type(m), "symmetry_rule", None) is not None
+
+
 def _fx_trace(model: nn.Module, leaf_modules: tuple[type[nn.Module], ...]) -> torch.fx.GraphModule:
     class _Tr(torch.fx.Tracer):
         # Subclasses of the layers we have rules for (e.g. W-asymmetric Linear/Conv2d) stay one node, like
         # the stock layer; fx alone would trace through any module defined outside torch.nn.
         def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
-            return isinstance(m, leaf_modules + _RULE_MODULES) or super().is_leaf_module(m, qualname)
+            return isinstance(m, leaf_modules) or _rule_leaf(m) or super().is_leaf_module(m, qualname)
 
     try:
         graph = _Tr().trace(model)
