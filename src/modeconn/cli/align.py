@@ -51,7 +51,7 @@ def align(
     config.json and other side files, and alignment.json. Try --restarts 1 --max-iter 2 on large models
     (benchmarks/bench_stream_wm.py).
 
-    Language-model checkpoints (gpt-neox-tiny) with --method dual (LMC-DM, METHODS.md §3) or one-sided: both
+    Language-model checkpoints (gpt-neox-tiny) with --method dual (LMC-DM, docs/methods.md §3) or one-sided: both
     models are absorbed (normalizations folded), the full group is bound (orthogonal residual, head permutation,
     per-head invertible QK / OV, FFN permutation), weight matching gives the discrete parts and the start, and the
     continuous transforms are learned on the training split. --out then holds a/ and b/ (the transformed absorbed

@@ -1,6 +1,6 @@
 """Synthetic Gaussian mixtures on a k-dimensional subspace of R^d with controllable coherence.
 
-Used by the neuron-identifiability experiments (METHODS.md §1, experiments (b) and (c)): the data live exactly on
+Used by the neuron-identifiability experiments (docs/methods.md §1, experiments (b) and (c)): the data live exactly on
 ``span(U)`` (plus optional isotropic noise), so the realization cost, swap cost and coherence ``ν(U)`` of
 :mod:`modeconn.identifiability` apply to them directly.
 """

@@ -1,4 +1,4 @@
-"""Assignment margins, swap costs and the identity-vs-optimal proxy (METHODS.md §1).
+"""Assignment margins, swap costs and the identity-vs-optimal proxy (docs/methods.md §1).
 
 For a cost matrix ``C[i, j] = c_i(a_j)`` (neuron ``i`` realising feature ``j``, see
 :func:`~modeconn.identifiability.realization_cost`) the identity is the unique cheapest assignment of features
@@ -104,7 +104,7 @@ def assignment_margin(C: Any) -> AssignmentMargin:
 
 
 def swap_costs(C: Any, perm: Any = None) -> torch.Tensor:
-    """Cost change of every transposition of an assignment: the pairwise swap cost (METHODS.md §1).
+    """Cost change of every transposition of an assignment: the pairwise swap cost (docs/methods.md §1).
 
     ``Δ[i, j] = C[i, perm[j]] + C[j, perm[i]] − C[i, perm[i]] − C[j, perm[j]]`` — what swapping the columns
     assigned to rows ``i`` and ``j`` adds to ``Σ_i C[i, perm[i]]``; symmetric, diagonal 0. With the default
@@ -133,7 +133,7 @@ def swap_costs(C: Any, perm: Any = None) -> torch.Tensor:
 
 
 def permutation_sensitivity(C: Any, perm: Any) -> float:
-    """Permutation sensitivity ``Δ_π = Σ_i C[i, π(i)] − Σ_i C[i, i]`` (METHODS.md §1).
+    """Permutation sensitivity ``Δ_π = Σ_i C[i, π(i)] − Σ_i C[i, i]`` (docs/methods.md §1).
 
     Positive: reassigning the features by ``π`` costs more than the identity. Units of ``C``.
 

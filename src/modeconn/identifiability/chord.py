@@ -1,4 +1,4 @@
-"""Chord deviation of network outputs along an interpolation path (METHODS.md §1)."""
+"""Chord deviation of network outputs along an interpolation path (docs/methods.md §1)."""
 
 from __future__ import annotations
 

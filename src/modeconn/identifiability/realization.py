@@ -1,4 +1,4 @@
-"""Realization cost of target directions for W-asymmetric neurons (METHODS.md §1)."""
+"""Realization cost of target directions for W-asymmetric neurons (docs/methods.md §1)."""
 
 from __future__ import annotations
 

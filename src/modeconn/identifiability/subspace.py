@@ -1,6 +1,6 @@
 """Input subspaces: orthonormal bases, coherence, PCA estimate, separation of projected centers.
 
-METHODS.md §1 (Neuron identifiability, seed 000): the data live on ``X ⊂ span(U)``, ``U`` a ``d_in × k``
+docs/methods.md §1 (Neuron identifiability, seed 000): the data live on ``X ⊂ span(U)``, ``U`` a ``d_in × k``
 matrix with orthonormal columns; a neuron with fixed offset row ``f_i`` sees only its projected center
 ``b_i = Uᵀ f_i ∈ R^k``.
 """
@@ -50,7 +50,7 @@ def subspace_coherence(U: Any) -> float:
     the leverages sum to ``k``, so ``ν ∈ [1, d_in/k]``: ``1`` when every coordinate carries the same share of the
     subspace (e.g. columns of a normalised Hadamard matrix), ``d_in/k`` when the subspace contains a standard basis
     vector (coordinate-aligned). High coherence lets a mask ``D`` alone (``F = 0``) make particular features
-    expensive for particular neurons (METHODS.md §1). Round-off can put the value ~1e-6 outside the interval.
+    expensive for particular neurons (docs/methods.md §1). Round-off can put the value ~1e-6 outside the interval.
 
     Args:
         U: ``(d_in, k)`` with orthonormal columns.
@@ -117,7 +117,7 @@ def estimate_subspace(
 
 
 def center_separation(U: Any, f: Any) -> dict[str, float]:
-    """How well separated the projected fixed centers ``b_i = Uᵀ f_i`` are (METHODS.md §1).
+    """How well separated the projected fixed centers ``b_i = Uᵀ f_i`` are (docs/methods.md §1).
 
     In the center-dominated regime (``F ≫ W``) the swap cost of two neurons is about ``‖b_i − b_j‖²``; with ``m``
     neurons and small intrinsic dimension ``k`` random centers crowd, so symmetry stays effectively unbroken.

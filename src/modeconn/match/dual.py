@@ -1,4 +1,4 @@
-"""Dual learned matching (LMC-DM, METHODS.md §3) and one-sided learned matching (Theus et al. 2025).
+"""Dual learned matching (LMC-DM, docs/methods.md §3) and one-sided learned matching (Theus et al. 2025).
 
 Both endpoints get a group element, ``π_A = g_A`` and ``π_B = g_B``, and the continuous parts of both are
 learned by minimising the expected loss along the linear path between the transformed endpoints,
@@ -215,7 +215,7 @@ def dual_matching(
 ) -> DualAlignment:
     """Learn continuous symmetry transforms of both endpoints (or of B only) that lower the loss along the path.
 
-    Minimises ``E_λ L((1−λ)·π_A(θ_A) + λ·π_B(θ_B))`` over the continuous transforms (METHODS.md §3; the module
+    Minimises ``E_λ L((1−λ)·π_A(θ_A) + λ·π_B(θ_B))`` over the continuous transforms (docs/methods.md §3; the module
     docstring gives the equations and the gauge decision) with Adam, ``steps`` steps of one batch each.
 
     Args:

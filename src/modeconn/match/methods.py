@@ -154,6 +154,6 @@ register(AlignmentMethod(
     needs_continuous=True, label="one-sided learned matching"))
 register(AlignmentMethod(
     "dual", "dual learned matching (LMC-DM): continuous transforms of both endpoints learned on the path loss",
-    dual_matching, DualMatchingConfig, f"LMC-DM dual matching (METHODS.md §3), after {THEUS}",
+    dual_matching, DualMatchingConfig, f"LMC-DM dual matching (docs/methods.md §3), after {THEUS}",
     needs_data=True, streams=False, groups=None, objective_sense="minimize", inputs="model_and_state_dicts",
     needs_continuous=True, label="dual learned matching (LMC-DM)"))

@@ -1,6 +1,6 @@
 """Continuous parameterisations of the symmetry groups, for learning group elements by gradient descent.
 
-Dual learned matching (LMC-DM, METHODS.md §3) and its one-sided predecessor (Theus et al. 2025) learn the
+Dual learned matching (LMC-DM, docs/methods.md §3) and its one-sided predecessor (Theus et al. 2025) learn the
 continuous part of a group element — the global residual rotation, per-head QK/OV transforms, FFN
 scalings — with Adam. Each space's element becomes the output of a small :class:`GroupTransform` module
 whose unconstrained parameters Adam updates and whose ``forward()`` returns a valid element of the space's

@@ -1,6 +1,6 @@
 """W-asymmetric layers: ``W_eff = F + D ⊙ W`` with fixed random offsets F and a fixed 0/1 mask D.
 
-Method (METHODS.md §1, "neuron identifiability"; reference code vuenc/neuron-identifiability): in every
+Method (docs/methods.md §1, "neuron identifiability"; reference code vuenc/neuron-identifiability): in every
 row of a layer's weight (for a convolution: every output channel, over its ``in_channels/groups · kh · kw``
 entries) ``num_fixed`` randomly chosen entries are *masked* (D = 0) and replaced by a fixed offset
 F = σ_F · N(0, 1); everywhere else D = 1 and F = 0. Only W is trained; the gradient of a masked entry,

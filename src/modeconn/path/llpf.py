@@ -1,5 +1,5 @@
 """Low-Loss Path Finding, LLPF (layer-wise connectivity; reference code twoentartian/DFL_torch,
-``tool/find_high_accuracy_path_v2``). METHODS.md §2.
+``tool/find_high_accuracy_path_v2``). docs/methods.md §2.
 
 **Model-to-model (M2M)** from θ_A to a destination D = θ_B. The current point P starts at θ_A; every *tick*:
 
@@ -910,7 +910,7 @@ def llpf_m2m(model: nn.Module, sd_a: StateDict, sd_b: StateDict, train_data: Any
              progress: Callable[[int, int], None] | None = None, data_info: Mapping[str, Any] | None = None,
              **options: Any) -> Path:
     """LLPF model-to-model: a low-loss path from ``sd_a`` to ``sd_b`` by ticks of move → variance correction
-    → refine → projection (module docstring; METHODS.md §2). Settings: :class:`LLPFConfig`.
+    → refine → projection (module docstring; docs/methods.md §2). Settings: :class:`LLPFConfig`.
 
     ``sd_a``, ``sd_b``: source and destination state dicts (never mutated; one device — the run's device).
 

@@ -13,7 +13,7 @@ permutation space ``P`` (same size, a unit-wise group: ``scaling`` or ``head_*``
 inside bindings of ``P`` on the same tensor axis (unit ``i`` of the child inside unit ``i`` of the parent);
 on such a range the parent acts first, then the child: ``M = D_C · P_perm`` (unit ``i`` of ``g·θ`` is old
 unit ``perm[i]`` transformed by ``C[i]``). This is how heads permute as whole blocks while each head keeps
-its own QK and OV transform (METHODS.md §0, §3; Theus et al. 2025), and how FFN units get a permutation and
+its own QK and OV transform (docs/methods.md §0, §3; Theus et al. 2025), and how FFN units get a permutation and
 a per-unit scaling. ``compose``/``inverse`` implement the semidirect product exactly:
 ``(π, C)∘(σ, E) = (σ[π], C·E[π])`` and ``(π, C)^{-1} = (π^{-1}, C^{-1}[π^{-1}])``.
 

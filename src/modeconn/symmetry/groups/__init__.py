@@ -5,7 +5,7 @@ stream, the heads of an attention layer). A group element ``g`` acts on activati
 space as ``h' = M_g h``. To keep the network's function, every tensor axis that *writes* the space (output
 side, e.g. rows of a Linear weight, a bias, BatchNorm statistics) is transformed by ``M_g`` and every axis
 that *reads* it (input side, e.g. columns of the next Linear weight) by ``M_g^{-1}`` from the right, i.e.
-along that axis the vector transforms by ``M_g^{-T}`` (METHODS.md §0). For permutations and rotations
+along that axis the vector transforms by ``M_g^{-T}`` (docs/methods.md §0). For permutations and rotations
 ``M_g^{-T} = M_g``, so both sides reduce to the same operation.
 
 A bound axis range has ``n·block`` entries: ``block`` consecutive entries form one *unit* (conv → flatten:
@@ -28,7 +28,7 @@ group (params)      element                        ``M_g`` on an axis of ``n`` u
 ``head_*`` groups: one ``d × d`` transform per attention head (the per-head QK circuit
 ``W_Q^h → A W_Q^h, W_K^h → A^{-T} W_K^h`` — q rows bound on the output side, k rows on the input side — and
 the OV circuit ``W_V^h → B W_V^h, W_O^h → W_O^h B^{-1}`` — v rows output side, o_proj columns input side;
-METHODS.md §0/§3, Theus et al. 2025.) With ``rotary_dims = r > 0`` the first ``r`` dims of every head are
+docs/methods.md §0/§3, Theus et al. 2025.) With ``rotary_dims = r > 0`` the first ``r`` dims of every head are
 rotated by rotary embeddings (RoPE): the score ``(R_m q)ᵀ(R_n k)`` becomes ``qᵀAᵀR_mᵀR_n A^{-T}k``, unchanged
 at all positions iff ``A`` commutes with every RoPE rotation, i.e. (for distinct RoPE frequencies) on each
 rotated pair ``(p, q)`` it is a scaled rotation ``[[a, -b], [b, a]]`` (``a² + b² = 1`` for

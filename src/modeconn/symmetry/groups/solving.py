@@ -1,7 +1,7 @@
 """Weight-matching solvers of one space: the interface a group's ``solver`` hook implements, and the closed forms
 the groups share.
 
-Weight matching (METHODS.md §0; Ainsworth et al. 2023, "git re-basin") updates one space at a time with the
+Weight matching (docs/methods.md §0; Ainsworth et al. 2023, "git re-basin") updates one space at a time with the
 others fixed. For a space, every bound tensor axis ("term") contributes a pair of unit matrices: ``X`` from
 θ_A and ``Y`` from θ_B with every other space already applied, each of shape ``(…, d, m)`` — ``d`` rows
 per unit transform (``n`` for a whole-space matrix group, ``head_dim`` per head, 1 per scaled unit) and
