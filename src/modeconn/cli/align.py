@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from ._app import DATA_HELP, OVERWRITE_HELP, app, console, errors_exit, log, progress_bar
+from ._app import DATA_HELP, DOWNLOAD_HELP, OVERWRITE_HELP, app, console, errors_exit, log, progress_bar
 from ._print import show
 
 
@@ -27,6 +27,7 @@ def align(
     method: str = typer.Option("weight", help=_method_help()),
     dataset: str | None = typer.Option(None, help="dataset for activation/learned matching (default: A's)"),
     data: Path | None = typer.Option(None, help=DATA_HELP),
+    download: bool = typer.Option(False, help=DOWNLOAD_HELP),
     limit_train: int | None = typer.Option(None, min=1),
     seed: int = typer.Option(0),
     steps: int = typer.Option(200, min=1, help="language models (dual / one-sided): Adam steps of learned matching"),
@@ -45,7 +46,8 @@ def align(
     the group element, objective and timings.
 
     Hugging Face checkpoint directories (config.json with model_type; model.safetensors or shards with
-    model.safetensors.index.json), e.g. Pythia / GPT-2 / Llama: streaming weight matching (--method weight only)
+    model.safetensors.index.json) of a supported family (Llama, Mistral, Qwen, Gemma, Phi, OLMo, Falcon, BLOOM, GPT-NeoX …;
+    see the README's table): streaming weight matching (--method weight only)
     that reads one tensor at a time, so models larger than memory work; permutation groups (residual, per-head
     q·k and v·o, FFN), no normalization absorption. --out gets B's layout (same shard files and index), B's
     config.json and other side files, and alignment.json. Try --restarts 1 --max-iter 2 on large models
@@ -66,7 +68,7 @@ def align(
                                 steps=steps, lr=lr, lambda_schedule=lambda_schedule, lambda_value=lambda_value,
                                 parameterization=parameterization, batch_size=batch_size, restarts=restarts,
                                 max_iter=max_iter, overwrite=overwrite)
-    with errors_exit(), progress_bar() as progress:
+    with errors_exit(download), progress_bar() as progress:
         outcome = run_align(a, b, out, opts, progress=progress, log=log,
                                 note=lambda s: console.print(f"[yellow]{s}[/]"))
     show(outcome)
