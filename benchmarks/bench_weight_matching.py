@@ -1,16 +1,26 @@
-"""Weight matching: modeconn vs the `rebasin` package (PyPI), side by side in one run.
+"""Weight matching: modeconn vs the `rebasin` package (PyPI), side by side in one run (issue #20).
 
-Pairs: two ResNet20×4 models (1×28×28 Fashion-MNIST shape, 10 classes) and two 3×512 MLPs, both at
-their (seeded, independent) initialisation. For each pair: wall time of each implementation, the
-objective Σ⟨θ_A, g·θ_B⟩ each reaches (computed by us on the returned weights, over the same tensors),
-whether the result still computes the same function as B, and the share of our time spent in LAP solves.
+Pairs: two *trained* models each — MLP 3×512 on MNIST and ResNet20×4 with BatchNorm on Fashion-MNIST, trained
+briefly with modeconn's training API (``_trained.py``; cached in ``benchmarks/cache/``) — and the same
+architectures at their (seeded, independent) initialisation. For each pair and repeat, one after the other:
 
-Run: python benchmarks/bench_weight_matching.py   (needs `pip install rebasin`)
+* modeconn at default settings (restarts until one fails to beat the best, at most 4);
+* modeconn with one run (``restarts=1``);
+* modeconn with the defaults before issue #20 (``restart_rtol=None``: all 4 restarts, greedy / identity / random);
+* rebasin's ``PermutationCoordinateDescent``.
+
+Wall time includes tracing the symmetry spec (rebasin traces its model too). Reported: median wall time over the
+repeats, the objective Σ⟨θ_A, g·θ_B⟩ each reaches (rebasin's computed by us on its returned weights, over the same
+tensors), whether rebasin's result still computes B's function, the restarts and sweeps that ran, LAP time.
+
+Run: python benchmarks/bench_weight_matching.py [--repeats 3]   (needs `pip install rebasin`)
 """
 
 from __future__ import annotations
 
+import argparse
 import copy
+import statistics
 import time
 
 import torch
@@ -19,77 +29,78 @@ import modeconn as mc
 from modeconn.models import build_model
 
 from _common import write_json
+from _trained import trained_pair
+
+ARCHS = {
+    "mlp": ("mlp", dict(depth=3, width=512)),
+    "resnet": ("resnet20", dict(width=4.0, norm="batchnorm")),
+}
+VARIANTS = {"default": {}, "1run": {"restarts": 1}, "old_default": {"restart_rtol": None}}
 
 
 def objective(spec, sd_a, sd_b) -> float:
     return float(sum((sd_a[k].float() * sd_b[k].float()).sum() for k, b in spec.tensors.items() if b))
 
 
-def bench_pair(name: str, arch: str, kwargs: dict, in_shape, repeats: int = 3) -> dict:
-    model_a = build_model(arch, in_shape=in_shape, num_classes=10, seed=0, **kwargs).eval()
-    model_b = build_model(arch, in_shape=in_shape, num_classes=10, seed=1, **kwargs).eval()
-    x = torch.randn(4, *in_shape, generator=torch.Generator().manual_seed(0))
+def models(name: str, trained: bool):
+    if trained:
+        return trained_pair(name)
+    arch, kwargs = ARCHS[name]
+    return tuple(build_model(arch, in_shape=(1, 28, 28), num_classes=10, seed=s, **kwargs).eval() for s in (0, 1))
+
+
+def bench_pair(name: str, trained: bool, repeats: int) -> dict:
+    from rebasin import PermutationCoordinateDescent
+
+    model_a, model_b = models(name, trained)
+    x = torch.randn(4, 1, 28, 28, generator=torch.Generator().manual_seed(0))
     sd_a, sd_b = model_a.state_dict(), model_b.state_dict()
     spec = mc.symmetry_spec(model_a, x)
-    out = {"pair": name, "params": sum(p.numel() for p in model_a.parameters()), "naive_objective": objective(spec, sd_a, sd_b)}
-
-    ours, ours1, theirs = [], [], []
+    times: dict[str, list[float]] = {v: [] for v in (*VARIANTS, "rebasin")}
+    results: dict = {}
     for rep in range(repeats):
-        t = time.perf_counter()
-        spec_r = mc.symmetry_spec(model_a, x)
-        res1 = mc.weight_matching(spec_r, sd_a, sd_b, restarts=1, seed=rep)
-        ours1.append((time.perf_counter() - t, res1))
-        t = time.perf_counter()
-        res = mc.weight_matching(spec_r, sd_a, sd_b, seed=rep)
-        ours.append((time.perf_counter() - t, res))
-
-        from rebasin import PermutationCoordinateDescent
-
+        for v, kw in VARIANTS.items():
+            t = time.perf_counter()
+            res = mc.weight_matching(mc.symmetry_spec(model_a, x), sd_a, sd_b, seed=rep, **kw)
+            times[v].append(time.perf_counter() - t)
+            results.setdefault(v, res)
         torch.manual_seed(rep)
         mb = copy.deepcopy(model_b)
         t = time.perf_counter()
-        pcd = PermutationCoordinateDescent(copy.deepcopy(model_a), mb, x)
-        pcd.rebasin()
-        theirs.append((time.perf_counter() - t, mb))
-
-    def best(runs):
-        return min(r[0] for r in runs)
-
-    t_ours1, t_ours, t_theirs = best(ours1), best(ours), best(theirs)
-    rb_sd = theirs[0][1].state_dict()
+        PermutationCoordinateDescent(copy.deepcopy(model_a), mb, x).rebasin()
+        times["rebasin"].append(time.perf_counter() - t)
+        results.setdefault("rebasin", mb)
+    med = {v: statistics.median(ts) for v, ts in times.items()}
+    rb = results["rebasin"]
     with torch.no_grad():
-        same_fn = torch.allclose(theirs[0][1](x), model_b(x), atol=1e-4)
-    out.update(
-        modeconn_1run_seconds=t_ours1,
-        modeconn_1run_objective=ours1[0][1].objective,
-        modeconn_seconds=t_ours,
-        modeconn_objective=ours[0][1].objective,
-        modeconn_restarts=ours[0][1].stats["restarts_run"],
-        modeconn_lap_share=ours1[0][1].stats["lap_seconds"] / ours1[0][1].stats["seconds"],
-        modeconn_spec_seconds_included=True,
-        rebasin_seconds=t_theirs,
-        rebasin_objective=objective(spec, sd_a, rb_sd),
-        rebasin_preserves_function=bool(same_fn),
-        speedup_1run=t_theirs / t_ours1,
-        speedup_default=t_theirs / t_ours,
-    )
+        same_fn = torch.allclose(rb(x), model_b(x), atol=1e-4)
+    out = {"pair": f"{name} ({'trained' if trained else 'init'})", "params": sum(p.numel() for p in model_a.parameters()),
+           "naive_objective": objective(spec, sd_a, sd_b), "seconds_all": times,
+           "rebasin_seconds": med["rebasin"], "rebasin_objective": objective(spec, sd_a, rb.state_dict()),
+           "rebasin_preserves_function": bool(same_fn), "spec_seconds_included": True}
+    for v in VARIANTS:
+        st = results[v].stats
+        out[v] = {"seconds": med[v], "objective": results[v].objective, "speedup_vs_rebasin": med["rebasin"] / med[v],
+                  "restarts_run": st["restarts_run"], "restarts_stopped_by": st["restarts_stopped_by"],
+                  "sweeps": st["sweeps"], "restart_objectives": st["restart_objectives"],
+                  "lap_calls": st["lap_calls"], "lap_skipped": st["lap_skipped"], "lap_seconds": st["lap_seconds"]}
     return out
 
 
 def main() -> None:
-    torch.set_num_threads(max(1, torch.get_num_threads()))
-    rows = [
-        bench_pair("resnet20x4 (init)", "resnet20", dict(width=4.0, norm="batchnorm"), (1, 28, 28)),
-        bench_pair("mlp 3x512 (init)", "mlp", dict(depth=3, width=512), (1, 28, 28)),
-    ]
-    path = write_json("weight_matching_vs_rebasin", {"rows": rows})
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    rows = [bench_pair(name, trained, args.repeats) for trained in (True, False) for name in ARCHS]
+    path = write_json("weight_matching_vs_rebasin", {"rows": rows, "repeats": args.repeats})
     for r in rows:
-        print(
-            f"{r['pair']}: modeconn {r['modeconn_1run_seconds']:.3f}s (1 run, obj {r['modeconn_1run_objective']:.2f}; "
-            f"LAP {100 * r['modeconn_lap_share']:.0f}% of time) / {r['modeconn_seconds']:.3f}s ({r['modeconn_restarts']} runs, "
-            f"obj {r['modeconn_objective']:.2f}) vs rebasin {r['rebasin_seconds']:.3f}s (obj {r['rebasin_objective']:.2f}); "
-            f"speed-up {r['speedup_1run']:.1f}x / {r['speedup_default']:.1f}x; naive obj {r['naive_objective']:.2f}"
-        )
+        d, one, old = r["default"], r["1run"], r["old_default"]
+        print(f"{r['pair']}: default {d['seconds']:.3f}s obj {d['objective']:.2f} ({d['restarts_run']} runs, "
+              f"{d['restarts_stopped_by']}) | 1 run {one['seconds']:.3f}s obj {one['objective']:.2f} | old default "
+              f"{old['seconds']:.3f}s obj {old['objective']:.2f} | rebasin {r['rebasin_seconds']:.3f}s obj "
+              f"{r['rebasin_objective']:.2f}; speed-up default {d['speedup_vs_rebasin']:.1f}x, 1 run "
+              f"{one['speedup_vs_rebasin']:.1f}x")
     print(f"wrote {path}")
 
 
