@@ -11,10 +11,10 @@ objective kept — until one fails to beat the best by ``restart_rtol`` (relativ
 run starts from a *greedy data-flow* element: spaces in spec order (the traced data-flow order), each matched on
 its writer tensors only — those whose other axes read spaces already matched — with the spaces before it applied
 (layer-wise matching, as in Singh & Jaggi 2020); on independently trained or initialised nets it reaches a clearly
-better optimum than starting from the
-identity. The second run starts from the identity, with the orders of a first run of the same seed — exactly the
-plain git re-basin run (:mod:`modeconn.match.reference`), so the default is never worse than it — the others from
-random elements (or, ``restart_init="perturb"``, from kicks of the best element). ``J`` is bounded by
+better optimum than starting from the identity. The second run starts from the identity, with the orders of a first
+run of the same seed — exactly the plain git re-basin run (:mod:`modeconn.match.reference`), so the default is
+never worse than it — the others from random elements (or, ``restart_init="perturb"``, from kicks of the best
+element). ``J`` is bounded by
 ``‖θ_A‖·‖θ_B‖`` (Cauchy–Schwarz), reached exactly when ``g·θ_B = θ_A``; restarts stop early once it is reached.
 
 *Continuous groups and heads* (METHODS.md §0/§3, Theus et al. 2025). In general WM minimises the distance
@@ -94,15 +94,17 @@ class WeightMatchingConfig(StrictConfig):
     work).
 
     Attributes:
-        restarts: the most coordinate-descent runs (≥ 1). The first starts at ``init``; each later one starts from a
-            *kick* (``restart_init="perturb"``: the best element so far with one random space re-drawn at random —
-            iterated local search, Lourenço, Martin & Stützle 2003) or from scratch (``restart_init="scratch"``: the
-            second at the identity, the others at random elements). The best objective is returned. Fewer runs happen
-            when the objective reaches its upper bound, or (``restart_rtol``) when a run fails to beat the best.
+        restarts: the most coordinate-descent runs (≥ 1). The first starts at ``init``; each later one starts from
+            scratch (``restart_init="scratch"``: the second at the identity with the first run's orders — the plain
+            git re-basin run of the seed —, the others at random elements) or from a *kick* (``"perturb"``: the best
+            element so far with one random space re-drawn at random — iterated local search, Lourenço, Martin &
+            Stützle 2003; cheaper, without the guarantee of never being worse than the plain run). The best
+            objective is returned. Fewer runs happen when the objective reaches its upper bound, or
+            (``restart_rtol``) when a run fails to beat the best.
         restart_rtol: stop the restarts once a run ``r ≥ 2`` ends at an objective that does not exceed the best of the
             runs before it by more than ``restart_rtol·|best|`` (≥ 0); ``None`` runs all ``restarts`` (up to the
             bound), as before this option existed.
-        restart_init: how runs after the first start, ``"perturb"`` (default) or ``"scratch"`` (see ``restarts``).
+        restart_init: how runs after the first start, ``"scratch"`` (default) or ``"perturb"`` (see ``restarts``).
         max_iter: the most sweeps over all spaces per run (≥ 1). A run ends earlier after a sweep that changes no
             element (nothing is left to gain: the next sweep would solve the same problems) or whose gain is below
             ``rtol``.
@@ -114,7 +116,8 @@ class WeightMatchingConfig(StrictConfig):
         keys: restrict the objective to these tensors (default: every floating tensor bound to a space).
         chunk: streaming only — elements per chunk of a tensor read, converted and multiplied at a time (≥ 1).
 
-    The defaults before ``restart_rtol``/``restart_init`` existed are ``restart_rtol=None, restart_init="scratch"``.
+    ``restart_rtol=None`` runs as many restarts from the same starts as before this option existed (runs after the
+    second draw their orders and random starts from their own seeded generators).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
