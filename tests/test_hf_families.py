@@ -327,3 +327,15 @@ def test_barrier_on_hugging_face_causal_lms(tmp_path, shared_data):
     (dirs[0] / "tokenizer.json").unlink()
     bad = run_cli("barrier", *dirs, "--dataset", "austen", "--out", tmp_path / "o3", ok=False)
     assert bad.exit_code == 2 and "tokenizer.json" in bad.output
+
+
+def test_stream_apply_from_the_api_writes_the_config(tmp_path):
+    """#17 item 5: without config.json, from_pretrained would build transformers' default config."""
+    m = make("qwen2")
+    m.save_pretrained(tmp_path / "b", max_shard_size="20KB")
+    spec = hf_checkpoint_spec(tmp_path / "b")
+    stream_apply(spec, tmp_path / "b", spec.random_element(seed=0), tmp_path / "out")
+    back = T.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    assert type(back) is type(m) and back.config.hidden_size == m.config.hidden_size
+    ids = _ids(m)
+    torch.testing.assert_close(_logits(back, ids), _logits(m, ids), rtol=1e-4, atol=1e-4)

@@ -236,9 +236,9 @@ def stream_apply(spec: SymmetrySpec, src: Checkpoint, element: Element, out: Pat
 
     Same shard file names, keys per shard, index (``weight_map`` and ``metadata``) and safetensors metadata; dtypes
     kept (permutations are exact in every dtype: the result equals ``spec.apply`` bit for bit). ``files``: other
-    files for ``out`` (name → path to copy, bytes, or a JSON object); only the weights are written otherwise — pass
-    ``files=side_files(src)`` for config.json and tokenizer files (``from_pretrained`` needs the config). Peak
-    memory: one tensor and its image.
+    files for ``out`` (name → path to copy, bytes, or a JSON object); ``src``'s ``config.json`` is always written
+    unless ``files`` has one, so ``from_pretrained`` reads the real architecture — pass ``files=side_files(src)``
+    for the tokenizer and generation files too. Peak memory: one tensor and its image.
 
     Returns: ``out``, created atomically. Raises: CheckpointError (src unreadable, ``out`` non-empty without
     ``overwrite``), StateDictMismatchError (src does not fit the spec), SpecError (bad element; tied tensors stored
@@ -248,7 +248,7 @@ def stream_apply(spec: SymmetrySpec, src: Checkpoint, element: Element, out: Pat
     _check_inputs(spec, [ckpt], [element])
     cache: dict = {}
     tick = (lambda d, t: progress("writing", d, t)) if progress is not None else None
-    return write_like(out, ckpt, lambda k: _tensor(spec, ckpt, k, element, cache), files=files,
+    return write_like(out, ckpt, lambda k: _tensor(spec, ckpt, k, element, cache), files=with_config(ckpt.path, files),
                       overwrite=overwrite, progress=tick, command="align")
 
 
