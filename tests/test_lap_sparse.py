@@ -159,3 +159,9 @@ def test_fp32_scores_are_solved_without_an_fp64_copy_to_the_fp64_optimum():
     assert timer.dense_fallbacks == 0 and timer.certificate_failures >= 1
     assert _objective(s64, perm) == pytest.approx(_dense_optimum(s64), rel=1e-12)
     assert _objective(s64, solve_lap(s32, "P", method="dense")) == pytest.approx(_dense_optimum(s64), rel=1e-12)
+
+
+@pytest.mark.parametrize("method", ["auto", "dense", "sparse"])
+def test_empty_and_single_unit_spaces(method):
+    assert solve_lap(torch.zeros(0, 0), "P", method=method).tolist() == []
+    assert solve_lap(torch.ones(1, 1), "P", method=method).tolist() == [0]

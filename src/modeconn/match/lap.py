@@ -102,8 +102,8 @@ def solve_lap(score: torch.Tensor, space: str, timer: LapTimer | None = None, *,
     _check_finite(src, space)
     n = src.shape[0]
     timer = timer if timer is not None else LapTimer()
-    perm = None
-    if method == "sparse" or (method == "auto" and n >= SPARSE_MIN_N):
+    perm = np.arange(n) if n <= 1 else None
+    if perm is None and (method == "sparse" or (method == "auto" and n >= SPARSE_MIN_N)):
         # fp32 scores are read as they are (their fp64 values are exact): no n×n fp64 copy unless the dense solver runs
         timer.sparse_calls += 1
         perm = _sparse_certified(src, _hint(hint, n), timer)
