@@ -13,12 +13,14 @@ certificate, with the checks that keep NaN/Inf out of the solvers.
    ``scipy.sparse.csgraph.min_weight_full_bipartite_matching`` (LAPJVsp, Jonker & Volgenant 1987) on the costs
    ``c_i − S[i, j]`` (a per-row constant ``c_i`` changes no solution; it keeps every cost positive).
 3. *Potentials*: ``p`` (one per column) with ``S[i, j] + p[j] ≤ S[i, π(i)] + p[π(i)]`` for every ``(i, j) ∈ E``, as
-   shortest-path distances (Bellman–Ford, all distances starting at 0) in the graph on columns with an arc
+   shortest-path distances (Bellman–Ford from 0 — a virtual source with 0-length arcs to every column —, in later
+   rounds from the previous potentials: any start gives valid ones) in the graph on columns with an arc
    ``π(i) → j`` of length ``S[i, π(i)] − S[i, j]`` per candidate ``(i, j)``, ``j ≠ π(i)``: the shortest-path
    inequality ``p[j] ≤ p[π(i)] + S[i, π(i)] − S[i, j]`` is the condition. Such distances exist because π is optimal
-   on ``E`` — a negative cycle ``j₁ → j₂ → … → j₁`` would be an exchange along the cycle that raises the score — and
-   then these are the LP dual variables ``v_j = p[j]``, ``u_i = −S[i, π(i)] − p[π(i)]`` of the min-cost form
-   ``C = −S`` (reduced costs ``C[i, j] − u_i − v_j ≥ 0`` on ``E``, ``= 0`` on π).
+   on ``E`` — a negative cycle ``j₁ → j₂ → … → j₁`` would be an exchange along the cycle that raises the score (if
+   rounding left one, Bellman–Ford does not settle and the dense solver answers) — and these are the LP dual
+   variables ``v_j = p[j]``, ``u_i = −S[i, π(i)] − p[π(i)]`` of the min-cost form ``C = −S`` (reduced costs
+   ``C[i, j] − u_i − v_j ≥ 0`` on ``E``, ``= 0`` on π).
 4. *Certificate* on the whole dense ``S``: with ``h_i = S[i, π(i)] + p[π(i)]``, check ``S[i, j] + p[j] ≤ h_i`` for
    *every* ``(i, j)`` (one pass over ``S``, row blocks). If it holds, π is optimal on the dense problem: for any
    permutation σ, ``Σ_i S[i, σ(i)] = Σ_i (S[i, σ(i)] + p[σ(i)]) − Σ_j p[j] ≤ Σ_i h_i − Σ_j p[j] = Σ_i S[i, π(i)]``
@@ -28,9 +30,11 @@ certificate, with the checks that keep NaN/Inf out of the solvers.
    grows) and steps 2–4 repeat; after :data:`MAX_ROUNDS` failed certificates (or Bellman–Ford not settling within
    its round limit) the dense solver answers. Never an uncertified answer.
 
-Floating point: relaxations and the certificate use a tolerance ``τ = 1e-11·(max |S on E| + max |p|)``, so a
-certified π is optimal to within ``n·τ`` (the rounding of the fp64 sums themselves); ties may pick another optimal
-permutation than the dense solver. Failed certificates and dense fallbacks are counted in :class:`LapTimer`.
+Floating point: all arithmetic is fp64 (fp32 scores are read as they are: their fp64 values are exact, so no n×n
+fp64 copy is made). Relaxations use the tolerance ``1e-11·max |S on E|``, the certificate
+``τ = 1e-11·(max |S on E| + max |p|)``, so by step 4 a certified π is optimal to within ``n·τ`` (the rounding of the
+fp64 sums themselves); ties may pick another optimal permutation than the dense solver. Failed certificates and
+dense fallbacks are counted in :class:`LapTimer`.
 """
 
 from __future__ import annotations
