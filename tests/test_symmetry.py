@@ -138,7 +138,9 @@ class _Depthwise(nn.Module):
         return self.c2(F.relu(self.gn(self.dw(F.relu(self.c1(x)))))).mean((2, 3))
 
 
-def test_depthwise_supported_grouped_rejected():
+def test_depthwise_and_grouped_convolutions_keep_the_function():
+    """Depthwise: every channel its own space. Grouped (groups=2; #18 — refused before): group-preserving
+    permutations, each group's output channels permuted on its own, the input channels alike in every group."""
     x = torch.randn(3, 2, 5, 5)
     m = _Depthwise(groups=8).eval()
     spec = mc.symmetry_spec(m, x)
@@ -146,12 +148,12 @@ def test_depthwise_supported_grouped_rejected():
     g = spec.random_element(seed=4)
     torch.testing.assert_close(_logits(m, spec.apply(m.state_dict(), g), x), m(x), atol=1e-5, rtol=1e-5)
     grouped = _Depthwise(groups=2).eval()
-    with pytest.raises(UnsupportedOperationError, match="grouped convolution.*groups=2"):
-        mc.symmetry_spec(grouped, x)
-    frozen = mc.symmetry_spec(grouped, x, on_unsupported="freeze")
-    assert frozen.tensors["dw.weight"] == () and frozen.tensors["c1.weight"] == tuple(
-        b for b in frozen.tensors["c1.weight"] if b.side == "out"
-    )
+    spec = mc.symmetry_spec(grouped, x)
+    assert {b.side for b in spec.tensors["dw.weight"]} == {"in", "out"} and len(spec.spaces) == 3
+    g = spec.random_element(seed=4)
+    torch.testing.assert_close(_logits(grouped, spec.apply(grouped.state_dict(), g), x), grouped(x), atol=1e-5, rtol=1e-5)
+    frozen = mc.symmetry_spec(grouped, x, on_unsupported="freeze")  # nothing unsupported left to freeze
+    assert set(frozen.spaces) == set(spec.spaces)
 
 
 def test_groupnorm_with_groups_is_unsupported():

@@ -5,14 +5,13 @@ Traced attention (CCT: separate q/k/v/o projections) and the Hugging Face adapte
 every attention tensor — value rows with the output projection's columns, per head — and the positional
 embedding; a random element keeps the logits. Negative controls: applying the same element but leaving the
 value projection, or the positional embedding, or the whole attention block ("opaque") untouched changes the
-logits — exactly the bug class. A grouped (non-depthwise) convolution is refused with an error naming the
-node and its groups, never skipped; ``on_unsupported="freeze"`` freezes it instead (function kept); a depthwise
-convolution is supported.
+logits — exactly the bug class. A grouped (non-depthwise) convolution gets group-preserving permutations (#18;
+it was refused before), never skipped: its tensors are bound and the function is kept, while a permutation that
+moves channels across groups changes the logits (negative control); a depthwise convolution is supported.
 """
 
 from __future__ import annotations
 
-import pytest
 import torch
 from archs import make as make_arch
 from hf_tiny import loaded, make, max_diff, outputs
@@ -20,7 +19,6 @@ from rb_helpers import logits
 from torch import nn
 
 import modeconn as mc
-from modeconn.errors import UnsupportedOperationError
 from modeconn.symmetry.hf import example_inputs
 
 
@@ -71,14 +69,18 @@ class _Grouped(nn.Module):
         return self.head(torch.relu(self.mix(torch.relu(self.stem(x)))).mean((2, 3)))
 
 
-def test_grouped_convolutions_are_refused_or_frozen_never_skipped():
+def test_grouped_convolutions_are_group_preserving_never_skipped():
     x = torch.randn(4, 3, 6, 6)
-    with pytest.raises(UnsupportedOperationError, match=r"mix.*groups=2"):
-        mc.symmetry_spec(_Grouped(2), x)
     model = _Grouped(2).eval()
-    spec = mc.symmetry_spec(model, x, on_unsupported="freeze")
+    spec = mc.symmetry_spec(model, x)
     sd = model.state_dict()
-    assert torch.allclose(logits(model, spec.apply(sd, spec.random_element(seed=0)), x), logits(model, sd, x), atol=1e-5)
+    assert spec.tensors["mix.weight"] and spec.tensors["mix.bias"]  # bound, not skipped
+    g = spec.random_element(seed=0)
+    assert torch.allclose(logits(model, spec.apply(sd, g), x), logits(model, sd, x), atol=1e-5)
+    cross = torch.tensor([0, 4, 2, 3, 1, 5, 6, 7])  # swaps a channel of group 0 with one of group 1
+    moved = dict(sd) | {"mix.weight": sd["mix.weight"][cross], "mix.bias": sd["mix.bias"][cross],
+                        "head.weight": sd["head.weight"][:, cross]}
+    assert (logits(model, moved, x) - logits(model, sd, x)).abs().max() > 1e-3
     depthwise = _Grouped(8).eval()
     spec = mc.symmetry_spec(depthwise, x)
     g = spec.random_element(seed=0)

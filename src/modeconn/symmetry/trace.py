@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 import operator
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Literal
@@ -101,7 +102,7 @@ _POOL_MODULES = (
 )
 _NORM_MODULES = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.LayerNorm, nn.GroupNorm)
 _RULE_MODULES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.PReLU, nn.Flatten, nn.Softmax, nn.LogSoftmax,
-                 *_NORM_MODULES, *_ELEMENTWISE_MODULES, *_POOL_MODULES)
+                 nn.MultiheadAttention, *_NORM_MODULES, *_ELEMENTWISE_MODULES, *_POOL_MODULES)
 _ELEMENTWISE_FUNCTIONS = {
     F.relu, F.relu6, F.leaky_relu, F.gelu, F.silu, F.elu, F.selu, F.celu, F.softplus, F.mish, F.hardswish,
     F.hardtanh, F.hardsigmoid, F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.logsigmoid,
@@ -303,10 +304,12 @@ class _Tracer:
         x = self.arg_val(node)
         if x is None:
             return self.unsupported(node, "module input is not a tensor")
-        if isinstance(mod, (*_ELEMENTWISE_MODULES, nn.Softmax, nn.LogSoftmax)):
+        if isinstance(mod, (*_ELEMENTWISE_MODULES, nn.Softmax, nn.LogSoftmax)) or type(mod) in ELEMENTWISE_RULES:
             return x
         if isinstance(mod, nn.Flatten):
             return self.reshape(node, x)
+        if isinstance(mod, nn.MultiheadAttention):
+            return self.multihead_attention(node, name, mod, x)
         if x.outer is not None and not self.all_frozen(x):
             return self.unsupported(node, f"{type(mod).__name__} on a value with a different space per index of axis {x.outer} "
                                     "(e.g. per attention head)")
@@ -359,10 +362,61 @@ class _Tracer:
             if mod.bias is not None:
                 self.bind(f"{name}.bias", 0, x, "out")
             return x
-        return self.unsupported(
-            node, f"grouped convolution (groups={mod.groups}, in={mod.in_channels}, out={mod.out_channels}) "
-            "only admits group-preserving permutations"
-        )
+        return self.grouped_conv(node, name, mod, x)
+
+    def grouped_conv(self, node, name: str, mod: nn.Module, x: _Val) -> _Val | None:
+        """A convolution with ``g`` groups (ResNeXt, RegNet): each group reads its own input channels. Group-
+        preserving permutations: the output channels of every group permuted independently (the output space split
+        into ``g`` parts); the input channels permuted alike in every group (the input space split into ``g`` parts,
+        joined), since the weight's input axis is shared by all groups. Whole groups do not move."""
+        g = mod.groups
+        if len(x.segs) != 1 or x.segs[0].block != 1 or x.outer is not None:
+            return self.unsupported(node, f"grouped convolution (groups={g}) over a concatenated or flattened input")
+        parts = self.split(x.segs[0].space, g)
+        if parts is None:
+            return self.unsupported(node, f"grouped convolution (groups={g}): its input space is already split differently")
+        for p in parts[1:]:
+            self.union(parts[0], p, node)
+        self.bind(f"{name}.weight", 1, _Val(1, x.ndim, (_Seg(parts[0], mod.in_channels // g),)), "in")
+        space = self.module_out_space(name, mod.out_channels)
+        self.split(space, g)
+        out = _Val(1, _shape_len(node, x.ndim), (_Seg(space, mod.out_channels),))
+        self.bind(f"{name}.weight", 0, out, "out")
+        if mod.bias is not None:
+            self.bind(f"{name}.bias", 0, out, "out")
+        self.writers.append((name, space, node))
+        self.out_probes.append((space, Probe(name, "output", 1)))
+        return out
+
+    def multihead_attention(self, node, name: str, mod: nn.MultiheadAttention, x: _Val) -> tuple | None:
+        """``nn.MultiheadAttention`` used for self-attention (query, key and value one tensor): the input's spaces
+        on ``in_proj_weight``'s columns; per head, one space for the query/key dims (Q and K rows of the head, so
+        ``q·k`` is invariant) and one for the value dims (V rows, ``out_proj`` columns); ``out_proj`` writes a new
+        space. Returns ``(output, attention weights: no symmetry)`` like the module."""
+        args = list(node.args) + [node.kwargs.get(k) for k in ("query", "key", "value") if k in node.kwargs]
+        if len(args) < 3 or not (args[0] is args[1] is args[2]):
+            return self.unsupported(node, "MultiheadAttention with different query, key and value (cross-attention)")
+        if not mod._qkv_same_embed_dim or mod.bias_k is not None or mod.add_zero_attn:
+            return self.unsupported(node, "MultiheadAttention with kdim/vdim, bias_k/bias_v or add_zero_attn")
+        x = self.require_dim(node, x, x.ndim - 1)
+        if x.outer is not None:
+            return self.unsupported(node, "MultiheadAttention on a value with per-head spaces")
+        e, h = mod.embed_dim, mod.num_heads
+        self.bind(f"{name}.in_proj_weight", 1, x, "in")
+        qk, vo = self.new_space(e, f"{name}.qk"), self.new_space(e, f"{name}.vo")
+        self.split(qk, h)
+        self.split(vo, h)
+        keys = [f"{name}.in_proj_weight"] + ([f"{name}.in_proj_bias"] if mod.in_proj_bias is not None else [])
+        for key in keys:
+            for offset, space in ((0, qk), (e, qk), (2 * e, vo)):
+                self.bindings.append((key, AxisBinding(0, "", "out", 1, offset, True), space))
+        self.bindings.append((f"{name}.out_proj.weight", AxisBinding(1, "", "in", 1, 0, False), vo))
+        space = self.module_out_space(name, e)
+        out = _Val(x.dim, x.ndim, (_Seg(space, e),))
+        self.bind(f"{name}.out_proj.weight", 0, out, "out")
+        if mod.out_proj.bias is not None:
+            self.bind(f"{name}.out_proj.bias", 0, out, "out")
+        return out, None
 
     def norm(self, node, name: str, mod: nn.Module, x: _Val) -> _Val | None:
         if isinstance(mod, nn.LayerNorm):
@@ -393,8 +447,20 @@ class _Tracer:
         def among(methods: set[str], functions: set[Any]) -> bool:
             return t in methods if is_method else t in functions
 
+        if t is operator.getitem and isinstance(self.vals.get(node.args[0]), tuple):  # an element of a module's tuple
+            return self.vals[node.args[0]][node.args[1]]
         if _shape(node) is None and (is_method and t in _NON_TENSOR_METHODS or t is operator.getitem or t is getattr):
             return None
+        if _shape(node) is None and not any(isinstance(self.vals.get(a), (_Val, _Attr)) for a in _flat_args(node)):
+            return None  # Python arithmetic on sizes, torch._assert(h == ...): no tensor, no symmetry
+        if not is_method and t in ELEMENTWISE_RULES:  # registered elementwise ops (stochastic depth, custom activations)
+            return self.arg_val(node) if self.arg_val(node) is not None else self.frozen_val(node)
+        if is_method and t in ("expand", "expand_as") and isinstance(self.vals.get(node.args[0]), _Attr):
+            return self.vals[node.args[0]]  # a broadcast view of a parameter (a class token): still that parameter
+        if t is operator.getitem:
+            return self.index(node)
+        if not is_method and t is F.scaled_dot_product_attention:
+            return self.attention_function(node)
         # rules reading several operands first: they look at parameters before value() freezes them
         if among(_BINARY_METHODS, _BINARY):
             return self.binary(node)
@@ -678,6 +744,9 @@ class _Tracer:
     def cat(self, node: torch.fx.Node) -> _Val | None:
         parts = node.args[0]
         dim = node.kwargs.get("dim", node.args[1] if len(node.args) > 1 else 0)
+        attrs = [p for p in parts if isinstance(self.vals.get(p), _Attr) and self.vals[p].key is not None]
+        if attrs and len(attrs) < len(parts):  # a class token prepended to the patches: bound like a bias
+            return self.cat_parameters(node, parts, dim)
         vals = [self.value(p) for p in parts]
         if any(v is None for v in vals):
             return self.unsupported(node, "concatenation of non-tensor values")
@@ -692,6 +761,67 @@ class _Tracer:
         for v in vals[1:]:
             self.union_segs(vals[0], v, node)
         return vals[0]
+
+    def cat_parameters(self, node: torch.fx.Node, parts: list, dim: int) -> _Val | None:
+        """``cat([token, x], dim)`` along a dim the symmetry does not act on, ``token`` a parameter (a ViT's class
+        token, expanded over the batch): its axis along the permuted dim is bound to x's spaces, output side."""
+        acts = [self.value(p) for p in parts if not isinstance(self.vals.get(p), _Attr)]
+        if any(v is None for v in acts):
+            return self.unsupported(node, "concatenation of non-tensor values")
+        x = acts[0]
+        for v in acts[1:]:
+            if v.dim != x.dim:
+                return self.unsupported(node, "concatenated tensors carry their symmetry on different dims")
+            self.union_segs(x, v, node)
+        if dim % x.ndim == x.dim or x.outer is not None:
+            return self.unsupported(node, "a parameter concatenated along the permuted dim (or with per-head spaces)")
+        for p in parts:
+            a = self.vals.get(p)
+            if isinstance(a, _Attr):
+                axis = x.dim - (x.ndim - len(a.shape))
+                if axis < 0 or a.shape[axis] != x.width:
+                    return self.unsupported(node, f"parameter {a.key!r} of shape {a.shape} does not span the permuted dim")
+                prev = self.attr_bound.get(a.key)
+                if prev is None:
+                    self.attr_bound[a.key] = (axis, x)
+                    self.bind(a.key, axis, x, "out")
+                else:
+                    self.union_segs(prev[1], x, node)
+        return x
+
+    def index(self, node: torch.fx.Node) -> _Val | None:
+        """``x[idx]`` with ints / full slices / ``None`` (e.g. a ViT's class token ``x[:, 0]``): allowed when the
+        permuted dim is taken whole; the dims removed or inserted before it shift it."""
+        x = self.value(node.args[0])
+        idx = node.args[1] if isinstance(node.args[1], tuple) else (node.args[1],)
+        if x is None:
+            return self.frozen_val(node)
+        if x.outer is not None or any(i is Ellipsis or not isinstance(i, (int, slice, type(None))) for i in idx):
+            return self.unsupported(node, "indexing with tensors, Ellipsis or a value with per-head spaces")
+        out_dim, axis = x.dim, 0
+        for i in idx:
+            if i is None:
+                out_dim += 1
+                continue
+            if axis == x.dim and not (isinstance(i, slice) and i == slice(None)):
+                return self.unsupported(node, "indexing into the permuted dim")
+            if axis < x.dim and isinstance(i, int):
+                out_dim -= 1
+            axis += 1
+        return _Val(out_dim, _shape_len(node, x.ndim), x.segs)
+
+    def attention_function(self, node: torch.fx.Node) -> _Val | None:
+        """``F.scaled_dot_product_attention(q, k, v)``: like ``softmax(q kᵀ) v`` — q's and k's spaces joined per
+        head (the scores are invariant), the output carries v's."""
+        q, k, v = (self.value(a) for a in node.args[:3])
+        if q is None or k is None or v is None:
+            return self.unsupported(node, "attention of non-tensor operands")
+        if self.inactive(q) and self.inactive(k):
+            return v
+        if not (q.dim == q.ndim - 1 and k.dim == k.ndim - 1 and _same_layout(q, k)):
+            return self.unsupported(node, "query and key carry their symmetry on different dims or layouts")
+        self.union_segs(q, k, node)
+        return v
 
     # ---------------------------------------------------------------- result
     def build_spec(self, model: nn.Module) -> SymmetrySpec:
@@ -804,6 +934,7 @@ def symmetry_spec(
     if on_unsupported not in ("error", "freeze"):
         raise ConfigError(f"on_unsupported must be 'error' or 'freeze', got {on_unsupported!r}")
     inputs = example_input if isinstance(example_input, tuple) else (example_input,)
+    _register_known_rules()
     gm = _fx_trace(model, leaf_modules)
     flags = {m: m.training for m in model.modules()}
     try:
@@ -826,11 +957,52 @@ def symmetry_spec(
     return spec
 
 
+ELEMENTWISE_RULES: set[Any] = set()
+"""Functions and module types registered as elementwise (:func:`register_rule`)."""
+
+
+def register_rule(target: Any, rule: str | type[nn.Module] = "elementwise") -> None:
+    """Tell the tracer how a function or module type of your own acts on symmetries.
+
+    Args:
+        target: a function (as it appears in the traced graph; for an fx-wrapped function the wrapped one, e.g.
+            ``torchvision.ops.stochastic_depth``) or an ``nn.Module`` subclass.
+        rule: ``"elementwise"`` — the output is the input transformed alike, channel by channel (activations,
+            stochastic depth, dropout-like ops; parameters of such a module stay unbound, so it must have none that
+            vary along channels); or a stock layer type (``nn.Linear``, ``nn.Conv2d``, ``nn.LayerNorm`` …) whose rule
+            applies to ``target``, a subclass of it whose own ``forward`` computes the same function of the same
+            parameters (without registration such a subclass is traced into).
+    Raises: ConfigError for another rule, or a stock-layer rule for a type that does not subclass it.
+    """
+    if rule == "elementwise":
+        ELEMENTWISE_RULES.add(target)
+        return
+    if isinstance(rule, type) and rule in _RULE_MODULES and isinstance(target, type) and issubclass(target, rule):
+        MODULE_RULES[target] = rule
+        return
+    raise ConfigError(f"register_rule: rule must be 'elementwise' or one of {[m.__name__ for m in _RULE_MODULES]} for an "
+                      f"nn.Module subclass; got {rule!r} for {target!r}")
+
+
+MODULE_RULES: dict[type, type] = {}
+"""Module types registered with the rule of a stock layer (:func:`register_rule`)."""
+
+
+def _register_known_rules() -> None:
+    """Elementwise ops of libraries already imported: torchvision's fx-wrapped ``stochastic_depth`` (a per-sample
+    Bernoulli scale in training, the identity in eval)."""
+    sd = sys.modules.get("torchvision.ops.stochastic_depth")
+    if sd is not None and callable(getattr(sd, "stochastic_depth", None)):
+        ELEMENTWISE_RULES.add(sd.stochastic_depth)
+
+
 def _rule_leaf(m: nn.Module) -> bool:
     """Whether ``m`` is one node with the rule of a stock layer: the layer itself, a subclass that keeps its
     ``forward``, or one that declares ``symmetry_rule`` (W-asymmetric layers compute their base layer's symmetry). A
     subclass with a forward of its own is traced into: torchvision's ConvNeXt ``LayerNorm2d`` subclasses
     ``nn.LayerNorm`` but normalises channels-last, so the ``nn.LayerNorm`` rule would bind its parameters wrongly."""
+    if type(m) in MODULE_RULES or type(m) in ELEMENTWISE_RULES:
+        return True
     base = next((b for b in _RULE_MODULES if isinstance(m, b)), None)
     if base is None:
         return False

@@ -1,0 +1,90 @@
+"""The tracer's rules for what the vision zoo uses (#18), on core-torch replicas (tests/zoo_like.py): each model is
+traced with the self-check on, a random element keeps the outputs of a perturbed copy, weight matching recovers a
+planted element, and a negative control shows what the rule binds matters."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import zoo_like
+from torch import nn
+
+import modeconn as mc
+from modeconn.errors import ConfigError, UnsupportedOperationError
+from modeconn.symmetry import trace as trace_mod
+from modeconn.symmetry.selfcheck import check_function_preserved
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+MODELS = {
+    "vit": (zoo_like.ViT, (2, 3, 8, 8)),
+    "resnext": (zoo_like.ResNeXt, (2, 3, 8, 8)),
+    "sdpa": (zoo_like.SDPAttention, (2, 5, 6)),
+}
+
+
+def _register_drop_rows(monkeypatch):
+    monkeypatch.setattr(trace_mod, "ELEMENTWISE_RULES", set(trace_mod.ELEMENTWISE_RULES))
+    mc.symmetry.register_rule(zoo_like.drop_rows, "elementwise")
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_zoo_patterns_are_traced_bound_and_recovered(name, monkeypatch):
+    _register_drop_rows(monkeypatch)
+    cls, shape = MODELS[name]
+    torch.manual_seed(0)
+    model, x = cls().eval(), torch.randn(*shape)
+    spec = mc.symmetry_spec(model, x)
+    sd = model.state_dict()
+    unbound = [k for k, b in spec.tensors.items() if not b and sd[k].is_floating_point()]
+    assert len(unbound) == 1 and unbound[0].endswith(".bias")  # the classifier's bias only: nothing frozen
+    assert check_function_preserved(spec, model, (x,), seed=7, rtol=1e-5) <= 1e-5
+    g = spec.random_element(seed=3)
+    res = mc.weight_matching(spec, sd, spec.apply(sd, g), restarts=1)
+    assert spec.equal(res.element, spec.inverse(g))
+
+
+def test_multihead_attention_value_heads_must_follow_out_proj(monkeypatch):
+    """Negative control: the attention's value rows permuted without out_proj's columns change the output."""
+    _register_drop_rows(monkeypatch)
+    torch.manual_seed(0)
+    model, x = zoo_like.ViT().eval(), torch.randn(2, 3, 8, 8)
+    spec = mc.symmetry_spec(model, x, check=False)
+    vo = next(s for s in spec.spaces if ".vo" in s)
+    g = spec.identity() | {vo: torch.roll(torch.arange(spec.spaces[vo].size), 1)}
+    sd = model.state_dict()
+    broken = dict(spec.tensors)
+    broken["layers.0.self_attention.out_proj.weight"] = tuple(
+        b for b in broken["layers.0.self_attention.out_proj.weight"] if b.space != vo)
+    wrong = dataclasses.replace(spec, tensors=broken)
+    moved = zoo_like.ViT().eval()
+    moved.load_state_dict(wrong.apply(sd, g))
+    right = zoo_like.ViT().eval()
+    right.load_state_dict(spec.apply(sd, g))
+    with torch.no_grad():
+        assert (moved(x) - model(x)).abs().max() > 1e-4 and (right(x) - model(x)).abs().max() < 1e-5
+
+
+def test_unregistered_elementwise_op_names_its_module_and_register_rule_checks_its_input(monkeypatch):
+    monkeypatch.setattr(trace_mod, "ELEMENTWISE_RULES", set())
+    with pytest.raises(UnsupportedOperationError, match=r"drop_rows in module 'layers\.0' \(EncoderBlock\)"):
+        mc.symmetry_spec(zoo_like.ViT().eval(), torch.randn(2, 3, 8, 8))
+    with pytest.raises(ConfigError, match="rule must be"):
+        mc.symmetry.register_rule(nn.GELU, nn.Linear)  # not a subclass of the rule's layer
+
+
+def test_cross_attention_is_refused():
+    class Cross(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(4, 8), nn.Linear(4, 8)
+            self.att, self.head = nn.MultiheadAttention(8, 2, batch_first=True), nn.Linear(8, 2)
+
+        def forward(self, x):
+            q, kv = self.a(x), self.b(x)
+            return self.head(self.att(q, kv, kv)[0].mean(1))
+
+    with pytest.raises(UnsupportedOperationError, match="cross-attention"):
+        mc.symmetry_spec(Cross(), torch.randn(2, 3, 4))

@@ -1,0 +1,90 @@
+"""Core-torch replicas of torchvision layer patterns (tests of the tracer's zoo rules that run without torchvision):
+a torchvision-style ViT (nn.MultiheadAttention, class token cat, ``x[:, 0]``, ``torch._assert`` on sizes), a
+ResNeXt block (grouped convolution), attention through ``F.scaled_dot_product_attention`` with per-head reshapes,
+and an fx-wrapped elementwise op (stochastic depth)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@torch.fx.wrap
+def drop_rows(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """torchvision.ops.stochastic_depth's shape: a per-sample Bernoulli scale in training, the identity in eval."""
+    if not training or p == 0.0:
+        return x
+    keep = torch.empty((x.shape[0],) + (1,) * (x.ndim - 1), device=x.device).bernoulli_(1 - p)
+    return x * keep / (1 - p)
+
+
+class EncoderBlock(nn.Module):
+    def __init__(self, heads: int, dim: int, mlp: int) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(dim)
+        self.self_attention = nn.MultiheadAttention(dim, heads, batch_first=True)
+        self.ln_2 = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, mlp), nn.GELU(), nn.Linear(mlp, dim))
+
+    def forward(self, inp: torch.Tensor) -> torch.Tensor:
+        torch._assert(inp.dim() == 3, f"Expected (batch_size, seq_length, hidden_dim) got {inp.shape}")
+        x = self.ln_1(inp)
+        x, _ = self.self_attention(x, x, x, need_weights=False)
+        x = x + inp
+        return x + drop_rows(self.mlp(self.ln_2(x)), 0.1, self.training)
+
+
+class ViT(nn.Module):
+    def __init__(self, image: int = 8, patch: int = 4, dim: int = 16, heads: int = 4, mlp: int = 32, layers: int = 2,
+                 classes: int = 5) -> None:
+        super().__init__()
+        self.image_size, self.patch_size, self.hidden_dim = image, patch, dim
+        self.conv_proj = nn.Conv2d(3, dim, patch, patch)
+        self.class_token = nn.Parameter(torch.zeros(1, 1, dim))
+        self.pos_embedding = nn.Parameter(torch.randn(1, (image // patch) ** 2 + 1, dim) * 0.02)
+        self.layers = nn.Sequential(*[EncoderBlock(heads, dim, mlp) for _ in range(layers)])
+        self.ln = nn.LayerNorm(dim)
+        self.heads = nn.Linear(dim, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n, _, h, w = x.shape
+        torch._assert(h == self.image_size, f"Wrong image height! Expected {self.image_size} but got {h}!")
+        x = self.conv_proj(x).reshape(n, self.hidden_dim, (h // self.patch_size) * (w // self.patch_size))
+        x = torch.cat([self.class_token.expand(n, -1, -1), x.permute(0, 2, 1)], dim=1)
+        x = self.ln(self.layers(x + self.pos_embedding))
+        return self.heads(x[:, 0])
+
+
+class ResNeXt(nn.Module):
+    def __init__(self, width: int = 16, groups: int = 4, classes: int = 5) -> None:
+        super().__init__()
+        self.stem, self.bn0 = nn.Conv2d(3, width, 3, padding=1, bias=False), nn.BatchNorm2d(width)
+        self.conv1, self.bn1 = nn.Conv2d(width, width, 1, bias=False), nn.BatchNorm2d(width)
+        self.conv2 = nn.Conv2d(width, width, 3, padding=1, groups=groups, bias=False)
+        self.bn2 = nn.BatchNorm2d(width)
+        self.conv3, self.bn3 = nn.Conv2d(width, width, 1, bias=False), nn.BatchNorm2d(width)
+        self.fc = nn.Linear(width, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.bn0(self.stem(x)))
+        o = torch.relu(self.bn2(self.conv2(torch.relu(self.bn1(self.conv1(x))))))
+        return self.fc(torch.relu(self.bn3(self.conv3(o)) + x).mean((2, 3)))
+
+
+class SDPAttention(nn.Module):
+    """Separate q/k/v projections, per-head reshape, ``F.scaled_dot_product_attention``, heads merged, projected."""
+
+    def __init__(self, dim: int = 16, heads: int = 4, classes: int = 3) -> None:
+        super().__init__()
+        self.heads = heads
+        self.embed = nn.Linear(6, dim)
+        self.q, self.k, self.v, self.o = (nn.Linear(dim, dim) for _ in range(4))
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x)
+        b, t, d = h.shape
+        q, k, v = (f(h).unflatten(-1, (self.heads, d // self.heads)).transpose(1, 2) for f in (self.q, self.k, self.v))
+        a = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).flatten(2)
+        return self.head((h + self.o(a)).mean(1))
