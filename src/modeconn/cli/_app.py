@@ -42,6 +42,8 @@ def _main(version: bool = typer.Option(False, "--version", callback=_show_versio
 DATA_HELP = ("data directory (default: $MODECONN_DATA, which defaults to shared/data beside the checkout or "
              "../shared/data from the working directory; then standard places; see README 'Data')")
 DOWNLOAD_HELP = "download MNIST / Fashion-MNIST (SHA-256 verified) if not found on disk; other datasets are never downloaded"
+RESTARTS_HELP = ("Hugging Face directories: the most weight-matching runs (default 4; runs stop once one does not beat "
+                 "the best)")
 OVERWRITE_HELP = "replace a non-empty --out, if modeconn wrote it (inputs and other folders are never replaced)"
 
 

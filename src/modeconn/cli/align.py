@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from ._app import DATA_HELP, DOWNLOAD_HELP, OVERWRITE_HELP, app, console, errors_exit, log, progress_bar
+from ._app import DATA_HELP, DOWNLOAD_HELP, OVERWRITE_HELP, RESTARTS_HELP, app, console, errors_exit, log, progress_bar
 from ._print import show
 
 
@@ -36,7 +36,7 @@ def align(
     lambda_value: float = typer.Option(0.5, help="language models: centre λ₀ ∈ [0, 1] of the narrow / fixed schedule"),
     parameterization: str = typer.Option("cayley", help="language models: cayley, matrix_exp or unconstrained"),
     batch_size: int = typer.Option(16, min=1, help="language models: training blocks per learned-matching step"),
-    restarts: int | None = typer.Option(None, min=1, help="Hugging Face directories: the most weight-matching runs (default 4; they stop once a run does not beat the best)"),
+    restarts: int | None = typer.Option(None, min=1, help=RESTARTS_HELP),
     max_iter: int | None = typer.Option(None, min=1, help="Hugging Face directories: sweeps per run (default 100)"),
     overwrite: bool = typer.Option(False, help=OVERWRITE_HELP),
 ) -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from ._app import DATA_HELP, OVERWRITE_HELP, app, console, errors_exit, log, progress_bar
+from ._app import DATA_HELP, OVERWRITE_HELP, RESTARTS_HELP, app, console, errors_exit, log, progress_bar
 from ._print import show
 
 
@@ -41,7 +41,7 @@ def merge(
     data: Path | None = typer.Option(None, help=DATA_HELP),
     limit_train: int | None = typer.Option(None, min=1),
     seed: int = typer.Option(0, help="seed of weight matching's restarts and of randomised rules (DARE, DELLA)"),
-    restarts: int | None = typer.Option(None, min=1, help="Hugging Face directories: the most weight-matching runs (default 4; they stop once a run does not beat the best)"),
+    restarts: int | None = typer.Option(None, min=1, help=RESTARTS_HELP),
     max_iter: int | None = typer.Option(None, min=1, help="Hugging Face directories: sweeps per run (default 100)"),
     overwrite: bool = typer.Option(False, help=OVERWRITE_HELP),
 ) -> None:
