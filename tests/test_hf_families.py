@@ -339,3 +339,60 @@ def test_stream_apply_from_the_api_writes_the_config(tmp_path):
     assert type(back) is type(m) and back.config.hidden_size == m.config.hidden_size
     ids = _ids(m)
     torch.testing.assert_close(_logits(back, ids), _logits(m, ids), rtol=1e-4, atol=1e-4)
+
+
+# ----------------------------------------------------------------------------- streaming absorption (#21 item 1)
+ABSORB_STREAMED = ["gpt_neox", "gpt2", "llama_tied_mqa", "mistral", "qwen3", "gemma", "phi3", "phi", "olmo", "stablelm",
+                   "starcoder2", "gptj", "opt", "falcon", "cohere", "llama_biases_tied", "deit_plain"]
+
+
+@pytest.mark.parametrize("name", ABSORB_STREAMED)
+def test_streamed_absorption_equals_in_memory_bit_for_bit(name, tmp_path):
+    from modeconn.symmetry.absorb import load_absorbed
+    from modeconn.symmetry.absorb_stream import stream_absorb
+
+    model = make(name)
+    model.save_pretrained(tmp_path / "src", max_shard_size="20KB")
+    before = {p.name: p.read_bytes() for p in (tmp_path / "src").iterdir()}
+    stream_absorb(tmp_path / "src", tmp_path / "abs", max_shard_bytes=20_000)
+    assert {p.name: p.read_bytes() for p in (tmp_path / "src").iterdir()} == before  # the input is never written
+    assert len(list((tmp_path / "abs").glob("*.safetensors"))) > 1  # sharded output, read back by load_absorbed
+    back, ref = load_absorbed(tmp_path / "abs").state_dict(), mc.absorb_normalization(model).state_dict()
+    assert set(back) == set(ref) and all(torch.equal(back[k], ref[k]) for k in ref)
+
+
+def test_full_group_streaming_alignment_equals_in_memory_and_keeps_b(tmp_path):
+    """`modeconn align A B --groups full` on Hugging Face directories: absorbed tensor by tensor, the full group
+    matched streaming (the same element as in memory), a/ and b/ written as absorbed checkpoints; b/ computes B."""
+    from modeconn.stream import FULL_GROUPS
+    from modeconn.symmetry.absorb import load_absorbed
+
+    ma, mb = make("llama", 0), make("llama", 1)
+    for m, d in ((ma, "a"), (mb, "b")):
+        m.save_pretrained(tmp_path / d, max_shard_size="20KB")
+    out = tmp_path / "out"
+    res = run_cli("align", tmp_path / "a", tmp_path / "b", "--out", out, "--groups", "full", "--restarts", "1",
+                  "--max-iter", "5")
+    assert "streaming weight matching objective" in res.output
+    aa, ab = mc.absorb_normalization(ma), mc.absorb_normalization(mb)
+    ref = mc.weight_matching(hf.hf_symmetry_spec(aa, FULL_GROUPS), aa.state_dict(), ab.state_dict(), restarts=1,
+                             max_iter=5)
+    import json
+
+    record = json.loads((out / "alignment.json").read_text())
+    assert record["groups"] == FULL_GROUPS and "/" not in record["source"]
+    assert record["objective"] == pytest.approx(ref.objective, rel=1e-6)
+    a_back, b_back = load_absorbed(out / "a"), load_absorbed(out / "b")
+    assert all(torch.equal(a_back.state_dict()[k], v) for k, v in aa.state_dict().items())
+    ids = _ids(mb)
+    torch.testing.assert_close(_logits(b_back, ids), _logits(mb, ids), rtol=1e-4, atol=1e-4)
+    spec = hf_checkpoint_spec(out / "b", FULL_GROUPS)  # the absorbed checkpoint's spec, read from its config
+    assert spec.spaces["residual"].group == "orthogonal"
+    bad = run_cli("align", tmp_path / "a", tmp_path / "b", "--out", tmp_path / "o2", "--groups", "fulll", ok=False)
+    assert bad.exit_code == 2 and "--groups" in bad.output
+    element = {s: torch.tensor(v) for s, v in record["element"].items()}
+    assert all(torch.allclose(element[s].to(ref.element[s].dtype), ref.element[s], atol=1e-6) for s in ref.element)
+    bloom = make("bloom")  # absorption does not apply: refused with the reason, before any work
+    bloom.save_pretrained(tmp_path / "bloom")
+    res = run_cli("align", tmp_path / "bloom", tmp_path / "bloom", "--out", tmp_path / "o3", "--groups", "full", ok=False)
+    assert res.exit_code == 2 and "word_embeddings_layernorm" in res.output and not (tmp_path / "o3").exists()

@@ -121,8 +121,10 @@ def hf_checkpoint_spec(path: PathLike, groups: str | Mapping[str, str | None] = 
     """The symmetry spec of a Hugging Face checkpoint directory, without reading its weights.
 
     Builds the model class named by ``config.architectures`` (else the causal-LM, else the base auto class) on the
-    meta device, takes its :func:`~modeconn.symmetry.hf.hf_symmetry_spec` with ``groups`` and renames the tensors
-    to the names stored in the checkpoint (transformers' save-time conversion, pure renamings only). The spec is
+    meta device (for an absorbed checkpoint, ``config.modeconn_absorbed``, with its norms and added biases replayed, so
+    ``groups`` may bind the orthogonal residual group), takes its :func:`~modeconn.symmetry.hf.hf_symmetry_spec`
+    with ``groups`` and renames the tensors to the names stored in the checkpoint (transformers' save-time
+    conversion, pure renamings only). The spec is
     checked against the checkpoint's safetensors headers (keys and shapes; a tied alias may be absent). Tensors the
     checkpoint stores but the model does not have (buffers older conversions saved and transformers ignores on load,
     e.g. Pythia's ``attention.masked_bias``) are kept as unbound tensors: carried through apply and merge unchanged.
@@ -138,6 +140,8 @@ def hf_checkpoint_spec(path: PathLike, groups: str | Mapping[str, str | None] = 
         UnsupportedOperationError (no adapter for the model type; a checkpoint format that is converted, not
         renamed, on load), SpecError / StateDictMismatchError (the checkpoint does not match the config's model).
     """
+    from .symmetry.absorb import ABSORBED_KEY
+    from .symmetry.absorb_stream import absorbed_meta_model
     from .symmetry.hf import hf_symmetry_spec
     from .symmetry.hf.config_check import build_meta_model, check_fits_checkpoint
 
@@ -145,9 +149,14 @@ def hf_checkpoint_spec(path: PathLike, groups: str | Mapping[str, str | None] = 
     config = config if config is not None else hf_config(path)
     ckpt = checkpoint if checkpoint is not None else LazyCheckpoint(path)
     check_fits_checkpoint(config, path / CONFIG_NAME, len(ckpt))  # before building (minutes for a huge layer count)
-    model = build_meta_model(config, path / CONFIG_NAME)
+    note = getattr(config, ABSORBED_KEY, None)
+    if note:  # an absorbed checkpoint (stream_absorb / save_absorbed): the module swaps replayed, model names stored
+        model = absorbed_meta_model(config, note)
+        names = {k: k for k in model.state_dict()}
+    else:
+        model = build_meta_model(config, path / CONFIG_NAME)
+        names = checkpoint_tensor_names(model)
     spec = hf_symmetry_spec(model, groups)
-    names = checkpoint_tensor_names(model)
     # every stored tensor of the dtype kind the model has (an int32 header over float32 bytes is refused)
     check_dtype_kinds([{names[k]: t for k, t in model.state_dict().items()}, ckpt.dtypes],
                       [f"the model {path / CONFIG_NAME} describes", f"checkpoint {path}"])
@@ -543,3 +552,51 @@ __all__ = [
     "hf_checkpoint_spec", "hf_config", "is_hf_checkpoint", "merge_hf_checkpoints", "model_names",
     "resolve_checkpoint_path", "side_files", "stream_apply", "stream_merge", "stream_weight_matching",
 ]
+
+
+FULL_GROUPS = {"residual": "orthogonal", "heads": "permutation", "qk": "head_orthogonal", "vo": "head_orthogonal"}
+"""The transformer group weight matching solves after normalization absorption (``--groups full``): an orthogonal
+residual rotation, head permutations with per-head orthogonal QK / OV maps, FFN permutations."""
+
+
+def align_hf_full_group(a: PathLike, b: PathLike, out: PathLike, *, seed: int = 0, restarts: int = 4,
+                        max_iter: int = 100, chunk: int = 1 << 20, overwrite: bool = False,
+                        progress: Progress | None = None, max_shard_bytes: int = 2 << 30) -> Alignment:
+    """Full-group weight matching of Hugging Face checkpoint B to A, out of core: both are normalization-absorbed
+    tensor by tensor (:class:`~modeconn.symmetry.absorb_stream.AbsorbedView`, no intermediate copy), matched with
+    :data:`FULL_GROUPS` streaming, and written to ``out`` as ``a/`` (A absorbed) and ``b/`` (B absorbed and
+    aligned) — absorbed checkpoints :func:`~modeconn.symmetry.absorb.load_absorbed` and the CLI read — plus
+    ``alignment.json``. The aligned B computes B's function (up to fp rounding of the rotation).
+
+    Returns the :class:`~modeconn.match.Alignment`. Raises: UnsupportedOperationError for a family absorption does
+    not apply to (the reason named), and as :func:`align_hf_checkpoints`; every check runs before the matching.
+    """
+    from ._util.outdir import output_directory
+    from .symmetry.absorb_stream import AbsorbedView
+    from .symmetry.hf import hf_symmetry_spec
+
+    _open_pair([a, b], out, overwrite, groups=None)  # configs, vocabularies, weights, out: before any work
+    va, vb = AbsorbedView(a), AbsorbedView(b)
+    spec = hf_symmetry_spec(va.model, FULL_GROUPS)
+    res = weight_matching(spec, va, vb, restarts=restarts, max_iter=max_iter, seed=seed, chunk=chunk,
+                          progress=progress)
+    layout = ShardLayout.plan(va.shapes, max_shard_bytes)
+    cache: dict = {}
+    with output_directory(out, inputs=[a, b], overwrite=overwrite, command="align") as tmp:
+        write_like(tmp / "a", layout, va.__getitem__, files={**_side(a), CONFIG_NAME: va.absorbed_config()},
+                   inputs=[a])
+        write_like(tmp / "b", layout, lambda k: spec.apply_tensor(k, vb[k], res.element, cache=cache),
+                   files={**_side(b), CONFIG_NAME: vb.absorbed_config()}, inputs=[b])
+        (tmp / "alignment.json").write_text(_json({**res.to_json(), "groups": FULL_GROUPS,
+                                                   "aligned_to": model_names([a])[0], "source": model_names([b])[0]}))
+    return res
+
+
+def _side(path: PathLike) -> dict[str, Path]:
+    return {k: v for k, v in side_files(path).items() if k != CONFIG_NAME}
+
+
+def _json(obj: Any) -> str:
+    import json
+
+    return json.dumps(obj, indent=2, default=str)

@@ -38,6 +38,9 @@ def align(
     batch_size: int = typer.Option(16, min=1, help="language models: training blocks per learned-matching step"),
     restarts: int | None = typer.Option(None, min=1, help=RESTARTS_HELP),
     max_iter: int | None = typer.Option(None, min=1, help="Hugging Face directories: sweeps per run (default 100)"),
+    groups: str = typer.Option("permutation", help="Hugging Face directories: permutation (the permutation groups; "
+                               "B's layout) or full (both absorbed tensor by tensor, orthogonal residual, head "
+                               "permutations with per-head orthogonal QK/OV, FFN permutations; writes a/ and b/)"),
     overwrite: bool = typer.Option(False, help=OVERWRITE_HELP),
 ) -> None:
     """Align B to A and write the aligned B as a checkpoint directory.
@@ -67,7 +70,7 @@ def align(
     opts = AlignOptions(method=method, dataset=dataset, data=data, limit_train=limit_train, seed=seed,
                                 steps=steps, lr=lr, lambda_schedule=lambda_schedule, lambda_value=lambda_value,
                                 parameterization=parameterization, batch_size=batch_size, restarts=restarts,
-                                max_iter=max_iter, overwrite=overwrite)
+                                max_iter=max_iter, groups=groups, overwrite=overwrite)
     with errors_exit(download), progress_bar() as progress:
         outcome = run_align(a, b, out, opts, progress=progress, log=log,
                                 note=lambda s: console.print(f"[yellow]{s}[/]"))

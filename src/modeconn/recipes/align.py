@@ -43,6 +43,7 @@ class AlignOptions:
     batch_size: int = 16
     restarts: int | None = None
     max_iter: int | None = None
+    groups: str = "permutation"
     overwrite: bool = False
 
 
@@ -67,8 +68,6 @@ def align(a: Path, b: Path, out: Path, opts: AlignOptions = AlignOptions(), *, p
 
 
 def _align_hf(ckpts: list[Checkpoint], out: Path, opts: AlignOptions, progress, log: Log, note: Log) -> Outcome:
-    from ..stream import align_hf_checkpoints
-
     check_single_process()
     if opts.method != "weight":
         raise ConfigError(f"Hugging Face checkpoint directories are aligned by streaming weight matching only "
@@ -76,11 +75,24 @@ def _align_hf(ckpts: list[Checkpoint], out: Path, opts: AlignOptions, progress, 
                           "models in memory and data")
     if opts.dataset is not None:
         raise ConfigError("--dataset does not apply: weight matching of Hugging Face checkpoints reads no data")
-    res = align_hf_checkpoints(ckpts[0].path, ckpts[1].path, out, seed=opts.seed, restarts=opts.restarts or 4,
-                               max_iter=opts.max_iter or 100, overwrite=opts.overwrite, progress=progress)
+    if opts.groups not in _HF_GROUPS:
+        raise ConfigError(f"unknown --groups {opts.groups!r}; valid: {', '.join(_HF_GROUPS)}")
+    from .. import stream
+
+    name, what = _HF_GROUPS[opts.groups]
+    res = getattr(stream, name)(ckpts[0].path, ckpts[1].path, out, seed=opts.seed, restarts=opts.restarts or 4,
+                                max_iter=opts.max_iter or 100, overwrite=opts.overwrite, progress=progress)
     line = (f"streaming weight matching objective {res.objective:.4f} (upper bound {res.stats['upper_bound']:.4f}; "
             f"{len(res.element)} spaces, {res.stats['seconds']:.1f} s)")
-    return Outcome(out, "config.json, safetensors shards and index as B, alignment.json", (line,), "aligned checkpoint")
+    return Outcome(out, what, (line,), "aligned checkpoint")
+
+
+_HF_GROUPS = {
+    "permutation": ("align_hf_checkpoints", "config.json, safetensors shards and index as B, alignment.json"),
+    "full": ("align_hf_full_group", "a/ (A absorbed) and b/ (B absorbed and aligned): absorbed checkpoints "
+                                    "(modeconn.symmetry.load_absorbed), alignment.json"),
+}
+"""``--groups`` on Hugging Face directories → (streaming run, what it writes)."""
 
 
 def check_single_process() -> None:
@@ -93,6 +105,9 @@ def check_single_process() -> None:
 
 
 def no_streaming_options(opts) -> None:
+    if getattr(opts, "groups", "permutation") != "permutation":
+        raise ConfigError("--groups full applies to Hugging Face checkpoint directories (streaming absorption and "
+                          "weight matching); language models in modeconn checkpoints: --method dual / one-sided")
     if opts.restarts is not None or opts.max_iter is not None:
         raise ConfigError("--restarts / --max-iter apply to Hugging Face checkpoint directories (streaming weight "
                           "matching) only")

@@ -57,7 +57,7 @@ from .hf.registry import _require_hf, adapter_for, describe, example_inputs
 from .hf.structure import LinearRef, Structure
 
 ABSORBED_KEY = "modeconn_absorbed"
-_FORMAT = 1
+ABSORBED_FORMAT = 1
 
 
 # ------------------------------------------------------------------------------------------ helpers
@@ -164,7 +164,7 @@ def absorb_normalization(
     if adapter.absorb is not None:
         raise UnsupportedOperationError(f"normalization absorption is not supported for {adapter.family}: {adapter.absorb}")
     st = describe(model)
-    _check_absorbable(st)
+    check_absorbable(st)
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
     new = copy.deepcopy(model).float()
     new_hf = new.get_submodule(prefix) if prefix else new
@@ -173,7 +173,7 @@ def absorb_normalization(
     steps: list[tuple[str, Callable[[nn.Module, Structure, dict[str, Any]], None]]] = [
         ("untie", _untie), ("center", _center), ("fold", _fold_norms), ("rms", _to_rms),
     ]
-    note: dict[str, Any] = {"format": _FORMAT, "norms": {}, "biased": [], "untied": []}
+    note: dict[str, Any] = {"format": ABSORBED_FORMAT, "norms": {}, "biased": [], "untied": []}
     for name, step in steps:
         step(new, st, note)
         _check(name, new_hf, inputs, ref, atol)
@@ -181,7 +181,7 @@ def absorb_normalization(
     cfg.tie_word_embeddings = False
     strip = (prefix + ".") if prefix else ""
     setattr(cfg, ABSORBED_KEY, {
-        "format": _FORMAT,
+        "format": ABSORBED_FORMAT,
         "norms": {p[len(strip):]: v for p, v in note["norms"].items()},
         "biased": [p[len(strip):] for p in note["biased"]],
         "untied": [k[len(strip):] for k in note["untied"]],
@@ -190,7 +190,7 @@ def absorb_normalization(
     return new.to(dtype) if dtype != torch.float32 else new
 
 
-def _check_absorbable(st: Structure) -> None:
+def check_absorbable(st: Structure) -> None:
     s = st.stream
     if s.post_norm:
         raise UnsupportedOperationError(f"{st.model_class} is post-norm: the norms act on the residual stream itself")
@@ -273,6 +273,17 @@ def save_absorbed(model: nn.Module, directory: str | os.PathLike, *, overwrite: 
     return Path(directory)
 
 
+def replay_absorption(model: nn.Module, note: dict[str, Any]) -> None:
+    """Replay the module swaps of an absorption record (``config.modeconn_absorbed``) on a freshly built ``model``:
+    each norm of ``note["norms"]`` becomes a :class:`ScaleFreeRMSNorm`, each linear of ``note["biased"]`` gains a zero
+    bias (on the model's device: the meta device too)."""
+    for path, (size, eps) in note["norms"].items():
+        _replace_module(model, path, ScaleFreeRMSNorm(size, eps))
+    for path in note["biased"]:
+        mod = model.get_submodule(path)
+        mod.bias = nn.Parameter(torch.zeros(mod.out_features, dtype=mod.weight.dtype, device=mod.weight.device))
+
+
 def load_absorbed(directory: str | os.PathLike) -> nn.Module:
     """Rebuild a model written by :func:`save_absorbed`: the HF class from ``architectures``, the module swaps
     from ``modeconn_absorbed``, then a strict load of ``model.safetensors`` (never unpickles).
@@ -289,20 +300,21 @@ def load_absorbed(directory: str | os.PathLike) -> nn.Module:
             check_in_checkpoint(d / name, d)
     raw = read_json_object(d / "config.json", "absorbed model config")
     note = raw.get(ABSORBED_KEY)
-    if not note or note.get("format") != _FORMAT:
-        raise ConfigError(f"{d / 'config.json'}: not an absorbed-model config (no {ABSORBED_KEY!r} of format {_FORMAT})")
+    if not note or note.get("format") != ABSORBED_FORMAT:
+        raise ConfigError(f"{d / 'config.json'}: not an absorbed-model config (no {ABSORBED_KEY!r} of format {ABSORBED_FORMAT})")
     arch = (raw.get("architectures") or [None])[0]
     cls = getattr(transformers, arch, None) if arch else None
     if cls is None:
         raise ConfigError(f"{d / 'config.json'}: unknown architecture {arch!r}")
     cfg = transformers.AutoConfig.for_model(**{k: v for k, v in raw.items() if k != "transformers_version"})
     model = cls(cfg)
-    for path, (size, eps) in note["norms"].items():
-        _replace_module(model, path, ScaleFreeRMSNorm(size, eps))
-    for path in note["biased"]:
-        mod = model.get_submodule(path)
-        mod.bias = nn.Parameter(torch.zeros(mod.out_features, dtype=mod.weight.dtype))
-    sd = load_state_dict(d / "model.safetensors")
+    replay_absorption(model, note)
+    if (d / "model.safetensors").is_file():
+        sd = load_state_dict(d / "model.safetensors")
+    else:  # sharded (stream_absorb of a large model): safetensors shards + index, read without unpickling
+        from ..io_stream import LazyCheckpoint
+
+        sd = {k: t.clone() for k, t in LazyCheckpoint(d).items()}
     model.load_state_dict(sd, strict=True)
     setattr(model.config, ABSORBED_KEY, note)
     return model.eval()
