@@ -10,6 +10,7 @@
 __version__ = "0.1.0"
 
 from . import errors
+from .diagnostics import check
 from .io import load_checkpoint, save_checkpoint
 from .io_stream import LazyCheckpoint
 from .match import (
@@ -28,7 +29,7 @@ from .symmetry import Space, SymmetrySpec, absorb_normalization, symmetry_spec
 
 __all__ = [
     "Alignment", "Curve", "DualAlignment", "LazyCheckpoint", "Space", "SymmetrySpec", "absorb_normalization",
-    "activation_matching", "build_model", "dual_matching", "errors", "evaluate_path", "interpolate", "learned_matching",
+    "activation_matching", "build_model", "check", "dual_matching", "errors", "evaluate_path", "interpolate", "learned_matching",
     "load_checkpoint", "merge", "one_sided_matching", "save_checkpoint", "stream_apply", "stream_merge",
     "stream_weight_matching", "symmetry_spec", "weight_matching",
 ]

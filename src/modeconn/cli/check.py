@@ -1,0 +1,42 @@
+"""``modeconn check``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from ._app import DATA_HELP, DOWNLOAD_HELP, OVERWRITE_HELP, app, check_out, errors_exit, log
+from ._print import show
+
+
+@app.command()
+def check(
+    a: Path = typer.Argument(..., help="checkpoint directory of model A"),
+    b: Path | None = typer.Argument(None, help="checkpoint directory of model B (omit: predict for a twin of A)"),
+    dataset: str | None = typer.Option(None, help="dataset (default: the one recorded in A's config.json)"),
+    data: Path | None = typer.Option(None, help=DATA_HELP),
+    download: bool = typer.Option(False, help=DOWNLOAD_HELP),
+    limit_train: int | None = typer.Option(None, min=1, help="use only the first N training examples"),
+    max_batches: int = typer.Option(5, min=1, help="training batches (of 500) for activations and layer inputs"),
+    eval_limit: int = typer.Option(2000, min=1, help="test examples for the endpoints' loss"),
+    seed: int = typer.Option(0),
+    out: Path | None = typer.Option(None, help="output directory (default runs/check-<time>)"),
+    overwrite: bool = typer.Option(False, help=OVERWRITE_HELP),
+) -> None:
+    """Will A and B merge? Predicts, without evaluating the interpolation path, the test-loss barrier_mean of
+    merging them as they are and after weight / activation matching, a go / no-go verdict (barrier_mean below
+    0.1 nats) and the method to use; with A alone, whether an independently trained twin of A would merge
+    without alignment. Writes report.md, results.json and check.png (relationship: weight cosine, CKA;
+    identifiability: identity / optimal activation-matching ratio, realization and swap costs, k, ν(U)).
+    """
+    from ..experiments.output import default_out
+    from ..recipes.check import CheckOptions, run_check
+
+    out = out or default_out("check")
+    opts = CheckOptions(dataset=dataset, data=data, limit_train=limit_train, max_batches=max_batches,
+                        eval_limit=eval_limit, seed=seed, overwrite=overwrite)
+    with errors_exit(download):
+        check_out(out, [a, b, data], overwrite)
+        outcome = run_check(a, b, out, opts, log=log)
+    show(outcome)

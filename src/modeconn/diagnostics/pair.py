@@ -1,0 +1,137 @@
+"""Pair diagnostics of ``modeconn check``: how two models relate, without evaluating any interpolation path.
+
+* Activation statistics per space (:func:`space_statistics`): the Pearson cross-correlation ``corr[i, j]`` of A's
+  unit ``i`` with B's unit ``j`` over the space's probes (as activation matching accumulates it), the identity /
+  optimal activation-matching ratio (:func:`modeconn.identifiability.identity_vs_optimal`), the mean unit
+  correlation ``q(π) = (1/n) Σ_i corr[i, π(i)]`` under the identity, under weight matching's and under the optimal
+  permutation, and linear CKA (Kornblith et al. 2019, eq. 5: ``‖XᵀY‖²_F / (‖XᵀX‖_F ‖YᵀY‖_F)`` on centred
+  activations; invariant to orthogonal transforms and isotropic scaling of either side, so a high CKA with a low
+  optimal ``q`` means the representations agree only up to a continuous transform).
+* Per-layer weight cosine (:func:`weight_cosines`): ``⟨θ_A, θ_B⟩ / (‖θ_A‖ ‖θ_B‖)`` of every bound weight tensor
+  (≥ 2 dimensions) at the identity and after weight matching.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import ConfigError
+from ..identifiability import identity_vs_optimal
+from ..match.activation import CorrelationStats, capture, probe_matrix
+from ..nn_utils import batch_inputs, eval_mode, model_device
+from ..symmetry import SymmetrySpec
+
+CKA_ROWS = 4096
+"""At most this many samples (rows) per probe enter linear CKA (conv probes give N·H·W rows per batch)."""
+
+
+def linear_cka(x: torch.Tensor, y: torch.Tensor) -> float:
+    """Linear CKA of two ``(samples, n)`` / ``(samples, m)`` activation matrices (Kornblith et al. 2019, eq. 5).
+
+    Columns are centred; returns a float in ``[0, 1]`` (0 when either side has no variance).
+    Raises ConfigError when the sample counts differ or fewer than 2 samples are given.
+    """
+    if x.shape[0] != y.shape[0] or x.shape[0] < 2:
+        raise ConfigError(f"linear_cka needs the same number (≥ 2) of samples on both sides, got {tuple(x.shape)} "
+                          f"and {tuple(y.shape)}")
+    x = x.double() - x.double().mean(0)
+    y = y.double() - y.double().mean(0)
+    den = torch.linalg.matrix_norm(x.T @ x) * torch.linalg.matrix_norm(y.T @ y)
+    return float((torch.linalg.matrix_norm(x.T @ y) ** 2 / den).clamp(0, 1)) if den > 0 else 0.0
+
+
+def _rows(x: torch.Tensor, want: int, gen: torch.Generator) -> torch.Tensor:
+    if x.shape[0] <= want:
+        return x
+    return x[torch.randperm(x.shape[0], generator=gen)[:want].to(x.device)]
+
+
+def collect(spec: SymmetrySpec, model_a: nn.Module, model_b: nn.Module, loader: Iterable, max_batches: int,
+            seed: int = 0) -> tuple[dict[str, torch.Tensor], dict[str, tuple[torch.Tensor, torch.Tensor]], int]:
+    """One pass of both models over ``loader`` (at most ``max_batches`` batches, eval mode, no grad).
+
+    Returns ``(corr, samples, batches)``: ``corr[space]`` the ``(n, n)`` Pearson correlation summed over the
+    space's probes; ``samples[space]`` a pair of ``(rows, n)`` float64 activation samples of A and B at the space's
+    first probe (at most :data:`CKA_ROWS` rows, the same rows on both sides); the number of batches seen.
+    Raises ConfigError for an empty loader, SpecError for a space without probes.
+    """
+    from ..errors import SpecError
+
+    missing = [s for s in spec.spaces if not spec.probes.get(s)]
+    if missing:
+        raise SpecError(f"spaces {missing} have no activation probes; build the spec with modeconn.symmetry_spec(model, x)")
+    device = model_device(model_a)
+    stats = {(s, i): CorrelationStats(spec.spaces[s].size, device) for s in spec.spaces for i in range(len(spec.probes[s]))}
+    keep: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {s: [] for s in spec.spaces}
+    gen = torch.Generator().manual_seed(seed)
+    batches = 0
+    with eval_mode(model_a, model_b), torch.no_grad(), capture(model_a, spec.probes) as st_a, \
+            capture(model_b, spec.probes) as st_b:
+        for batch in loader:
+            if batches >= max_batches:
+                break
+            x = batch_inputs(batch).to(device)
+            model_a(x)
+            model_b(x)
+            for s, probes in spec.probes.items():
+                n = spec.spaces[s].size
+                for i, p in enumerate(probes):
+                    xa, xb = probe_matrix(st_a[(p.module, p.where)], p, n), probe_matrix(st_b[(p.module, p.where)], p, n)
+                    stats[(s, i)].update(xa, xb)
+                    if i == 0:
+                        idx = _rows(torch.arange(xa.shape[0]), CKA_ROWS // max_batches + 1, gen)
+                        keep[s].append((xa[idx.to(xa.device)].double().cpu(), xb[idx.to(xb.device)].double().cpu()))
+            batches += 1
+    if batches == 0:
+        raise ConfigError("check got an empty data loader")
+    corr = {s: sum(stats[(s, i)].correlation() for i in range(len(spec.probes[s]))) / len(spec.probes[s])
+            for s in spec.spaces}
+    samples = {s: (torch.cat([a for a, _ in v]), torch.cat([b for _, b in v])) for s, v in keep.items()}
+    return corr, samples, batches
+
+
+def mean_correlation(corr: torch.Tensor, perm: torch.Tensor | None = None) -> float:
+    """``q(π) = (1/n) Σ_i corr[i, π(i)]`` (``π`` = identity when ``perm`` is None)."""
+    n = corr.shape[0]
+    p = torch.arange(n) if perm is None else perm.to(torch.long).cpu()
+    return float(corr.cpu()[torch.arange(n), p].mean())
+
+
+def space_statistics(spec: SymmetrySpec, corr: Mapping[str, torch.Tensor],
+                     samples: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
+                     wm_element: Mapping[str, torch.Tensor] | None) -> dict[str, dict[str, Any]]:
+    """Per space: ``n``, ``identity_ratio`` (identity / optimal activation-matching objective), ``q_identity``,
+    ``q_weight`` (under weight matching's permutation; None without one or for a non-permutation group),
+    ``q_optimal`` (under the optimal permutation of ``corr``) and ``cka`` (linear CKA of the sampled activations)."""
+    out = {}
+    for s, c in corr.items():
+        iv = identity_vs_optimal(c)
+        wm = None if wm_element is None else wm_element.get(s)
+        q_w = mean_correlation(c, wm) if wm is not None and wm.dim() == 1 else None
+        xa, xb = samples[s]
+        out[s] = {"n": int(c.shape[0]), "identity_ratio": iv["ratio"], "q_identity": mean_correlation(c),
+                  "q_weight": q_w, "q_optimal": mean_correlation(c, iv["perm"]), "cka": linear_cka(xa, xb)}
+    return out
+
+
+def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double().flatten(), b.double().flatten()
+    den = float(a.norm() * b.norm())
+    return float(a @ b) / den if den > 0 else 0.0
+
+
+def weight_cosines(spec: SymmetrySpec, sd_a: Mapping[str, torch.Tensor], sd_b: Mapping[str, torch.Tensor],
+                   sd_b_aligned: Mapping[str, torch.Tensor] | None) -> dict[str, dict[str, float | None]]:
+    """Per bound weight tensor (≥ 2 dimensions, in the spec's order): cosine of A and B at the identity and of A
+    and weight-matched B (None without an alignment)."""
+    out = {}
+    for key in spec.tensors:
+        if key not in sd_a or sd_a[key].dim() < 2 or not sd_a[key].is_floating_point():
+            continue
+        out[key] = {"identity": _cosine(sd_a[key], sd_b[key]),
+                    "weight_matched": None if sd_b_aligned is None else _cosine(sd_a[key], sd_b_aligned[key])}
+    return out

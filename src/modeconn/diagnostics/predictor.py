@@ -1,0 +1,73 @@
+"""The stated predictor of ``modeconn check``: a log-log line from one diagnostic to the test-loss ``barrier_mean``.
+
+Pair predictor (two models A, B): for an assignment ``π`` of B's units to A's (the identity, weight matching's, or
+activation matching's optimum), ``x = 1 − q̄(π)`` where ``q̄(π)`` is the mean over spaces of the mean unit
+correlation ``q(π) = (1/n) Σ_i corr[i, π(i)]`` (:mod:`modeconn.diagnostics.pair`). Twin predictor (A alone):
+``x = min over layers of relative_swap_cost`` (:mod:`modeconn.diagnostics.structure`; 0 for a standard network).
+Both map ``x`` to a barrier (nats) through::
+
+    log(max(B, B_FLOOR)) = intercept + slope · log(max(x, X_FLOOR))
+
+i.e. ``B̂ = exp(intercept) · x^slope``. The coefficients are least-squares fits on pairs with measured unaligned
+barriers (``modeconn experiment check-calibration``); the interval is the fit's residual quantiles ``[Q_LO, Q_HI]``
+(multiplicative). The same line serves the aligned predictions: ``x = 1 − q̄(π)`` for weight matching's and
+activation matching's permutation.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from ..errors import ConfigError
+
+B_FLOOR = 0.005
+"""Barriers below this (nats, negatives included) are fitted as this value: below it they are measurement noise."""
+X_FLOOR = 0.01
+"""Diagnostic values below this are fitted as this value."""
+Q_LO, Q_HI = 0.1, 0.9
+"""Residual quantiles that make the prediction interval."""
+GO_THRESHOLD = 0.1
+"""Go / no-go: merging without alignment is predicted to work when the predicted ``barrier_mean`` is below this (nats)."""
+
+
+@dataclass(frozen=True)
+class LogLinear:
+    """``log(B) = intercept + slope · log(max(x, X_FLOOR))`` (``B`` in nats); ``lo``/``hi`` residual quantiles of
+    ``log B``; ``n`` points fitted; ``feature`` names ``x``."""
+
+    feature: str
+    intercept: float
+    slope: float
+    lo: float
+    hi: float
+    n: int
+
+    def predict(self, x: float) -> dict[str, float]:
+        """``{"barrier_mean", "low", "high"}`` in nats for diagnostic value ``x``."""
+        mid = self.intercept + self.slope * math.log(max(float(x), X_FLOOR))
+        return {"barrier_mean": math.exp(mid), "low": math.exp(mid + self.lo), "high": math.exp(mid + self.hi)}
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def fit_loglinear(feature: str, x: Sequence[float], barrier: Sequence[float]) -> LogLinear:
+    """Least-squares fit of :class:`LogLinear` to points ``(x, barrier)`` (equal lengths, ≥ 3 points; nats).
+
+    A slope is fitted only when ``x`` varies (else 0, the mean). Raises ConfigError for too few or mismatched points.
+    """
+    if len(x) != len(barrier) or len(x) < 3:
+        raise ConfigError(f"fit_loglinear needs ≥ 3 points and as many barriers as x, got {len(x)} and {len(barrier)}")
+    lx = np.log(np.maximum(np.asarray(x, float), X_FLOOR))
+    ly = np.log(np.maximum(np.asarray(barrier, float), B_FLOOR))
+    if np.ptp(lx) > 0:
+        slope, intercept = np.polyfit(lx, ly, 1)
+    else:
+        slope, intercept = 0.0, float(ly.mean())
+    res = ly - (intercept + slope * lx)
+    return LogLinear(feature, float(intercept), float(slope), float(np.quantile(res, Q_LO)),
+                     float(np.quantile(res, Q_HI)), len(lx))

@@ -1,0 +1,66 @@
+"""``modeconn check A [B]``: load, run :func:`modeconn.diagnostics.check`, write report.md, results.json, check.png.
+
+No point of the interpolation path is evaluated (that is ``modeconn barrier``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+from .outcome import Outcome
+
+CONTENTS = "report.md, results.json, check.png"
+
+
+@dataclass(frozen=True)
+class CheckOptions:
+    """Options of :func:`run_check` (the command's flags)."""
+
+    dataset: str | None = None
+    data: Path | None = None
+    limit_train: int | None = None
+    max_batches: int = 5
+    eval_limit: int = 2000
+    seed: int = 0
+    overwrite: bool = False
+
+
+def load_models(a: Path, b: Path | None, opts: CheckOptions):
+    """``([model A(, model B)], A's config, dataset bundle)``; ConfigError for a checkpoint that is not a modeconn
+    checkpoint, two architectures, or no (fitting) dataset — before any weights are used."""
+    from ..checkpoints import open_checkpoints
+    from ..experiments.checkpoints import load_same_architecture
+    from .align import dataset_for
+
+    paths = [a] if b is None else [a, b]
+    ckpts = open_checkpoints(paths)
+    if ckpts[0].kind.name != "modeconn":
+        raise ConfigError(f"check reads modeconn checkpoints (config.json + model.safetensors from modeconn train); "
+                          f"{ckpts[0].describe()} is not one")
+    models, configs = load_same_architecture(paths)
+    return models, configs[0], dataset_for(configs[0], opts.dataset, opts.data, opts.limit_train)
+
+
+def run_check(a: Path, b: Path | None, out: Path, opts: CheckOptions, log=print) -> Outcome:
+    """Check one pair (or model A alone) and write the report into ``out`` atomically (``out`` may not be, contain
+    or lie inside an input; an existing ``out`` is replaced only with ``overwrite`` and only if modeconn wrote it)."""
+    from ..diagnostics import check
+    from ..experiments.output import output_directory, write_json
+    from .check_report import plot, report, summary_lines
+
+    start = time.perf_counter()
+    inputs = [p for p in (a, b, opts.data) if p is not None]
+    with output_directory(out, opts.overwrite, inputs=inputs, command="check") as tmp:
+        models, _, bundle = load_models(a, b, opts)
+        log(f"checking {a}" + ("" if b is None else f" and {b}") + f" on {bundle.name}")
+        res = check(*models, data=bundle, max_batches=opts.max_batches, eval_limit=opts.eval_limit, seed=opts.seed)
+        results: dict[str, Any] = {"task": "check", "models": [str(p) for p in (a, b) if p is not None],
+                                   **res.to_json(), "seconds": time.perf_counter() - start}
+        write_json(tmp / "results.json", results)
+        (tmp / "report.md").write_text(report(results))
+        plot(results, tmp / "check.png")
+    return Outcome(out=out, contents=CONTENTS, lines=tuple(summary_lines(results)), what="check")

@@ -1,0 +1,134 @@
+"""report.md, check.png and the printed summary of ``modeconn check`` (from its results dict)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..report import markdown_table
+
+_PREDICTIONS = (("unaligned", "merged as they are (identity)"), ("weight_matched", "after weight matching"),
+                ("activation_matched", "after activation matching"),
+                ("twin", "an independently trained twin of A, merged as it is"))
+
+
+def _f(x: Any, digits: int = 3) -> str:
+    if x is None or (isinstance(x, float) and not np.isfinite(x)):
+        return "—"
+    return f"{x:.{digits}f}" if isinstance(x, float) else str(x)
+
+
+def verdict(results: dict[str, Any]) -> str:
+    """One line: go / no-go and the recommended method."""
+    p, rec = results["prediction"], results["recommendation"]
+    key = "unaligned" if results["pair"] else "twin"
+    what = "these two merge" if results["pair"] else "an independent twin of A merges"
+    go = "GO" if p["go"] else "NO-GO"
+    return (f"{go}: {what} without alignment is predicted {'' if p['go'] else 'not '}to work (predicted barrier_mean "
+            f"{p[key]['barrier_mean']:.3f} nats, interval {p[key]['low']:.3f}–{p[key]['high']:.3f}; go below "
+            f"{p['threshold']}); recommended: {rec['method']} — {rec['advice']}")
+
+
+def summary_lines(results: dict[str, Any]) -> list[str]:
+    """What the command prints: the verdict, the relationship, the predicted barriers (fits in 80 columns)."""
+    lines = [verdict(results)]
+    if results["pair"]:
+        rel = results["pair"]["relationship"]
+        lines.append(f"relationship: {rel['name']} ({rel['advice']})")
+    for key, label in _PREDICTIONS:
+        if key in results["prediction"]:
+            p = results["prediction"][key]
+            lines.append(f"  {key:<19} B_mean {p['barrier_mean']:7.3f}  [{p['low']:.3f}, {p['high']:.3f}]")
+    lines.append("B_mean: predicted test-loss barrier_mean (nats) [10 %–90 % interval of the calibration residuals]")
+    return lines
+
+
+def _pair_sections(pair: dict[str, Any]) -> list[str]:
+    f = pair["features"]
+    spaces = [[s, v["n"], _f(v["identity_ratio"]), _f(v["q_identity"]), _f(v["q_weight"]), _f(v["q_optimal"]), _f(v["cka"])]
+              for s, v in pair["spaces"].items()]
+    weights = [[k, _f(v["identity"]), _f(v["weight_matched"])] for k, v in pair["weights"].items()]
+    return [
+        "## Relationship", "",
+        f"**{pair['relationship']['name']}** — {pair['relationship']['advice']}. Mean identity weight cosine "
+        f"{_f(f['weight_cosine_identity'])} (after weight matching {_f(f['weight_cosine_matched'])}); mean identity / "
+        f"optimal activation-matching ratio {_f(f['identity_ratio'])}; mean linear CKA {_f(f['cka'])}; permutation "
+        f"share q̄(optimal permutation) / q̄(optimal orthogonal map) {_f(f['permutation_share'])}.", "",
+        "## Per space (activations on training data)", "",
+        "identity ratio: activation-matching objective of the identity / of the optimal permutation; q: mean "
+        "correlation of matched units under the identity, weight matching's and the optimal permutation; CKA: "
+        "linear CKA of the two representations.", "",
+        markdown_table(["space", "units", "identity ratio", "q identity", "q weight matching", "q optimal", "CKA"], spaces),
+        "", "## Per layer: weight cosine of A and B", "",
+        markdown_table(["tensor", "cosine at the identity", "cosine after weight matching"], weights), ""]
+
+
+def report(results: dict[str, Any]) -> str:
+    """The markdown report of one check."""
+    p = results["prediction"]
+    preds = [[label, _f(p[k]["barrier_mean"]), f"{_f(p[k]['low'])}–{_f(p[k]['high'])}"] for k, label in _PREDICTIONS if k in p]
+    ends = [[i, _f(e["test_loss"]), _f(100 * e["test_acc"], 2)] for i, e in zip("AB", results["endpoints"], strict=False)]
+    layers = [[n, v["fan_in"], v["neurons"], "yes" if v["asymmetric"] else "no", v["k"], _f(v["coherence"], 2),
+               _f(v["relative_swap_cost"]), _f(v["swap_positive_fraction"]), "yes" if v["identity_optimal"] else "no",
+               _f(v["relative_margin"]), _f(v["center_nn_ratio"])] for n, v in results["layers"].items()]
+    lines = [
+        "# modeconn check", "", f"Models: {', '.join(results['models'])}; dataset {results['dataset']}; "
+        f"{results['seconds']:.1f} s. No point of the interpolation path was evaluated.", "",
+        f"**{verdict(results)}**", "",
+        "## Predicted test-loss barrier_mean (nats)", "",
+        "From the stated predictor (modeconn.diagnostics.predictor: B̂ = exp(intercept) · x^slope, x = 1 − mean unit "
+        "correlation under the assignment; for the twin x = min relative swap cost of A's layers), fitted by "
+        "`modeconn experiment check-calibration`; interval: 10 %–90 % quantiles of the fit's residuals.", "",
+        markdown_table(["interpolation", "predicted barrier_mean", "interval"], preds), "",
+        markdown_table(["model", "test loss (nats)", "test accuracy %"], ends), ""]
+    if results["pair"]:
+        lines += _pair_sections(results["pair"])
+    lines += [
+        "## Per layer of A: symmetry breaking on the data (realization costs, METHODS.md §1)", "",
+        "k: PCA dimensions of the layer's inputs explaining 90 % of the variance (estimated intrinsic dimension); ν: "
+        "subspace coherence ν(U); relative swap cost: median swap cost Δ / median self cost (0: every neuron realises "
+        "every feature equally cheaply, symmetry unbroken); identity optimal: the identity is the cheapest assignment "
+        "of features to neurons; margin: (second-best − best assignment cost) / (neurons · median self cost); centers: "
+        "mean nearest-neighbour distance of projected fixed centers Uᵀf_i / their mean norm.", "",
+        markdown_table(["layer", "fan-in", "neurons", "W-asymmetric", "k", "ν(U)", "relative swap cost", "fraction Δ > 0",
+                        "identity optimal", "margin", "centers"], layers), "", "![diagnostics](check.png)", ""]
+    return "\n".join(lines)
+
+
+def plot(results: dict[str, Any], path: Path) -> None:
+    """Predicted barriers with intervals; per space q and CKA (pair); per layer relative swap cost."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    p = results["prediction"]
+    keys = [k for k, _ in _PREDICTIONS if k in p]
+    mid = [p[k]["barrier_mean"] for k in keys]
+    err = [[m - p[k]["low"] for k, m in zip(keys, mid, strict=True)], [p[k]["high"] - m for k, m in zip(keys, mid, strict=True)]]
+    axes[0].errorbar(range(len(keys)), mid, yerr=err, fmt="o", capsize=4)
+    axes[0].axhline(p["threshold"], color="grey", ls=":", label="go threshold")
+    axes[0].set_xticks(range(len(keys)), keys, rotation=20)
+    axes[0].set_yscale("log")
+    axes[0].set_title("predicted barrier_mean (test loss, nats)")
+    axes[0].legend()
+    if results["pair"]:
+        sp = results["pair"]["spaces"]
+        x = np.arange(len(sp))
+        for i, key in enumerate(("q_identity", "q_weight", "q_optimal", "cka")):
+            axes[1].bar(x + 0.2 * i - 0.3, [np.nan if v[key] is None else v[key] for v in sp.values()], 0.2, label=key)
+        axes[1].set_xticks(x, list(sp), rotation=30, fontsize=7)
+        axes[1].legend(fontsize=7)
+    axes[1].set_title("per space: mean unit correlation q, CKA")
+    lay = results["layers"]
+    axes[2].bar(range(len(lay)), [v["relative_swap_cost"] for v in lay.values()])
+    axes[2].set_xticks(range(len(lay)), list(lay), rotation=30, fontsize=7)
+    axes[2].set_title("per layer of A: relative swap cost")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
