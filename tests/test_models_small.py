@@ -276,7 +276,8 @@ class _Tokens(nn.Module):
         h = torch.tanh(self.inp(x))
         if self.mode == "add":  # bound to the hidden space; per-token offsets need no binding
             h = (h + self.p) * self.per_token
-        elif self.mode == "add+reduce":  # p also read by a reduction: it cannot be permuted, so neither can h
+        elif self.mode == "add+reduce":  # p also read by a reduction: it cannot be permuted, so neither can h (an
+            # error by default since #18 — a live space frozen without a report; on_unsupported="freeze" accepts it)
             h = h + self.p + self.p.sum()
         elif self.mode == "matmul-param":  # mixes the permuted dim with an unpermuted matrix
             h = h @ self.mix.transpose(0, 1)
@@ -296,7 +297,7 @@ class _Tokens(nn.Module):
     "mode, error, hidden_bound",
     [
         ("add", None, True),
-        ("add+reduce", None, False),
+        ("add+reduce", "also read where it cannot move", False),  # #18: a silent freeze is an error unless asked
         ("non-persistent", None, False),
         ("matmul-param", "contracts a permuted dim", False),
         ("shared-k", "does not carry the same spaces", False),

@@ -22,6 +22,7 @@ MODELS = {
     "vit": (zoo_like.ViT, (2, 3, 8, 8)),
     "resnext": (zoo_like.ResNeXt, (2, 3, 8, 8)),
     "sdpa": (zoo_like.SDPAttention, (2, 5, 6)),
+    "convnext-like": (zoo_like.ConvNeXtLike, (2, 3, 8, 8)),
 }
 
 
@@ -88,3 +89,29 @@ def test_cross_attention_is_refused():
 
     with pytest.raises(UnsupportedOperationError, match="cross-attention"):
         mc.symmetry_spec(Cross(), torch.randn(2, 3, 4))
+
+
+def test_models_in_training_mode_are_traced_in_eval_mode_and_keep_their_flags():
+    """A BatchNorm subclass with its own forward is traced as in eval (no running-stat update in the graph)."""
+    torch.manual_seed(0)
+    model, x = zoo_like.ConvNeXtLike().train(), torch.randn(2, 3, 8, 8)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    spec = mc.symmetry_spec(model, x)
+    assert model.training and all(m.training for m in model.modules())
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert {b.space for b in spec.tensors["gamma"]} == {b.space for b in spec.tensors["bn.running_var"]}
+
+
+def test_a_parameter_read_where_it_cannot_move_is_an_error_not_a_silent_freeze():
+    class Scale(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.g, self.head = nn.Linear(4, 6), nn.Parameter(torch.rand(6) + 0.5), nn.Linear(6, 2)
+
+        def forward(self, x):
+            return self.head(self.fc(x) * self.g + self.g.sum())
+
+    with pytest.raises(UnsupportedOperationError, match="'g' moves with a permuted space"):
+        mc.symmetry_spec(Scale(), torch.randn(3, 4))
+    spec = mc.symmetry_spec(Scale(), torch.randn(3, 4), on_unsupported="freeze")
+    assert not spec.tensors["g"]

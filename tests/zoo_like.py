@@ -88,3 +88,36 @@ class SDPAttention(nn.Module):
         q, k, v = (f(h).unflatten(-1, (self.heads, d // self.heads)).transpose(1, 2) for f in (self.q, self.k, self.v))
         a = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).flatten(2)
         return self.head((h + self.o(a)).mean(1))
+
+
+class BatchNormAct2d(nn.BatchNorm2d):
+    """timm's BatchNormAct2d: ``F.batch_norm`` then an activation, inside a BatchNorm2d subclass's own forward."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
+                         self.training, 0.1 if self.momentum is None else self.momentum, self.eps)
+        return torch.relu(x)
+
+
+class LayerNorm2d(nn.LayerNorm):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x.permute(0, 2, 3, 1), self.normalized_shape, self.weight, self.bias, self.eps).permute(0, 3, 1, 2)
+
+
+class ConvNeXtLike(nn.Module):
+    """timm ConvNeXt's block: depthwise conv, channels-last norm, MLP, layer scale read through ``gamma.reshape``."""
+
+    def __init__(self, dim: int = 8, classes: int = 4) -> None:
+        super().__init__()
+        self.stem, self.stem_norm = nn.Conv2d(3, dim, 2, 2), LayerNorm2d(dim)
+        self.conv_dw, self.norm = nn.Conv2d(dim, dim, 3, padding=1, groups=dim), LayerNorm2d(dim)
+        self.fc1, self.fc2 = nn.Conv2d(dim, 2 * dim, 1), nn.Conv2d(2 * dim, dim, 1)
+        self.gamma = nn.Parameter(torch.full((dim,), 0.5))
+        self.bn = BatchNormAct2d(dim)
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem_norm(self.stem(x))
+        y = self.fc2(F.gelu(self.fc1(self.norm(self.conv_dw(x)))))
+        x = x + y.mul(self.gamma.reshape(1, -1, 1, 1))
+        return self.head(self.bn(x).mean((2, 3)))

@@ -88,6 +88,14 @@ class _Attr:
 
     key: str | None
     shape: tuple[int, ...]
+    stored: tuple[int, ...] | None = None  # the stored shape when ``shape`` is a view adding/removing size-1 dims
+
+    def stored_axis(self, axis: int) -> int:
+        """The axis of the stored tensor that axis ``axis`` of this (possibly reshaped) view is."""
+        if self.stored is None:
+            return axis
+        rank = sum(1 for d in self.shape[:axis] if d != 1)
+        return [i for i, d in enumerate(self.stored) if d != 1][rank]
 
 
 _ELEMENTWISE_MODULES = (
@@ -457,6 +465,9 @@ class _Tracer:
             return self.arg_val(node) if self.arg_val(node) is not None else self.frozen_val(node)
         if is_method and t in ("expand", "expand_as") and isinstance(self.vals.get(node.args[0]), _Attr):
             return self.vals[node.args[0]]  # a broadcast view of a parameter (a class token): still that parameter
+        if isinstance(self.vals.get(node.args[0] if node.args else None), _Attr) and among(
+                {"reshape", "view", "unsqueeze", "squeeze"}, {torch.reshape, torch.unsqueeze, torch.squeeze}):
+            return self.parameter_view(node, self.vals[node.args[0]])
         if t is operator.getitem:
             return self.index(node)
         if not is_method and t is F.scaled_dot_product_attention:
@@ -470,6 +481,8 @@ class _Tracer:
             return self.cat(node)
         if not is_method and t is F.layer_norm:
             return self.functional_layer_norm(node)
+        if not is_method and t is F.batch_norm:
+            return self.functional_batch_norm(node)
         x = self.arg_val(node)
         if among(_ELEMENTWISE_METHODS | _SOFTMAX_METHODS, _ELEMENTWISE_FUNCTIONS | _SOFTMAX_FUNCTIONS):
             return x if x is not None else self.frozen_val(node)
@@ -486,6 +499,14 @@ class _Tracer:
         if among({"permute", "transpose"}, {torch.permute, torch.transpose}):
             return self.permute(node, x)
         return self.unsupported(node, "no symmetry rule for this operation")
+
+    def parameter_view(self, node: torch.fx.Node, a: _Attr) -> _Attr | _Val | None:
+        """A parameter reshaped by adding or removing size-1 dims (timm's layer scale ``gamma.reshape(1, -1, 1, 1)``):
+        still that parameter, its axes mapped to the stored ones; any other reshape freezes it."""
+        shape = _shape(node)
+        if shape is None or a.key is None or [d for d in shape if d != 1] != [d for d in a.shape if d != 1]:
+            return self.value(node.args[0])
+        return _Attr(a.key, tuple(shape), a.stored or a.shape)
 
     def functional_layer_norm(self, node: torch.fx.Node) -> _Val | None:
         """``F.layer_norm(x, normalized_shape, weight, bias, eps)`` (e.g. inside a channels-last norm's forward):
@@ -506,9 +527,26 @@ class _Tracer:
         for k in ("weight", "bias"):
             a = self.vals.get(args.get(k)) if isinstance(args.get(k), torch.fx.Node) else None
             if isinstance(a, _Attr) and a.key is not None:
-                self.bind(a.key, x.dim - first, x, "out")
+                self.bind(a.key, a.stored_axis(x.dim - first), x, "out")
             elif args.get(k) is not None:
                 return self.unsupported(node, f"layer_norm {k} is not a parameter of the model")
+        return x
+
+    def functional_batch_norm(self, node: torch.fx.Node) -> _Val | None:
+        """``F.batch_norm(x, running_mean, running_var, weight, bias, …)`` (timm's ``BatchNormAct2d`` forward): per
+        channel (dim 1), so its statistics and affine move with the channels' permutation."""
+        names = ("input", "running_mean", "running_var", "weight", "bias")
+        args = dict(zip(names, node.args, strict=False)) | {k: v for k, v in node.kwargs.items() if k in names}
+        x = self.value(args["input"])
+        if x is None:
+            return self.frozen_val(node)
+        x = self.require_dim(node, x, 1)
+        for k in names[1:]:
+            a = self.vals.get(args.get(k)) if isinstance(args.get(k), torch.fx.Node) else None
+            if isinstance(a, _Attr) and a.key is not None:
+                self.bind(a.key, 0, x, "out")
+            elif args.get(k) is not None:
+                return self.unsupported(node, f"batch_norm {k} is not a parameter or buffer of the model")
         return x
 
     def binary(self, node: torch.fx.Node) -> _Val | None:
@@ -570,7 +608,7 @@ class _Tracer:
             return self.unsupported(node, f"{p_node.name} broadcasts the activations to a larger shape")
         if _constant_along(out_shape, p.shape, x.dim):
             return x
-        axis = x.dim - (len(out_shape) - len(p.shape))
+        axis = p.stored_axis(x.dim - (len(out_shape) - len(p.shape)))
         if p.key is None:  # a tensor outside the state dict cannot move with x
             self.freeze(x)
             return x
@@ -783,8 +821,8 @@ class _Tracer:
                     return self.unsupported(node, f"parameter {a.key!r} of shape {a.shape} does not span the permuted dim")
                 prev = self.attr_bound.get(a.key)
                 if prev is None:
-                    self.attr_bound[a.key] = (axis, x)
-                    self.bind(a.key, axis, x, "out")
+                    self.attr_bound[a.key] = (a.stored_axis(axis), x)
+                    self.bind(a.key, a.stored_axis(axis), x, "out")
                 else:
                     self.union_segs(prev[1], x, node)
         return x
@@ -827,6 +865,11 @@ class _Tracer:
     def build_spec(self, model: nn.Module) -> SymmetrySpec:
         for key, (_, val) in self.attr_bound.items():
             if key in self.attr_frozen:  # also read where it cannot be permuted
+                if self.on_unsupported == "error" and not self.inactive(val):
+                    raise UnsupportedOperationError(
+                        f"parameter {key!r} moves with a permuted space where it is combined with activations, but is "
+                        "also read where it cannot move (an operation without a symmetry rule on it); freezing would "
+                        "leave that space unpermuted. Pass on_unsupported='freeze' to accept that, or register_rule")
                 self.freeze(val)
         roots = {}
         for i in range(len(self.parent)):
@@ -935,14 +978,15 @@ def symmetry_spec(
         raise ConfigError(f"on_unsupported must be 'error' or 'freeze', got {on_unsupported!r}")
     inputs = example_input if isinstance(example_input, tuple) else (example_input,)
     _register_known_rules()
-    gm = _fx_trace(model, leaf_modules)
     flags = {m: m.training for m in model.modules()}
     try:
-        model.eval()
-        with torch.no_grad():
-            ShapeProp(gm).propagate(*inputs)
-    except Exception as exc:  # any failure of the example forward is a user-facing trace error
-        raise TraceError(f"running {type(model).__name__} on the example input failed: {exc}") from exc
+        model.eval()  # traced in eval mode: train-only branches (BatchNorm counters, dropout paths) stay out
+        gm = _fx_trace(model, leaf_modules)
+        try:
+            with torch.no_grad():
+                ShapeProp(gm).propagate(*inputs)
+        except Exception as exc:  # any failure of the example forward is a user-facing trace error
+            raise TraceError(f"running {type(model).__name__} on the example input failed: {exc}") from exc
     finally:
         for m, flag in flags.items():
             m.training = flag
