@@ -140,6 +140,28 @@ _RESHAPE_METHODS = {"flatten", "view", "reshape", "unflatten"}
 _MATMUL = {operator.matmul, torch.matmul, torch.bmm}
 _MATMUL_METHODS = {"matmul", "bmm"}
 _NON_TENSOR_METHODS = {"size", "dim"}
+# a parameter broadcast over the batch (a class token) or reshaped by size-1 dims (a layer scale): still that parameter
+_PARAMETER_VIEW_METHODS = {"expand", "expand_as", "reshape", "view", "unsqueeze", "squeeze"}
+_PARAMETER_VIEW_FUNCTIONS = {torch.reshape, torch.unsqueeze, torch.squeeze}
+_OPERAND_RULES: tuple[tuple[set, set, str], ...] = (  # (methods, functions, _Tracer handler(node))
+    (_BINARY_METHODS, _BINARY, "binary"),
+    (_MATMUL_METHODS, _MATMUL, "matmul"),
+    (set(), {torch.cat}, "cat"),
+    (set(), {F.layer_norm}, "functional_layer_norm"),
+    (set(), {F.batch_norm}, "functional_batch_norm"),
+    (set(), {F.scaled_dot_product_attention}, "attention_function"),
+)
+_UNARY_RULES: tuple[tuple[set, set, str], ...] = (  # (methods, functions, _Tracer handler(node, first operand))
+    (_ELEMENTWISE_METHODS | _SOFTMAX_METHODS, _ELEMENTWISE_FUNCTIONS | _SOFTMAX_FUNCTIONS, "elementwise"),
+    (set(), _POOL_FUNCTIONS, "pool"),
+    (_RESHAPE_METHODS, _RESHAPE_FUNCTIONS, "reshape"),
+    (_REDUCE_METHODS, _REDUCE_FUNCTIONS, "reduce"),
+    ({"permute", "transpose"}, {torch.permute, torch.transpose}, "permute"),
+)
+
+
+def _matches(node: torch.fx.Node, methods: set, functions: set) -> bool:
+    return node.target in (methods if node.op == "call_method" else functions)
 
 
 class _Tracer:
@@ -449,56 +471,47 @@ class _Tracer:
 
     # ---------------------------------------------------------------- functions / methods
     def call_other(self, node: torch.fx.Node) -> _Val | None:
-        t = node.target
-        is_method = node.op == "call_method"
-
-        def among(methods: set[str], functions: set[Any]) -> bool:
-            return t in methods if is_method else t in functions
-
-        if t is operator.getitem and isinstance(self.vals.get(node.args[0]), tuple):  # an element of a module's tuple
-            return self.vals[node.args[0]][node.args[1]]
-        if _shape(node) is None and (is_method and t in _NON_TENSOR_METHODS or t is operator.getitem or t is getattr):
-            return None
-        if _shape(node) is None and not any(isinstance(self.vals.get(a), (_Val, _Attr)) for a in _flat_args(node)):
-            return None  # Python arithmetic on sizes, torch._assert(h == ...): no tensor, no symmetry
-        if not is_method and t in ELEMENTWISE_RULES:  # registered elementwise ops (stochastic depth, custom activations)
-            return self.arg_val(node) if self.arg_val(node) is not None else self.frozen_val(node)
-        if is_method and t in ("expand", "expand_as") and isinstance(self.vals.get(node.args[0]), _Attr):
-            return self.vals[node.args[0]]  # a broadcast view of a parameter (a class token): still that parameter
-        if isinstance(self.vals.get(node.args[0] if node.args else None), _Attr) and among(
-                {"reshape", "view", "unsqueeze", "squeeze"}, {torch.reshape, torch.unsqueeze, torch.squeeze}):
-            return self.parameter_view(node, self.vals[node.args[0]])
-        if t is operator.getitem:
-            return self.index(node)
-        if not is_method and t is F.scaled_dot_product_attention:
-            return self.attention_function(node)
+        found, val = self.special(node)
+        if found:
+            return val
         # rules reading several operands first: they look at parameters before value() freezes them
-        if among(_BINARY_METHODS, _BINARY):
-            return self.binary(node)
-        if among(_MATMUL_METHODS, _MATMUL):
-            return self.matmul(node)
-        if not is_method and t is torch.cat:
-            return self.cat(node)
-        if not is_method and t is F.layer_norm:
-            return self.functional_layer_norm(node)
-        if not is_method and t is F.batch_norm:
-            return self.functional_batch_norm(node)
+        for methods, functions, handler in _OPERAND_RULES:
+            if _matches(node, methods, functions):
+                return getattr(self, handler)(node)
         x = self.arg_val(node)
-        if among(_ELEMENTWISE_METHODS | _SOFTMAX_METHODS, _ELEMENTWISE_FUNCTIONS | _SOFTMAX_FUNCTIONS):
-            return x if x is not None else self.frozen_val(node)
-        if not is_method and t in _POOL_FUNCTIONS:
-            if x is None or self.all_frozen(x):
-                return self.frozen_val(node)
-            if x.outer is not None:
-                return self.unsupported(node, "pooling a value with per-head spaces")
-            return self.require_dim(node, x, 1)
-        if among(_RESHAPE_METHODS, _RESHAPE_FUNCTIONS):
-            return self.reshape(node, x)
-        if among(_REDUCE_METHODS, _REDUCE_FUNCTIONS):
-            return self.reduce(node, x)
-        if among({"permute", "transpose"}, {torch.permute, torch.transpose}):
-            return self.permute(node, x)
+        for methods, functions, handler in _UNARY_RULES:
+            if _matches(node, methods, functions):
+                return getattr(self, handler)(node, x)
         return self.unsupported(node, "no symmetry rule for this operation")
+
+    def special(self, node: torch.fx.Node) -> tuple[bool, Any]:
+        """``(True, value)`` for nodes decided before the operator tables: tuple elements, non-tensor values (sizes,
+        Python arithmetic, ``torch._assert``), registered elementwise ops, views of parameters, tensor indexing."""
+        t, is_method = node.target, node.op == "call_method"
+        first = self.vals.get(node.args[0]) if node.args and isinstance(node.args[0], torch.fx.Node) else None
+        if t is operator.getitem and isinstance(first, tuple):  # an element of a module's tuple output
+            return True, first[node.args[1]]
+        if _shape(node) is None and (is_method and t in _NON_TENSOR_METHODS or t is operator.getitem or t is getattr):
+            return True, None
+        if _shape(node) is None and not any(isinstance(self.vals.get(a), (_Val, _Attr)) for a in _flat_args(node)):
+            return True, None  # Python arithmetic on sizes, torch._assert(h == ...): no tensor, no symmetry
+        if not is_method and t in ELEMENTWISE_RULES:  # registered elementwise ops (stochastic depth, custom activations)
+            return True, self.elementwise(node, self.arg_val(node))
+        if isinstance(first, _Attr) and _matches(node, _PARAMETER_VIEW_METHODS, _PARAMETER_VIEW_FUNCTIONS):
+            return True, first if t in ("expand", "expand_as") else self.parameter_view(node, first)
+        if t is operator.getitem:
+            return True, self.index(node)
+        return False, None
+
+    def elementwise(self, node: torch.fx.Node, x: _Val | None) -> _Val | None:
+        return x if x is not None else self.frozen_val(node)
+
+    def pool(self, node: torch.fx.Node, x: _Val | None) -> _Val | None:
+        if x is None or self.all_frozen(x):
+            return self.frozen_val(node)
+        if x.outer is not None:
+            return self.unsupported(node, "pooling a value with per-head spaces")
+        return self.require_dim(node, x, 1)
 
     def parameter_view(self, node: torch.fx.Node, a: _Attr) -> _Attr | _Val | None:
         """A parameter reshaped by adding or removing size-1 dims (timm's layer scale ``gamma.reshape(1, -1, 1, 1)``):
