@@ -167,6 +167,8 @@ def score(pred: Sequence[float], measured: Sequence[float]) -> dict[str, float]:
     from scipy.stats import spearmanr
 
     p, m = np.asarray(pred, float), np.asarray(measured, float)
+    if len(p) == 0:
+        return {"spearman": float("nan"), "go_accuracy": float("nan"), "n": 0}
     rho = float(spearmanr(p, m).statistic) if len(p) > 2 and np.ptp(p) > 0 and np.ptp(m) > 0 else float("nan")
     return {"spearman": rho, "go_accuracy": float(np.mean((p < GO_THRESHOLD) == (m < GO_THRESHOLD))), "n": len(p)}
 
