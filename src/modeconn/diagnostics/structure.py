@@ -98,8 +98,9 @@ def _fixed(mod: nn.Module) -> tuple[torch.Tensor, torch.Tensor, bool]:
 
 def layer_identifiability(mod: nn.Module, x: torch.Tensor, seed: int = 0) -> dict[str, Any]:
     """Realization-cost diagnostics of one layer on its inputs ``x`` ``(rows, fan_in)`` (module docstring)."""
-    k_est = int(estimate_subspace(x, explained_variance=EXPLAINED)[0].shape[1])
-    U, _ = estimate_subspace(x, k=min(k_est, K_MAX))
+    basis, _ = estimate_subspace(x, explained_variance=EXPLAINED)   # one SVD; principal directions in order
+    k_est = int(basis.shape[1])
+    U = basis[:, :K_MAX].contiguous()
     f, d, asymmetric = _fixed(mod)
     w_eff = f + d * mod.weight.detach().double().flatten(1)
     m = w_eff.shape[0]
