@@ -921,8 +921,8 @@ class _Tracer:
 
     def repair_points(self, roots: dict[int, str]) -> list[tuple[str, int]]:
         """Where REPAIR corrects statistics: each hidden writer, or the affine norm layers right after it — also when
-        they read it through concatenations (DenseNet: a bias-free conv whose channels every later layer's norm
-        reads), where the norms' outputs are corrected instead (each once)."""
+        they read it through concatenations and pooling (DenseNet: a bias-free conv whose channels every later
+        layer's norm reads), where the norms' outputs are corrected instead (each once)."""
         points: list[tuple[str, int]] = []
         for name, sid, node in self.writers:
             if self.find(sid) not in roots:
@@ -935,13 +935,15 @@ class _Tracer:
 
     def _norms_behind(self, node: torch.fx.Node, depth: int = 0) -> list[tuple[str, int]] | None:
         """The affine norm layers (name, channel dim) that every use of ``node`` reaches directly or through
-        ``torch.cat`` only; None if some use is anything else."""
+        ``torch.cat`` and pooling only (DenseNet's transitions pool before the next block concatenates); None if some
+        use is anything else."""
         found: list[tuple[str, int]] = []
         for u in node.users:
             mod = self.modules.get(str(u.target)) if u.op == "call_module" else None
             if isinstance(mod, _NORM_MODULES) and getattr(mod, "weight", None) is not None and self.vals.get(u) is not None:
                 found.append((str(u.target), self.vals[u].dim))
-            elif u.op == "call_function" and u.target in (torch.cat, torch.concat) and depth < 256:
+            elif depth < 256 and (u.op == "call_function" and u.target in (torch.cat, torch.concat, *_POOL_FUNCTIONS)
+                                  or isinstance(mod, _POOL_MODULES)):
                 sub = self._norms_behind(u, depth + 1)
                 if sub is None:
                     return None
@@ -1054,15 +1056,19 @@ def _register_known_rules() -> None:
 
 
 def _rule_leaf(m: nn.Module) -> bool:
-    """Whether ``m`` is one node with the rule of a stock layer: the layer itself, a subclass that keeps its
-    ``forward``, or one that declares ``symmetry_rule`` (W-asymmetric layers compute their base layer's symmetry). A
-    subclass with a forward of its own is traced into: torchvision's ConvNeXt ``LayerNorm2d`` subclasses
-    ``nn.LayerNorm`` but normalises channels-last, so the ``nn.LayerNorm`` rule would bind its parameters wrongly."""
+    """Whether ``m`` is one node with the rule of a stock layer: the layer itself; a Linear / Conv / activation
+    subclass (its forward may transform the weight — timm's ``StdConv2d`` standardises it per output row — but keeps
+    rows as outputs and columns as inputs; the self-check verifies it); a norm subclass that keeps its ``forward`` or
+    declares ``symmetry_rule``. A norm subclass with a forward of its own is traced into: torchvision's ConvNeXt
+    ``LayerNorm2d`` subclasses ``nn.LayerNorm`` but normalises channels-last, so the ``nn.LayerNorm`` rule would bind
+    its parameters wrongly; timm's ``BatchNormAct2d`` adds an activation."""
     if type(m) in MODULE_RULES or type(m) in ELEMENTWISE_RULES:
         return True
     base = next((b for b in _RULE_MODULES if isinstance(m, b)), None)
     if base is None:
         return False
+    if base not in _NORM_MODULES:  # Linear / Conv subclasses (timm's Linear, StdConv2d): rows out, columns in
+        return True
     return type(m).forward is base.forward or getattr(type(m), "symmetry_rule", None) is not None
 
 
