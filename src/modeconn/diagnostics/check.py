@@ -2,7 +2,7 @@
 
 The relationship of two models, per-space identifiability and per-layer symmetry breaking
 (:mod:`~modeconn.diagnostics.pair`, :mod:`~modeconn.diagnostics.structure`), mapped to predicted test-loss
-``barrier_mean`` values by the stated predictor of :mod:`~modeconn.diagnostics.predictor` (METHODS.md §1,
+``barrier_mean`` values by the stated predictor of :mod:`~modeconn.diagnostics.predictor` (docs/methods.md §1,
 "Prediction"). The relationship and the recommended method come from ordered rule tables
 (:data:`RELATIONSHIPS`, :data:`RECOMMENDATIONS`): the first entry whose test holds wins.
 """

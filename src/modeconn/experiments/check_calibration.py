@@ -1,4 +1,4 @@
-"""``modeconn experiment check-calibration``: how well ``modeconn check`` predicts measured barriers (METHODS.md §1,
+"""``modeconn experiment check-calibration``: how well ``modeconn check`` predicts measured barriers (docs/methods.md §1,
 "Prediction"; issue #19).
 
 A population of model pairs in families (:data:`FAMILIES`): MNIST MLPs, standard and W-asymmetric over the σ_F grid;

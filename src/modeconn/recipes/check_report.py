@@ -86,7 +86,7 @@ def report(results: dict[str, Any]) -> str:
     if results["pair"]:
         lines += _pair_sections(results["pair"])
     lines += [
-        "## Per layer of A: symmetry breaking on the data (realization costs, METHODS.md §1)", "",
+        "## Per layer of A: symmetry breaking on the data (realization costs, docs/methods.md §1)", "",
         "k: PCA dimensions of the layer's inputs explaining 90 % of the variance (estimated intrinsic dimension); ν: "
         "subspace coherence ν(U); relative swap cost: median swap cost Δ / median self cost (0: every neuron realises "
         "every feature equally cheaply, symmetry unbroken); identity optimal: the identity is the cheapest assignment "
