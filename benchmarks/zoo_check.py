@@ -95,7 +95,7 @@ def main(names: list[str]) -> None:
     rows = ["| model | status | spaces | function rel. err. | planted | REPAIR | note |", "|---|---|---|---|---|---|---|"]
     for name, r in results.items():
         if r["status"] == "refused":
-            rows.append(f"| {name} | refused | | | | | {r['error'][:160]} |")
+            rows.append(f"| {name} | refused | | | | | {r['error'][:400]} |")
         else:
             note = "" if r["unbound_float"][1:] == [] else f"unbound: {r['unbound_float'][:4]}"
             rows.append(f"| {name} | {r['status']} | {r['spaces']} | {r['function_rel_err']:.1e} | "

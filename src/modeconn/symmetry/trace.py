@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.fx.passes.shape_prop import ShapeProp
 
-from ..errors import ConfigError, TraceError, UnsupportedOperationError
+from ..errors import ConfigError, SpecError, TraceError, UnsupportedOperationError
 from .spec import AxisBinding, Probe, Space, SymmetrySpec
 
 OnUnsupported = Literal["error", "freeze"]
@@ -1006,8 +1006,11 @@ def symmetry_spec(
         for m, flag in flags.items():
             m.training = flag
     tracer = _Tracer(gm, on_unsupported, frozenset(model.state_dict()))
-    tracer.run()
-    spec = tracer.build_spec(model)
+    try:
+        tracer.run()
+        spec = tracer.build_spec(model)
+    except UnsupportedOperationError as exc:
+        raise UnsupportedOperationError(f"{exc} {_freeze_cost(gm, model)}") from None
     spec.validate(model)
     if check:
         from .selfcheck import check_function_preserved
@@ -1045,6 +1048,21 @@ def register_rule(target: Any, rule: str | type[nn.Module] = "elementwise") -> N
 
 MODULE_RULES: dict[type, type] = {}
 """Module types registered with the rule of a stock layer (:func:`register_rule`)."""
+
+
+def _freeze_cost(gm: torch.fx.GraphModule, model: nn.Module) -> str:
+    """What ``on_unsupported="freeze"`` would cost: how many of the writers' spaces it leaves unpermuted."""
+    tracer = _Tracer(gm, "freeze", frozenset(model.state_dict()))
+    try:
+        tracer.run()
+        spec = tracer.build_spec(model)
+    except (UnsupportedOperationError, TraceError, SpecError) as exc:
+        return f"(freezing is not possible either: {exc})"
+    writers = {name for name, _, _ in tracer.writers}
+    live = {b.space for name in writers for b in spec.tensors.get(f"{name}.weight", ()) if b.side == "out"}
+    bound = {name for name in writers if any(b.side == "out" for b in spec.tensors.get(f"{name}.weight", ()))}
+    return (f"(freezing would leave {len(writers) - len(bound)} of {len(writers)} writer layers' output spaces "
+            f"unpermuted; {len(live)} spaces would remain)")
 
 
 def _register_known_rules() -> None:
