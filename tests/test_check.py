@@ -155,3 +155,18 @@ def test_check_refuses_bad_arguments_before_any_forward_pass(mnist):
     with pytest.raises(ConfigError, match="max_batches"):
         check(m, data=mnist, max_batches=0)
     assert isinstance(LogLinear("x", 0.0, 1.0, -1.0, 1.0, 3).predict(0.5)["barrier_mean"], float)
+
+
+def test_check_reads_convolutions_as_patches_and_is_exported_as_mc_check(shared_data, one_thread):
+    import modeconn as mc
+
+    fm = load_dataset("fashion-mnist", shared_data, limit_train=300, limit_test=200)
+    kw = dict(in_shape=(1, 28, 28), num_classes=10, width=0.5, **ASYM)
+    a, b = (build_model("resnet20", seed=s, **kw).eval() for s in (0, 1))
+    res = mc.check(a, b, data=fm, max_batches=1, batch_size=100, eval_limit=200)
+    mods = dict(a.named_modules())
+    convs = {n: v for n, v in res.layers.items() if isinstance(mods[n], nn.Conv2d)}
+    assert convs and all(v["asymmetric"] for v in convs.values())
+    assert all(v["fan_in"] == mods[n].weight[0].numel() for n, v in convs.items())   # unfolded patches: C·kh·kw
+    assert all(v["relative_swap_cost"] > 0 for v in convs.values())
+    assert set(res.pair["spaces"]) and res.recommendation["method"] in {r.name for r in mc.diagnostics.RECOMMENDATIONS}
