@@ -7,9 +7,9 @@ pasted here, and ``check(..., calibration=...)`` takes any other.
 from .predictor import LogLinear
 
 DEFAULT = {
-    "pair": LogLinear(feature="1 - mean unit correlation", intercept=-0.2289104864424126, slope=1.2266836617813506,
-                      lo=-1.0010908815858643, hi=0.7619692695422278, n=30),
-    "twin": LogLinear(feature="min relative swap cost", intercept=-1.1831459327113418, slope=-0.37655253438876807,
-                      lo=-0.9176047681155306, hi=1.323432742258754, n=28),
+    "pair": LogLinear(feature="1 - mean unit correlation", intercept=-0.1746150238657197, slope=1.2454360339878205,
+                      lo=-0.9983698441603617, hi=0.7120251790409331, n=32),
+    "twin": LogLinear(feature="min relative swap cost", intercept=-1.2050459725733391, slope=-0.36978723334775815,
+                      lo=-0.8626601148759844, hi=1.2086292066195068, n=30),
 }
 """``{"pair": LogLinear, "twin": LogLinear}`` (:mod:`modeconn.diagnostics.predictor`)."""

@@ -3,7 +3,8 @@
 
 A population of model pairs in families (:data:`FAMILIES`): MNIST MLPs, standard and W-asymmetric over the σ_F grid;
 fine-tunes of one MNIST MLP base; synthetic subspace mixtures over the intrinsic dimension k (σ_F = 1) and over the
-coherence ν(U) (mask only, F = 0); standard and W-asymmetric BatchNorm ResNet20 on Fashion-MNIST. Per pair the
+coherence ν(U) (mask only, F = 0); standard and W-asymmetric BatchNorm ResNet20 on Fashion-MNIST; standard ViTs on
+Fashion-MNIST. Per pair the
 measured unaligned and weight-matched test-loss ``barrier_mean`` (:func:`~modeconn.experiments.identifiability.pair_metrics`)
 and the diagnostics of :func:`modeconn.diagnostics.check`. The predictor (:mod:`modeconn.diagnostics.predictor`) is
 fitted leaving one family out at a time and scored on the family it did not see: Spearman ρ of predicted vs measured
@@ -31,6 +32,7 @@ from ..diagnostics.predictor import GO_THRESHOLD, fit_loglinear
 from ..train import TrainConfig, fit
 from .identifiability import ADAMW, pair_metrics, train_pair
 from .output import output_directory, write_results
+from .training import train_models
 from .registry import EXPERIMENTS, Experiment, register_experiment, size_label  # noqa: F401
 
 Log = Callable[[str], None]
@@ -113,6 +115,16 @@ def _resnet(size: Size, sigma, pair: int, data):
     return (*train_pair("resnet20", kwargs, bundle, size.epochs, pair, sgd), bundle)
 
 
+def _vit(size: Size, _setting, pair: int, data):
+    """Two standard pre-LN ViTs (``vit-tiny``: 64 wide, 2 layers, 4 heads, 7 × 7 patches) as in ``lmc-dm-vit``."""
+    bundle = load_dataset("fashion-mnist", data, limit_train=size.limit_train, limit_test=size.limit_test)
+    train = dict(epochs=size.epochs, lr=3e-3, optimizer="adamw", weight_decay=0.05, batch_size=128,
+                 warmup_epochs=0.05 * size.epochs, grad_clip=1.0)
+    models = train_models("vit-tiny", bundle, (2 * pair, 2 * pair + 1), train, patch_size=7, hidden_size=64,
+                          num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
+    return (*models, bundle)
+
+
 def _sigma_label(s):
     return "standard" if s is None else f"σ_F={s}"
 
@@ -127,6 +139,7 @@ FAMILIES = {f.name: f for f in (
            lambda s: [(f"coherence={c}", c) for c in s.coherences], _synthetic_coherence),
     Family("resnet20-fmnist", "BatchNorm ResNet20, standard and W-asymmetric (σ_F = 1), on Fashion-MNIST",
            lambda s: [(_sigma_label(x), x) for x in (None, 1.0)], _resnet),
+    Family("vit-fmnist", "standard pre-LN ViTs (vit-tiny) on Fashion-MNIST", lambda s: [("standard", None)], _vit),
 )}
 """The population's families, by name."""
 
