@@ -21,8 +21,8 @@ from torch import nn
 
 from ..errors import ConfigError
 from ..identifiability import identity_vs_optimal
-from ..match.activation import CorrelationStats, capture, probe_matrix
-from ..nn_utils import batch_inputs, eval_mode, model_device
+from ..match.activation import CorrelationStats, paired_probe_activations
+from ..nn_utils import model_device
 from ..symmetry import SymmetrySpec
 
 CKA_ROWS = 4096
@@ -69,23 +69,13 @@ def collect(spec: SymmetrySpec, model_a: nn.Module, model_b: nn.Module, loader: 
     keep: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {s: [] for s in spec.spaces}
     gen = torch.Generator().manual_seed(seed)
     batches = 0
-    with eval_mode(model_a, model_b), torch.no_grad(), capture(model_a, spec.probes) as st_a, \
-            capture(model_b, spec.probes) as st_b:
-        for batch in loader:
-            if batches >= max_batches:
-                break
-            x = batch_inputs(batch).to(device)
-            model_a(x)
-            model_b(x)
-            for s, probes in spec.probes.items():
-                n = spec.spaces[s].size
-                for i, p in enumerate(probes):
-                    xa, xb = probe_matrix(st_a[(p.module, p.where)], p, n), probe_matrix(st_b[(p.module, p.where)], p, n)
-                    stats[(s, i)].update(xa, xb)
-                    if i == 0:
-                        idx = _rows(torch.arange(xa.shape[0]), CKA_ROWS // max_batches + 1, gen)
-                        keep[s].append((xa[idx.to(xa.device)].double().cpu(), xb[idx.to(xb.device)].double().cpu()))
-            batches += 1
+    for pairs in paired_probe_activations(spec, model_a, model_b, loader, max_batches):
+        for (s, i), (xa, xb) in pairs.items():
+            stats[(s, i)].update(xa, xb)
+            if i == 0:
+                idx = _rows(torch.arange(xa.shape[0]), CKA_ROWS // max_batches + 1, gen)
+                keep[s].append((xa[idx.to(xa.device)].double().cpu(), xb[idx.to(xb.device)].double().cpu()))
+        batches += 1
     if batches == 0:
         raise ConfigError("check got an empty data loader")
     corr = {s: sum(stats[(s, i)].correlation() for i in range(len(spec.probes[s]))) / len(spec.probes[s])

@@ -10,7 +10,7 @@ ReLUs) get correlation 0 with everything, so no NaN ever reaches the LAP.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -179,12 +179,12 @@ def _check_inputs(spec: SymmetrySpec, model_a: nn.Module, model_b: nn.Module) ->
         )
 
 
-def _correlations(spec: SymmetrySpec, model_a: nn.Module, model_b: nn.Module, loader: Iterable,
-                  max_batches: int | None, tick) -> tuple[dict[tuple[str, int], CorrelationStats], int]:
-    """Streaming correlation statistics per (space, probe) over the loader's batches, and the batches seen."""
+def paired_probe_activations(spec: SymmetrySpec, model_a: nn.Module, model_b: nn.Module, loader: Iterable,
+                             max_batches: int | None = None) -> Iterator[dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor]]]:
+    """One pass of both models over ``loader`` (at most ``max_batches`` batches; eval mode, no grad): per batch,
+    ``{(space, probe index): (A's activations, B's)}``, each ``(rows, n)`` with the space's ``n`` units as columns
+    (:func:`probe_matrix`). The models' train/eval flags are restored when the iteration ends."""
     device = model_device(model_a)
-    stats = {(s, i): CorrelationStats(spec.spaces[s].size, device) for s in spec.spaces for i in range(len(spec.probes[s]))}
-    total = max_batches if max_batches is not None else (len(loader) if hasattr(loader, "__len__") else None)
     batches = 0
     with eval_mode(model_a, model_b), torch.no_grad(), capture(model_a, spec.probes) as st_a, capture(
         model_b, spec.probes
@@ -195,13 +195,24 @@ def _correlations(spec: SymmetrySpec, model_a: nn.Module, model_b: nn.Module, lo
             x = batch_inputs(batch).to(device)
             model_a(x)
             model_b(x)
-            for s, probes in spec.probes.items():
-                n = spec.spaces[s].size
-                for i, p in enumerate(probes):
-                    key = (p.module, p.where)
-                    stats[(s, i)].update(probe_matrix(st_a[key], p, n), probe_matrix(st_b[key], p, n))
+            yield {(s, i): (probe_matrix(st_a[(p.module, p.where)], p, spec.spaces[s].size),
+                            probe_matrix(st_b[(p.module, p.where)], p, spec.spaces[s].size))
+                   for s, probes in spec.probes.items() for i, p in enumerate(probes)}
             batches += 1
-            tick("activation statistics", batches, total)
+
+
+def _correlations(spec: SymmetrySpec, model_a: nn.Module, model_b: nn.Module, loader: Iterable,
+                  max_batches: int | None, tick) -> tuple[dict[tuple[str, int], CorrelationStats], int]:
+    """Streaming correlation statistics per (space, probe) over the loader's batches, and the batches seen."""
+    device = model_device(model_a)
+    stats = {(s, i): CorrelationStats(spec.spaces[s].size, device) for s in spec.spaces for i in range(len(spec.probes[s]))}
+    total = max_batches if max_batches is not None else (len(loader) if hasattr(loader, "__len__") else None)
+    batches = 0
+    for pairs in paired_probe_activations(spec, model_a, model_b, loader, max_batches):
+        for key, (xa, xb) in pairs.items():
+            stats[key].update(xa, xb)
+        batches += 1
+        tick("activation statistics", batches, total)
     if batches == 0:
         raise ConfigError("activation_matching got an empty loader")
     return stats, batches
