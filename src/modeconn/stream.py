@@ -39,7 +39,7 @@ import torch
 
 from .checks import check_compatible, check_finite
 from .errors import CheckpointError, ConfigError, UnsupportedOperationError
-from .io import CONFIG_NAME, PICKLE_SUFFIXES, _check_target, check_dtype_kinds, check_in_checkpoint, read_json_object
+from .io import CONFIG_NAME, PICKLE_SUFFIXES, _check_target, _json_dumps, check_dtype_kinds, check_in_checkpoint, read_json_object
 from .io_stream import INDEX_NAME, LazyCheckpoint, ShardLayout, write_like
 from .match.result import Alignment
 from .match.weight import weight_matching
@@ -587,16 +587,11 @@ def align_hf_full_group(a: PathLike, b: PathLike, out: PathLike, *, seed: int = 
                    inputs=[a])
         write_like(tmp / "b", layout, lambda k: spec.apply_tensor(k, vb[k], res.element, cache=cache),
                    files={**_side(b), CONFIG_NAME: vb.absorbed_config()}, inputs=[b])
-        (tmp / "alignment.json").write_text(_json({**res.to_json(), "groups": FULL_GROUPS,
-                                                   "aligned_to": model_names([a])[0], "source": model_names([b])[0]}))
+        record = {**res.to_json(), "groups": FULL_GROUPS, "aligned_to": model_names([a])[0],
+                  "source": model_names([b])[0]}
+        (tmp / "alignment.json").write_text(_json_dumps(record, str(tmp / "alignment.json")))
     return res
 
 
 def _side(path: PathLike) -> dict[str, Path]:
     return {k: v for k, v in side_files(path).items() if k != CONFIG_NAME}
-
-
-def _json(obj: Any) -> str:
-    import json
-
-    return json.dumps(obj, indent=2, default=str)

@@ -26,7 +26,7 @@ import torch.nn as nn
 from ..data import load_dataset, make_loader
 from ..path.merge_rules import RuleSettings, check_rule_settings
 from ..report import markdown_table
-from .output import output_directory, write_json
+from .output import output_directory, write_results
 from .registry import Experiment, register_experiment
 from .transformer_wm import FULL_GROUPS, SIZES, LMSize, train_pair
 
@@ -113,11 +113,8 @@ def run_merge_rules(out: str | Path, *, size: LMSize | None = None, data: str | 
             "losses": merged_losses(pairs, loader, log), "alignment": stats,
             "rules": {k: {"rule": r, "weights": w, "base": s.base, "params": dict(s.params), "seed": s.seed}
                       for k, (r, w, s) in RULES.items()},
-            "seconds": time.perf_counter() - start,
         }
-        write_json(tmp / "results.json", results)
-        (tmp / "report.md").write_text(report(results))
-    return results
+        return write_results(tmp, results, report, start)
 
 
 def report(r: dict[str, Any]) -> str:

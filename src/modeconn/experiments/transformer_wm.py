@@ -33,7 +33,7 @@ import torch.nn as nn
 from ..data import load_dataset, make_loader
 from ..path import Curve, evaluate_path
 from ..report import markdown_table, plot_curves
-from .output import output_directory, write_json
+from .output import output_directory, write_results
 from .training import train_models
 from .registry import Experiment, register_experiment
 
@@ -197,11 +197,8 @@ def run_transformer_wm(out: str | Path, *, quick: bool = False, data: str | Path
             | {"max_recovered_rel_error": max(minilm["recovered_rel_error"].values()),
                "min_planted_rel_error": min(minilm["planted_rel_error"].values())},
             "curves": {k: c.to_json() for k, c in curves.items()},
-            "seconds": time.perf_counter() - start,
         }
-        write_json(tmp / "results.json", results)
-        (tmp / "report.md").write_text(report(results))
-    return results
+        return write_results(tmp, results, report, start)
 
 
 def report(r: dict[str, Any]) -> str:

@@ -293,7 +293,6 @@ class _AsymmetricMixin:
 
 class AsymLinear(_AsymmetricMixin, nn.Linear):
     _BASE = nn.Linear
-    symmetry_rule = nn.Linear  # traced as one nn.Linear node (its fixed buffers stay unbound by design)
     """W-asymmetric ``nn.Linear``: ``y = x (F + D ⊙ W)ᵀ + b``; (N, *, in_features) → (N, *, out_features).
 
     Args:
@@ -334,7 +333,6 @@ class AsymLinear(_AsymmetricMixin, nn.Linear):
 
 class AsymConv2d(_AsymmetricMixin, nn.Conv2d):
     _BASE = nn.Conv2d
-    symmetry_rule = nn.Conv2d
     """W-asymmetric ``nn.Conv2d``: the convolution with kernel ``F + D ⊙ W``; rows are output channels.
 
     Each output channel has ``num_fixed`` masked entries among its ``in_channels/groups · kh · kw``.

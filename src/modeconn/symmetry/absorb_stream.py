@@ -106,9 +106,6 @@ class AbsorbedView(Mapping[str, torch.Tensor]):
     def _read(self, key: str) -> torch.Tensor:
         return self.ckpt[self._stored_name(key)].float().double()
 
-    def _vector(self, key: str | None) -> torch.Tensor | None:
-        return None if key is None else self._read(key)
-
     def __getitem__(self, key: str) -> torch.Tensor:
         if key not in self.shapes:
             raise KeyError(key)

@@ -1077,9 +1077,9 @@ def _rule_leaf(m: nn.Module) -> bool:
     """Whether ``m`` is one node with the rule of a stock layer: the layer itself; a Linear / Conv / activation
     subclass (its forward may transform the weight — timm's ``StdConv2d`` standardises it per output row — but keeps
     rows as outputs and columns as inputs; the self-check verifies it); a norm subclass that keeps its ``forward`` or
-    declares ``symmetry_rule``. A norm subclass with a forward of its own is traced into: torchvision's ConvNeXt
-    ``LayerNorm2d`` subclasses ``nn.LayerNorm`` but normalises channels-last, so the ``nn.LayerNorm`` rule would bind
-    its parameters wrongly; timm's ``BatchNormAct2d`` adds an activation."""
+    is registered with its base's rule (:func:`register_rule`). A norm subclass with a forward of its own is traced
+    into: torchvision's ConvNeXt ``LayerNorm2d`` subclasses ``nn.LayerNorm`` but normalises channels-last, so the
+    ``nn.LayerNorm`` rule would bind its parameters wrongly; timm's ``BatchNormAct2d`` adds an activation."""
     if type(m) in MODULE_RULES or type(m) in ELEMENTWISE_RULES:
         return True
     base = next((b for b in _RULE_MODULES if isinstance(m, b)), None)
@@ -1087,7 +1087,7 @@ def _rule_leaf(m: nn.Module) -> bool:
         return False
     if base not in _NORM_MODULES:  # Linear / Conv subclasses (timm's Linear, StdConv2d): rows out, columns in
         return True
-    return type(m).forward is base.forward or getattr(type(m), "symmetry_rule", None) is not None
+    return type(m).forward is base.forward
 
 
 def _fx_trace(model: nn.Module, leaf_modules: tuple[type[nn.Module], ...]) -> torch.fx.GraphModule:
