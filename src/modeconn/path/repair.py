@@ -24,7 +24,10 @@ from ..errors import ConfigError
 from ..nn_utils import eval_mode, model_device
 from .batchnorm import Moments, bn_batches, pooled_statistics, recalibrating, reset_bn_stats
 
-Points = Sequence[tuple[str, int]]
+Points = Sequence[tuple[str, int] | tuple[str, int, str]]
+"""``(module, channel dim)``: correct the module's output and fold into it; ``(module, dim, reader)``: correct the
+*input* of the elementwise module ``reader`` (a norm computed inside ``module``'s forward before its activation,
+timm's ``BatchNormAct2d``) and fold into ``module``'s affine."""
 
 
 def _channels_first(x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -39,10 +42,19 @@ def _restore(z: torch.Tensor, like: torch.Tensor, dim: int) -> torch.Tensor:
 @contextmanager
 def _hooks(model: nn.Module, points: Points, fn):
     modules = dict(model.named_modules())
-    missing = [n for n, _ in points if n not in modules]
+    missing = [n for p in points for n in (p[0], *p[2:]) if n not in modules]
     if missing:
         raise ConfigError(f"REPAIR points {missing} not found in {type(model).__name__}")
-    handles = [modules[n].register_forward_hook(lambda m, a, out, _n=n, _d=d: fn(_n, _d, out)) for n, d in points]
+    handles = []
+    for n, d, *reader in points:
+        if reader:
+            def pre(m, args, _n=n, _d=d):
+                out = fn(_n, _d, args[0])
+                return None if out is None else (out, *args[1:])
+
+            handles.append(modules[reader[0]].register_forward_pre_hook(pre))
+        else:
+            handles.append(modules[n].register_forward_hook(lambda m, a, out, _n=n, _d=d: fn(_n, _d, out)))
     try:
         yield
     finally:

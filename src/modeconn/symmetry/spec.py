@@ -156,7 +156,7 @@ class SymmetrySpec:
     tensors: Mapping[str, tuple[AxisBinding, ...]]
     shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     probes: Mapping[str, tuple[Probe, ...]] = field(default_factory=dict)
-    repair_points: tuple[tuple[str, int], ...] = ()
+    repair_points: tuple[tuple, ...] = ()  # (module, channel dim) or (module, dim, reader): see modeconn.path.repair
     aliases: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

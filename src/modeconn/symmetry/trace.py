@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import math
 import operator
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Literal
@@ -79,6 +78,24 @@ class _Val:
     def remap(self, axis: Callable[[int], int], ndim: int) -> _Val:
         """The same spaces after the axes moved (``axis(old) -> new``) in a tensor of ``ndim`` dims."""
         return _Val(axis(self.dim), ndim, self.segs, None if self.outer is None else axis(self.outer))
+
+
+@dataclass(frozen=True)
+class _Parts:
+    """A tensor whose slices along ``axis`` carry different values: a fused q/k/v projection reshaped to
+    (…, 3, heads, head_dim) (timm's ViT). ``vals[i]`` is slice ``i``'s value in the coordinates of the whole tensor;
+    only moving axes (permute/transpose) and taking the slices apart (``unbind``, ``x[i]``) keep it."""
+
+    axis: int
+    vals: tuple[_Val, ...]
+
+    def remap(self, axis: Callable[[int], int], ndim: int) -> _Parts:
+        return _Parts(axis(self.axis), tuple(v.remap(axis, ndim) for v in self.vals))
+
+    def take(self, i: int) -> _Val:
+        """Slice ``i`` with the part axis removed."""
+        v = self.vals[i]
+        return v.remap(lambda d: d - (d > self.axis), v.ndim - 1)
 
 
 @dataclass(frozen=True)
@@ -157,6 +174,7 @@ _UNARY_RULES: tuple[tuple[set, set, str], ...] = (  # (methods, functions, _Trac
     (_RESHAPE_METHODS, _RESHAPE_FUNCTIONS, "reshape"),
     (_REDUCE_METHODS, _REDUCE_FUNCTIONS, "reduce"),
     ({"permute", "transpose"}, {torch.permute, torch.transpose}, "permute"),
+    ({"chunk"}, {torch.chunk}, "chunk"),
 )
 
 
@@ -259,6 +277,9 @@ class _Tracer:
         elif isinstance(v, _Val):
             for s in v.segs:
                 self.set_frozen(s.space)
+        elif isinstance(v, (_Parts, tuple)):
+            for part in (v.vals if isinstance(v, _Parts) else v):
+                self.freeze(part)
 
     def frozen_val(self, node: torch.fx.Node) -> _Val | None:
         shape = _shape(node)
@@ -332,8 +353,8 @@ class _Tracer:
         name = str(node.target)
         mod = self.modules[name]
         x = self.arg_val(node)
-        if x is None:
-            return self.unsupported(node, "module input is not a tensor")
+        if x is None or isinstance(x, _Parts):
+            return self.unsupported(node, "module input is not a tensor" if x is None else "module reads a fused q/k/v value")
         if isinstance(mod, (*_ELEMENTWISE_MODULES, nn.Softmax, nn.LogSoftmax)) or type(mod) in ELEMENTWISE_RULES:
             return x
         if isinstance(mod, nn.Flatten):
@@ -428,25 +449,32 @@ class _Tracer:
             return self.unsupported(node, "MultiheadAttention with different query, key and value (cross-attention)")
         if not mod._qkv_same_embed_dim or mod.bias_k is not None or mod.add_zero_attn:
             return self.unsupported(node, "MultiheadAttention with kdim/vdim, bias_k/bias_v or add_zero_attn")
+        bias = mod.in_proj_bias is not None
+        out = self.fused_self_attention(node, name, x, mod.num_heads, (f"{name}.in_proj_weight", f"{name}.in_proj_bias" if bias else None),
+                                        (f"{name}.out_proj.weight", f"{name}.out_proj.bias" if mod.out_proj.bias is not None else None))
+        return out if out is None else (out, None)
+
+    def fused_self_attention(self, node, name: str, x: _Val, h: int, qkv: tuple[str, str | None],
+                             proj: tuple[str, str | None]) -> _Val | None:
+        """Self-attention with a fused input projection ``qkv`` = (weight (3e, e), bias (3e,) or None) and an output
+        projection ``proj`` (weight (e, e), bias): x's spaces on qkv's columns; per head, one space for the query/key
+        rows (so ``q·k`` is invariant) and one for the value rows and proj's columns; proj writes a new space."""
         x = self.require_dim(node, x, x.ndim - 1)
         if x.outer is not None:
-            return self.unsupported(node, "MultiheadAttention on a value with per-head spaces")
-        e, h = mod.embed_dim, mod.num_heads
-        self.bind(f"{name}.in_proj_weight", 1, x, "in")
+            return self.unsupported(node, "self-attention on a value with per-head spaces")
+        e = x.width
+        self.bind(qkv[0], 1, x, "in")
         qk, vo = self.new_space(e, f"{name}.qk"), self.new_space(e, f"{name}.vo")
         self.split(qk, h)
         self.split(vo, h)
-        keys = [f"{name}.in_proj_weight"] + ([f"{name}.in_proj_bias"] if mod.in_proj_bias is not None else [])
-        for key in keys:
+        for key in filter(None, qkv):
             for offset, space in ((0, qk), (e, qk), (2 * e, vo)):
                 self.bindings.append((key, AxisBinding(0, "", "out", 1, offset, True), space))
-        self.bindings.append((f"{name}.out_proj.weight", AxisBinding(1, "", "in", 1, 0, False), vo))
-        space = self.module_out_space(name, e)
-        out = _Val(x.dim, x.ndim, (_Seg(space, e),))
-        self.bind(f"{name}.out_proj.weight", 0, out, "out")
-        if mod.out_proj.bias is not None:
-            self.bind(f"{name}.out_proj.bias", 0, out, "out")
-        return out, None
+        self.bindings.append((proj[0], AxisBinding(1, "", "in", 1, 0, False), vo))
+        out = _Val(x.dim, x.ndim, (_Seg(self.module_out_space(name, e), e),))
+        for key in filter(None, proj):
+            self.bind(key, 0, out, "out")
+        return out
 
     def norm(self, node, name: str, mod: nn.Module, x: _Val) -> _Val | None:
         if isinstance(mod, nn.LayerNorm):
@@ -470,7 +498,13 @@ class _Tracer:
         return x
 
     # ---------------------------------------------------------------- functions / methods
-    def call_other(self, node: torch.fx.Node) -> _Val | None:
+    def call_other(self, node: torch.fx.Node) -> Any:
+        parts = [a for a in _flat_args(node) if isinstance(self.vals.get(a), _Parts)]
+        if parts:
+            return self.parts_op(node, self.vals[parts[0]]) if parts == [node.args[0]] else self.unsupported(
+                node, "reads a fused q/k/v value other than by moving its axes or taking its parts apart")
+        if node.op == "call_function" and node.target in LIBRARY_RULES:
+            return LIBRARY_RULES[node.target](self, node)
         found, val = self.special(node)
         if found:
             return val
@@ -716,7 +750,7 @@ class _Tracer:
             new = self.split_dim(x, out_shape, *split)
         else:
             new = f"reshape {in_shape} → {out_shape} neither merges adjacent dims nor splits one"
-        if isinstance(new, _Val):
+        if isinstance(new, (_Val, _Parts)):
             return new
         if self.all_frozen(x):
             return self.frozen_val(node)
@@ -754,8 +788,10 @@ class _Tracer:
         big = [s + i for i, n in enumerate(out_shape[s : e + 1]) if n != 1]
         if len(big) <= 1:  # only singleton dims appear around the permuted one
             return replace(moved, dim=big[0] if big else s)
+        if len(big) == 3 and x.outer is None:
+            return self.split_parts(x, out_shape, big)
         if len(big) > 2 or x.outer is not None:
-            return "reshape splits the permuted dim into more than (groups, width)"
+            return "reshape splits the permuted dim into more than (parts, groups, width)"
         outer, dim = big
         width = out_shape[dim]
         heads: list[_Seg] = []
@@ -767,6 +803,67 @@ class _Tracer:
                 return "the permuted dim is already split into groups of another width"
             heads.extend(_Seg(c, width) for c in parts)
         return _Val(dim, nd, tuple(heads), outer)
+
+    def split_parts(self, x: _Val, out_shape: tuple[int, ...], big: list[int]) -> _Parts | str:
+        """The permuted dim split into (parts, heads, head_dim): a fused q/k/v projection (timm's ViT
+        ``qkv(x).reshape(B, N, 3, heads, head_dim)``). Its space is split into the parts (q, k, v: never exchanged),
+        each part into per-head children; q's and k's heads are joined later where ``q kᵀ`` contracts them."""
+        axis, outer, dim = big
+        if len(x.segs) != 1 or x.segs[0].block != 1:
+            return "a fused q/k/v split of a concatenated or flattened value"
+        parts = self.split(x.segs[0].space, out_shape[axis])
+        if parts is None:
+            return "the permuted dim is already split differently"
+        vals = []
+        for p in parts:
+            heads = self.split(p, out_shape[outer])
+            if heads is None:
+                return "a part of the fused projection is already split differently"
+            vals.append(_Val(dim, len(out_shape), tuple(_Seg(h, out_shape[dim]) for h in heads), outer))
+        return _Parts(axis, tuple(vals))
+
+    def parts_op(self, node: torch.fx.Node, x: _Parts) -> Any:
+        """What keeps a fused q/k/v value (:class:`_Parts`): moving axes, ``unbind`` / ``x[i]`` on its part axis
+        (the slices' values), dtype/contiguity methods."""
+        t, nd = node.target, _shape_len(node, x.vals[0].ndim)
+        if _matches(node, {"permute", "transpose"}, {torch.permute, torch.transpose}):
+            probe = self.permute(node, _Val(x.axis, nd, ()))
+            moved = [self.permute(node, v) for v in x.vals]
+            return _Parts(probe.dim, tuple(moved))
+        if _matches(node, {"unbind"}, {torch.unbind}):
+            dim = node.kwargs.get("dim", node.args[1] if len(node.args) > 1 else 0) % (x.vals[0].ndim)
+            if dim == x.axis:
+                return tuple(x.take(i) for i in range(len(x.vals)))
+        if t is operator.getitem:
+            idx = node.args[1] if isinstance(node.args[1], tuple) else (node.args[1],)
+            if len(idx) > x.axis and isinstance(idx[x.axis], int) and all(i == slice(None) for i in idx[: x.axis]) and all(
+                i == slice(None) for i in idx[x.axis + 1 :]
+            ):
+                return x.take(idx[x.axis])
+        if _matches(node, _ELEMENTWISE_METHODS, set()):
+            return x
+        return self.unsupported(node, "takes a fused q/k/v value apart other than along its part axis")
+
+    def chunk(self, node: torch.fx.Node, x: _Val | None) -> tuple | None:
+        """``x.chunk(k, dim)``: along a dim the symmetry does not act on, every chunk carries x's spaces; along the
+        permuted dim, x's space is split into ``k`` parts, one per chunk (a fused projection split into q, k, v;
+        ShuffleNet's two branches)."""
+        k = node.kwargs.get("chunks", node.args[1] if len(node.args) > 1 else None)
+        dim = node.kwargs.get("dim", node.args[2] if len(node.args) > 2 else 0)
+        if x is None or self.all_frozen(x):
+            return tuple(self.frozen_val(node) for _ in range(k or 1)) if x is not None else None
+        dim %= x.ndim
+        if dim != x.dim:
+            if dim == x.outer:
+                return self.unsupported(node, "chunks the axis indexing per-head spaces")
+            return tuple(x for _ in range(k))
+        if x.outer is not None or len(x.segs) != 1 or x.segs[0].n % k:
+            return self.unsupported(node, "chunks the permuted dim of a value with several spaces or per-head spaces")
+        seg = x.segs[0]
+        parts = self.split(seg.space, k)
+        if parts is None:
+            return self.unsupported(node, "the permuted dim is already split differently")
+        return tuple(replace(x, segs=(_Seg(p, seg.n // k, seg.block),)) for p in parts)
 
     def reduce(self, node: torch.fx.Node, x: _Val | None) -> _Val | None:
         if x is None:
@@ -919,7 +1016,7 @@ class _Tracer:
                 if r in roots and roots[r] in wanted:
                     probes[roots[r]].append(replace(p, offset=off))
 
-    def repair_points(self, roots: dict[int, str]) -> list[tuple[str, int]]:
+    def repair_points(self, roots: dict[int, str]) -> list[tuple]:
         """Where REPAIR corrects statistics: each hidden writer, or the affine norm layers right after it — also when
         they read it through concatenations and pooling (DenseNet: a bias-free conv whose channels every later
         layer's norm reads), where the norms' outputs are corrected instead (each once)."""
@@ -928,9 +1025,9 @@ class _Tracer:
             if self.find(sid) not in roots:
                 continue
             norms = self._norms_behind(node)
-            for target, dim in norms or [(name, self.vals[node].dim)]:
-                if (target, dim) not in points:
-                    points.append((target, dim))
+            for point in norms or [(name, self.vals[node].dim)]:
+                if point not in points:
+                    points.append(point)
         return points
 
     def _norms_behind(self, node: torch.fx.Node, depth: int = 0) -> list[tuple[str, int]] | None:
@@ -939,9 +1036,16 @@ class _Tracer:
         use is anything else."""
         found: list[tuple[str, int]] = []
         for u in node.users:
+            if u.target is getattr or u.op == "call_method" and u.target in _NON_TENSOR_METHODS:
+                continue  # x.ndim, x.size(): shape checks read no values
             mod = self.modules.get(str(u.target)) if u.op == "call_module" else None
             if isinstance(mod, _NORM_MODULES) and getattr(mod, "weight", None) is not None and self.vals.get(u) is not None:
                 found.append((str(u.target), self.vals[u].dim))
+            elif u.op == "call_function" and u.target in _FUNCTIONAL_NORM_WEIGHT:
+                point = self._functional_norm_point(u)
+                if point is None:
+                    return None
+                found.append(point)
             elif depth < 256 and (u.op == "call_function" and u.target in (torch.cat, torch.concat, *_POOL_FUNCTIONS)
                                   or isinstance(mod, _POOL_MODULES)):
                 sub = self._norms_behind(u, depth + 1)
@@ -951,6 +1055,26 @@ class _Tracer:
             else:
                 return None
         return found or None
+
+    def _functional_norm_point(self, u: torch.fx.Node) -> tuple[str, int, str] | None:
+        """A norm computed by ``F.batch_norm`` / ``F.layer_norm`` inside a module whose forward adds an activation
+        (timm's ``BatchNormAct2d``): ``(module owning the affine, channel dim, the elementwise module reading the
+        norm's output)`` — REPAIR corrects that module's *input* (before the activation) and folds into the affine."""
+        index, name = _FUNCTIONAL_NORM_WEIGHT[u.target]
+        arg = u.kwargs.get(name, u.args[index] if len(u.args) > index else None)
+        a = self.vals.get(arg) if isinstance(arg, torch.fx.Node) else None
+        if not isinstance(a, _Attr) or a.key is None or self.vals.get(u) is None or len(u.users) != 1:
+            return None
+        owner = a.key.rsplit(".", 1)[0]
+        (reader,) = u.users
+        mod = self.modules.get(str(reader.target)) if reader.op == "call_module" else None
+        if not isinstance(mod, _ELEMENTWISE_MODULES) or getattr(self.modules.get(owner), "bias", None) is None:
+            return None
+        return owner, self.vals[u].dim, str(reader.target)
+
+
+_FUNCTIONAL_NORM_WEIGHT = {F.batch_norm: (3, "weight"), F.layer_norm: (2, "weight")}
+"""Functional norms: the position and name of their affine ``weight`` argument."""
 
 
 def symmetry_spec(
@@ -1065,12 +1189,15 @@ def _freeze_cost(gm: torch.fx.GraphModule, model: nn.Module) -> str:
             f"unpermuted; {len(live)} spaces would remain)")
 
 
+LIBRARY_RULES: dict[Callable, Callable[[_Tracer, torch.fx.Node], Any]] = {}
+"""Rules for fx-wrapped functions of libraries (:mod:`modeconn.symmetry.trace_library`), filled when tracing."""
+
+
 def _register_known_rules() -> None:
-    """Elementwise ops of libraries already imported: torchvision's fx-wrapped ``stochastic_depth`` (a per-sample
-    Bernoulli scale in training, the identity in eval)."""
-    sd = sys.modules.get("torchvision.ops.stochastic_depth")
-    if sd is not None and callable(getattr(sd, "stochastic_depth", None)):
-        ELEMENTWISE_RULES.add(sd.stochastic_depth)
+    """The rules of :mod:`~modeconn.symmetry.trace_library` for the libraries imported by now."""
+    from .trace_library import library_rules
+
+    LIBRARY_RULES.update(library_rules())
 
 
 def _rule_leaf(m: nn.Module) -> bool:

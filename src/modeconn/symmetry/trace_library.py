@@ -1,0 +1,95 @@
+"""Symmetry rules for functions that libraries hide from torch.fx with ``torch.fx.wrap`` (one opaque node each).
+
+Each rule reads the node's arguments the way the library's function does and returns the traced value of its
+output; :func:`library_rules` lists the rules of the libraries already imported (nothing is imported here).
+
+- torchvision ``stochastic_depth``: elementwise (a per-sample Bernoulli scale in training, the identity in eval).
+- torchvision Swin ``shifted_window_attention``: windowed self-attention with a fused qkv projection — the
+  rule of :meth:`~modeconn.symmetry.trace._Tracer.fused_self_attention` (per-head query/key and value spaces).
+  The relative-position bias is indexed by head and token pair, never by a feature, so permutations within a
+  head leave it unchanged (``_get_relative_position_bias``: a constant of the model).
+- torchvision Swin ``_patch_merging_pad``: four strided 2×2 sub-grids concatenated along channels (channels-last),
+  so the output carries the input's spaces four times.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch.fx
+
+from .trace import _Attr, _Tracer, _Val
+
+Rule = Callable[[_Tracer, torch.fx.Node], Any]
+
+_SWIN_ARGS = ("input", "qkv_weight", "proj_weight", "relative_position_bias", "window_size", "num_heads", "shift_size",
+              "attention_dropout", "dropout", "qkv_bias", "proj_bias", "logit_scale", "training")
+
+
+def _arguments(node: torch.fx.Node, names: tuple[str, ...]) -> dict[str, Any]:
+    return dict(zip(names, node.args, strict=False)) | {k: v for k, v in node.kwargs.items() if k in names}
+
+
+def _key(tr: _Tracer, arg: Any) -> str | None:
+    a = tr.vals.get(arg) if isinstance(arg, torch.fx.Node) else None
+    return a.key if isinstance(a, _Attr) else None
+
+
+def swin_attention(tr: _Tracer, node: torch.fx.Node) -> _Val | None:
+    """``shifted_window_attention(x (B, H, W, C), qkv_weight (3C, C), proj_weight (C, C), bias, …)``."""
+    args = _arguments(node, _SWIN_ARGS)
+    x = tr.value(args["input"])
+    keys = {k: _key(tr, args.get(k)) for k in ("qkv_weight", "qkv_bias", "proj_weight", "proj_bias")}
+    missing = [k for k in ("qkv_weight", "proj_weight") if keys[k] is None] + [
+        k for k in ("qkv_bias", "proj_bias") if args.get(k) is not None and keys[k] is None]
+    if x is None or missing:
+        return tr.unsupported(node, f"windowed attention whose {missing or 'input'} is not a parameter of the model")
+    tr.value(args["relative_position_bias"])
+    name = keys["proj_weight"].rsplit(".", 1)[0]
+    return tr.fused_self_attention(node, name, x, int(args["num_heads"]), (keys["qkv_weight"], keys["qkv_bias"]),
+                                   (keys["proj_weight"], keys["proj_bias"]))
+
+
+def constant(tr: _Tracer, node: torch.fx.Node) -> _Val | None:
+    """A function of the model's parameters and buffers only that no permutation acts on (Swin's relative-position
+    bias gathered from its table): an unpermuted value; the tensors it reads are never permuted."""
+    for a in node.args:
+        if isinstance(a, torch.fx.Node):
+            tr.value(a)
+    return tr.frozen_val(node)
+
+
+def patch_merging_pad(tr: _Tracer, node: torch.fx.Node) -> _Val | None:
+    """``cat([x[..., 0::2, 0::2, :], x[..., 1::2, 0::2, :], …], -1)`` of a channels-last ``x``."""
+    x = tr.value(node.args[0])
+    if x is None or tr.all_frozen(x):
+        return tr.frozen_val(node)
+    if x.dim != x.ndim - 1 or x.outer is not None:
+        return tr.unsupported(node, "patch merging of a value whose symmetry is not on its last (channel) dim")
+    return _Val(x.dim, x.ndim, x.segs * 4)
+
+
+def elementwise(tr: _Tracer, node: torch.fx.Node) -> _Val | None:
+    return tr.elementwise(node, tr.arg_val(node))
+
+
+_LIBRARY: dict[str, dict[str, Rule]] = {
+    "torchvision.ops.stochastic_depth": {"stochastic_depth": elementwise},
+    "torchvision.models.swin_transformer": {"shifted_window_attention": swin_attention,
+                                            "_get_relative_position_bias": constant,
+                                            "_patch_merging_pad": patch_merging_pad},
+}
+
+
+def library_rules() -> dict[Callable, Rule]:
+    """The rules above for the functions of the library modules already imported (function object → rule)."""
+    rules: dict[Callable, Rule] = {}
+    for module, functions in _LIBRARY.items():
+        mod = sys.modules.get(module)
+        for fname, rule in functions.items():
+            fn = getattr(mod, fname, None) if mod is not None else None
+            if callable(fn):
+                rules[fn] = rule
+    return rules
