@@ -161,13 +161,16 @@ K_SIZES = {
 }
 
 
-def k_sweep(size: Size, log: Log, data: Path | None = None, d: int = 64) -> dict:
-    """(b) intrinsic dimension k at σ_F = 1 on synthetic Gaussian mixtures in R^d."""
+def k_sweep(size: Size, log: Log, data: Path | None = None, d: int = 64, num_classes: int = 10,
+            class_sep: float = 3.0) -> dict:
+    """(b) intrinsic dimension k at σ_F = 1 on synthetic Gaussian mixtures in R^d (``num_classes`` classes whose
+    closest means are ``class_sep`` within-class standard deviations apart, :func:`~modeconn.data.subspace_mixture`)."""
     settings = []
     for k in size.settings:
         rows = []
         for pair in range(size.pairs):
-            bundle, U = subspace_mixture(size.limit_train, max(1000, size.limit_train // 5), d, k, 10, seed=100 + pair)
+            bundle, U = subspace_mixture(size.limit_train, max(1000, size.limit_train // 5), d, k, num_classes,
+                                         class_sep=class_sep, seed=100 + pair)
             kwargs = dict(depth=2, width=size.width, asymmetric={"sigma_f": 1.0, "density": 0.125, "mask_seed": 1000 + pair})
             log(f"k={k}: training pair {pair + 1}/{size.pairs}")
             a, b = train_pair("mlp", kwargs, bundle, size.epochs, pair)
@@ -176,7 +179,8 @@ def k_sweep(size: Size, log: Log, data: Path | None = None, d: int = 64) -> dict
             rows.append(row)
         keys = METRIC_KEYS + ["swap_cost_median", "swap_positive_fraction", "self_cost_median"]
         settings.append({"k": k, "label": f"k={k}", "pairs": rows, "summary": aggregate(rows, keys)})
-    return {"experiment": "identifiability-k", "dataset": f"synthetic subspace mixture, d={d}, 10 classes, σ_F=1",
+    return {"experiment": "identifiability-k",
+            "dataset": f"synthetic subspace mixture, d={d}, {num_classes} classes, class_sep={class_sep}, σ_F=1",
             "settings": settings}
 
 

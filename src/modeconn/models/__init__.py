@@ -4,8 +4,9 @@
 Every image model maps (N, C, H, W) float inputs to (N, K) logits, is ``torch.fx.symbolic_trace``-able (but
 "vit-tiny", whose spec comes from the Hugging Face adapter) and carries ``model.modeconn_config`` (architecture name +
 full kwargs) so checkpoints can rebuild it.
-Every image architecture but the Hugging Face ViT (:data:`HF_IMAGE_MODELS`: "vit-tiny", :mod:`.vit`) takes
-``asymmetric=None | {...}`` for W-asymmetric layers (:mod:`.asymmetric`).
+Every image architecture, the Hugging Face ViT (:data:`HF_IMAGE_MODELS`: "vit-tiny", :mod:`.vit`) included, takes
+``asymmetric=None | {...}`` for W-asymmetric layers (:mod:`.asymmetric`); ``mlp`` also takes
+``sigma_asymmetric=None | {...}`` for σ-asymmetric FiGLU activations (:mod:`.gating`).
 Token models (:data:`TOKEN_MODELS`: "gpt-neox-tiny", :mod:`.causal_lm`, ``in_shape=(T,)``, ``num_classes`` =
 vocabulary size) map (N, T) int64 token ids to (N, T, V) next-token logits and wrap a Hugging Face model.
 Models are leaves of the package: nothing here imports the rest of modeconn beyond errors/registry.
@@ -32,10 +33,12 @@ from .asymmetric import (
     fixed_structure_digest,
     fixed_structure_keys,
     fixed_structure_mismatches,
+    fold_fixed_structure,
 )
 from .causal_lm import TOKEN_MODELS, CausalLM
 from .cct import CCT
 from .convnet import VGG_LAYOUTS, ConvNet
+from .gating import FiGLU, SigmaAsymmetricConfig
 from .mlp import MLP
 from .mobilenet import MobileNetV2
 from .resnet import BasicBlock, ResNet
@@ -57,14 +60,17 @@ __all__ = [
     "CausalLM",
     "ConvBlock",
     "ConvNet",
+    "FiGLU",
     "LinearBlock",
     "MobileNetV2",
     "ResNet",
+    "SigmaAsymmetricConfig",
     "ViTClassifier",
     "build_model",
     "fixed_structure_digest",
     "fixed_structure_keys",
     "fixed_structure_mismatches",
+    "fold_fixed_structure",
     "make_activation",
     "make_conv",
     "make_linear",

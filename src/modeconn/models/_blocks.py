@@ -19,6 +19,7 @@ from torch import nn
 
 from ..errors import ConfigError
 from .asymmetric import AsymConv2d, AsymLinear, AsymmetricConfig
+from .gating import FiGLU, SigmaAsymmetricConfig
 
 NormKind = Literal["none", "layernorm", "batchnorm"]
 """Normalisation choices. For conv feature maps "layernorm" is ``nn.GroupNorm(1, C)`` (normalise over C, H, W)."""
@@ -100,10 +101,7 @@ def make_linear(
     """
     if asym is None:
         return nn.Linear(in_features, out_features, bias=bias)
-    return AsymLinear(
-        in_features, out_features, bias=bias, sigma_f=asym.sigma_f, num_fixed=asym.num_fixed,
-        density=asym.density, mask_seed=asym.mask_seed, key=name,
-    )
+    return AsymLinear(in_features, out_features, bias=bias, key=name, **asym.layer_kwargs())
 
 
 def make_conv(
@@ -122,8 +120,7 @@ def make_conv(
     if asym is None:
         return nn.Conv2d(in_channels, out_channels, kernel_size, stride=stride, padding=padding, bias=bias)
     return AsymConv2d(
-        in_channels, out_channels, kernel_size, stride=stride, padding=padding, bias=bias,
-        sigma_f=asym.sigma_f, num_fixed=asym.num_fixed, density=asym.density, mask_seed=asym.mask_seed, key=name,
+        in_channels, out_channels, kernel_size, stride=stride, padding=padding, bias=bias, key=name, **asym.layer_kwargs()
     )
 
 
@@ -131,7 +128,8 @@ class LinearBlock(nn.Module):
     """``act(norm(linear(x)))``: (N, in_features) → (N, out_features).
 
     ``asym``/``name``: see :func:`make_linear`; ``name`` is this block's qualified name (the linear is
-    ``f"{name}.linear"``).
+    ``f"{name}.linear"``). ``gate``: a σ-asymmetric block, whose ``act`` is a :class:`~modeconn.models.gating.FiGLU`
+    over the ``out_features`` (key ``f"{name}.act"``) instead of ``activation``.
     """
 
     def __init__(
@@ -143,12 +141,14 @@ class LinearBlock(nn.Module):
         activation: str = "relu",
         bias: bool = True,
         asym: AsymmetricConfig | None = None,
+        gate: SigmaAsymmetricConfig | None = None,
         name: str = "",
     ) -> None:
         super().__init__()
         self.linear = make_linear(in_features, out_features, bias=bias, asym=asym, name=_key(name, "linear"))
         self.norm = make_norm(norm, out_features, dims=1)
-        self.act = make_activation(activation)
+        self.act = make_activation(activation) if gate is None else FiGLU(
+            out_features, gate_scale=gate.gate_scale, gate_seed=gate.gate_seed, key=_key(name, "act"))
 
     def forward(self, x):
         return self.act(self.norm(self.linear(x)))

@@ -35,6 +35,16 @@ Conventions of this implementation:
   ``floor(density · fan_in + 0.5)`` (half up), capped at ``fan_in - 1`` so every row keeps a trainable
   entry). Giving neither uses ``density = DEFAULT_DENSITY = 0.125`` (the reference's MLP: 64 of 512 hidden inputs;
   ResNet20 stage 3: 72 of 576), which adapts to layers of any fan-in. Giving both is an error.
+* ``offsets="dense"`` draws F at *every* entry (masked or not), so ``W_eff = F + D ⊙ W`` is the general form of
+  the seed paper. With ``density=0`` (D = 1) and a weight decay on W this is "syre" (Ziyin et al. 2024/2025,
+  "Remove Symmetries to Control Model Expressivity and Improve Optimization", Eq. 6: minimise
+  ``L(θ + θ₀) + γ‖θ‖²`` with a fixed random θ₀): the stored W is θ, F is θ₀, and decoupled weight decay on W
+  pulls ``W_eff`` towards the fixed anchor F instead of 0, which no permutation of hidden units leaves invariant.
+  Here θ₀ covers the weights of the asymmetric layers only (biases and norm parameters are not anchored).
+  The default ``offsets="masked"`` is the reference's layout and gives the same bytes as before the option.
+* :func:`fold_fixed_structure` returns the stock model of the same architecture whose weights are the effective
+  ``W_eff``: the same function, with the permutation symmetry of a standard network (used to align the
+  *functions* of two asymmetric networks).
 """
 
 from __future__ import annotations
@@ -46,7 +56,7 @@ from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, model_serializer, model_validator
 from torch import nn
 
 from ..errors import ConfigError, StateDictMismatchError
@@ -79,6 +89,8 @@ class AsymmetricConfig(BaseModel):
             share F and D bytes, in any process; the trained weights follow ``build_model(seed=...)``.
         layers: ``"all"`` (default, as the reference: every Linear/Conv including the first layer and
             the classifier head) or ``"hidden"`` (all but the first layer and the head).
+        offsets: ``"masked"`` (default, the reference: F only where D = 0) or ``"dense"`` (F at every entry;
+            with ``density=0`` and weight decay this is syre, see the module docstring).
 
     Invalid values raise a pydantic ``ValidationError`` here; through :func:`build_model` and
     :func:`as_asymmetric_config` they become :class:`ConfigError` naming the field.
@@ -91,6 +103,20 @@ class AsymmetricConfig(BaseModel):
     density: float | None = Field(None, ge=0.0, lt=1.0)
     mask_seed: StrictInt = 0
     layers: Literal["all", "hidden"] = "all"
+    offsets: Literal["masked", "dense"] = "masked"
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: Any) -> dict[str, Any]:
+        """The default ``offsets="masked"`` is left out, so configs of reference-layout models read as before."""
+        data = handler(self)
+        if data.get("offsets") == "masked":
+            data.pop("offsets")
+        return data
+
+    def layer_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of :class:`AsymLinear` / :class:`AsymConv2d` this config gives (without ``key``)."""
+        return dict(sigma_f=self.sigma_f, num_fixed=self.num_fixed, density=self.density, mask_seed=self.mask_seed,
+                    offsets=self.offsets)
 
     @model_validator(mode="wrap")
     @classmethod
@@ -190,13 +216,19 @@ def resolve_num_fixed(fan_in: int, num_fixed: int | None, density: float | None,
 
 
 def generate_fixed_structure(
-    rows: int, fan_in: int, num_fixed: int, sigma_f: float, seed: int
+    rows: int, fan_in: int, num_fixed: int, sigma_f: float, seed: int, offsets: str = "masked"
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(F, D)``, both fp32 CPU tensors of shape (rows, fan_in), from a fresh generator seeded ``seed``.
 
     Each row of D has exactly ``num_fixed`` zeros at uniformly random positions (argsort of uniform
-    scores, stable); F = σ_F · N(0, 1) where D = 0 and +0.0 elsewhere.
+    scores, stable); F = σ_F · N(0, 1) where D = 0 and +0.0 elsewhere (``offsets="masked"``), or at every
+    entry (``offsets="dense"``; the same normal draws, so the masked entries agree with the masked layout).
+
+    Raises:
+        ConfigError: ``offsets`` is neither "masked" nor "dense".
     """
+    if offsets not in ("masked", "dense"):
+        raise ConfigError(f"offsets must be 'masked' or 'dense', got {offsets!r}")
     g = torch.Generator(device="cpu")
     g.manual_seed(seed)
     scores = torch.rand(rows, fan_in, generator=g, device="cpu")
@@ -205,10 +237,11 @@ def generate_fixed_structure(
     if num_fixed > 0:
         idx = torch.argsort(scores, dim=1, stable=True)[:, :num_fixed]
         mask.scatter_(1, idx, 0.0)
-    offsets = torch.zeros(rows, fan_in, device="cpu")
+    where = mask == 0 if offsets == "masked" else torch.ones_like(mask, dtype=torch.bool)
+    fixed = torch.zeros(rows, fan_in, device="cpu")
     if sigma_f > 0:
-        offsets = torch.where(mask == 0, normal * float(sigma_f), offsets)
-    return offsets, mask
+        fixed = torch.where(where, normal * float(sigma_f), fixed)
+    return fixed, mask
 
 
 def _check_sigma_f(sigma_f: Any, where: str) -> float:
@@ -239,10 +272,14 @@ class _AsymmetricMixin:
     fixed_mask: torch.Tensor
 
     def _init_asymmetry(
-        self, sigma_f: float, num_fixed: int | None, density: float | None, mask_seed: int, key: str
+        self, sigma_f: float, num_fixed: int | None, density: float | None, mask_seed: int, key: str,
+        offsets: str = "masked",
     ) -> None:
         where = f"{type(self).__name__} {key!r}" if key else type(self).__name__
         self.sigma_f = _check_sigma_f(sigma_f, where)
+        if offsets not in ("masked", "dense"):
+            raise ConfigError(f"{where}: offsets must be 'masked' or 'dense', got {offsets!r}")
+        self.offsets = offsets
         fan_in = self.weight[0].numel()
         self.num_fixed = resolve_num_fixed(fan_in, num_fixed, density, where)
         self.density = density
@@ -266,10 +303,14 @@ class _AsymmetricMixin:
         weight's shape and dtype. Equal to the buffers unless they were modified or loaded from elsewhere."""
         shape = self.weight.shape
         offsets, mask = generate_fixed_structure(
-            shape[0], math.prod(shape[1:]), self.num_fixed, self.sigma_f, self.structure_seed
+            shape[0], math.prod(shape[1:]), self.num_fixed, self.sigma_f, self.structure_seed, self.offsets
         )
         dtype = self.weight.dtype
         return offsets.reshape(shape).to(dtype), mask.reshape(shape).to(dtype)
+
+    def reset_fixed_entries(self) -> None:
+        """Set the masked entries of W to +0.0 (their invariant) after W was assigned from elsewhere."""
+        self._zero_masked_weight()
 
     def _zero_masked_weight(self) -> None:
         mask = getattr(self, "fixed_mask", None)
@@ -288,7 +329,9 @@ class _AsymmetricMixin:
         return self.fixed_offsets + self.fixed_mask * self.weight
 
     def _asym_repr(self) -> str:
-        return f"sigma_f={self.sigma_f}, num_fixed={self.num_fixed}, mask_seed={self.mask_seed}, key={self.structure_key!r}"
+        dense = ", offsets='dense'" if self.offsets == "dense" else ""
+        return (f"sigma_f={self.sigma_f}, num_fixed={self.num_fixed}, mask_seed={self.mask_seed}, "
+                f"key={self.structure_key!r}{dense}")
 
 
 class AsymLinear(_AsymmetricMixin, nn.Linear):
@@ -302,12 +345,13 @@ class AsymLinear(_AsymmetricMixin, nn.Linear):
         density: fraction masked per row in [0, 1); neither → ``DEFAULT_DENSITY``.
         mask_seed, key: F and D come from :func:`layer_seed` ``(mask_seed, key)``; ``key`` should be the
             layer's qualified name in its model (the architectures pass it), so layers of one model differ.
+        offsets: "masked" (F only where D = 0) or "dense" (F everywhere; syre with ``density=0``).
 
     Buffers: ``fixed_offsets`` F and ``fixed_mask`` D, shape (out_features, in_features), persistent.
 
     Raises:
         ConfigError: sigma_f < 0 / non-finite, num_fixed ≥ in_features or < 0, both num_fixed and density,
-            density outside [0, 1).
+            density outside [0, 1), offsets not "masked" / "dense".
     """
 
     def __init__(
@@ -321,11 +365,12 @@ class AsymLinear(_AsymmetricMixin, nn.Linear):
         density: float | None = None,
         mask_seed: int = 0,
         key: str = "",
+        offsets: str = "masked",
         device: Any = None,
         dtype: Any = None,
     ) -> None:
         nn.Linear.__init__(self, in_features, out_features, bias=bias, device=device, dtype=dtype)
-        self._init_asymmetry(sigma_f, num_fixed, density, mask_seed, key)
+        self._init_asymmetry(sigma_f, num_fixed, density, mask_seed, key, offsets)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         return F.linear(input, self.effective_weight(), self.bias)
@@ -336,7 +381,7 @@ class AsymConv2d(_AsymmetricMixin, nn.Conv2d):
     """W-asymmetric ``nn.Conv2d``: the convolution with kernel ``F + D ⊙ W``; rows are output channels.
 
     Each output channel has ``num_fixed`` masked entries among its ``in_channels/groups · kh · kw``.
-    Arguments as ``nn.Conv2d`` plus ``sigma_f``, ``num_fixed``, ``density``, ``mask_seed``, ``key``
+    Arguments as ``nn.Conv2d`` plus ``sigma_f``, ``num_fixed``, ``density``, ``mask_seed``, ``key``, ``offsets``
     (see :class:`AsymLinear`). Buffers ``fixed_offsets``, ``fixed_mask`` have the weight's shape.
 
     Raises:
@@ -360,6 +405,7 @@ class AsymConv2d(_AsymmetricMixin, nn.Conv2d):
         density: float | None = None,
         mask_seed: int = 0,
         key: str = "",
+        offsets: str = "masked",
         device: Any = None,
         dtype: Any = None,
     ) -> None:
@@ -367,7 +413,7 @@ class AsymConv2d(_AsymmetricMixin, nn.Conv2d):
             self, in_channels, out_channels, kernel_size, stride=stride, padding=padding, dilation=dilation,
             groups=groups, bias=bias, padding_mode=padding_mode, device=device, dtype=dtype,
         )
-        self._init_asymmetry(sigma_f, num_fixed, density, mask_seed, key)
+        self._init_asymmetry(sigma_f, num_fixed, density, mask_seed, key, offsets)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         return self._conv_forward(input, self.effective_weight(), self.bias)
@@ -386,11 +432,17 @@ def _fixed_modules(model: nn.Module) -> Iterable[tuple[str, nn.Module]]:
 
 
 def fixed_structure_keys(model: nn.Module) -> list[str]:
-    """State-dict keys of every fixed-structure buffer (``<module>.fixed_offsets``, ``<module>.fixed_mask``)
-    of the modules declaring ``fixed_buffers``, in state-dict order. Empty for a standard model."""
+    """State-dict keys of every fixed-structure buffer (``<module>.fixed_offsets``, ``<module>.fixed_mask``,
+    ``<module>.fixed_gate``) of the modules declaring ``fixed_buffers``, in state-dict order. Empty for a standard
+    model."""
+    return fixed_structure_keys_of(model, nn.Module)
+
+
+def fixed_structure_keys_of(model: nn.Module, types: type | tuple[type, ...]) -> list[str]:
+    """:func:`fixed_structure_keys` restricted to the modules that are instances of ``types``."""
     wanted = {
         f"{name}.{b}" if name else b
-        for name, mod in _fixed_modules(model)
+        for name, mod in _fixed_modules(model) if isinstance(mod, types)
         for b in type(mod).fixed_buffers
     }
     return [k for k in model.state_dict(keep_vars=True) if k in wanted]
@@ -430,9 +482,11 @@ def fixed_structure_digest(
 
 
 def fixed_structure_mismatches(model: nn.Module) -> list[str]:
-    """Keys of fixed buffers that differ (bytes) from the ones regenerated from each layer's mask seed and key.
+    """Keys of fixed buffers that differ (bytes) from the ones regenerated from each layer's seed and key.
 
-    Empty when the model's F and D are exactly those ``build_model`` creates from its config.
+    Covers every module declaring ``fixed_buffers`` and ``regenerate_fixed_structure()`` (one tensor per buffer, in
+    that order): W-asymmetric layers (F, D) and FiGLU gates (:mod:`.gating`). Empty when the model's fixed
+    buffers are exactly those ``build_model`` creates from its config.
     """
     bad: list[str] = []
     for name, mod in _fixed_modules(model):
@@ -440,7 +494,7 @@ def fixed_structure_mismatches(model: nn.Module) -> list[str]:
         if regen is None:
             continue
         prefix = f"{name}." if name else ""
-        for buf, expected in zip(("fixed_offsets", "fixed_mask"), regen(), strict=False):
+        for buf, expected in zip(type(mod).fixed_buffers, regen(), strict=True):
             actual = getattr(mod, buf).detach().to("cpu")
             if actual.dtype != expected.dtype or actual.shape != expected.shape or not torch.equal(actual, expected):
                 bad.append(prefix + buf)
@@ -459,9 +513,37 @@ __all__ = [
     "as_asymmetric_config",
     "fixed_structure_digest",
     "fixed_structure_keys",
+    "fixed_structure_keys_of",
     "fixed_structure_mismatches",
+    "fold_fixed_structure",
     "generate_fixed_structure",
     "layer_asymmetry",
     "layer_seed",
     "resolve_num_fixed",
 ]
+
+
+def fold_fixed_structure(model: nn.Module) -> nn.Module:
+    """The stock (``asymmetric=None``) model of ``model``'s architecture whose weights are ``model``'s effective
+    weights ``W_eff = F + D ⊙ W``: the same function (same outputs for every input), with the full permutation
+    symmetry of a standard network, so weight matching can align the *functions* of two W-asymmetric networks.
+
+    Every other tensor (biases, norms, FiGLU gates, buffers) is copied; the result is on ``model``'s device, in its
+    training mode, with a ``modeconn_config`` that omits ``asymmetric``. ``model`` is not modified.
+
+    Raises:
+        ConfigError: ``model`` was not built by :func:`~modeconn.models.build_model`.
+    """
+    from ._build import build_model, model_config
+
+    cfg = model_config(model)
+    kwargs = {k: v for k, v in cfg["kwargs"].items() if k != "asymmetric"}
+    with torch.device("cpu"):
+        stock = build_model(cfg["architecture"], seed=0, **kwargs)
+    state = {k: v for k, v in model.state_dict().items() if k not in set(fixed_structure_keys_of(model, ASYMMETRIC_LAYERS))}
+    for name, mod in model.named_modules():
+        if isinstance(mod, ASYMMETRIC_LAYERS):
+            state[f"{name}.weight" if name else "weight"] = mod.effective_weight().detach()
+    stock.load_state_dict(state)
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    return stock.to(device).train(model.training)

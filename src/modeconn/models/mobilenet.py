@@ -46,8 +46,8 @@ def _conv(
     if asym is None:
         return nn.Conv2d(in_channels, out_channels, kernel_size, stride=stride, padding=padding, groups=groups, bias=bias)
     return AsymConv2d(
-        in_channels, out_channels, kernel_size, stride=stride, padding=padding, groups=groups, bias=bias,
-        sigma_f=asym.sigma_f, num_fixed=asym.num_fixed, density=asym.density, mask_seed=asym.mask_seed, key=name,
+        in_channels, out_channels, kernel_size, stride=stride, padding=padding, groups=groups, bias=bias, key=name,
+        **asym.layer_kwargs(),
     )
 
 

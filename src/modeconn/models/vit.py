@@ -13,9 +13,17 @@ so the Hugging Face symmetry adapter (:mod:`modeconn.symmetry.hf.vit`) and norma
 It is the *standard* (pre-LN) ViT of Dosovitskiy et al. 2021: patches of ``patch_size × patch_size`` pixels,
 a learned CLS token and learned absolute position embeddings. It is built by Hugging Face's initialisation
 (truncated-normal(0, ``initializer_range``) weights, zero biases, unit LayerNorm gains) from the CPU generator
-that :func:`~modeconn.models.build_model` seeds, so the same seed gives the same bytes. Unlike the other image
-architectures it has no ``asymmetric`` option (its layers are Hugging Face's stock ``nn.Linear``) and is not
-``torch.fx``-traced: :func:`modeconn.symmetry_spec` dispatches it to the Hugging Face adapter.
+that :func:`~modeconn.models.build_model` seeds, so the same seed gives the same bytes. It is not ``torch.fx``-traced:
+:func:`modeconn.symmetry_spec` dispatches it to the Hugging Face adapter, which binds ``weight``/``bias`` of every
+``nn.Linear`` (and of the patch projection) and leaves every buffer unbound.
+
+``asymmetric`` (docs/methods.md §1 (d), the seed paper's preliminary transformer results): after Hugging Face's
+initialisation every ``nn.Linear`` of the model (Q, K, V, O, fc1, fc2, the classifier) and the patch projection
+(a Conv2d) are replaced by W-asymmetric layers (:mod:`.asymmetric`, built by the same ``make_linear``/``make_conv``
+as every other architecture) that keep the initialised W (masked entries set to 0) and get their fixed F, D
+keyed by their qualified names (``model.vit.layers.0.attention.q_proj`` …). ``layers="hidden"`` leaves the patch
+projection and the classifier stock. The adapter then binds W as it binds a stock weight and leaves F, D unbound:
+no head, stream or MLP permutation leaves the function unchanged any more.
 ``transformers`` is imported only when a model is built.
 """
 
@@ -28,10 +36,12 @@ from pydantic import Field
 from torch import nn
 
 from ..errors import ConfigError
+from ._blocks import make_conv, make_linear
 from ._build import MODELS
 from ._types import InShape, PosFloat, PosInt
+from .asymmetric import AsymmetricConfig, AsymmetricOption, layer_asymmetry
 
-#: Image architectures that wrap a Hugging Face model: no ``asymmetric`` option, symmetry from the HF adapter.
+#: Image architectures that wrap a Hugging Face model: symmetry from the HF adapter, not from tracing.
 HF_IMAGE_MODELS = frozenset({"vit-tiny"})
 
 Fraction = Annotated[float, Field(ge=0, lt=1)]
@@ -70,6 +80,32 @@ class ViTClassifier(nn.Module):
         return f"in_shape={self.in_shape}, num_classes={self.num_classes}"
 
 
+def _asymmetric_copy(mod: nn.Module, asym: AsymmetricConfig, key: str) -> nn.Module:
+    """A W-asymmetric layer with ``mod``'s shape, its W and bias copied (masked entries of W set to 0)."""
+    bias = mod.bias is not None
+    if isinstance(mod, nn.Conv2d):
+        new = make_conv(mod.in_channels, mod.out_channels, mod.kernel_size[0], stride=mod.stride[0],
+                        padding=mod.padding[0], bias=bias, asym=asym, name=key)
+    else:
+        new = make_linear(mod.in_features, mod.out_features, bias=bias, asym=asym, name=key)
+    new.load_state_dict(mod.state_dict(), strict=False)
+    new.reset_fixed_entries()
+    return new
+
+
+def make_asymmetric(model: ViTClassifier, asym: AsymmetricConfig) -> None:
+    """Replace, in place, every ``nn.Linear`` and the patch projection of ``model`` by its W-asymmetric copy
+    (module docstring); with ``layers="hidden"`` the patch projection and the classifier stay stock."""
+    proj = "model.vit.embeddings.patch_embeddings.projection"
+    targets = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear) or n == proj]
+    for name, mod in targets:
+        layer = layer_asymmetry(asym, boundary=name in (proj, "model.classifier"))
+        if layer is None:
+            continue
+        parent, _, attr = name.rpartition(".")
+        setattr(model.get_submodule(parent), attr, _asymmetric_copy(mod, layer, name))
+
+
 @MODELS.register("vit-tiny")
 def vit_tiny(
     in_shape: InShape,
@@ -87,6 +123,7 @@ def vit_tiny(
     attention_dropout: Fraction = 0.0,
     hidden_dropout: Fraction = 0.0,
     attn_implementation: Literal["sdpa", "eager"] = "sdpa",
+    asymmetric: AsymmetricOption = None,
 ) -> ViTClassifier:
     """A small standard ViT (``transformers.ViTConfig``; defaults 2 layers × 64 wide, 4 heads of 16, MLP 256,
     4 × 4 patches: a 28 × 28 image is 49 patch tokens + the CLS token; GELU, no dropout).
@@ -98,10 +135,12 @@ def vit_tiny(
             layer_norm_eps, initializer_range: as in ``ViTConfig``.
         attention_dropout, hidden_dropout: ``attention_probs_dropout_prob`` and ``hidden_dropout_prob``.
         attn_implementation: "sdpa" or "eager" (explicit softmax); the same function either way.
+        asymmetric: W-asymmetric linears and patch projection (:class:`~modeconn.models.asymmetric.AsymmetricConfig`,
+            module docstring); ``None`` (default): Hugging Face's stock layers.
 
     Raises:
         ConfigError: ``hidden_size`` not divisible by ``num_attention_heads``; H or W not a multiple of
-            ``patch_size``.
+            ``patch_size``; an ``asymmetric`` option that does not fit a layer (``num_fixed`` ≥ its fan-in).
     """
     from transformers import ViTConfig
 
@@ -129,4 +168,7 @@ def vit_tiny(
         num_labels=num_classes,
         attn_implementation=attn_implementation,
     )
-    return ViTClassifier(config, in_shape)
+    model = ViTClassifier(config, in_shape)
+    if asymmetric is not None:
+        make_asymmetric(model, asymmetric)
+    return model
