@@ -31,8 +31,8 @@ LOSS_TOL = 1e-5
 _GLOO_SETUP_ABORT = "terminate called without an active exception"
 
 
-def _torchrun(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess:
-    """``torchrun --standalone --nproc_per_node 2 ARGS`` (a free localhost port; one thread per process; gloo on the
+def _torchrun(*args: str | Path, cwd: Path, nproc: int = 2) -> subprocess.CompletedProcess:
+    """``torchrun --standalone --nproc_per_node NPROC ARGS`` (a free localhost port; one thread per process; gloo on the
     loopback interface).
 
     One relaunch, only for the upstream abort seen in gloo's connection setup on busy 2-core machines (a worker
@@ -40,7 +40,7 @@ def _torchrun(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess:
     run, both under load, never reproduced in isolation): any
     other failure, or the abort twice, fails the test."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *map(str, args)]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), *map(str, args)]
     for attempt in range(2):
         res = subprocess.run(cmd, check=False, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
         if res.returncode == 0 or _GLOO_SETUP_ABORT not in res.stderr or attempt:

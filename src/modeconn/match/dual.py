@@ -97,6 +97,8 @@ from .distributed import DistributedInfo, Ranks, current_rank, init_distributed,
 from .options import LAMBDA_SCHEDULES, Bool, Int, LambdaSchedule, PositiveInt, PositiveReal, draw_lambda
 from .parametrize import get_parameterization, make_transform
 from .progress import reporter, step_loss_legacy
+from .sharded import (LazyLeaves, RowReader, ShardedEndpoints, check_finite_shards, device_mesh, meta_work_model,
+                      shard_transforms, unsharded_element)
 from .result import Alignment
 from .weight import weight_matching
 
@@ -211,6 +213,7 @@ def dual_matching(
     weight_alignment: Alignment | Element | None = None,
     distributed: bool | None = None,
     process_group: Any = None,
+    shard: bool = False,
     **options: Any,
 ) -> DualAlignment:
     """Learn continuous symmetry transforms of both endpoints (or of B only) that lower the loss along the path.
@@ -248,6 +251,13 @@ def dual_matching(
         distributed: data parallelism over a ``torch.distributed`` process group (module docstring): ``None``
             (default) when a default group is initialised, ``True`` to require one, ``False`` for one process.
         process_group: the group to use instead of the default one (implies ``distributed``).
+        shard: ZeRO-3 / FSDP storage (:mod:`modeconn.match.sharded`): each rank holds ``1/W`` of each endpoint's
+            rows and of the transforms' parameters and Adam state; ``sd_a`` / ``sd_b`` may then also be checkpoint
+            directories (safetensors, read per rank with ``get_slice``; absorbed checkpoints for the full group) and
+            ``model`` a meta-device model (e.g. ``AbsorbedView(path).model``). The same steps as the data-parallel
+            mode (the result agrees up to fp32 reduction order); one process: the same code without communication.
+            Not with ``checkpoint_dir``; every batch needs at least one row per rank (DistributedError otherwise).
+            ``verify`` then checks the continuous parts (A against A, B with its discrete part against itself).
     Returns: :class:`DualAlignment` (``objective_sense="minimize"``; the same on every rank; ``stats["world_size"]``:
         the number of processes).
     Raises (all before any heavy work unless noted): ConfigError naming a bad option (steps, lr, lambda_schedule,
@@ -263,7 +273,7 @@ def dual_matching(
     cfg = DualMatchingConfig.from_any(config, **options)  # typos and bad values fail here, before any work
     run = _Run(spec, model, sd_a, sd_b, loader, cfg, loss_fn=loss_fn, progress=progress,
                checkpoint_dir=checkpoint_dir, weight_alignment=weight_alignment, distributed=distributed,
-               process_group=process_group)
+               process_group=process_group, shard=shard)
     return run.run()
 
 
@@ -274,7 +284,7 @@ class _Run:
     def __init__(self, spec: SymmetrySpec, model: nn.Module, sd_a: StateDict, sd_b: StateDict, loader: Iterable,
                  cfg: DualMatchingConfig, *, loss_fn: LossFn | None, progress: Callable[..., None] | None,
                  checkpoint_dir: str | os.PathLike | None, weight_alignment: Alignment | Element | None,
-                 distributed: bool | None, process_group: Any) -> None:
+                 distributed: bool | None, process_group: Any, shard: bool = False) -> None:
         self.start_time = time.perf_counter()
         self.spec, self.model, self.sd_a, self.sd_b, self.loader, self.cfg = spec, model, sd_a, sd_b, loader, cfg
         self.par = get_parameterization(cfg.parameterization)
@@ -287,13 +297,24 @@ class _Run:
                 "spec has no continuous space (orthogonal, invertible, scaling, head_*): nothing for dual matching to "
                 "learn; use weight_matching or learned_matching for permutation-only specs"
             )
-        spec.check_state_dict(sd_a, "state dict A")
-        spec.check_state_dict(sd_b, "state dict B")
-        check_compatible([model.state_dict(), sd_a, sd_b], ["model", "A", "B"])
-        self.device = check_one_device([sd_a, sd_b], ["A", "B"])
+        self.shard = bool(shard)
+        if self.shard:
+            self.readers = (RowReader(sd_a), RowReader(sd_b))
+            self.sd_a, self.sd_b = sd_a, sd_b = self.readers[0].mapping, self.readers[1].mapping
+            meta_a, meta_b = (r.meta for r in self.readers)
+            if checkpoint_dir is not None:
+                raise ConfigError("shard=True does not take checkpoint_dir (sharded runs are not checkpointed)")
+        else:
+            meta_a, meta_b = sd_a, sd_b
+        spec.check_state_dict(meta_a, "state dict A")
+        spec.check_state_dict(meta_b, "state dict B")
+        check_compatible([model.state_dict(), meta_a, meta_b], ["model", "A", "B"])
+        self.device = _shard_device(meta_a) if self.shard else check_one_device([sd_a, sd_b], ["A", "B"])
         self.ranks = Ranks.resolve(distributed, process_group, self.device)
-        check_finite(sd_a, "A")
-        check_finite(sd_b, "B")
+        self.mesh = device_mesh(self.ranks, self.device) if self.shard else None
+        if not self.shard:  # sharded: each rank checks its shards as it reads them
+            check_finite(sd_a, "A")
+            check_finite(sd_b, "B")
         self.weight_alignment = weight_alignment
         self.wm_element = _wm_element(spec, weight_alignment)
         self.loss_fn = loss_fn or default_loss
@@ -339,8 +360,6 @@ class _Run:
                                      for s in self.continuous]).to(device)
         self.mods_a = None if cfg.one_sided else nn.ModuleList(
             [make_transform(spec.group_of(s), self.identity[s].float(), self.par) for s in self.continuous]).to(device)
-        self.params = list(self.mods_b.parameters()) + ([] if self.mods_a is None else list(self.mods_a.parameters()))
-        self.optimizer = torch.optim.Adam(self.params, lr=cfg.lr)
         self.gen = torch.Generator().manual_seed(cfg.seed)
         self.losses: list[float] = []
         self.lambdas: list[float] = []
@@ -349,13 +368,26 @@ class _Run:
             self.mods_b.load_state_dict(saved["mods_b"])
             if self.mods_a is not None:
                 self.mods_a.load_state_dict(saved["mods_a"])
-            self.optimizer.load_state_dict(saved["optimizer"])
             self.gen.set_state(saved["generator"])
             self.losses, self.lambdas = list(saved["losses"]), list(saved["lambdas"])
             self.elapsed = float(saved["seconds"])
 
+    def _params(self) -> list[nn.Parameter]:
+        return list(self.mods_b.parameters()) + ([] if self.mods_a is None else list(self.mods_a.parameters()))
+
+    def _optimizer(self) -> None:
+        """Adam on the transform parameters (FSDP-sharded first in a sharded run), with its saved state on resume."""
+        if self.shard:
+            shard_transforms([*self.mods_b, *(self.mods_a or ())], self.mesh)
+        self.params = self._params()
+        self.optimizer = torch.optim.Adam(self.params, lr=self.cfg.lr)
+        if self.saved is not None:
+            self.optimizer.load_state_dict(self.saved["optimizer"])
+
     def _endpoints(self) -> None:
         """Fixed fp32 endpoint tensors (A as is, B with its discrete part applied) and the private model copy."""
+        if self.shard:
+            return self._sharded_endpoints()
         b_disc = self.spec.apply(self.sd_b, {**self.identity, **self.disc})
         self.a32 = {k: (v.detach().to(torch.float32) if v.is_floating_point() else v) for k, v in self.sd_a.items()}
         self.b32 = {k: (v.detach().to(torch.float32) if v.is_floating_point() else v) for k, v in b_disc.items()}
@@ -363,26 +395,59 @@ class _Run:
         self.work = copy.deepcopy(self.model).to(self.device).float().eval()
         self.work.requires_grad_(False)
 
+    def _sharded_endpoints(self) -> None:
+        """This rank's shards of A and of B with its discrete part applied (:mod:`modeconn.match.sharded`) and the
+        meta-device working model with lazy leaves."""
+        spec, (reader_a, reader_b) = self.spec, self.readers
+        self.plan = _ContinuousPlan(spec, self.continuous, reader_a.meta)
+        keys = [k for k in reader_a.meta if k not in self.plan.aliases]
+        disc_el, cont, cache = {**self.identity, **self.disc}, set(self.continuous), {}
+        permuted = {k for k in keys if any(b.space not in cont for b in spec.tensors.get(k, ()))}
+
+        def whole_b(key: str) -> torch.Tensor | None:
+            if key not in permuted:
+                return None
+            return spec.apply_tensor(key, reader_b.whole(key).to(self.device), disc_el, cache=cache)
+
+        rank, world = self.ranks.rank, self.ranks.world
+        self.store_a = ShardedEndpoints.load(reader_a, keys, rank, world, self.mesh, self.device)
+        self.store_b = ShardedEndpoints.load(reader_b, keys, rank, world, self.mesh, self.device, whole=whole_b)
+        check_finite_shards({"A": self.store_a, "B": self.store_b}, self.ranks)
+        self.work = meta_work_model(self.model, reader_a.meta, self.device)
+        self.leaves = LazyLeaves(self.work, reader_a.meta, self.plan.aliases)
+
     def prepare(self) -> None:
         self._discrete()
         self._transforms()
         self.ranks.check_same("the discrete parts, initial transforms or resume step",
-                              [*self.disc.values(), *self.params], extra=f"{self.start_step}/{self.fingerprint}".encode())
+                              [*self.disc.values(), *self._params()], extra=f"{self.start_step}/{self.fingerprint}".encode())
+        self._optimizer()
         self._endpoints()
 
     # ------------------------------------------------------------------ training
-    def _endpoint(self, mods: nn.ModuleList | None, base: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        if mods is None:
-            return base
-        return self.plan.act(base, {s: m() for s, m in zip(self.continuous, mods, strict=True)})
+    def _elements_now(self, mods: nn.ModuleList | None) -> Element | None:
+        """The transforms' current (differentiable) elements by space; None for an identity side."""
+        return None if mods is None else {s: m() for s, m in zip(self.continuous, mods, strict=True)}
+
+    def _output(self, x: torch.Tensor, lam: float, g_a: Element | None, g_b: Element | None) -> Any:
+        """``model(x)`` at ``θ(λ) = (1−λ)·g_a(θ_A) + λ·g_b(θ_B)`` (None: no transform on that side): whole tensors
+        through ``functional_call``, or the sharded store's tensors materialised leaf by leaf."""
+        if self.shard:
+            def theta(key: str) -> torch.Tensor:
+                return _lerp(self.plan.act_key(key, self.store_a.full(key), g_a),
+                             self.plan.act_key(key, self.store_b.full(key), g_b), lam)
+
+            self.leaves.theta = theta
+            return self.work(x)
+        theta_a, theta_b = self.plan.act(self.a32, g_a), self.plan.act(self.b32, g_b)
+        return functional_call(self.work, {k: _lerp(ta, theta_b[k], lam) for k, ta in theta_a.items()}, (x,))
 
     def _loss(self, x: torch.Tensor, y: torch.Tensor, lam: float) -> torch.Tensor | None:
         """This rank's share of the global mean: its rows' mean loss × rows / global rows (None without rows)."""
         if not len(x):
             return None
-        theta_a, theta_b = self._endpoint(self.mods_a, self.a32), self._endpoint(self.mods_b, self.b32)
-        theta = {k: (ta + lam * (theta_b[k] - ta)) if ta.is_floating_point() else ta for k, ta in theta_a.items()}
-        loss = self.loss_fn(functional_call(self.work, theta, (x,)), y)
+        out = self._output(x, lam, self._elements_now(self.mods_a), self._elements_now(self.mods_b))
+        loss = self.loss_fn(out, y)
         rows, total = len(x), _rows(self.batch)
         return loss if rows == total else loss * (rows / total)
 
@@ -391,6 +456,8 @@ class _Run:
         if self.batch is None:
             self.batch = next(self.stream)
         lam = _draw_lambda(self.opts, self.gen)
+        if self.shard:
+            _check_rows(self.batch, self.ranks, step)
         x, y = _unpack(self.batch, self.device, self.ranks)
         loss = self._loss(x, y, lam)
         global_loss = _global_loss(self.ranks, loss, self.batch, lam, step)
@@ -400,7 +467,8 @@ class _Run:
         self.optimizer.zero_grad(set_to_none=True)
         if loss is not None:
             loss.backward()
-        self.ranks.all_reduce_grads(self.params)
+        if not self.shard:  # sharded: FSDP reduce-scatters the gradients in the backward pass
+            self.ranks.all_reduce_grads(self.params)
         self.optimizer.step()
         self.losses.append(global_loss)
         self.lambdas.append(lam)
@@ -432,9 +500,10 @@ class _Run:
         """The learned elements of A and B on the CPU (projected to the group where the parameterisation is not
         exact), the same on every rank and valid group elements (SpecError naming the model otherwise)."""
         cont = self.continuous
-        element_b = {**self.identity, **self.disc, **{s: m.element() for s, m in zip(cont, self.mods_b, strict=True)}}
+        element_b = {**self.identity, **self.disc,
+                     **{s: unsharded_element(m) for s, m in zip(cont, self.mods_b, strict=True)}}
         element_a = dict(self.identity) if self.mods_a is None else {
-            **self.identity, **{s: m.element() for s, m in zip(cont, self.mods_a, strict=True)}}
+            **self.identity, **{s: unsharded_element(m) for s, m in zip(cont, self.mods_a, strict=True)}}
         element_b = {s: t.cpu() for s, t in element_b.items()}
         element_a = {s: t.cpu() for s, t in element_a.items()}
         self.ranks.check_same("the learned elements", [*element_a.values(), *element_b.values()])
@@ -455,17 +524,39 @@ class _Run:
             "lambda_width": cfg.lambda_width, "init": cfg.init, "parameterization": self.par.name,
             "one_sided": cfg.one_sided, "seed": cfg.seed, "continuous_spaces": self.continuous,
             "wm_objective": self.wm_objective, "resumed_from": self.start_step, "lambdas": self.lambdas,
-            "world_size": self.ranks.world,
+            "world_size": self.ranks.world, "sharded": self.shard,
         }
+        if self.shard:
+            stats["stored_bytes"] = {"endpoints": self.store_a.nbytes() + self.store_b.nbytes(),
+                                     "transforms": _local_bytes(self.params)}
         if cfg.verify:
             check_batch = next(endless(self.loader, what="dual matching"))
-            stats.update(_verify_function(spec, self.work, self.sd_a, self.sd_b, element_a, element_b, check_batch,
-                                          self.device, self.ranks))
+            x, _ = _unpack(check_batch, self.device, self.ranks)
+            stats.update(_check_function(self._verify_outputs(x, element_a, element_b), self.ranks))
         losses = self.losses
         tail = losses[-max(1, len(losses) // 10):] if losses else [float("nan")]
         return DualAlignment(method="one_sided" if cfg.one_sided else "dual", spec=spec, element=relative,
                              objective=sum(tail) / len(tail), history=[losses], stats=stats,
                              objective_sense="minimize", element_a=element_a, element_b=element_b)
+
+    @torch.no_grad()
+    def _verify_outputs(self, x: torch.Tensor, element_a: Element, element_b: Element):
+        """``(reference, transformed)`` logits on ``x`` for A and for B (None where this rank has no rows): θ and
+        π(θ) with the whole elements, or (sharded) the stored tensors without and with the continuous parts."""
+        if not len(x):
+            return [None, None]
+        if not self.shard:
+            return [(_logits(functional_call(self.work, _float(sd), (x,))), _logits(functional_call(
+                self.work, _float(self.spec.apply(sd, {s: t.to(self.device) for s, t in el.items()})), (x,))))
+                for sd, el in ((self.sd_a, element_a), (self.sd_b, element_b))]
+        pairs = []
+        for el, side in ((element_a, "a"), (element_b, "b")):
+            g = {s: el[s].to(self.device) for s in self.continuous}
+            ref = _logits(self._output(x, 0.0 if side == "a" else 1.0, None, None))
+            got = _logits(self._output(x, 0.0 if side == "a" else 1.0, g if side == "a" else None,
+                                       g if side == "b" else None))
+            pairs.append((ref, got))
+        return pairs
 
     def run(self) -> DualAlignment:
         self.resume()
@@ -526,8 +617,13 @@ def _rows(batch) -> int:
     return len(batch[0])
 
 
-def _check_rows(batch, ranks: Ranks) -> None:
+def _check_rows(batch, ranks: Ranks, step: int | None = None) -> None:
+    """ConfigError (before the first step) or DistributedError (at ``step``, sharded runs) for a batch with fewer
+    rows than ranks."""
     _check_format(batch)
+    if step is not None and ranks.world > _rows(batch):
+        raise DistributedError(f"dual matching step {step + 1}: the batch has {_rows(batch)} rows for {ranks.world} "
+                               "ranks; sharded runs need a row per rank in every batch (drop the short last batch)")
     if ranks.world > _rows(batch):
         raise ConfigError(f"world size {ranks.world} exceeds the batch size {_rows(batch)} (rows of the loader's first "
                           "batch): every rank needs a share of each batch; use larger batches or fewer processes")
@@ -565,31 +661,27 @@ class _ContinuousPlan:
                 self.skips[key] = tuple(b for b in binds if b.space not in cont)
         self.aliases = spec.aliases_in(sd)
 
-    def act(self, sd: StateDict, g: Element) -> dict[str, torch.Tensor]:
+    def act_key(self, key: str, t: torch.Tensor, g: Element | None, cache: dict | None = None) -> torch.Tensor:
+        """``g`` (continuous spaces only; None: the identity) acting on tensor ``key``'s value ``t``."""
+        skip = self.skips.get(key)
+        return t if skip is None or g is None else self.spec.apply_tensor(key, t, g, skip=skip, cache=cache)
+
+    def act(self, sd: StateDict, g: Element | None) -> dict[str, torch.Tensor]:
         cache: dict = {}
-        out = {}
-        for key, t in sd.items():
-            if key in self.aliases:
-                continue
-            skip = self.skips.get(key)
-            out[key] = t if skip is None else self.spec.apply_tensor(key, t, g, skip=skip, cache=cache)
+        out = {key: self.act_key(key, t, g, cache) for key, t in sd.items() if key not in self.aliases}
         for alias, primary in self.aliases.items():
             out[alias] = out[primary]
         return {k: out[k] for k in sd}
 
 
-@torch.no_grad()
-def _verify_function(spec, work, sd_a, sd_b, element_a, element_b, batch, device, ranks: Ranks) -> dict[str, float]:
-    """max|Δoutput| between θ and π(θ) for both endpoints on one batch (each rank its shard, maxima all-reduced);
-    SpecError beyond the tolerance (on every rank alike)."""
-    x, _ = _unpack(batch, device, ranks)
+def _check_function(outputs, ranks: Ranks) -> dict[str, float]:
+    """max|Δoutput| between θ and π(θ) for both endpoints from ``outputs`` (``(reference, transformed)`` logits of A
+    and of B on this rank's rows, or None; maxima all-reduced); SpecError beyond the tolerance (on every rank)."""
     maxima = torch.zeros(4, dtype=torch.float64)  # |Δ| and max|output| of A, then of B
-    for i, (sd, el) in enumerate(((sd_a, element_a), (sd_b, element_b))):
-        if not len(x):
-            continue
-        ref = _logits(functional_call(work, _float(sd), (x,)))
-        got = _logits(functional_call(work, _float(spec.apply(sd, {s: t.to(device) for s, t in el.items()})), (x,)))
-        maxima[2 * i], maxima[2 * i + 1] = float((got - ref).abs().max()), float(ref.abs().max())
+    for i, pair in enumerate(outputs):
+        if pair is not None:
+            ref, got = pair
+            maxima[2 * i], maxima[2 * i + 1] = float((got - ref).abs().max()), float(ref.abs().max())
     ranks.all_reduce_(torch.nan_to_num_(maxima, nan=math.inf), dist.ReduceOp.MAX)
     out = {}
     for i, side in enumerate("ab"):
@@ -601,6 +693,28 @@ def _verify_function(spec, work, sd_a, sd_b, element_a, element_b, batch, device
             )
         out[f"max_output_change_{side}"] = diff
     return out
+
+
+def _local_bytes(params) -> int:
+    """Bytes of this rank's part of ``params`` (the local shard of a DTensor)."""
+    local = [p.to_local() if hasattr(p, "to_local") else p for p in params]
+    return sum(t.numel() * t.element_size() for t in local)
+
+
+def _lerp(ta: torch.Tensor, tb: torch.Tensor, lam: float) -> torch.Tensor:
+    """``(1−λ)·ta + λ·tb`` as ``ta + λ·(tb − ta)`` for floating tensors; ``ta`` for the others."""
+    return ta + lam * (tb - ta) if ta.is_floating_point() else ta
+
+
+def _shard_device(meta: StateDict) -> torch.device:
+    """Where a sharded run computes: the endpoints' device when they are in memory, else ``cuda`` (the current device)
+    under an NCCL default group, else the CPU."""
+    devices = {t.device for t in meta.values() if t.device.type != "meta"}
+    if devices:
+        return next(iter(devices))
+    if torch.cuda.is_available() and dist.is_available() and dist.is_initialized() and "nccl" in str(dist.get_backend()):
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def _float(sd: StateDict) -> dict[str, torch.Tensor]:

@@ -1,0 +1,67 @@
+"""Run under ``torchrun`` by tests/test_dual_sharded.py (not collected: no ``test_`` prefix).
+
+``torchrun --standalone --nproc_per_node N tests/dual_shard_worker.py OUT``: rank 0 writes the endpoints of
+:func:`dual_dist_worker.problem` (a tiny absorbed GPT-NeoX pair) as safetensors checkpoints ``OUT/a``, ``OUT/b``; every
+rank then runs sharded dual matching reading its rows from them, twice: as it is (``ok``) and with every shard read one
+row off (``broken``: rows rolled by one within each rank's block). Each rank writes ``OUT/rank{r}.safetensors``
+(``ok.a.<space>``, ``ok.b.<space>``, ``broken.*``) and ``OUT/rank{r}.json`` (losses, λ, stored bytes).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+from dual_dist_worker import problem, run
+
+STEPS = 6
+
+
+def write_endpoints(p: dict, out: Path) -> tuple[Path, Path]:
+    from safetensors.torch import save_file
+
+    dirs = out / "a", out / "b"
+    if torch.distributed.get_rank() == 0:
+        for d, sd in zip(dirs, (p["a"], p["b"]), strict=True):
+            d.mkdir()
+            save_file({k: v.contiguous() for k, v in sd.items()}, str(d / "model.safetensors"))
+    torch.distributed.barrier()
+    return dirs
+
+
+def broken_rows(reader, key: str, start: int, stop: int) -> torch.Tensor:
+    """The rows of the block, each one position off (rolled by one row)."""
+    t = _rows(reader, key, start, stop)
+    return torch.roll(t, 1, 0) if t.dim() and len(t) > 1 else t
+
+
+def main(out: Path) -> None:
+    from safetensors.torch import save_file
+
+    from modeconn.match import dual, sharded
+
+    info = dual.init_distributed(device="cpu")
+    p = problem()
+    a, b = write_endpoints(p, out)
+    results = {"ok": run({**p, "a": str(a), "b": str(b)}, STEPS, shard=True)}
+    sharded.RowReader.rows = broken_rows
+    results["broken"] = run({**p, "a": str(a), "b": str(b)}, STEPS, shard=True)
+    sharded.RowReader.rows = _rows
+    tensors = {f"{name}.{side}.{s}": t for name, res in results.items()
+               for side, el in res.export_transforms().items() for s, t in el.items()}
+    save_file(tensors, str(out / f"rank{info.rank}.safetensors"))
+    ok = results["ok"]
+    record = {"rank": info.rank, "world_size": info.world_size, "losses": ok.history[0], "lambdas": ok.stats["lambdas"],
+              "stats_world_size": ok.stats["world_size"], "sharded": ok.stats["sharded"],
+              "stored_bytes": ok.stats["stored_bytes"], "broken_losses": results["broken"].history[0]}
+    (out / f"rank{info.rank}.json").write_text(json.dumps(record))
+    torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    from modeconn.match.sharded import RowReader
+
+    _rows = RowReader.rows
+    main(Path(sys.argv[1]))
