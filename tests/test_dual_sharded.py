@@ -16,6 +16,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 from test_dual_distributed import _torchrun
+from test_dual_distributed import lm_checkpoints as _lm_checkpoints_fixture  # noqa: F401 (the fixture lm_checkpoints)
 
 from modeconn.errors import ConfigError, NonFiniteError
 
@@ -170,3 +171,22 @@ def test_sharded_processes_learn_the_single_process_elements(launched, problem, 
     assert sum(stored) == total and max(stored) <= 1.1 * total / world
     # the broken variant (every shard read one row off) is far outside the tolerance
     assert _max_delta(single, els[0], "broken") > 100 * TOL
+
+
+@pytest.mark.slow
+def test_cli_align_dual_shard_under_torchrun(lm_checkpoints, tmp_path):
+    from modeconn.io import load_checkpoint
+    from modeconn.symmetry import load_absorbed
+
+    a, b, data = lm_checkpoints
+    out = tmp_path / "aligned"
+    res = _torchrun("-m", "modeconn", "align", a, b, "--method", "dual", "--shard", "--steps", "2", "--batch-size", "4",
+                    "--limit-train", "64", "--data", data, "--out", out, cwd=tmp_path)
+    assert res.stdout.count("aligned endpoints written to") == 1 and "over 2 steps on 2 processes" in res.stdout
+    rec = json.loads((out / "alignment.json").read_text())
+    assert rec["world_size"] == 2 and rec["options"]["shard"] is True
+    x = torch.randint(0, 300, (2, 32), generator=torch.Generator().manual_seed(0))
+    for side, ckpt in (("a", a), ("b", b)):  # each written endpoint computes its checkpoint's function
+        model, _ = load_checkpoint(ckpt)
+        with torch.no_grad():
+            torch.testing.assert_close(load_absorbed(out / side)(input_ids=x).logits, model.eval()(x), atol=1e-4, rtol=1e-4)

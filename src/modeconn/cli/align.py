@@ -6,7 +6,8 @@ from pathlib import Path
 
 import typer
 
-from ._app import DATA_HELP, DOWNLOAD_HELP, OVERWRITE_HELP, RESTARTS_HELP, app, console, errors_exit, log, progress_bar
+from ._app import (DATA_HELP, DEVICE_HELP, DOWNLOAD_HELP, OVERWRITE_HELP, RESTARTS_HELP, app, console, errors_exit, log,
+                   progress_bar)
 from ._print import show
 
 
@@ -42,6 +43,9 @@ def align(
                                "B's layout) or full (both absorbed tensor by tensor, orthogonal residual, head "
                                "permutations with per-head orthogonal QK/OV, FFN permutations; writes a/ and b/)"),
     overwrite: bool = typer.Option(False, help=OVERWRITE_HELP),
+    device: str | None = typer.Option(None, help=DEVICE_HELP),
+    shard: bool = typer.Option(False, help="language models under torchrun: shard endpoints, transforms and Adam "
+                               "state over the processes (FSDP2 / DTensor) instead of a whole copy per process"),
 ) -> None:
     """Align B to A and write the aligned B as a checkpoint directory.
 
@@ -63,14 +67,15 @@ def align(
     endpoints; load with modeconn.symmetry.load_absorbed), transforms.safetensors and alignment.json.
     Multi-process: `torchrun --standalone --nproc_per_node N -m modeconn align ...` splits every batch over the N
     processes (--batch-size ≥ N; NCCL on cuda:LOCAL_RANK where CUDA is available, else gloo); rank 0 alone writes
-    --out and prints.
+    --out and prints. --shard also splits the endpoints' tensors, the transforms and Adam's state over the processes
+    (each holds about 1/N; docs/results/dual-memory/report.md has the memory model).
     """
     from ..recipes.align import AlignOptions, align as run_align
 
     opts = AlignOptions(method=method, dataset=dataset, data=data, limit_train=limit_train, seed=seed,
                                 steps=steps, lr=lr, lambda_schedule=lambda_schedule, lambda_value=lambda_value,
                                 parameterization=parameterization, batch_size=batch_size, restarts=restarts,
-                                max_iter=max_iter, groups=groups, overwrite=overwrite)
+                                max_iter=max_iter, groups=groups, overwrite=overwrite, device=device, shard=shard)
     with errors_exit(download), progress_bar() as progress:
         outcome = run_align(a, b, out, opts, progress=progress, log=log,
                                 note=lambda s: console.print(f"[yellow]{s}[/]"))

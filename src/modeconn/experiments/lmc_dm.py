@@ -353,7 +353,7 @@ def check_same_lm_configs(configs: list[dict], paths: list[Path]) -> None:
 def align_lm_checkpoints(ma: nn.Module, mb: nn.Module, bundle, out: Path, *, method: str, steps: int, lr: float,
                          lambda_schedule: str, lambda_value: float, parameterization: str, batch_size: int,
                          seed: int, overwrite: bool, progress=None, log: Log = print,
-                         device: str | torch.device = "cpu") -> dict[str, Any]:
+                         device: str | torch.device = "cpu", shard: bool = False) -> dict[str, Any]:
     """Absorb both models, bind :data:`GROUPS`, weight-match, learn the transforms (``method``: ``"dual"`` or
     ``"learned"`` = one-sided) on the training split, and write ``out/a`` and ``out/b`` (the transformed,
     absorbed endpoints, :func:`~modeconn.symmetry.save_absorbed`), ``transforms.safetensors`` (``a.<space>``
@@ -365,7 +365,8 @@ def align_lm_checkpoints(ma: nn.Module, mb: nn.Module, bundle, out: Path, *, met
     :func:`~modeconn.match.dual.init_distributed`): every rank runs the same steps, the learned matching
     data-parallel (each rank its share of every batch of ``batch_size`` blocks, see
     :func:`~modeconn.match.dual_matching`); only rank 0 checks and writes ``out`` and calls ``log``, and every rank
-    returns the record once the files are in place. Raises what :func:`~modeconn.match.dual_matching` raises, and
+    returns the record once the files are in place. ``shard``: sharded storage over the processes
+    (:mod:`modeconn.match.sharded`). Raises what :func:`~modeconn.match.dual_matching` raises, and
     ConfigError for a non-empty ``out`` without ``overwrite`` (rank 0, before any work)."""
     import json
     from contextlib import nullcontext
@@ -390,12 +391,12 @@ def align_lm_checkpoints(ma: nn.Module, mb: nn.Module, bundle, out: Path, *, met
         on_device = [{k: v.to(device) for k, v in sd.items()} for sd in (sa, sb)]
         res = fn(spec, abs_a, *on_device, loader, steps=steps, lr=lr, lambda_schedule=lambda_schedule,
                  lambda_value=lambda_value, parameterization=parameterization, seed=seed, weight_alignment=wm,
-                 progress=progress)
+                 progress=progress, shard=shard)
         checks = _write_aligned(tmp, res, (ma, mb), (abs_a, abs_b), (sa, sb), bundle.train.tensors[0][:2]) if writer else {}
         record = {"method": method, "one_sided": method != "dual", "groups": GROUPS, "spaces": list(spec.spaces),
                   "options": {"steps": steps, "lr": lr, "lambda_schedule": lambda_schedule,
                               "lambda_value": lambda_value, "parameterization": parameterization,
-                              "batch_size": batch_size, "seed": seed},
+                              "batch_size": batch_size, "seed": seed, "shard": shard},
                   "world_size": res.stats["world_size"], "wm_objective": wm.objective, "objective": res.objective,
                   "first_loss": float(res.history[0][0]) if res.history and res.history[0] else None,
                   "max_logit_change_after_reload": checks, "seconds": time.perf_counter() - t0,

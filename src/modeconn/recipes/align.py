@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from .._util.device import resolve_device
 from .._util.outdir import check_output_target
 from ..checkpoints import Checkpoint, open_checkpoints
 from ..errors import ConfigError, ModeconnError
@@ -45,6 +46,8 @@ class AlignOptions:
     max_iter: int | None = None
     groups: str = "permutation"
     overwrite: bool = False
+    device: str | None = None
+    shard: bool = False
 
 
 def align(a: Path, b: Path, out: Path, opts: AlignOptions = AlignOptions(), *, progress=None, log: Log = print,
@@ -57,6 +60,7 @@ def align(a: Path, b: Path, out: Path, opts: AlignOptions = AlignOptions(), *, p
 
     check_output_target(out, inputs=[p for p in (a, b, opts.data) if p is not None], overwrite=opts.overwrite)
     ALIGNMENT_METHODS.get(opts.method)  # a typo names the valid methods
+    resolve_device(opts.device, "--device")  # an accelerator this machine lacks fails here, before any work
     ckpts = open_checkpoints([a, b])
     handler = _BY_KIND.get(ckpts[0].kind.name)
     if handler is None:
@@ -81,7 +85,8 @@ def _align_hf(ckpts: list[Checkpoint], out: Path, opts: AlignOptions, progress, 
 
     name, what = _HF_GROUPS[opts.groups]
     res = getattr(stream, name)(ckpts[0].path, ckpts[1].path, out, seed=opts.seed, restarts=opts.restarts or 4,
-                                max_iter=opts.max_iter or 100, overwrite=opts.overwrite, progress=progress)
+                                max_iter=opts.max_iter or 100, overwrite=opts.overwrite, progress=progress,
+                                device=opts.device)
     line = (f"streaming weight matching objective {res.objective:.4f} (upper bound {res.stats['upper_bound']:.4f}; "
             f"{len(res.element)} spaces, {res.stats['seconds']:.1f} s)")
     return Outcome(out, what, (line,), "aligned checkpoint")
@@ -166,7 +171,7 @@ def _align_in_memory(ckpts: list[Checkpoint], out: Path, opts: AlignOptions, met
     bundle = dataset_for(cfg, opts.dataset, opts.data, opts.limit_train) if method != "weight" else None
     x0 = bundle.train.tensors[0][:2] if bundle is not None else example_input(cfg)
     spec = symmetry_spec(ma, x0)
-    res = run_align(method, spec, ma, ma.state_dict(), mb.state_dict(), bundle, seed=opts.seed)
+    res = run_align(method, spec, ma, ma.state_dict(), mb.state_dict(), bundle, seed=opts.seed, device=opts.device)
     mb_aligned = copy.deepcopy(mb)
     mb_aligned.load_state_dict(res.apply(mb.state_dict()))
     _check_same_function(mb, mb_aligned, x0)

@@ -50,7 +50,7 @@ def align_lm(ckpts: list[Checkpoint], out: Path, opts, method: str, progress, lo
         rec = align_lm_checkpoints(ma, mb, bundle, out, method=method, steps=opts.steps, lr=opts.lr,
                                    lambda_schedule=opts.lambda_schedule, lambda_value=opts.lambda_value,
                                    parameterization=opts.parameterization, batch_size=opts.batch_size,
-                                   seed=opts.seed, overwrite=opts.overwrite,
+                                   seed=opts.seed, overwrite=opts.overwrite, shard=opts.shard,
                                    progress=progress if info.rank == 0 else None,
                                    log=log if info.rank == 0 else (lambda s: None), device=info.device)
     finally:
