@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 from test_dual_distributed import _torchrun
-from test_dual_distributed import lm_checkpoints as _lm_checkpoints_fixture  # noqa: F401 (the fixture lm_checkpoints)
+from test_dual_distributed import lm_checkpoints  # noqa: F401 (the fixture, requested by name below)
 
 from modeconn.errors import ConfigError, NonFiniteError
 
@@ -174,11 +174,11 @@ def test_sharded_processes_learn_the_single_process_elements(launched, problem, 
 
 
 @pytest.mark.slow
-def test_cli_align_dual_shard_under_torchrun(lm_checkpoints, tmp_path):
+def test_cli_align_dual_shard_under_torchrun(request, tmp_path):
     from modeconn.io import load_checkpoint
     from modeconn.symmetry import load_absorbed
 
-    a, b, data = lm_checkpoints
+    a, b, data = request.getfixturevalue("lm_checkpoints")
     out = tmp_path / "aligned"
     res = _torchrun("-m", "modeconn", "align", a, b, "--method", "dual", "--shard", "--steps", "2", "--batch-size", "4",
                     "--limit-train", "64", "--data", data, "--out", out, cwd=tmp_path)
