@@ -15,8 +15,16 @@ tensors alive at a time, not the checkpoint size; the files are never written to
 :func:`write_like` writes new tensors in the layout of an existing lazy checkpoint — the same shard file names
 holding the same keys, the same index (``weight_map`` and ``metadata``), each shard's safetensors metadata — one
 tensor at a time (the safetensors header is computed from the known shapes and dtypes and written first), into a
-temporary directory renamed into place (:func:`modeconn.io.atomic_directory`): peak memory is one tensor and its
-result, and a failure leaves no partial output.
+temporary directory renamed into place (:func:`modeconn.io.atomic_directory`): a failure leaves no partial output.
+
+*Overlapping I/O with compute.* :class:`ReadAhead` runs ``load(key)`` for the next keys of a known order on one
+background thread (``concurrent.futures``), at most ``depth`` keys ahead of the caller, and re-raises a load's
+exception in the caller when that key is reached. :func:`write_like` produces the tensors that way, up to
+:data:`WRITE_BEHIND` ahead of the file writes, so computing tensor ``i + 1`` overlaps writing tensor ``i``; the
+streaming recipes (:mod:`modeconn.stream`) read their inputs with :meth:`LazyCheckpoint.read` (plain sequential
+reads into memory) up to :data:`READ_AHEAD` keys ahead of the arithmetic, along :func:`write_order`. Memory stays
+bounded by those depths: about ``(READ_AHEAD + 1)`` keys' input tensors plus ``(WRITE_BEHIND + 1)`` produced
+tensors, whatever the model size.
 
 Layering: this module sits with :mod:`modeconn.io` (no imports from symmetry/match/path); streaming weight
 matching lives in :mod:`modeconn.match.weight`, streaming apply/merge and Hugging Face directories in
@@ -29,10 +37,13 @@ import json
 import os
 import shutil
 import struct
-from collections.abc import Callable, Iterator, Mapping, Sequence
+import sys
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -52,6 +63,11 @@ from .io import (
 
 INDEX_NAME = "model.safetensors.index.json"
 """The Hugging Face index of a sharded safetensors checkpoint (``weight_map``: key → shard file name)."""
+
+READ_AHEAD = 2
+"""Keys whose inputs the streaming recipes read ahead of the one being computed (:class:`ReadAhead`)."""
+WRITE_BEHIND = 2
+"""Tensors :func:`write_like` produces ahead of the one being written (each waits, finished, for the writer)."""
 
 DTYPES: dict[str, torch.dtype] = SAFETENSORS_DTYPES
 """safetensors dtype names → torch dtypes (the dtypes a lazy checkpoint can hold)."""
@@ -259,6 +275,34 @@ class LazyCheckpoint(Mapping[str, torch.Tensor]):
                                   f"said {info.dtype} {info.shape} (file changed since?)")
         return t
 
+    def read(self, key: str) -> torch.Tensor:
+        """``self[key]`` read into memory with plain sequential reads (no memory map; what :class:`ReadAhead` loads
+        on its thread: the read releases the GIL, and the pages are not faulted in later by whoever computes).
+        Same dtype, shape and values as ``self[key]``. Raises KeyError for an unknown key, CheckpointError naming
+        the file and key if the shard changed (its header no longer places the tensor as at opening) or vanished."""
+        info = self.infos[key]
+        if sys.byteorder != "little":  # safetensors data is little-endian: let safetensors convert
+            return self[key]
+        file = self.path / info.shard
+        try:
+            with open(file, "rb", buffering=0) as fh:
+                start, end = _data_offsets(fh).get(key, (0, -1))
+                if end - start != info.nbytes:
+                    raise CheckpointError(f"{file}: tensor {key!r} is not where the header read at opening placed it "
+                                          "(file changed since?)")
+                buf = torch.empty(info.nbytes, dtype=torch.uint8)
+                view, done = memoryview(buf.numpy()), 0
+                fh.seek(start)
+                while done < info.nbytes:
+                    got = fh.readinto(view[done:])
+                    if not got:
+                        raise CheckpointError(f"{file}: tensor {key!r} is truncated (file changed since opening?)")
+                    done += got
+        except (OSError, ValueError, KeyError, struct.error) as err:
+            raise CheckpointError(f"{file}: reading tensor {key!r} failed (file changed, truncated or removed since "
+                                  f"the checkpoint was opened?): {err}") from None
+        return buf.view(info.dtype).reshape(info.shape)
+
     def __iter__(self) -> Iterator[str]:
         return iter(self.infos)
 
@@ -298,6 +342,72 @@ class LazyCheckpoint(Mapping[str, torch.Tensor]):
         return self.index is not None
 
 
+def _data_offsets(fh) -> dict[str, tuple[int, int]]:
+    """``{key: (start, end)}`` byte offsets in the open safetensors file ``fh`` (from its JSON header)."""
+    (size,) = struct.unpack("<Q", fh.read(8))
+    header = json.loads(fh.read(size))
+    base = 8 + size
+    return {k: (base + v["data_offsets"][0], base + v["data_offsets"][1]) for k, v in header.items()
+            if k != "__metadata__"}
+
+
+T = TypeVar("T")
+
+
+class ReadAhead(Generic[T]):
+    """``load(key)`` for ``keys`` in their order, computed up to ``depth`` keys ahead of the caller on one background
+    thread (a ``concurrent.futures`` executor), so that reading (or producing) the next keys overlaps the caller's
+    work on the current one.
+
+    :meth:`get` returns ``load(key)``: for the next key of the order the value loaded ahead (an exception its load
+    raised is re-raised here, in the caller), for any other key a load run now in the caller. Memory: at most
+    ``depth`` values loaded ahead plus those the caller holds. ``depth`` 0 loads everything in the caller. Use it as
+    a context manager (or call :meth:`close`): loads not started are cancelled and the running one is waited for.
+    ``load`` runs on one thread at a time, in the order of ``keys``, so it needs no locking of its own.
+    """
+
+    def __init__(self, keys: Iterable[str], load: Callable[[str], T], depth: int = READ_AHEAD) -> None:
+        if depth < 0:
+            raise ConfigError(f"read-ahead depth must be ≥ 0, got {depth}")
+        self._keys, self._load = iter(keys), load
+        self._pending: deque[tuple[str, Future]] = deque()
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="modeconn-io") if depth else None
+        for _ in range(depth):
+            self._submit()
+
+    def _submit(self) -> None:
+        key = next(self._keys, None)
+        if key is not None and self._pool is not None:
+            self._pending.append((key, self._pool.submit(self._load, key)))
+
+    def get(self, key: str) -> T:
+        if self._pending and self._pending[0][0] == key:
+            _, future = self._pending.popleft()
+            self._submit()
+            return future.result()
+        return self._load(key)
+
+    def close(self) -> None:
+        for _, future in self._pending:
+            future.cancel()
+        self._pending.clear()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def __enter__(self) -> ReadAhead[T]:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def write_order(like: LazyCheckpoint | ShardLayout) -> list[str]:
+    """The order in which :func:`write_like` produces the keys of ``like``: shard by shard, in each shard the widest
+    dtype first (so that every tensor is aligned), header order among equals."""
+    like = like.layout if isinstance(like, LazyCheckpoint) else like
+    return [k for keys in like.shards.values() for k in sorted(keys, key=lambda k: -like.infos[k].dtype.itemsize)]
+
+
 def _read_header(file: Path) -> tuple[dict[str, tuple[torch.dtype, tuple[int, ...]]], dict[str, str] | None]:
     """``({key: (dtype, shape)}, metadata)`` of one safetensors file; opening it validates that the file is complete.
     Raises CheckpointError naming the file (missing, pickle, truncated/corrupt, unknown dtype)."""
@@ -331,8 +441,10 @@ def write_like(
 
     Same shard file names with the same keys (a single ``model.safetensors`` stays single), each shard's safetensors
     metadata kept, the index rewritten with the same ``weight_map`` and ``metadata``. Tensors are produced and
-    written one at a time, in each shard's order (widest dtype first, so every tensor is aligned), so peak memory is
-    one input tensor and its result. ``files`` adds other files: name → a path to copy, bytes, or a JSON object.
+    written one at a time, in :func:`write_order` (each shard's widest dtype first, so every tensor is aligned);
+    ``produce`` runs on a background thread up to :data:`WRITE_BEHIND` tensors ahead of the writes (one call at a
+    time, in that order; its exceptions are re-raised here), so peak memory is about ``WRITE_BEHIND + 1`` produced
+    tensors plus what ``produce`` holds. ``files`` adds other files: name → a path to copy, bytes, or a JSON object.
     ``progress(done, total)`` is called after every tensor. ``out`` may not be, contain or lie inside ``inputs`` (the
     checkpoints it is made from; ``like``'s own directory is always one); ``command`` goes into its ownership marker.
 
@@ -355,25 +467,27 @@ def write_like(
              for n, v in files.items()}
     payloads = {n: _json_dumps(v, f"{out}/{n}").encode() if isinstance(v, Mapping) else v for n, v in files.items()}
     total, done = len(like.infos), 0
-    with atomic_directory(out, overwrite, "checkpoint", inputs=sources, command=command) as tmp:
+
+    def checked(key: str) -> torch.Tensor:  # runs on the producing thread, WRITE_BEHIND tensors ahead
+        t = produce(key)
+        info = like.infos[key]
+        if not isinstance(t, torch.Tensor) or t.dtype != info.dtype or tuple(t.shape) != info.shape:
+            got = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+            raise StateDictMismatchError(f"tensor {key!r}: produced {got}, expected {info.dtype} {info.shape}")
+        return t.detach().to("cpu").contiguous()
+
+    def tick() -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(done, total)
+
+    order = write_order(like)
+    with atomic_directory(out, overwrite, "checkpoint", inputs=sources, command=command) as tmp, \
+            ReadAhead(order, checked, WRITE_BEHIND) as produced:
         for shard, keys in like.shards.items():
-            order = sorted(keys, key=lambda k: -like.infos[k].dtype.itemsize)
-
-            def checked(key: str) -> torch.Tensor:
-                t = produce(key)
-                info = like.infos[key]
-                if not isinstance(t, torch.Tensor) or t.dtype != info.dtype or tuple(t.shape) != info.shape:
-                    got = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
-                    raise StateDictMismatchError(f"tensor {key!r}: produced {got}, expected {info.dtype} {info.shape}")
-                return t
-
-            def tick() -> None:
-                nonlocal done
-                done += 1
-                if progress is not None:
-                    progress(done, total)
-
-            _write_safetensors(tmp / shard, [like.infos[k] for k in order], checked, like.shard_metadata[shard], tick)
+            infos = [like.infos[k] for k in sorted(keys, key=lambda k: -like.infos[k].dtype.itemsize)]
+            _write_safetensors(tmp / shard, infos, produced.get, like.shard_metadata[shard], tick)
         if like.index is not None:
             index = {**like.index, "weight_map": {k: i.shard for k, i in like.infos.items()}}
             _fsync_write(tmp / INDEX_NAME, (json.dumps(index, indent=2) + "\n").encode())
@@ -400,7 +514,7 @@ def _write_safetensors(file: Path, infos: list[TensorInfo], produce: Callable[[s
         fh.write(struct.pack("<Q", len(text)))
         fh.write(text)
         for i in infos:
-            t = produce(i.key).detach().contiguous().reshape(-1)
+            t = produce(i.key).reshape(-1)
             fh.write(memoryview(t.view(torch.uint8).numpy()))
             del t
             tick()

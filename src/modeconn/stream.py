@@ -10,8 +10,16 @@
 Checkpoints are directories with ``model.safetensors`` or Hugging Face shards + ``model.safetensors.index.json``
 (:class:`~modeconn.io_stream.LazyCheckpoint`). Weight matching reads each tensor when a term needs it (see
 :mod:`modeconn.match.weight`, "Streaming"); :func:`stream_apply` and :func:`stream_merge` write the result shard by
-shard, one tensor at a time, into a temporary directory renamed into place. Peak memory is about the largest
-space's n×n score (weight matching) or one tensor per input (apply, merge), not the model size.
+shard, one tensor at a time, into a temporary directory renamed into place, reading the inputs of the next tensors
+ahead and writing finished tensors behind the arithmetic (:class:`~modeconn.io_stream.ReadAhead`: background threads,
+bounded depths). Peak memory is about the largest space's n×n score (weight matching) or a few tensors per input
+(apply, merge: :data:`~modeconn.io_stream.READ_AHEAD` + 1 keys read, :data:`~modeconn.io_stream.WRITE_BEHIND` + 1
+results), not the model size.
+
+``device=`` (``--device``): weight matching's score products and the merge arithmetic run there (inputs are read on
+the host and copied per tensor; results come back per tensor to be written); ``None``/``"cpu"`` compute exactly as
+before the option existed. An unavailable device is a ConfigError naming the option before any work
+(:func:`modeconn._util.device.resolve_device`).
 
 Hugging Face directories (``config.json`` with ``model_type``): :func:`hf_checkpoint_spec` builds the model on the
 meta device from its config (no weights are read or allocated) and takes its spec from the family adapter
@@ -30,6 +38,7 @@ BatchNorm statistics to re-estimate, and nothing is evaluated (no data is read).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -37,10 +46,11 @@ from typing import Any
 
 import torch
 
-from .checks import check_compatible, check_finite
+from ._util.device import is_cpu, resolve_device
+from .checks import all_finite, check_compatible, check_finite
 from .errors import CheckpointError, ConfigError, UnsupportedOperationError
 from .io import CONFIG_NAME, PICKLE_SUFFIXES, _check_target, _json_dumps, check_dtype_kinds, check_in_checkpoint, read_json_object
-from .io_stream import INDEX_NAME, LazyCheckpoint, ShardLayout, write_like
+from .io_stream import READ_AHEAD, INDEX_NAME, LazyCheckpoint, ReadAhead, ShardLayout, write_like, write_order
 from .match.result import Alignment
 from .match.weight import weight_matching
 from .path.interpolate import merge_weights, plan_settings, weighted_average
@@ -209,14 +219,25 @@ def stream_weight_matching(spec: SymmetrySpec, a: Checkpoint, b: Checkpoint, **k
     return weight_matching(spec, a, b, **kwargs)
 
 
-def _tensor(spec: SymmetrySpec | None, ckpt: LazyCheckpoint, key: str, g: Element | None, cache: dict) -> torch.Tensor:
-    """``(g·θ)[key]`` read from ``ckpt``; a tied alias is its primary transformed (so the tie survives). Without a
-    spec: the stored tensor."""
+def _source(spec: SymmetrySpec | None, ckpt: LazyCheckpoint, key: str) -> str:
+    """The stored tensor ``key`` is made from: a tied alias's primary where the checkpoint has it (so the tie
+    survives), else ``key`` itself."""
     if spec is None:
-        return ckpt[key]
-    src = spec.primary_of(key) if spec.primary_of(key) in ckpt else key
-    t = ckpt[src]
-    return t if g is None else spec.apply_tensor(src, t, g, cache=cache)
+        return key
+    primary = spec.primary_of(key)
+    return primary if primary in ckpt else key
+
+
+def _tensor(spec: SymmetrySpec | None, src: str, t: torch.Tensor, g: Element | None, cache: dict) -> torch.Tensor:
+    """``(g·θ)[key]`` from ``t``, the stored tensor ``src`` (:func:`_source`) of ``key``; as stored without a spec
+    or an element."""
+    return t if spec is None or g is None else spec.apply_tensor(src, t, g, cache=cache)
+
+
+def _reader(spec: SymmetrySpec | None, ckpts: Sequence[LazyCheckpoint], order: Sequence[str]) -> ReadAhead:
+    """Per key of ``order``, the stored tensors behind it in every checkpoint (:func:`_source`), read into memory
+    :data:`~modeconn.io_stream.READ_AHEAD` keys ahead on a background thread."""
+    return ReadAhead(order, lambda k: [c.read(_source(spec, c, k)) for c in ckpts], READ_AHEAD)
 
 
 def _check_inputs(spec: SymmetrySpec | None, ckpts: list[LazyCheckpoint], elements: Sequence[Element | None]) -> None:
@@ -257,8 +278,9 @@ def stream_apply(spec: SymmetrySpec, src: Checkpoint, element: Element, out: Pat
     _check_inputs(spec, [ckpt], [element])
     cache: dict = {}
     tick = (lambda d, t: progress("writing", d, t)) if progress is not None else None
-    return write_like(out, ckpt, lambda k: _tensor(spec, ckpt, k, element, cache), files=with_config(ckpt.path, files),
-                      overwrite=overwrite, progress=tick, command="align")
+    with _reader(spec, [ckpt], write_order(ckpt)) as reader:
+        return write_like(out, ckpt, lambda k: _tensor(spec, _source(spec, ckpt, k), reader.get(k)[0], element, cache),
+                          files=with_config(ckpt.path, files), overwrite=overwrite, progress=tick, command="align")
 
 
 def stream_merge(spec: SymmetrySpec | None, srcs: Sequence[Checkpoint], out: PathLike, *,
@@ -266,7 +288,7 @@ def stream_merge(spec: SymmetrySpec | None, srcs: Sequence[Checkpoint], out: Pat
                  files: Mapping[str, Any] | None = None, overwrite: bool = False,
                  progress: Progress | None = None, normalize: bool = True, rule: str = "linear",
                  settings: RuleSettings | None = None, dtype: torch.dtype | None = None,
-                 out_dtype: torch.dtype | None = None) -> Path:
+                 out_dtype: torch.dtype | None = None, device: str | torch.device | None = None) -> Path:
     """Write the merge of two or more checkpoints, ``rule((g_i · θ_i)_i)`` (default ``Σ_i w_i · (g_i · θ_i)``), to
     ``out``, tensor by tensor, in the first one's layout (as :func:`modeconn.path.interpolate.weighted_average`:
     fp32 accumulation, the first model's dtype unless ``out_dtype``, integer tensors kept exactly, every floating
@@ -286,14 +308,19 @@ def stream_merge(spec: SymmetrySpec | None, srcs: Sequence[Checkpoint], out: Pat
             ``settings``: its base, parameters and seed (:class:`~modeconn.path.merge_rules.RuleSettings`).
         dtype: inputs cast to it before the rule (mergekit's recipe ``dtype``); ``out_dtype``: the written floating
             tensors' dtype.
-    Returns: ``out``, created atomically. Peak memory: one tensor per model plus the fp32 sum.
-    Raises: ConfigError (fewer than two models, bad weights or rule settings, elements not one per model),
+        device: where the arithmetic runs (``None``/``"cpu"``: the CPU, as before; ``"cuda"`` …): each tensor's
+            inputs are copied there and the result back.
+    Returns: ``out``, created atomically. Peak memory: :data:`~modeconn.io_stream.READ_AHEAD` + 1 keys' tensors per
+        model read, the fp32 sum, :data:`~modeconn.io_stream.WRITE_BEHIND` + 1 results.
+    Raises: ConfigError (fewer than two models, bad weights or rule settings, elements not one per model, a device
+        that is not available — named),
         StateDictMismatchError (keys/shapes differ), SpecError, CheckpointError; NonFiniteError naming the model and
         tensor with NaN/Inf (or an fp16 overflow of the average) — nothing is written then.
     """
     ckpts = [_lazy(s) for s in srcs]
     if len(ckpts) < 2:
         raise ConfigError(f"merging needs at least two checkpoints, got {len(ckpts)}")
+    device = resolve_device(device, "device")
     weights = merge_weights(weights, len(ckpts), normalize=normalize)  # before any work
     merge_rule = check_rule_settings(rule, settings, len(ckpts))
     elements = list(elements) if elements is not None else [None] * len(ckpts)
@@ -305,18 +332,43 @@ def stream_merge(spec: SymmetrySpec | None, srcs: Sequence[Checkpoint], out: Pat
     settings = plan_settings(merge_rule, metas, weights, settings, keys, dtype=dtype)
     names = [str(c.path) for c in ckpts]
     caches: list[dict] = [{} for _ in ckpts]
+    layout = _layout_in(ckpts[0].layout, out_dtype)
+    merge_one = functools.partial(_merge_one, names=names, weights=weights, rule=rule, settings=settings, dtype=dtype,
+                                  out_dtype=out_dtype, device=None if is_cpu(device) else device)
 
     def produce(key: str) -> torch.Tensor:
-        sds = [{key: _tensor(spec, c, key, g, cache)} for c, g, cache in zip(ckpts, elements, caches, strict=False)]
-        for sd, name in zip(sds, names, strict=False):
-            check_finite(sd, name)
-        return weighted_average(sds, weights, check=False, normalize=False, rule=rule, settings=settings,
-                                dtype=dtype, out_dtype=out_dtype)[key]
+        stored = zip(ckpts, reader.get(key), elements, caches, strict=True)
+        return merge_one(key, [_tensor(spec, _source(spec, c, key), t, g, cache) for c, t, g, cache in stored])
 
     tick = (lambda d, t: progress("writing", d, t)) if progress is not None else None
-    return write_like(out, _layout_in(ckpts[0].layout, out_dtype), produce,
-                      files=with_config(ckpts[0].path, files, out_dtype), overwrite=overwrite, progress=tick,
-                      inputs=[c.path for c in ckpts], command="merge")
+    with _reader(spec, ckpts, write_order(layout)) as reader:
+        return write_like(out, layout, produce, files=with_config(ckpts[0].path, files, out_dtype),
+                          overwrite=overwrite, progress=tick, inputs=[c.path for c in ckpts], command="merge")
+
+
+PROPAGATING_RULES = frozenset({"linear"})
+"""Rules whose result is NaN/Inf wherever an input is (``Σ w_i t_i`` in IEEE arithmetic): for them a finite result
+proves finite inputs, and the inputs are scanned only when it is not (to name the model at fault)."""
+
+
+def _merge_one(key: str, tensors: list[torch.Tensor], *, names: list[str], weights: list[float], rule: str,
+               settings: RuleSettings | None, dtype: torch.dtype | None, out_dtype: torch.dtype | None,
+               device: torch.device | None) -> torch.Tensor:
+    """One merged tensor of :func:`stream_merge` (on ``device`` when given); NonFiniteError naming the model and
+    ``key`` for NaN/Inf inputs, the same error whichever the rule (:data:`PROPAGATING_RULES` check after merging)."""
+    if device is not None:
+        tensors = [t.to(device, non_blocking=True) for t in tensors]
+    sds = [{key: t} for t in tensors]
+    propagating = rule in PROPAGATING_RULES
+    if not propagating:
+        for sd, name in zip(sds, names, strict=True):
+            check_finite(sd, name)
+    out = weighted_average(sds, weights, check=False, normalize=False, rule=rule, settings=settings, dtype=dtype,
+                           out_dtype=out_dtype)[key]
+    if propagating and out.is_floating_point() and not all_finite(out):
+        for sd, name in zip(sds, names, strict=True):
+            check_finite(sd, name)
+    return out
 
 
 def _layout_in(layout: ShardLayout, dtype: torch.dtype | None) -> ShardLayout:
@@ -457,18 +509,20 @@ def model_names(paths: Sequence[PathLike]) -> list[str]:
 
 def align_hf_checkpoints(a: PathLike, b: PathLike, out: PathLike, *, seed: int = 0, restarts: int = 4,
                          max_iter: int = 100, chunk: int = 1 << 20, overwrite: bool = False,
-                         progress: Progress | None = None) -> Alignment:
+                         progress: Progress | None = None, device: str | torch.device | None = None) -> Alignment:
     """Streaming weight matching of Hugging Face checkpoint B to A, and B aligned written to ``out``.
 
     ``out`` gets B's layout (same shards and index), B's side files (config.json …) and ``alignment.json`` (the
     element, objective, history and stats of :func:`modeconn.weight_matching`, plus ``aligned_to`` and ``source``).
     The aligned B computes the same function as B (permutations are exact). Every check (configs field by field,
-    shards, spec, ``out``) runs before the matching. Returns the :class:`~modeconn.match.Alignment`.
+    shards, spec, ``out``, ``device``) runs before the matching; ``device``: where the score products run
+    (:class:`~modeconn.match.weight.WeightMatchingConfig`). Returns the :class:`~modeconn.match.Alignment`.
     Raises: see :func:`hf_checkpoint_spec`, :func:`modeconn.weight_matching`, :func:`stream_apply`.
     """
+    device = resolve_device(device, "device")
     spec, (ca, cb) = _open_pair([a, b], out, overwrite)
     res = weight_matching(spec, ca, cb, restarts=restarts, max_iter=max_iter, seed=seed, chunk=chunk,
-                          progress=progress)
+                          progress=progress, device=device)
     record = {**res.to_json(), "aligned_to": str(a), "source": str(b)}
     stream_apply(spec, cb, res.element, out, files={**side_files(b), "alignment.json": record},
                  overwrite=overwrite, progress=progress)
@@ -482,7 +536,8 @@ def merge_hf_checkpoints(paths: Sequence[PathLike], out: PathLike, *, weights: S
                          rule: str = "linear", settings: RuleSettings | None = None,
                          dtype: torch.dtype | None = None, out_dtype: torch.dtype | None = None,
                          groups: str | Mapping[str, str | None] = "permutation",
-                         files: Mapping[str, Any] | Callable[[dict], Mapping[str, Any]] | None = None) -> dict[str, Any]:
+                         files: Mapping[str, Any] | Callable[[dict], Mapping[str, Any]] | None = None,
+                         device: str | torch.device | None = None) -> dict[str, Any]:
     """Merge Hugging Face checkpoints: align every one to the first (``align="weight"``: streaming weight matching
     with ``groups``; ``"none"``: as stored — then any architecture with matching tensor names, shapes and dtype
     kinds, no symmetry adapter needed), then write the merge to ``out`` in the first one's layout.
@@ -493,7 +548,8 @@ def merge_hf_checkpoints(paths: Sequence[PathLike], out: PathLike, *, weights: S
     objectives and stats. ``paths`` may be Hugging Face
     cache entries (:func:`resolve_checkpoint_path`). ``weights``/``normalize``/``rule``/``settings``/``dtype``/
     ``out_dtype`` as in :func:`stream_merge`; a rule weighting task vectors (``non_base``) takes the weights as given
-    (default 1 each); ``seed`` also seeds a randomised rule unless ``settings.seed`` is set. Returns the record.
+    (default 1 each); ``seed`` also seeds a randomised rule unless ``settings.seed`` is set; ``device``: where the
+    score products and the merge arithmetic run (checked before any work). Returns the record.
     Raises: ConfigError (align not weight/none, fewer than two models, bad weights or rule settings, different
     vocabularies — the sizes named) and as :func:`align_hf_checkpoints`.
     """
@@ -509,10 +565,12 @@ def merge_hf_checkpoints(paths: Sequence[PathLike], out: PathLike, *, weights: S
     if merge_rule.random and settings.seed is None:
         settings = dataclasses.replace(settings, seed=seed)
     check_rule_settings(merge_rule, settings, len(paths), weights_given=weights is not None)
+    device = resolve_device(device, "device")
     spec, ckpts = _open_pair(paths, out, overwrite, None if align == "none" else groups)
     names = model_names(paths)
     elements, alignments = _align_to_first(spec, ckpts, names, align, dict(seed=seed, restarts=restarts,
-                                                                          max_iter=max_iter, chunk=chunk), progress)
+                                                                          max_iter=max_iter, chunk=chunk,
+                                                                          device=device), progress)
     record = {"merged_from": names, "weights": w, "rule": rule, "source": merge_rule.source, "align": align,
               "base": None if settings.base is None else names[settings.base], "params": dict(settings.params),
               "model_params": [dict(p) for p in settings.model_params], "seed": settings.seed if merge_rule.random else None,
@@ -523,7 +581,7 @@ def merge_hf_checkpoints(paths: Sequence[PathLike], out: PathLike, *, weights: S
     extra = files(record) if callable(files) else (files or {})
     stream_merge(spec, ckpts, out, weights=w, normalize=False, elements=elements, rule=rule, settings=settings,
                  dtype=dtype, out_dtype=out_dtype, files={**side_files(src), **extra, "merge.json": record},
-                 overwrite=overwrite, progress=progress)
+                 overwrite=overwrite, progress=progress, device=device)
     return record
 
 
@@ -561,7 +619,8 @@ residual rotation, head permutations with per-head orthogonal QK / OV maps, FFN 
 
 def align_hf_full_group(a: PathLike, b: PathLike, out: PathLike, *, seed: int = 0, restarts: int = 4,
                         max_iter: int = 100, chunk: int = 1 << 20, overwrite: bool = False,
-                        progress: Progress | None = None, max_shard_bytes: int = 2 << 30) -> Alignment:
+                        progress: Progress | None = None, max_shard_bytes: int = 2 << 30,
+                        device: str | torch.device | None = None) -> Alignment:
     """Full-group weight matching of Hugging Face checkpoint B to A, out of core: both are normalization-absorbed
     tensor by tensor (:class:`~modeconn.symmetry.absorb_stream.AbsorbedView`, no intermediate copy), matched with
     :data:`FULL_GROUPS` streaming, and written to ``out`` as ``a/`` (A absorbed) and ``b/`` (B absorbed and
@@ -575,11 +634,12 @@ def align_hf_full_group(a: PathLike, b: PathLike, out: PathLike, *, seed: int = 
     from .symmetry.absorb_stream import AbsorbedView
     from .symmetry.hf import hf_symmetry_spec
 
+    device = resolve_device(device, "device")
     _open_pair([a, b], out, overwrite, groups=None)  # configs, vocabularies, weights, out: before any work
     va, vb = AbsorbedView(a), AbsorbedView(b)
     spec = hf_symmetry_spec(va.model, FULL_GROUPS)
     res = weight_matching(spec, va, vb, restarts=restarts, max_iter=max_iter, seed=seed, chunk=chunk,
-                          progress=progress)
+                          progress=progress, device=device)
     layout = ShardLayout.plan(va.shapes, max_shard_bytes)
     cache: dict = {}
     with output_directory(out, inputs=[a, b], overwrite=overwrite, command="align") as tmp:

@@ -44,6 +44,8 @@ DATA_HELP = ("data directory (default: $MODECONN_DATA, which defaults to shared/
 DOWNLOAD_HELP = "download MNIST / Fashion-MNIST (SHA-256 verified) if not found on disk; other datasets are never downloaded"
 RESTARTS_HELP = ("Hugging Face directories: the most weight-matching runs (default 4; runs stop once one does not beat "
                  "the best)")
+DEVICE_HELP = ("where weight matching's score products and the merge arithmetic run: cpu, cuda, cuda:1, mps … "
+               "(default: the CPU, as before; an unavailable device is an error before any work)")
 OVERWRITE_HELP = "replace a non-empty --out, if modeconn wrote it (inputs and other folders are never replaced)"
 
 

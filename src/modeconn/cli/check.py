@@ -23,6 +23,8 @@ def check(
     seed: int = typer.Option(0),
     out: Path | None = typer.Option(None, help="output directory (default runs/check-<time>)"),
     overwrite: bool = typer.Option(False, help=OVERWRITE_HELP),
+    device: str | None = typer.Option(None, help="where the forward passes and weight matching's score products run: "
+                                      "cpu, cuda, cuda:1, mps … (default: the CPU)"),
 ) -> None:
     """Will A and B merge? Predicts, without evaluating the interpolation path, the test-loss barrier_mean of
     merging them as they are and after weight / activation matching, a go / no-go verdict (barrier_mean below
@@ -35,7 +37,7 @@ def check(
 
     out = out or default_out("check")
     opts = CheckOptions(dataset=dataset, data=data, limit_train=limit_train, max_batches=max_batches,
-                        eval_limit=eval_limit, seed=seed, overwrite=overwrite)
+                        eval_limit=eval_limit, seed=seed, overwrite=overwrite, device=device)
     with errors_exit(download):
         check_out(out, [a, b, data], overwrite)
         outcome = run_check(a, b, out, opts, log=log)

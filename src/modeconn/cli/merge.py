@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from ._app import DATA_HELP, OVERWRITE_HELP, RESTARTS_HELP, app, console, errors_exit, log, progress_bar
+from ._app import DATA_HELP, DEVICE_HELP, OVERWRITE_HELP, RESTARTS_HELP, app, console, errors_exit, log, progress_bar
 from ._print import show
 
 
@@ -44,6 +44,7 @@ def merge(
     restarts: int | None = typer.Option(None, min=1, help=RESTARTS_HELP),
     max_iter: int | None = typer.Option(None, min=1, help="Hugging Face directories: sweeps per run (default 100)"),
     overwrite: bool = typer.Option(False, help=OVERWRITE_HELP),
+    device: str | None = typer.Option(None, help=DEVICE_HELP),
 ) -> None:
     """Merge two or more checkpoints into one.
 
@@ -63,7 +64,8 @@ def merge(
     opts = MergeOptions(weights=[w.strip() for w in weights.split(",")] if weights else None,
                         normalize=normalize, rule=rule, align=align_method, bn=bn, dataset=dataset, data=data,
                         limit_train=limit_train, seed=seed, restarts=restarts, max_iter=max_iter,
-                        overwrite=overwrite, base=base, params=tuple(param), dtype=dtype, config=config)
+                        overwrite=overwrite, base=base, params=tuple(param), dtype=dtype, config=config,
+                        device=device)
     with errors_exit(), progress_bar() as progress:
         outcome = run_merge(models or [], out, opts, progress=progress, log=log,
                             note=lambda s: console.print(f"note: {s}"))

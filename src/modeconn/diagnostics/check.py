@@ -20,6 +20,7 @@ from torch import nn
 
 from ..data import DatasetBundle, make_loader
 from ..errors import ConfigError
+from ..nn_utils import model_device
 from .pair import collect, space_statistics, weight_cosines
 from .predictor import GO_THRESHOLD, LogLinear
 from .structure import model_identifiability
@@ -149,7 +150,7 @@ def _predict(pair: Mapping[str, float] | None, layers, calibration: Mapping[str,
 
 def check(model_a: nn.Module, model_b: nn.Module | None = None, *, data: DatasetBundle, max_batches: int = 5,
           batch_size: int = 500, eval_limit: int = 2000, seed: int = 0,
-          calibration: Mapping[str, LogLinear] | None = None) -> CheckResult:
+          calibration: Mapping[str, LogLinear] | None = None, device: str | torch.device | None = None) -> CheckResult:
     """Will ``model_a`` and ``model_b`` merge without alignment? With ``model_a`` alone: would an independently
     trained twin of it (same architecture, fixed structure and data, another seed)?
 
@@ -162,6 +163,8 @@ def check(model_a: nn.Module, model_b: nn.Module | None = None, *, data: Dataset
         data: the dataset bundle the models were trained on.
         calibration: ``{"pair": LogLinear, "twin": LogLinear}``; default the fit shipped in
             :mod:`modeconn.diagnostics.calibration`.
+        device: where the forward passes and weight matching's score products run (copies of the models are moved
+            there; ``None``: the models' own device). ConfigError naming ``device`` if it is not available.
     Returns:
         :class:`CheckResult`: ``prediction["unaligned" | "weight_matched" | "activation_matched" | "twin"]`` each
         ``{"barrier_mean", "low", "high"}`` (test loss, nats), ``prediction["go"]`` (unaligned, or the twin's, below
@@ -176,9 +179,10 @@ def check(model_a: nn.Module, model_b: nn.Module | None = None, *, data: Dataset
     from .calibration import DEFAULT
 
     _check_inputs(model_a, model_b, data, max_batches)
+    model_a, model_b = _on_device(model_a, model_b, device)
     start = time.perf_counter()
     calibration = DEFAULT if calibration is None else calibration
-    spec = symmetry_spec(model_a, data.train.tensors[0][:2])
+    spec = symmetry_spec(model_a, data.train.tensors[0][:2].to(model_device(model_a)))
     train = make_loader(data.train, batch_size, shuffle=True, seed=seed)
     test = make_loader(torch.utils.data.Subset(data.test, range(min(eval_limit, len(data.test)))), 1000)
     models = [model_a] if model_b is None else [model_a, model_b]
@@ -201,6 +205,18 @@ def check(model_a: nn.Module, model_b: nn.Module | None = None, *, data: Dataset
     prediction["go"] = prediction[key]["barrier_mean"] < GO_THRESHOLD
     rec = _recommend(prediction, pair)
     return CheckResult(data.name, endpoints, layers, prediction, rec, pair, time.perf_counter() - start)
+
+
+def _on_device(model_a: nn.Module, model_b: nn.Module | None, device) -> tuple[nn.Module, nn.Module | None]:
+    """The models, or copies of them on ``device`` (the inputs are never moved)."""
+    import copy
+
+    from .._util.device import resolve_device
+
+    dev = resolve_device(device, "device")
+    if dev is None or model_device(model_a) == dev:
+        return model_a, model_b
+    return tuple(None if m is None else copy.deepcopy(m).to(dev) for m in (model_a, model_b))  # type: ignore[return-value]
 
 
 def _recommend(prediction: Mapping[str, Any], pair: Mapping[str, Any]) -> dict[str, str]:

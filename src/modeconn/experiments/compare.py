@@ -85,17 +85,23 @@ def _jsonable(stats: dict) -> dict:
 
 
 def align(method: str, spec: SymmetrySpec, model: nn.Module, sd_a: StateDict, sd_b: StateDict,
-          bundle: DatasetBundle, *, seed: int = 0, batch_size: int = 256, learned_steps: int = 300) -> Alignment | None:
+          bundle: DatasetBundle, *, seed: int = 0, batch_size: int = 256, learned_steps: int = 300,
+          device: str | None = None) -> Alignment | None:
     """Run one alignment method of :data:`METHODS` through its registry entry (``naive`` returns None).
 
     Methods that read activations get the training split in order (batches of ``batch_size``); methods that learn
     get it shuffled with ``seed`` (batches of 128) and ``learned_steps`` steps; ``seed`` goes to every method whose
-    config has one."""
+    config has one; ``device`` (score products there) to a method whose config has that field — ConfigError naming
+    ``--device`` for any other method."""
     if method == "naive":
         return None
     entry = ALIGNMENT_METHODS.get(method)
     fields = entry.config.model_fields
     options = {k: v for k, v in (("seed", seed), ("steps", learned_steps)) if k in fields}
+    if device is not None:
+        if "device" not in fields:
+            raise ConfigError(f"--device applies to weight matching; --method {method} runs on the models' device")
+        options["device"] = device
     loader = None
     if entry.needs_data:
         learns = entry.inputs == "model_and_state_dicts"

@@ -24,11 +24,12 @@ ALIGN_CHOICES = ("weight", "activation", "none")
 def run_merge(paths: Sequence[Path], out: Path, *, weights: Sequence[float] | None = None, align_method: str = "weight",
               bn: str = "reset", dataset: str | None = None, data: Path | None = None, limit_train: int | None = None,
               seed: int = 0, overwrite: bool = False, normalize: bool = True, rule: str = "linear",
-              settings=None, log: Callable[[str], None] = print):
+              settings=None, log: Callable[[str], None] = print, device: str | None = None):
     """Merge checkpoint directories; returns (output path, test metrics or {}).
 
     ``weights``/``normalize``/``rule``/``settings`` as in :func:`modeconn.merge` (validated before any checkpoint is
-    read; the config records the weights used, rule and inputs). Raises
+    read; the config records the weights used, rule and inputs); ``device``: where weight matching's score products
+    run (the averaging of these in-memory models stays on the CPU). Raises
     NonFiniteError — and writes nothing to ``out`` — when the merged model has
     invalid BatchNorm statistics or a NaN/Inf logit or loss on the test split."""
     check_output_target(out, inputs=paths, overwrite=overwrite, error=CheckpointError)
@@ -54,7 +55,7 @@ def run_merge(paths: Sequence[Path], out: Path, *, weights: Sequence[float] | No
             continue
         log(f"aligning {p} to {paths[0]} ({align_method} matching)")
         if align_method == "weight":
-            res = weight_matching(spec, sds[0], m.state_dict(), seed=seed)
+            res = weight_matching(spec, sds[0], m.state_dict(), seed=seed, device=device)
         else:
             res = activation_matching(spec, models[0], m, make_loader(bundle.train, 512))
         sds.append(res.apply(m.state_dict()))

@@ -35,12 +35,22 @@ fp64 copy is made). Relaxations use the tolerance ``1e-11·max |S on E|``, the c
 ``τ = 1e-11·(max |S on E| + max |p|)``, so by step 4 a certified π is optimal to within ``n·τ`` (the rounding of the
 fp64 sums themselves); ties may pick another optimal permutation than the dense solver. Failed certificates and
 dense fallbacks are counted in :class:`LapTimer`.
+
+*Per device* (:data:`LAP_POLICIES`, :func:`lap_method`): weight matching computes its scores on the run's device and
+asks the policy of that device type which solver gets an (n, n) score (``batch`` scores of one size at a time).
+On the CPU the policy is ``"auto"`` — exactly the rule above. On an accelerator the score is copied to the host once
+and solved by the same two exact solvers, dense below :data:`SPARSE_MIN_N` units and sparse certified from it: no
+batched GPU LAP solver is a dependency, and batched GPU solvers are known to lose to scipy on a few large problems
+(they win on many small ones); ``benchmarks/gpu_check.py`` measures the candidates on a GPU before any other entry
+is chosen.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -63,6 +73,40 @@ _RTOL = 1e-11
 _BLOCK = 1 << 16  # entries per row block of the certificate pass (fits in cache)
 
 LapMethod = Literal["auto", "dense", "sparse"]
+
+
+@dataclass(frozen=True)
+class LapPolicy:
+    """Which :func:`solve_lap` method solves scores computed on one device type: ``choose(n, batch)`` for ``batch``
+    scores of ``n`` units; ``why`` says what the choice rests on."""
+
+    device_type: str
+    choose: Callable[[int, int], LapMethod]
+    why: str
+
+
+def _by_size(n: int, batch: int) -> LapMethod:
+    return "sparse" if n >= SPARSE_MIN_N else "dense"
+
+
+LAP_POLICIES: dict[str, LapPolicy] = {p.device_type: p for p in (
+    LapPolicy("cpu", lambda n, batch: "auto", "today's rule: scipy dense below SPARSE_MIN_N, sparse certified from it"),
+    LapPolicy("cuda", _by_size, "score copied to the host once; scipy dense below SPARSE_MIN_N, sparse certified from "
+                                "it (no batched GPU solver measured faster yet: benchmarks/gpu_check.py)"),
+    LapPolicy("mps", _by_size, "as cuda"),
+    LapPolicy("xpu", _by_size, "as cuda"),
+)}
+"""LAP solver per device type of the scores (module docstring, "Per device")."""
+
+
+def lap_method(device: torch.device | str | None, n: int, batch: int = 1) -> LapMethod:
+    """The :func:`solve_lap` method for ``batch`` (n, n) scores computed on ``device`` (``None``: the CPU), by
+    :data:`LAP_POLICIES`. ConfigError naming the device type when no policy covers it."""
+    kind = "cpu" if device is None else torch.device(device).type
+    policy = LAP_POLICIES.get(kind)
+    if policy is None:
+        raise ConfigError(f"no LAP policy for scores on {kind!r} devices; known: {', '.join(LAP_POLICIES)}")
+    return policy.choose(n, batch)
 
 
 class LapTimer:

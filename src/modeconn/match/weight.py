@@ -43,7 +43,9 @@ its tensors when it is formed and drops them after; tensors only permutations ac
 (fp16/bf16 gathers are exact) and only the chunk in use is gathered (:meth:`SymmetrySpec.permutation_gathers`);
 each ``A_k B_kᵀ`` is accumulated in fp32 over chunks of ``chunk`` elements along the tensor's largest other axis,
 in place, inside the fp64 buffer the LAP then reads (converted in place), so a space costs its n×n fp64 score plus
-one chunk. Objective and norms are summed chunk by chunk in fp64. Spaces of continuous groups (and permutations
+one chunk. Objective and norms are summed chunk by chunk in fp64. With ``device`` (an accelerator) the chunks are
+copied there and the products accumulate in an fp32 (n, n) score on the device (the LAP then copies it to the host
+once, :func:`modeconn.match.lap.lap_method`). Spaces of continuous groups (and permutations
 with children) read their whole fp32 unit matrices, one tensor at a time. The result equals the in-memory one up to
 the summation order of the products (same element unless two candidates tie to fp32 rounding).
 """
@@ -62,11 +64,12 @@ from pydantic import ConfigDict, Field, field_validator
 
 from ..checks import check_compatible, check_finite, check_one_device
 from ..config import StrictConfig
+from .._util.device import is_cpu, resolve_device
 from ..errors import ConfigError, DeviceMismatchError
 from ..io_stream import LazyCheckpoint
 from ..symmetry import AxisBinding, Element, SymmetrySpec
 from . import solvers
-from .lap import LapTimer, solve_lap
+from .lap import LapTimer, lap_method, solve_lap
 from .options import Int, PositiveInt, Real
 from .result import Alignment
 
@@ -115,6 +118,11 @@ class WeightMatchingConfig(StrictConfig):
             element (warm start; checked against the spec).
         keys: restrict the objective to these tensors (default: every floating tensor bound to a space).
         chunk: streaming only — elements per chunk of a tensor read, converted and multiplied at a time (≥ 1).
+        device: where the score products run (``"cpu"``, ``"cuda"``, ``"cuda:1"`` …; checked by
+            :func:`modeconn._util.device.resolve_device`, ConfigError naming ``device`` if it is not available).
+            ``None`` (default): the state dicts' device, the CPU when streaming. In memory both models are copied
+            there in fp32; streaming, each chunk is copied there for its product. The LAP solver follows
+            :func:`modeconn.match.lap.lap_method` for the device; ``"cpu"`` computes exactly as ``None`` on CPU inputs.
 
     ``restart_rtol=None`` runs as many restarts from the same starts as before this option existed (runs after the
     second draw their orders and random starts from their own seeded generators).
@@ -131,6 +139,13 @@ class WeightMatchingConfig(StrictConfig):
     init: Any = "greedy"
     keys: list[str] | None = None
     chunk: PositiveInt = 1 << 20
+    device: Any = None
+
+    @field_validator("device", mode="before")
+    @classmethod
+    def _device_available(cls, v: Any) -> Any:
+        dev = resolve_device(v, "device")
+        return None if dev is None else str(dev)
 
     @field_validator("init", mode="before")
     @classmethod
@@ -158,7 +173,7 @@ def weight_matching(spec: SymmetrySpec, sd_a: StateDict, sd_b: StateDict,
             plus a few ``chunk``-sized fp32 blocks, not the model size.
         config, options: a :class:`WeightMatchingConfig` (or a dict of its fields) and keyword overrides:
             ``restarts``, ``restart_rtol``, ``restart_init``, ``max_iter``, ``rtol``, ``seed``, ``init``, ``keys``,
-            ``chunk``.
+            ``chunk``, ``device``.
         progress: called as ``progress(stage, done, total)`` after every space (``stage`` e.g. ``"run 1/4 sweep
             2"``; :mod:`modeconn.match.progress`).
     Returns: :class:`Alignment` (``objective_sense="maximize"``) with ``element`` (apply to B), ``objective`` (``J``,
@@ -208,6 +223,8 @@ class _Run:
         check_compatible([view_a, view_b], ["A", "B"])
         if not self.streaming:
             self.device = check_one_device([sd_a, sd_b], ["A", "B"])
+            if self.cfg.device is not None:  # both copied there in fp32 by _problem
+                self.device = torch.device(self.cfg.device)
             return view_a
         for sd, name in ((sd_a, "A"), (sd_b, "B")):
             if not isinstance(sd, LazyCheckpoint) and check_one_device([sd], [name]).type != "cpu":
@@ -219,7 +236,8 @@ class _Run:
         """The problem over ``self.keys`` (fp32 in memory, or lazy) and the objective's upper bound."""
         keys = self.keys
         if self.streaming:
-            stream = _Stream(self.spec, sd_a, sd_b, keys, self.cfg.chunk)
+            dev = None if self.cfg.device is None else torch.device(self.cfg.device)
+            stream = _Stream(self.spec, sd_a, sd_b, keys, self.cfg.chunk, None if is_cpu(dev) else dev)
             a_sq, b_sq = stream.squared_norms()  # one pass over A and B; NonFiniteError naming the tensor
             problem = _Problem(self.spec, _Float32(sd_a, keys), _Float32(sd_b, keys), stream)
         else:
@@ -352,6 +370,11 @@ class _Problem:
                         out[b.space].add(s)
         return out
 
+    def _lap(self, score: torch.Tensor, space: str, hint: torch.Tensor | None = None) -> torch.Tensor:
+        """:func:`solve_lap` of ``score`` by the solver :func:`lap_method` picks for the device it was computed on."""
+        method = lap_method(score.device, score.shape[0])
+        return solve_lap(score, space, self.timer, method=method, hint=hint)
+
     def _amat(self, k: str, bd: AxisBinding, a_mat: torch.Tensor | None) -> torch.Tensor:
         """The A unit matrix of a term: precomputed in memory; streaming: read (fp32) now."""
         return a_mat if a_mat is not None else unit_matrix(self.a[k], bd, self.spec.spaces[bd.space].size)
@@ -424,7 +447,7 @@ class _Problem:
             ready = [(k, bd, a_mat) for k, bd, a_mat in writers
                      if all(b.space in done for b in self.spec.tensors[k] if b is not bd)]
             if ready or writers:
-                g[s] = solve_lap(self.score(s, g, ready or writers), s, self.timer)
+                g[s] = self._lap(self.score(s, g, ready or writers), s)
             done.add(s)
         self._tick("greedy start", len(self.spec.spaces), len(self.spec.spaces))
         return g
@@ -507,7 +530,7 @@ class _Problem:
         """The LAP solution for plain space ``s`` (others at ``g``) if it raises the score over ``g[s]``, else
         ``g[s]``. A method of its own so that the n×n score is freed before the next space allocates its own."""
         score = self.score(s, g)
-        new = solve_lap(score, s, self.timer, hint=g[s])
+        new = self._lap(score, s, hint=g[s])
         idx = torch.arange(len(new), device=score.device)
         if score[idx, new.to(score.device)].sum() > score[idx, g[s].to(score.device)].sum():
             return new
@@ -651,7 +674,7 @@ class _Problem:
         if not solved and plain is None:
             return
         total = _finite_costs(total, n)
-        perm = solve_lap(-total, root, self.timer)
+        perm = self._lap(-total, root)
         idx, cur = torch.arange(n, device=device), g[root].to(device)
         cur_cost = -2 * plain[idx, cur].sum() if plain is not None else torch.zeros((), dtype=torch.float64)
         for c, (m, st) in solved.items():
@@ -719,8 +742,10 @@ class _Stream:
     """A and B read tensor by tensor (lazy mappings) for streaming weight matching: products are formed chunk by
     chunk in fp32, pure-permutation tensors are gathered chunk by chunk in their stored dtype."""
 
-    def __init__(self, spec: SymmetrySpec, a: StateDict, b: StateDict, keys: list[str], chunk: int) -> None:
+    def __init__(self, spec: SymmetrySpec, a: StateDict, b: StateDict, keys: list[str], chunk: int,
+                 device: torch.device | None = None) -> None:
         self.spec, self.a, self.b, self.keys, self.chunk = spec, a, b, list(keys), chunk
+        self.device = device  # None: the CPU path (fp32 accumulation inside the fp64 buffer); else products there
         self.b_sq = 0.0
 
     def squared_norms(self) -> tuple[float, float]:
@@ -776,7 +801,13 @@ class _Stream:
     def score(self, terms: list, g: Element, n: int) -> torch.Tensor:
         """Σ over ``terms`` of ``unit(A_k) · unit(g·B_k)ᵀ`` as an (n, n) fp64 tensor. The products accumulate in fp32
         (``addmm_``, no temporaries) in the first half of the fp64 buffer, which is then widened in place: one n×n
-        fp64 allocation in all, and its second half is not touched (not resident) while the terms are read."""
+        fp64 allocation in all, and its second half is not touched (not resident) while the terms are read. On an
+        accelerator (``self.device``) the fp32 sum lives there and is returned widened to fp64 there."""
+        if self.device is not None:
+            acc = torch.zeros(n, n, dtype=torch.float32, device=self.device)
+            for k, bd, _ in terms:
+                self._accumulate(acc, k, bd, g)
+            return acc.double()
         big = n * n * 8 >= _TRIM_BYTES
         if big:
             _trim_heap()
@@ -793,7 +824,10 @@ class _Stream:
         of the memory-mapped tensor — is released before the caller goes on)."""
         n = acc.shape[0]
         for pa, pb in self.pieces(key, g, bd):
-            acc.addmm_(_rows(pa, bd, n), _rows(pb, bd, n).T)
+            x, y = _rows(pa, bd, n), _rows(pb, bd, n)
+            if self.device is not None:
+                x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+            acc.addmm_(x, y.T)
 
     def objective(self, g: Element, isometric: bool, half_b_sq: float) -> float:
         """``J(g)`` (isometric) or ``J̃(g)`` summed chunk by chunk in fp64."""
@@ -801,6 +835,8 @@ class _Stream:
         for k in self.keys:
             for pa, pb in self.pieces(k, g, cache=cache):
                 x, y = pa.reshape(-1).float(), pb.reshape(-1).float()
+                if self.device is not None:
+                    x, y = x.to(self.device), y.to(self.device)
                 if isometric:
                     total += float(torch.dot(x, y))
                 else:

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import torch
 
-from ..checks import check_compatible, check_one_device, is_interpolable
+from ..checks import all_finite, check_compatible, check_one_device, is_interpolable
 from ..errors import ConfigError, NonFiniteError
 from .._util.statedict import with_metadata
 from ..io import check_dtype_kinds
@@ -61,8 +61,10 @@ def _as_dtype(t: torch.Tensor, like: torch.Tensor, key: str) -> torch.Tensor:
 
 def checked_cast(t: torch.Tensor, dtype: torch.dtype, key: str) -> torch.Tensor:
     """``t`` cast to ``dtype``; NonFiniteError naming ``key`` when the cast to float16 overflows a finite value."""
+    if t.dtype == dtype:
+        return t  # no cast, nothing can overflow (the scan below would find t's own NaN/Inf and raise nothing)
     out = t.to(dtype)
-    if dtype == torch.float16 and not torch.isfinite(out).all() and torch.isfinite(t).all():
+    if dtype == torch.float16 and not all_finite(out) and all_finite(t):
         raise NonFiniteError(
             f"{key!r}: the result overflows float16 (the first model's dtype, max 65504); convert the models to one "
             "wider dtype (e.g. float32) before interpolating/merging"

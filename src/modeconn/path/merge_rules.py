@@ -153,7 +153,7 @@ def linear(tensors: Sequence[torch.Tensor], weights: Sequence[float], key: str) 
     t = tensors[0]
     acc = torch.zeros(t.shape, dtype=torch.promote_types(t.dtype, torch.float32), device=t.device)
     for w, x in zip(weights, tensors, strict=True):
-        acc.add_(x.to(acc.dtype), alpha=w)
+        acc.add_(x, alpha=w)  # promoted in the kernel: the same fp32 arithmetic, without a converted copy
     return checked_cast(acc, t.dtype, key)
 
 

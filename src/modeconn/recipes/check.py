@@ -27,6 +27,7 @@ class CheckOptions:
     eval_limit: int = 2000
     seed: int = 0
     overwrite: bool = False
+    device: str | None = None
 
 
 def load_models(a: Path, b: Path | None, opts: CheckOptions):
@@ -52,12 +53,16 @@ def run_check(a: Path, b: Path | None, out: Path, opts: CheckOptions, log=print)
     from ..experiments.output import output_directory, write_json
     from .check_report import plot, report, summary_lines
 
+    from .._util.device import resolve_device
+
+    resolve_device(opts.device, "--device")  # before any output or model exists
     start = time.perf_counter()
     inputs = [p for p in (a, b, opts.data) if p is not None]
     with output_directory(out, opts.overwrite, inputs=inputs, command="check") as tmp:
         models, _, bundle = load_models(a, b, opts)
         log(f"checking {a}" + ("" if b is None else f" and {b}") + f" on {bundle.name}")
-        res = check(*models, data=bundle, max_batches=opts.max_batches, eval_limit=opts.eval_limit, seed=opts.seed)
+        res = check(*models, data=bundle, max_batches=opts.max_batches, eval_limit=opts.eval_limit, seed=opts.seed,
+                    device=opts.device)
         results: dict[str, Any] = {"task": "check", "models": [str(p) for p in (a, b) if p is not None],
                                    **res.to_json(), "seconds": time.perf_counter() - start}
         write_json(tmp / "results.json", results)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from .._util.device import resolve_device
 from .._util.outdir import check_output_target
 from ..checkpoints import Checkpoint, open_checkpoints
 from ..errors import ConfigError
@@ -49,6 +50,7 @@ class MergeOptions:
     params: Sequence[str] = ()
     dtype: str | None = None
     config: Path | None = None
+    device: str | None = None
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,7 @@ def merge(models: Sequence[Path], out: Path, opts: MergeOptions = MergeOptions()
         note(f"--weights {','.join(map(str, opts.weights))} normalised to sum 1: "
              f"{','.join(f'{w:g}' for w in plan.weights)} (--no-normalize uses them as given)")
     _check_options(opts)
+    resolve_device(opts.device, "--device")  # an accelerator this machine lacks fails here, before any work
     ckpts = open_checkpoints(plan.models)
     handler = _BY_KIND.get(ckpts[0].kind.name)
     if handler is None:
@@ -197,7 +200,7 @@ def _merge_modeconn(ckpts: list[Checkpoint], out: Path, plan: _Plan, progress, l
     path, metrics = run_merge([c.path for c in ckpts], out, weights=plan.weights, align_method=opts.align, bn=opts.bn,
                               dataset=opts.dataset, data=opts.data, limit_train=opts.limit_train, seed=opts.seed,
                               overwrite=opts.overwrite, normalize=False if plan.weights is not None else opts.normalize,
-                              rule=opts.rule, settings=plan.settings, log=log)
+                              rule=opts.rule, settings=plan.settings, log=log, device=opts.device)
     lines = (f"merged model: test acc {100 * metrics['test']['acc']:.2f}%, test loss {metrics['test']['loss']:.4f}",
              ) if metrics else ()
     return Outcome(path, "config.json, model.safetensors, metrics.json", lines, "merged checkpoint")
@@ -221,7 +224,7 @@ def _merge_hf(ckpts: list[Checkpoint], out: Path, plan: _Plan, progress, log: Lo
                                restarts=opts.restarts or 4, max_iter=opts.max_iter or 100, overwrite=opts.overwrite,
                                progress=progress, normalize=False, rule=opts.rule, settings=plan.settings,
                                dtype=_torch_dtype(plan.dtype, "dtype"), out_dtype=_torch_dtype(plan.out_dtype),
-                               groups=plan.groups, files=files)
+                               groups=plan.groups, files=files, device=opts.device)
     lines = tuple(f"{r['model']}: streaming weight matching objective {r['objective']:.4f}" for r in rec["alignments"])
     if len(rec["input_dtypes"]) > 1 and plan.out_dtype is None:
         lines += (f"inputs in {', '.join(rec['input_dtypes'])}: written in the first model's dtype (--dtype chooses)",)
