@@ -15,7 +15,7 @@ export OMP_NUM_THREADS
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q torch==2.14.1 torchvision==0.29.1
 	$(PY) -m pip install -q -e '.[test]'
 	touch $(STAMP)
 

@@ -3,7 +3,7 @@
 Importing this package registers every named experiment in :data:`EXPERIMENTS` (one import line each below).
 """
 
-from . import symmetry_breaking  # noqa: F401  (registration)
+from . import zoo  # noqa: F401  (registration)
 from . import check_calibration, identifiability, llpf_experiment, lmc_dm, lmc_dm_vit, merge_rules, transformer_wm  # noqa: F401  (registration)
 from .compare import METHODS, Comparison, compare_alignments
 from .demo import run_demo
