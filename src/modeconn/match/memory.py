@@ -1,0 +1,221 @@
+"""Memory model of sharded dual matching (:mod:`modeconn.match.sharded`): the peak bytes one rank holds.
+
+For a GPT-NeoX / Llama-style decoder described by its Hugging Face config (hidden size ``d``, ``L`` layers, ``H``
+attention heads of ``d_h = d/H`` dims (``r`` of them rotary), ``H_kv`` key/value heads, FFN width ``f``, vocabulary
+``V``), ``W`` ranks, endpoints stored with ``s`` bytes per element, global batches of ``B`` rows of ``T`` tokens:
+
+    peak = base + E_store + E_leaf + E_transforms + E_activations
+
+* ``E_store = 2 · Σ_k ⌈n_k / W⌉ · m_k · s`` — both endpoints' frozen tensors (tensor ``k`` of ``n_k`` rows × ``m_k``
+  other elements: the floating tensors of the model's state dict, built on the meta device from the config, with a
+  tied embedding counted twice — absorption unties it; the norm vectors absorption drops and the reader biases it
+  adds for LayerNorm biases are ``O(L·d)`` and not corrected for).
+* ``E_leaf = t_max · (6·4 + 4·s)`` — the largest *leaf* (a module's own tensors, ``t_max`` elements: embedding,
+  LM head or a FFN projection) materialised at once: both endpoints gathered in ``s`` (plus the unpadding copy),
+  their fp32 values, the transformed ``π_A(a)``, ``π_B(b)`` and the interpolation's temporaries in the forward; in the
+  backward the recomputed tensors, ``∂θ`` and its two images — six fp32 copies and four ``s`` copies.
+* ``E_transforms`` (per learned side: 2 for dual, 1 for one-sided) ``= 4·P·4 / W + 4·P·[W>1] + 4·Bf + 3·4·El`` —
+  the FSDP-sharded parameters, gradients and two Adam moments (fp32), the parameters gathered while in use, the
+  replicated buffers (trivialisation bases), and the elements with their gradients and Cayley intermediates. Counts
+  (:func:`transform_counts`): orthogonal residual ``P = Bf = El = d²``; per layer and per QK / OV space (``p = r/2``
+  rotary pairs, ``q = d_h − r``; ``r = 0`` for OV) ``head_orthogonal``: ``P = H_kv(p + q²)``, ``Bf = H_kv(d_h² + q²)``;
+  ``head_invertible``: ``P = H_kv(2p + 2q² + q)``, ``Bf = H_kv(d_h² + 2q²)``; ``El = H_kv·d_h²`` for both.
+  Permutation spaces (heads, FFN) are frozen from weight matching: 0 bytes here.
+* ``E_activations = 4 · [L·b·T·(12·d + 3·f + c_att·H·T) + 3·b·T·V]`` — data parallel, ``b = ⌈B / W⌉`` rows per
+  rank: per layer the tensors autograd keeps (each leaf's input under checkpointing, norms, Q/K/V after rotary,
+  attention output, the FFN activation: ``12·d + 3·f`` per token; ``c_att = 2`` when the attention matrix and its
+  softmax are kept — eager / math attention — else 0, flash / memory-efficient kernels), and the logits, their
+  log-softmax and gradient (``3·V`` per token).
+* ``base``: the process itself (interpreter, libraries, CUDA context), passed in; not modelled.
+
+:func:`pythia_table` evaluates the model for Pythia 1B / 2.8B / 6.9B (configs :data:`PYTHIA`, from the Hugging
+Face ``config.json`` of ``EleutherAI/pythia-*``) on 1 and 8 accelerators. Units: bytes (decimal GB in the table).
+Errors: ConfigError for a config without the sizes above or a group the model has no term for.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from ..errors import ConfigError
+
+#: the groups of dual matching's transformer runs (learned: residual, qk, vo; frozen from weight matching: heads, ffn)
+DUAL_GROUPS = {"residual": "orthogonal", "heads": "permutation", "qk": "head_invertible", "vo": "head_invertible",
+               "ffn": "permutation"}
+_FROZEN = (None, "permutation")
+#: GPT-NeoX configs of Pythia (EleutherAI/pythia-1b, -2.8b, -6.9b config.json)
+PYTHIA = {
+    "pythia-1b": {"hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 8, "intermediate_size": 8192,
+                  "vocab_size": 50304, "rotary_pct": 0.25},
+    "pythia-2.8b": {"hidden_size": 2560, "num_hidden_layers": 32, "num_attention_heads": 32,
+                    "intermediate_size": 10240, "vocab_size": 50304, "rotary_pct": 0.25},
+    "pythia-6.9b": {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+                    "intermediate_size": 16384, "vocab_size": 50432, "rotary_pct": 0.25},
+}
+H200_BYTES = 141 * 10**9
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The sizes the model needs (module docstring's symbols)."""
+
+    d: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    rotary: int
+    ffn: int
+    vocab: int
+    tensors: tuple[tuple[str, int, int], ...]  # (key, n_k rows, m_k other elements) of the state dict (:func:`_tensors`)
+
+    @classmethod
+    def from_config(cls, config: Any) -> Shape:
+        """From a transformers config or a dict of its fields (GPT-NeoX or Llama names). ConfigError if sizes lack."""
+        get = config.get if isinstance(config, Mapping) else (lambda k, default=None: getattr(config, k, default))
+        try:
+            d, layers, heads = int(get("hidden_size")), int(get("num_hidden_layers")), int(get("num_attention_heads"))
+            ffn, vocab = int(get("intermediate_size")), int(get("vocab_size"))
+        except (TypeError, ValueError):
+            raise ConfigError("memory model: the config needs hidden_size, num_hidden_layers, num_attention_heads, "
+                              "intermediate_size and vocab_size") from None
+        head_dim = int(get("head_dim", None) or d // heads)
+        kv = int(get("num_key_value_heads", None) or heads)
+        rope = get("rope_parameters", None) or {}
+        pct = get("rotary_pct", None) or get("partial_rotary_factor", None) or rope.get("partial_rotary_factor") or 1.0
+        rotary = int(head_dim * float(pct)) // 2 * 2
+        return cls(d, layers, heads, kv, head_dim, rotary, ffn, vocab, _tensors(config))
+
+    @property
+    def params(self) -> int:
+        return sum(n * m for _, n, m in self.tensors)
+
+    @property
+    def largest_leaf(self) -> int:
+        """Elements of the largest module's own tensors (weight + bias)."""
+        leaves: dict[str, int] = {}
+        for key, n, m in self.tensors:
+            leaves[key.rsplit(".", 1)[0]] = leaves.get(key.rsplit(".", 1)[0], 0) + n * m
+        return max(leaves.values())
+
+
+def _tensors(config: Any) -> tuple[tuple[str, int, int], ...]:
+    """``(key, rows, other elements)`` of every tensor of the model ``config`` describes, built on the meta device (no
+    memory), with the input embedding counted again as an untied LM head where tied (absorption unties)."""
+    import transformers
+
+    from ..symmetry.hf.config_check import build_meta_model
+
+    if isinstance(config, Mapping):
+        fields = {k: v for k, v in config.items() if k != "model_type"}
+        config = transformers.AutoConfig.for_model(config.get("model_type", "gpt_neox"), **fields)
+    model = build_meta_model(config, "config")
+    out = tuple((k, t.shape[0] if t.dim() else 1, math.prod(t.shape[1:]) if t.dim() else 1)
+                for k, t in model.state_dict().items() if t.is_floating_point())
+    if getattr(config, "tie_word_embeddings", False):
+        emb = model.get_input_embeddings().weight
+        out += (("lm_head.untied.weight", emb.shape[0], emb.shape[1]),)
+    return out
+
+
+def transform_counts(shape: Shape, groups: Mapping[str, str | None] = DUAL_GROUPS) -> dict[str, int]:
+    """Per learned side: ``params`` (P), ``buffers`` (Bf) and ``elements`` (El) of the continuous transforms (module
+    docstring). ConfigError for a group of ``residual`` / ``qk`` / ``vo`` / ``heads`` / ``ffn`` without a term."""
+    p = {"params": 0, "buffers": 0, "elements": 0}
+    res = groups.get("residual")
+    if res == "orthogonal":
+        p = {"params": shape.d ** 2, "buffers": shape.d ** 2, "elements": shape.d ** 2}
+    elif res not in _FROZEN:
+        raise ConfigError(f"memory model: residual group {res!r} has no term (orthogonal or permutation)")
+    for space, r in (("qk", shape.rotary), ("vo", 0)):
+        kind = groups.get(space)
+        if kind in _FROZEN:
+            continue
+        pairs, q, hd, g = r // 2, shape.head_dim - r, shape.head_dim, shape.kv_heads
+        if kind == "head_orthogonal":
+            par, buf = g * (pairs + q * q), g * (hd * hd + q * q)
+        elif kind == "head_invertible":
+            par, buf = g * (2 * pairs + 2 * q * q + q), g * (hd * hd + 2 * q * q)
+        else:
+            raise ConfigError(f"memory model: {space} group {kind!r} has no term (head_orthogonal, head_invertible)")
+        p["params"] += shape.layers * par
+        p["buffers"] += shape.layers * buf
+        p["elements"] += shape.layers * g * hd * hd
+    for space in ("heads", "ffn"):
+        if groups.get(space) not in _FROZEN:
+            raise ConfigError(f"memory model: {space} must be a permutation frozen from weight matching "
+                              f"(got {groups.get(space)!r}); learned permutation latents are not modelled")
+    return p
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Per-rank peak bytes of sharded dual matching, by term (module docstring); ``total`` their sum."""
+
+    endpoints: int
+    leaf: int
+    transforms: int
+    activations: int
+    base: int
+
+    @property
+    def total(self) -> int:
+        return self.endpoints + self.leaf + self.transforms + self.activations + self.base
+
+    def to_json(self) -> dict[str, int]:
+        return {**asdict(self), "total": self.total}
+
+
+def dual_memory(config: Any, *, world: int = 1, dtype: torch.dtype = torch.bfloat16, batch: int = 8,
+                seq_len: int = 2048, groups: Mapping[str, str | None] = DUAL_GROUPS, one_sided: bool = False,
+                attention_matrix: bool = False, base_bytes: int = 0) -> MemoryEstimate:
+    """The modelled per-rank peak of sharded dual matching (module docstring): ``config`` a transformers config or a
+    dict of its fields; ``world`` ranks; ``dtype`` the endpoints' stored dtype; ``batch`` global rows of ``seq_len``
+    tokens; ``groups`` learned (continuous) vs frozen (permutation) spaces; ``one_sided`` learns B's side only;
+    ``attention_matrix``: eager / math attention keeps the ``T×T`` matrices; ``base_bytes`` the process baseline.
+    ConfigError for ``world < 1``, ``batch < world`` or an unsupported group."""
+    if world < 1 or batch < world:
+        raise ConfigError(f"memory model: need 1 ≤ world ≤ batch (got world={world}, batch={batch})")
+    shape = Shape.from_config(config)
+    s = torch.empty((), dtype=dtype).element_size()
+    store = 2 * sum(math.ceil(n / world) * m * s for _, n, m in shape.tensors)
+    leaf = shape.largest_leaf * (6 * 4 + 4 * s)
+    t = transform_counts(shape, groups)
+    per_side = 4 * t["params"] * 4 // world + 4 * t["params"] * (world > 1) + 4 * t["buffers"] + 3 * 4 * t["elements"]
+    rows = math.ceil(batch / world)
+    per_token = shape.layers * (12 * shape.d + 3 * shape.ffn + (2 * shape.heads * seq_len if attention_matrix else 0))
+    acts = 4 * rows * seq_len * (per_token + 3 * shape.vocab)
+    return MemoryEstimate(store, leaf, per_side * (1 if one_sided else 2), acts, int(base_bytes))
+
+
+def pythia_table(worlds: Sequence[int] = (1, 8), device_bytes: int = H200_BYTES, *, batch: int = 8,
+                 seq_len: int = 2048, dtype: torch.dtype = torch.bfloat16) -> list[dict[str, Any]]:
+    """:func:`dual_memory` for each :data:`PYTHIA` model and world size: rows with ``model``, ``params``, ``world``,
+    the terms and ``total`` (bytes), ``fits`` (``total ≤ device_bytes``) and ``max_batch`` (the largest global batch
+    of ``seq_len`` tokens, a multiple of ``world``, that fits; 0 if none)."""
+    rows = []
+    for name, cfg in PYTHIA.items():
+        for world in worlds:
+            est = dual_memory(cfg, world=world, dtype=dtype, batch=max(batch, world), seq_len=seq_len)
+            rows.append({"model": name, "params": Shape.from_config(cfg).params, "world": world,
+                         "batch": max(batch, world), "seq_len": seq_len, **est.to_json(),
+                         "fits": est.total <= device_bytes,
+                         "max_batch": _max_batch(cfg, world, device_bytes, seq_len, dtype)})
+    return rows
+
+
+def _max_batch(cfg, world: int, device_bytes: int, seq_len: int, dtype: torch.dtype) -> int:
+    """The largest multiple of ``world`` rows (up to 4096) whose estimate fits ``device_bytes`` (0: none fits)."""
+    lo, hi = 0, 4096 // world
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if dual_memory(cfg, world=world, dtype=dtype, batch=mid * world, seq_len=seq_len).total <= device_bytes:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo * world

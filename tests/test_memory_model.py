@@ -1,0 +1,79 @@
+"""The memory model of sharded dual matching (:mod:`modeconn.match.memory`): a hand-computed case, transform counts
+equal to the real transform modules, and the Pythia table's verdicts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from modeconn.errors import ConfigError
+from modeconn.match.memory import DUAL_GROUPS, Shape, dual_memory, pythia_table, transform_counts
+
+#: GPT-NeoX, d = 8, one layer, 2 heads of 4 dims (2 rotary), FFN 16, vocabulary 10
+TINY = {"hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 16, "vocab_size": 10,
+        "rotary_pct": 0.5}
+
+
+def test_hand_computed_case():
+    est = dual_memory(TINY, world=2, dtype=torch.float32, batch=2, seq_len=3, base_bytes=100)
+    # stored rows per rank (⌈n/2⌉ × m): embed 5·8, 4 layer-norm vectors 4 each, qkv 12·8 + 12, dense 4·8 + 4,
+    # h→4h 8·8 + 8, 4h→h 4·16 + 4, final norm 4 + 4, LM head 5·8; two endpoints of 4-byte elements
+    assert est.endpoints == 2 * 4 * (40 + 16 + 96 + 12 + 32 + 4 + 64 + 8 + 64 + 4 + 8 + 40)
+    assert est.leaf == (24 * 8 + 24) * (6 * 4 + 4 * 4)  # the fused QKV projection with its bias
+    # per side: P = 64 (residual) + 2·(2·1 + 2·2² + 2) (qk) + 2·(2·4² + 4) (vo) = 160, buffers 64 + 48 + 96 = 208,
+    # elements 64 + 32 + 32 = 128: sharded P, grad, 2 moments / 2 ranks + gathered P + buffers + 3 × elements
+    per_side = 4 * 160 * 4 // 2 + 4 * 160 + 4 * 208 + 3 * 4 * 128
+    assert est.transforms == 2 * per_side
+    assert est.activations == 4 * 1 * 3 * (12 * 8 + 3 * 16 + 3 * 10)  # one row of 3 tokens per rank
+    assert est.base == 100 and est.total == est.endpoints + est.leaf + est.transforms + est.activations + 100
+    assert dual_memory(TINY, world=2, dtype=torch.float32, batch=2, seq_len=3, one_sided=True).transforms == per_side
+
+
+def test_transform_counts_are_those_of_the_real_transform_modules():
+    from hf_tiny import make
+
+    import modeconn as mc
+    from modeconn.match.parametrize import make_transform
+    from modeconn.symmetry import hf
+
+    model = mc.absorb_normalization(make("gpt_neox", 0))
+    spec = hf.hf_symmetry_spec(model, groups=DUAL_GROUPS)
+    identity = spec.identity()
+    params = buffers = elements = 0
+    for s in spec.spaces:
+        group = spec.group_of(s)
+        if group.exact:
+            continue
+        m = make_transform(group, identity[s].float())
+        params += sum(p.numel() for p in m.parameters())
+        buffers += sum(b.numel() for b in m.buffers())
+        elements += identity[s].numel()
+    got = transform_counts(Shape.from_config(model.config), DUAL_GROUPS)
+    assert got == {"params": params, "buffers": buffers, "elements": elements}
+
+
+def test_store_term_is_one_nth_of_the_model_and_bf16_halves_it():
+    one = dual_memory(TINY, world=1, dtype=torch.float32, batch=8, seq_len=4)
+    assert one.endpoints == 2 * 4 * Shape.from_config(TINY).params
+    assert dual_memory(TINY, world=1, dtype=torch.bfloat16, batch=8, seq_len=4).endpoints * 2 == one.endpoints
+    eight = dual_memory(TINY, world=8, dtype=torch.float32, batch=8, seq_len=4)
+    assert one.endpoints / 8 <= eight.endpoints < one.endpoints / 8 * 1.5  # ⌈n/8⌉ rows of small tensors
+
+
+def test_pythia_table_verdicts():
+    rows = {(r["model"], r["world"]): r for r in pythia_table()}
+    assert set(rows) == {(m, w) for m in ("pythia-1b", "pythia-2.8b", "pythia-6.9b") for w in (1, 8)}
+    assert abs(rows["pythia-6.9b", 1]["params"] / 6.857e9 - 1) < 1e-3  # the published parameter count
+    assert rows["pythia-1b", 1]["fits"] and rows["pythia-6.9b", 8]["fits"]
+    assert not rows["pythia-6.9b", 1]["fits"]  # batch 8 × 2048 tokens does not fit one 141 GB device
+    for m in ("pythia-1b", "pythia-2.8b", "pythia-6.9b"):
+        assert rows[m, 8]["endpoints"] < rows[m, 1]["endpoints"] / 7 and rows[m, 8]["max_batch"] > rows[m, 1]["max_batch"]
+
+
+def test_unsupported_groups_and_worlds_are_refused():
+    with pytest.raises(ConfigError, match="ffn must be a permutation frozen"):
+        dual_memory(TINY, groups={**DUAL_GROUPS, "ffn": "orthogonal"})
+    with pytest.raises(ConfigError, match="1 ≤ world ≤ batch"):
+        dual_memory(TINY, world=4, batch=2)
+    with pytest.raises(ConfigError, match="needs hidden_size"):
+        dual_memory({"hidden_size": 8})
