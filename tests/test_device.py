@@ -133,3 +133,26 @@ def test_lap_policy_keeps_todays_solvers_on_the_cpu_and_chooses_by_size_on_accel
     assert all(p.why for p in LAP_POLICIES.values())
     with pytest.raises(ConfigError, match="no LAP policy for scores on 'meta'"):
         lap_method("meta", 10)
+
+
+@pytest.mark.slow
+def test_gpu_check_runs_on_the_cpu(tmp_path, monkeypatch):
+    """benchmarks/gpu_check.py is ready for a GPU machine: its code paths run here (small sizes, results in tmp)."""
+    import json
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[1] / "benchmarks"
+    monkeypatch.syspath_prepend(str(bench))
+    import _common
+    import gpu_check
+
+    monkeypatch.setattr(_common, "RESULTS", tmp_path)
+    monkeypatch.setattr(gpu_check, "SIZES", {"quick": {"score": [(64, 512)], "lap": [64], "heads": (4, 8),
+                                                       "merge": [4096]}})
+    monkeypatch.setattr(sys, "argv", ["gpu_check.py", "--device", "cpu", "--quick"])
+    gpu_check.main()
+    res = json.loads((tmp_path / "gpu_check_cpu.json").read_text())
+    assert res["device"] == "cpu" and res["score_products"][0]["max_rel_difference"] == 0.0
+    assert res["lap"][0]["sparse_objective_minus_dense"] == pytest.approx(0.0, abs=1e-6)
+    assert all(r["bit_identical"] for r in res["merge_arithmetic"])

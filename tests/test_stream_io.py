@@ -144,6 +144,42 @@ def test_an_error_while_producing_ahead_leaves_no_output_and_is_raised_here(tmp_
     assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.txt"]  # no temporary left, nothing else touched
 
 
+@pytest.mark.parametrize("failing", ["fsync", "fdatasync"])
+def test_flushes_run_behind_the_writes_and_their_errors_stop_the_rename(tmp_path, monkeypatch, failing):
+    import modeconn.io_stream as io_stream
+
+    layout = _layout()
+    calls, threads = [], []
+    real = {n: getattr(io_stream.os, n) for n in ("fsync", "fdatasync")}
+
+    def flush(name):
+        def run(fd):
+            calls.append(name)
+            threads.append((name, threading.get_ident()))
+            return real[name](fd)
+        return run
+
+    monkeypatch.setattr(io_stream, "SYNC_BYTES", 1)  # a flush after every tensor (when none is in flight)
+    for n in real:
+        monkeypatch.setattr(io_stream.os, n, flush(n))
+
+    def produce(key: str) -> torch.Tensor:
+        return torch.ones(layout.infos[key].shape, dtype=layout.infos[key].dtype)
+
+    write_like(tmp_path / "ok", layout, produce)
+    main = threading.get_ident()
+    assert "fdatasync" in calls and all(t != main for n, t in threads if n == "fdatasync")  # on the syncer thread
+    assert sum(t != main for n, t in threads if n == "fsync") == len(layout.shards)  # each shard's, off the main thread
+
+    def broken(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(io_stream.os, failing, broken)
+    with pytest.raises((OSError, CheckpointError), match="No space left"):
+        write_like(tmp_path / "full", layout, produce)
+    assert not (tmp_path / "full").exists()
+
+
 # ------------------------------------------------------------------------------------------------ stream_merge
 @pytest.fixture(scope="module")
 def fp16_pair(tmp_path_factory):

@@ -68,6 +68,8 @@ READ_AHEAD = 2
 """Keys whose inputs the streaming recipes read ahead of the one being computed (:class:`ReadAhead`)."""
 WRITE_BEHIND = 2
 """Tensors :func:`write_like` produces ahead of the one being written (each waits, finished, for the writer)."""
+SYNC_BYTES = 128 << 20
+"""Bytes :func:`write_like` writes to a shard between the flushes to disk it starts in the background."""
 
 DTYPES: dict[str, torch.dtype] = SAFETENSORS_DTYPES
 """safetensors dtype names → torch dtypes (the dtypes a lazy checkpoint can hold)."""
@@ -484,10 +486,14 @@ def write_like(
 
     order = write_order(like)
     with atomic_directory(out, overwrite, "checkpoint", inputs=sources, command=command) as tmp, \
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="modeconn-sync") as syncer, \
             ReadAhead(order, checked, WRITE_BEHIND) as produced:
+        synced = []
         for shard, keys in like.shards.items():
             infos = [like.infos[k] for k in sorted(keys, key=lambda k: -like.infos[k].dtype.itemsize)]
-            _write_safetensors(tmp / shard, infos, produced.get, like.shard_metadata[shard], tick)
+            synced.append(_write_safetensors(tmp / shard, infos, produced.get, like.shard_metadata[shard], tick, syncer))
+        for future in synced:  # every shard on disk before the directory is renamed into place
+            future.result()
         if like.index is not None:
             index = {**like.index, "weight_map": {k: i.shard for k, i in like.infos.items()}}
             _fsync_write(tmp / INDEX_NAME, (json.dumps(index, indent=2) + "\n").encode())
@@ -500,9 +506,15 @@ def write_like(
 
 
 def _write_safetensors(file: Path, infos: list[TensorInfo], produce: Callable[[str], torch.Tensor],
-                       metadata: Mapping[str, str] | None, tick: Callable[[], None]) -> None:
+                       metadata: Mapping[str, str] | None, tick: Callable[[], None],
+                       syncer: ThreadPoolExecutor) -> Future:
     """A safetensors file written tensor by tensor: the header (offsets from the known shapes) first, then each
-    tensor's bytes as it is produced (little-endian, C order, as the format prescribes)."""
+    tensor's bytes as it is produced (little-endian, C order, as the format prescribes).
+
+    Flushing to disk is behind the writes, on ``syncer`` (one thread): every :data:`SYNC_BYTES` written an
+    ``fdatasync`` is started (at most one in flight), so the disk writes while the next tensors are produced, and the
+    returned future closes the file after its ``fsync`` — the caller waits for it before the directory is renamed
+    into place (atomic outputs are complete on disk)."""
     header: dict[str, Any] = {"__metadata__": dict(metadata)} if metadata else {}
     offset = 0
     for i in infos:
@@ -510,13 +522,37 @@ def _write_safetensors(file: Path, infos: list[TensorInfo], produce: Callable[[s
         offset += i.nbytes
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)  # pad the header so that the data starts 8-byte aligned
-    with open(file, "wb") as fh:
+    fh = open(file, "wb")  # noqa: SIM115 (closed by _close_synced, on the syncer thread, or below on error)
+    pending: Future | None = None
+    try:
         fh.write(struct.pack("<Q", len(text)))
         fh.write(text)
+        unsynced = 0
         for i in infos:
             t = produce(i.key).reshape(-1)
             fh.write(memoryview(t.view(torch.uint8).numpy()))
+            unsynced += i.nbytes
             del t
+            if unsynced >= SYNC_BYTES and (pending is None or pending.done()):
+                if pending is not None:
+                    pending.result()  # an OSError of the last flush, here
+                fh.flush()
+                pending, unsynced = syncer.submit(os.fdatasync, fh.fileno()), 0
             tick()
         fh.flush()
+    except BaseException:
+        if pending is not None:
+            pending.exception()  # wait: the descriptor must outlive the flush
+        fh.close()
+        raise
+    return syncer.submit(_close_synced, fh, pending)
+
+
+def _close_synced(fh, pending: Future | None) -> None:
+    """After the last periodic flush, ``fsync`` and close (on the syncer thread)."""
+    try:
+        if pending is not None:
+            pending.result()
         os.fsync(fh.fileno())
+    finally:
+        fh.close()
