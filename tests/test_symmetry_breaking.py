@@ -220,13 +220,14 @@ def test_symmetry_breaking_quick_through_the_cli(tmp_path):
     assert {"report.md", "results.json", "summary.png"} <= {p.name for p in out.iterdir()}
     res = json.loads((out / "results.json").read_text())
     rows = {s["label"]: s["summary"] for s in res["methods"]}
-    assert list(rows) == ["standard", "W-asymmetric", "sparse-mask", "σ-asymmetric (FiGLU)", "syre"]
+    assert list(rows) == ["standard", "W-asymmetric", "sparse-mask", "σ-asymmetric (FiGLU)", "syre (θ₀ σ 0.01)",
+                          "syre (θ₀ σ 0.05)", "anchor only (θ₀ σ 0.05, no decay)"]
     assert all(r["unaligned_barrier_mean"]["n"] == 2 for r in rows.values())
     # the qualitative claims: large F gives unaligned LMC, the mask alone does not; alignment helps a standard net
     assert rows["W-asymmetric"]["unaligned_barrier_mean"]["mean"] < 0.5 * rows["standard"]["unaligned_barrier_mean"]["mean"]
     assert rows["sparse-mask"]["unaligned_barrier_mean"]["mean"] > 2 * rows["W-asymmetric"]["unaligned_barrier_mean"]["mean"]
     assert rows["standard"]["aligned_barrier_mean"]["mean"] < rows["standard"]["unaligned_barrier_mean"]["mean"]
-    assert rows["σ-asymmetric (FiGLU)"]["aligned_barrier_mean"]["n"] == 0 and rows["syre"]["aligned_barrier_mean"]["n"] == 2
+    assert rows["σ-asymmetric (FiGLU)"]["aligned_barrier_mean"]["n"] == 0 and rows["syre (θ₀ σ 0.01)"]["aligned_barrier_mean"]["n"] == 2
     assert [s["label"] for s in res["vit"]] == ["standard", "W-asymmetric"]
     assert [s["paper_unaligned_acc_drop_pct"] for s in res["k"]["settings"]] == [46.4, 6.1]
     assert "paper" in (out / "report.md").read_text()

@@ -65,10 +65,20 @@ def _asym(pair: int, **cfg: Any) -> dict[str, Any]:
     return {"activation": "gelu", "asymmetric": {"mask_seed": 1000 + pair, **cfg}}
 
 
-SYRE_SIGMA = 0.05
-"""Standard deviation of syre's anchor θ₀ (absolute; about the scale of the default initialisation at width 256)."""
+SYRE_SIGMAS = (0.01, 0.05)
+"""Standard deviations of syre's anchor θ₀ (absolute): below and above the scale of the default initialisation of W
+at width 256 (about 0.02–0.04), where the anchor, shared by the two runs of a pair, is most of their initial W_eff."""
 SYRE_WEIGHT_DECAY = 0.1
 """syre's γ: AdamW's decoupled weight decay on W (ten times the reference optimiser's 0.01 of the other variants)."""
+
+
+def _syre(sigma: float, decay: float) -> Variant:
+    name = f"syre (θ₀ σ {sigma})" if decay else f"anchor only (θ₀ σ {sigma}, no decay)"
+    doc = (f"W_eff = θ₀ + W, θ₀ ~ N(0, {sigma}²) on every weight, AdamW weight decay {decay} on W"
+           + ("" if decay else " (ablation: the shared anchor without syre's regulariser)"))
+    return Variant(name, doc, lambda p: _asym(p, sigma_f=sigma, density=0.0, offsets="dense"),
+                   train={"weight_decay": decay})
+
 
 VARIANTS: dict[str, Variant] = {v.name: v for v in (
     Variant("standard", "stock linears, GELU", lambda p: {"activation": "gelu"}),
@@ -77,9 +87,8 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
     Variant("sparse-mask", "the same mask D, F = 0 (σ_F = 0)", lambda p: _asym(p, sigma_f=0.0, density=0.125)),
     Variant("σ-asymmetric (FiGLU)", "stock linears, FiGLU x ⊙ sigmoid(Cx) with a fixed C ~ N(0, 1) per layer",
             lambda p: {"sigma_asymmetric": {"gate_seed": 1000 + p}}, aligned=False),
-    Variant("syre", f"W_eff = θ₀ + W, θ₀ ~ N(0, {SYRE_SIGMA}²) on every weight, AdamW weight decay "
-            f"{SYRE_WEIGHT_DECAY} on W", lambda p: _asym(p, sigma_f=SYRE_SIGMA, density=0.0, offsets="dense"),
-            train={"weight_decay": SYRE_WEIGHT_DECAY}),
+    *(_syre(sigma, SYRE_WEIGHT_DECAY) for sigma in SYRE_SIGMAS),
+    _syre(SYRE_SIGMAS[-1], 0.0),
 )}
 """The methods compared, by name (the table's rows, in order)."""
 
