@@ -23,6 +23,7 @@ MODELS = {
     "resnext": (zoo_like.ResNeXt, (2, 3, 8, 8)),
     "sdpa": (zoo_like.SDPAttention, (2, 5, 6)),
     "convnext-like": (zoo_like.ConvNeXtLike, (2, 3, 8, 8)),
+    "split-and-slice": (zoo_like.SplitScales, (2, 3, 8, 8)),
 }
 
 
@@ -116,3 +117,43 @@ def test_a_parameter_read_where_it_cannot_move_is_an_error_not_a_silent_freeze()
         mc.symmetry_spec(Scale(), torch.randn(3, 4))
     spec = mc.symmetry_spec(Scale(), torch.randn(3, 4), on_unsupported="freeze")
     assert not spec.tensors["g"]
+
+
+def test_token_mixing_linears_pass_the_channel_spaces_through():
+    torch.manual_seed(0)
+    model, x = zoo_like.MixerBlock().eval(), torch.randn(2, 3, 8, 8)
+    spec = mc.symmetry_spec(model, x)
+    assert not spec.tensors["tok1.weight"] and not spec.tensors["tok2.bias"]  # they mix tokens, not features
+    assert spec.tensors["ch1.weight"] and spec.tensors["norm1.weight"]
+    assert check_function_preserved(spec, model, (x,), seed=7, rtol=1e-5) <= 1e-5
+
+
+def test_a_slice_through_a_space_is_refused():
+    class Cut(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Conv2d(3, 4, 1), nn.Conv2d(4, 2, 1)
+
+        def forward(self, x):
+            return self.b(self.a(x)[:, :3].repeat(1, 2, 1, 1)[:, :4])
+
+    with pytest.raises(UnsupportedOperationError, match="range of whole spaces"):
+        mc.symmetry_spec(Cut().eval(), torch.randn(1, 3, 4, 4))
+
+
+def test_extra_per_output_parameters_of_a_conv_subclass_are_bound(monkeypatch):
+    class GainConv(nn.Conv2d):  # timm's ScaledStdConv2d pattern: a learned gain per output channel
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            self.gain = nn.Parameter(torch.ones(self.out_channels, 1, 1, 1))
+
+        def forward(self, x):
+            return nn.functional.conv2d(x, self.weight * self.gain, self.bias, self.stride, self.padding)
+
+    model = nn.Sequential(GainConv(3, 4, 3, padding=1), nn.ReLU(), GainConv(4, 4, 1), nn.Flatten(), nn.Linear(64, 2))
+    x = torch.randn(2, 3, 4, 4)
+    spec = mc.symmetry_spec(model.eval(), x)
+    assert spec.tensors["0.gain"] and spec.tensors["2.gain"]
+    monkeypatch.setattr(trace_mod._Tracer, "output_parameters", lambda self, name, n: [f"{name}.weight", f"{name}.bias"])
+    with pytest.raises(mc.errors.SpecError, match="changes its function"):
+        mc.symmetry_spec(model, x)

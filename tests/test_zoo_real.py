@@ -138,3 +138,31 @@ def test_repair_inside_timm_batchnorm_act_corrects_the_statistics_before_the_act
     # the broken variant: statistics read after the activation are not what REPAIR set
     after = channel_stats(m, [("1", 1)], batches)
     assert not torch.allclose(after["1"][0], targets["1"][0], atol=2e-3)
+
+
+def _timm_layer_net() -> nn.Module:
+    """timm's own layers: ``ScaledStdConv2d`` (per-output gain), ``GroupNorm1`` (F.group_norm with one group), ResMLP's
+    ``Affine`` (addcmul), BEiT-free token mixing as in MLP-Mixer."""
+    from timm.layers import GroupNorm1, ScaledStdConv2d
+    from timm.models.mlp_mixer import Affine
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.norm = ScaledStdConv2d(3, 8, 3, padding=1), GroupNorm1(8)
+            self.affine, self.fc, self.head = Affine(8), nn.Linear(8, 8), nn.Linear(8, 4)
+
+        def forward(self, x):
+            x = self.norm(torch.relu(self.conv(x))).flatten(2).transpose(1, 2)
+            return self.head(self.fc(self.affine(x)).mean(1))
+    return Net().eval()
+
+
+def test_timm_layers_scaled_std_conv_group_norm1_and_affine_are_bound():
+    torch.manual_seed(0)
+    model = _perturbed(_timm_layer_net(), 2)
+    spec = mc.symmetry_spec(model, torch.randn(2, 3, 6, 6))
+    sd = model.state_dict()
+    unbound = [k for k, b in spec.tensors.items() if not b and sd[k].is_floating_point()]
+    assert unbound == ["head.bias"]
+    assert {"conv.gain", "norm.weight", "affine.alpha", "affine.beta"} <= {k for k, b in spec.tensors.items() if b}

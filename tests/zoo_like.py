@@ -121,3 +121,41 @@ class ConvNeXtLike(nn.Module):
         y = self.fc2(F.gelu(self.fc1(self.norm(self.conv_dw(x)))))
         x = x + y.mul(self.gamma.reshape(1, -1, 1, 1))
         return self.head(self.bn(x).mean((2, 3)))
+
+
+class MixerBlock(nn.Module):
+    """MLP-Mixer: token mixing by Linear layers over the token dim (transposed), channel mixing over features."""
+
+    def __init__(self, tokens: int = 4, d: int = 6):
+        super().__init__()
+        self.stem, self.norm1, self.norm2 = nn.Conv2d(3, d, 4, stride=4), nn.LayerNorm(d), nn.LayerNorm(d)
+        self.tok1, self.tok2 = nn.Linear(tokens, 5), nn.Linear(5, tokens)
+        self.ch1, self.ch2, self.head = nn.Linear(d, 7), nn.Linear(7, d), nn.Linear(d, 3)
+
+    def forward(self, x):
+        x = self.stem(x).flatten(2).transpose(1, 2)
+        x = x + self.tok2(torch.relu(self.tok1(self.norm1(x).transpose(1, 2)))).transpose(1, 2)
+        x = x + self.ch2(torch.relu(self.ch1(self.norm2(x))))
+        return self.head(x.mean(1))
+
+
+class SplitScales(nn.Module):
+    """Res2Net-style: split channels into equal scales, a conv per scale fed by the previous one, concatenated;
+    then GhostNet-style: two convs concatenated and sliced back to the first's width plus part of the second."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, padding=1)
+        self.convs = nn.ModuleList(nn.Conv2d(2, 2, 3, padding=1) for _ in range(3))
+        self.primary, self.cheap = nn.Conv2d(8, 4, 1), nn.Conv2d(4, 4, 3, padding=1, groups=4)
+        self.up, self.head = nn.Upsample(scale_factor=2), nn.Linear(4, 3)
+
+    def forward(self, x):
+        spx = torch.split(self.stem(x), 2, 1)
+        out, sp = [spx[0]], spx[0]
+        for i, conv in enumerate(self.convs):
+            sp = torch.relu(conv(sp + spx[i + 1] if i else spx[i + 1]))
+            out.append(sp)
+        p = self.primary(torch.cat(out, 1))
+        y = torch.cat([p, self.cheap(p)], 1)[:, :4]
+        return self.head(self.up(y).mean((2, 3)))

@@ -123,7 +123,7 @@ _ELEMENTWISE_MODULES = (
 _POOL_MODULES = (
     nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d,
     nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d,
-    nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d, nn.AdaptiveMaxPool3d,
+    nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d, nn.AdaptiveMaxPool3d, nn.Upsample,
 )
 _NORM_MODULES = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.LayerNorm, nn.GroupNorm)
 _RULE_MODULES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.PReLU, nn.Flatten, nn.Softmax, nn.LogSoftmax,
@@ -141,7 +141,7 @@ _ELEMENTWISE_METHODS = {
 _POOL_FUNCTIONS = {
     F.max_pool1d, F.max_pool2d, F.max_pool3d, F.avg_pool1d, F.avg_pool2d, F.avg_pool3d,
     F.adaptive_avg_pool1d, F.adaptive_avg_pool2d, F.adaptive_avg_pool3d,
-    F.adaptive_max_pool1d, F.adaptive_max_pool2d, F.adaptive_max_pool3d,
+    F.adaptive_max_pool1d, F.adaptive_max_pool2d, F.adaptive_max_pool3d, F.interpolate,
 }
 _BINARY = {operator.add, operator.sub, operator.mul, operator.truediv, operator.iadd, operator.imul,
            torch.add, torch.sub, torch.mul, torch.div, torch.maximum, torch.minimum}
@@ -166,6 +166,8 @@ _OPERAND_RULES: tuple[tuple[set, set, str], ...] = (  # (methods, functions, _Tr
     (set(), {torch.cat}, "cat"),
     (set(), {F.layer_norm}, "functional_layer_norm"),
     (set(), {F.batch_norm}, "functional_batch_norm"),
+    (set(), {F.group_norm}, "functional_group_norm"),
+    ({"addcmul"}, {torch.addcmul}, "addcmul"),
     (set(), {F.scaled_dot_product_attention}, "attention_function"),
 )
 _UNARY_RULES: tuple[tuple[set, set, str], ...] = (  # (methods, functions, _Tracer handler(node, first operand))
@@ -175,6 +177,7 @@ _UNARY_RULES: tuple[tuple[set, set, str], ...] = (  # (methods, functions, _Trac
     (_REDUCE_METHODS, _REDUCE_FUNCTIONS, "reduce"),
     ({"permute", "transpose"}, {torch.permute, torch.transpose}, "permute"),
     ({"chunk"}, {torch.chunk}, "chunk"),
+    ({"split"}, {torch.split}, "split_sizes"),
 )
 
 
@@ -361,6 +364,8 @@ class _Tracer:
             return self.reshape(node, x)
         if isinstance(mod, nn.MultiheadAttention):
             return self.multihead_attention(node, name, mod, x)
+        if isinstance(mod, nn.Linear) and x.ndim - 1 not in (x.dim, x.outer) and not self.all_frozen(x):
+            return x  # mixes along a dim no permutation acts on (MLP-Mixer's token mixing): x's spaces pass; its own stay fixed
         if x.outer is not None and not self.all_frozen(x):
             return self.unsupported(node, f"{type(mod).__name__} on a value with a different space per index of axis {x.outer} "
                                     "(e.g. per attention head)")
@@ -395,12 +400,21 @@ class _Tracer:
             self.probes.extend((s.space, Probe(name, "input", dim, off, s.block)) for s, off in _offsets(x))
         space = self.module_out_space(name, n_out)
         out = _Val(dim, _shape_len(node, x.ndim), (_Seg(space, n_out),))
-        self.bind(f"{name}.weight", 0, out, "out")
-        if getattr(self.modules[name], "bias", None) is not None:
-            self.bind(f"{name}.bias", 0, out, "out")
+        for key in self.output_parameters(name, n_out):
+            self.bind(key, 0, out, "out")
         self.writers.append((name, space, node))
         self.out_probes.append((space, Probe(name, "output", out.dim)))
         return out
+
+    def output_parameters(self, name: str, n_out: int) -> list[str]:
+        """A writer's tensors indexed by its output along axis 0: ``weight``, ``bias``, and in Linear / Conv subclasses
+        any other parameter of shape (n_out, 1, …) (timm's ``ScaledStdConv2d`` gain)."""
+        mod = self.modules[name]
+        keys = [f"{name}.weight"] + ([f"{name}.bias"] if getattr(mod, "bias", None) is not None else [])
+        for k, p in mod.named_parameters(recurse=False):
+            if k not in ("weight", "bias") and p.dim() >= 1 and p.shape[0] == n_out and p.numel() == n_out:
+                keys.append(f"{name}.{k}")
+        return keys
 
     def conv(self, node, name: str, mod: nn.Module, x: _Val) -> _Val | None:
         x = self.require_dim(node, x, 1)
@@ -582,19 +596,48 @@ class _Tracer:
     def functional_batch_norm(self, node: torch.fx.Node) -> _Val | None:
         """``F.batch_norm(x, running_mean, running_var, weight, bias, …)`` (timm's ``BatchNormAct2d`` forward): per
         channel (dim 1), so its statistics and affine move with the channels' permutation."""
-        names = ("input", "running_mean", "running_var", "weight", "bias")
+        return self.channel_norm(node, ("input", "running_mean", "running_var", "weight", "bias"))
+
+    def functional_group_norm(self, node: torch.fx.Node) -> _Val | None:
+        """``F.group_norm(x, num_groups, weight, bias, eps)`` (timm's ``GroupNorm1``): with one group (statistics over
+        all channels) or one per channel it commutes with channel permutations; its affine moves with them."""
+        names = ("input", "num_groups", "weight", "bias")
+        groups = dict(zip(names, node.args, strict=False)).get("num_groups", node.kwargs.get("num_groups"))
+        shape = _shape(node)
+        if shape is None or groups not in (1, shape[1]):
+            return self.unsupported(node, f"group_norm with {groups} groups only admits group-preserving permutations")
+        return self.channel_norm(node, names)
+
+    def channel_norm(self, node: torch.fx.Node, names: tuple[str, ...]) -> _Val | None:
+        """A functional per-channel (dim 1) norm whose tensor arguments ``names[1:]`` (parameters or buffers, or
+        non-tensors) move with the channels."""
         args = dict(zip(names, node.args, strict=False)) | {k: v for k, v in node.kwargs.items() if k in names}
         x = self.value(args["input"])
         if x is None:
             return self.frozen_val(node)
         x = self.require_dim(node, x, 1)
         for k in names[1:]:
-            a = self.vals.get(args.get(k)) if isinstance(args.get(k), torch.fx.Node) else None
+            arg = args.get(k)
+            a = self.vals.get(arg) if isinstance(arg, torch.fx.Node) else None
             if isinstance(a, _Attr) and a.key is not None:
-                self.bind(a.key, 0, x, "out")
-            elif args.get(k) is not None:
-                return self.unsupported(node, f"batch_norm {k} is not a parameter or buffer of the model")
+                self.bind(a.key, a.stored_axis(0), x, "out")
+            elif isinstance(arg, torch.fx.Node):
+                return self.unsupported(node, f"{_target_name(node)} {k} is not a parameter or buffer of the model")
         return x
+
+    def addcmul(self, node: torch.fx.Node) -> _Val | None:
+        """``torch.addcmul(beta, alpha, x)`` = ``beta + alpha·x`` with per-feature parameters (ResMLP's ``Affine``):
+        both bound to x's spaces like biases (:meth:`parameter_operand`)."""
+        operands = [a for a in node.args[:3] if isinstance(a, torch.fx.Node)]
+        raw = [self.vals.get(a) for a in operands]
+        acts = [(a, v) for a, v in zip(operands, raw, strict=True) if isinstance(v, _Val)]
+        params = [(a, v) for a, v in zip(operands, raw, strict=True) if isinstance(v, _Attr)]
+        if len(operands) != 3 or node.kwargs.get("value", 1) != 1 or len(acts) != 1 or len(params) != 2:
+            return self.unsupported(node, "addcmul other than parameter + parameter · activations")
+        (x_node, x), out = acts[0], acts[0][1]
+        for p_node, p in params:
+            out = self.parameter_operand(node, x_node, x, p_node, p)
+        return out
 
     def binary(self, node: torch.fx.Node) -> _Val | None:
         """``a ∘ b`` elementwise (add, mul, …, broadcasting): a parameter operand is bound like a bias
@@ -846,20 +889,41 @@ class _Tracer:
 
     def chunk(self, node: torch.fx.Node, x: _Val | None) -> tuple | None:
         """``x.chunk(k, dim)``: along a dim the symmetry does not act on, every chunk carries x's spaces; along the
-        permuted dim, x's space is split into ``k`` parts, one per chunk (a fused projection split into q, k, v;
-        ShuffleNet's two branches)."""
+        permuted dim, x's space is split into ``k`` equal parts, one per chunk (a fused projection split into q, k,
+        v; ShuffleNet's two branches)."""
         k = node.kwargs.get("chunks", node.args[1] if len(node.args) > 1 else None)
         dim = node.kwargs.get("dim", node.args[2] if len(node.args) > 2 else 0)
-        if x is None or self.all_frozen(x):
-            return tuple(self.frozen_val(node) for _ in range(k or 1)) if x is not None else None
+        shape = _shape(node.args[0])
+        if shape is None or not isinstance(k, int):
+            return self.unsupported(node, "chunk of a value of unknown shape")
+        step = -(-shape[dim] // k)
+        return self.pieces(node, x, [min(step, shape[dim] - i) for i in range(0, shape[dim], step)], dim)
+
+    def split_sizes(self, node: torch.fx.Node, x: _Val | None) -> tuple | None:
+        """``torch.split(x, size or sizes, dim)`` (Res2Net's scales): as :meth:`chunk`."""
+        size = node.kwargs.get("split_size_or_sections", node.kwargs.get("split_size", node.args[1] if len(node.args) > 1 else None))
+        dim = node.kwargs.get("dim", node.args[2] if len(node.args) > 2 else 0)
+        shape = _shape(node.args[0])
+        if shape is None or not isinstance(size, (int, list, tuple)):
+            return self.unsupported(node, "split of a value of unknown shape")
+        sizes = list(size) if not isinstance(size, int) else [min(size, shape[dim] - i) for i in range(0, shape[dim], size)]
+        return self.pieces(node, x, sizes, dim)
+
+    def pieces(self, node: torch.fx.Node, x: _Val | None, sizes: list[int], dim: int) -> tuple | None:
+        """Pieces of ``x`` of ``sizes`` along ``dim``; on the permuted dim only equal pieces of one space (its parts)."""
+        if x is None:
+            return None
         dim %= x.ndim
+        if self.all_frozen(x):
+            return tuple(x if dim != x.dim else _Val(dim, x.ndim, (_Seg(self.new_space(n, node.name, True), n),)) for n in sizes)
         if dim != x.dim:
             if dim == x.outer:
-                return self.unsupported(node, "chunks the axis indexing per-head spaces")
-            return tuple(x for _ in range(k))
-        if x.outer is not None or len(x.segs) != 1 or x.segs[0].n % k:
-            return self.unsupported(node, "chunks the permuted dim of a value with several spaces or per-head spaces")
-        seg = x.segs[0]
+                return self.unsupported(node, "splits the axis indexing per-head spaces")
+            return tuple(x for _ in sizes)
+        if x.outer is not None or len(x.segs) != 1 or len(set(sizes)) != 1 or x.segs[0].n % len(sizes):
+            return self.unsupported(node, "splits the permuted dim into unequal pieces, or a value with several spaces or "
+                                    "per-head spaces")
+        seg, k = x.segs[0], len(sizes)
         parts = self.split(seg.space, k)
         if parts is None:
             return self.unsupported(node, "the permuted dim is already split differently")
@@ -893,7 +957,8 @@ class _Tracer:
         parts = node.args[0]
         dim = node.kwargs.get("dim", node.args[1] if len(node.args) > 1 else 0)
         attrs = [p for p in parts if isinstance(self.vals.get(p), _Attr) and self.vals[p].key is not None]
-        if attrs and len(attrs) < len(parts):  # a class token prepended to the patches: bound like a bias
+        # a class token prepended to the patches: bound like a bias
+        if attrs and any(not isinstance(self.vals.get(p), _Attr) for p in parts):
             return self.cat_parameters(node, parts, dim)
         vals = [self.value(p) for p in parts]
         if any(v is None for v in vals):
@@ -946,17 +1011,19 @@ class _Tracer:
             return self.frozen_val(node)
         if x.outer is not None or any(i is Ellipsis or not isinstance(i, (int, slice, type(None))) for i in idx):
             return self.unsupported(node, "indexing with tensors, Ellipsis or a value with per-head spaces")
-        out_dim, axis = x.dim, 0
+        out_dim, axis, segs = x.dim, 0, x.segs
         for i in idx:
             if i is None:
                 out_dim += 1
                 continue
             if axis == x.dim and not (isinstance(i, slice) and i == slice(None)):
-                return self.unsupported(node, "indexing into the permuted dim")
+                segs = _whole_segments(x, i) if isinstance(i, slice) else None
+                if segs is None:
+                    return self.unsupported(node, "indexing into the permuted dim other than a range of whole spaces")
             if axis < x.dim and isinstance(i, int):
                 out_dim -= 1
             axis += 1
-        return _Val(out_dim, _shape_len(node, x.ndim), x.segs)
+        return _Val(out_dim, _shape_len(node, x.ndim), segs)
 
     def attention_function(self, node: torch.fx.Node) -> _Val | None:
         """``F.scaled_dot_product_attention(q, k, v)``: like ``softmax(q kᵀ) v`` — q's and k's spaces joined per
@@ -1275,6 +1342,18 @@ def _merged_range(in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> tupl
         ) == out_shape[s]:
             return s, e
     return None
+
+
+def _whole_segments(x: _Val, i: slice) -> tuple[_Seg, ...] | None:
+    """The segments a contiguous slice of the permuted dim takes whole (GhostNet's ``out[:, :n]`` of a concatenation);
+    None if it cuts through one or has a step."""
+    start, stop, step = i.indices(x.width)
+    if step != 1:
+        return None
+    taken = [(s, off) for s, off in _offsets(x) if off < stop and off + s.n * s.block > start]
+    if not taken or taken[0][1] != start or taken[-1][1] + taken[-1][0].n * taken[-1][0].block != stop:
+        return None
+    return tuple(s for s, _ in taken)
 
 
 def _offsets(x: _Val):

@@ -53,11 +53,12 @@ def swin_attention(tr: _Tracer, node: torch.fx.Node) -> _Val | None:
 
 
 def constant(tr: _Tracer, node: torch.fx.Node) -> _Val | None:
-    """A function of the model's parameters and buffers only that no permutation acts on (Swin's relative-position
-    bias gathered from its table): an unpermuted value; the tensors it reads are never permuted."""
+    """A function of the model's parameters and buffers that no permutation acts on (Swin's relative-position bias
+    gathered from its table; Swin V2's computed by a small MLP first): an unpermuted value; what it reads is never
+    permuted."""
     for a in node.args:
         if isinstance(a, torch.fx.Node):
-            tr.value(a)
+            tr.freeze(tr.vals.get(a))
     return tr.frozen_val(node)
 
 
