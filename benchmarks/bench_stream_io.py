@@ -11,6 +11,11 @@
    ``/usr/bin/time -v`` (its wall time and maximum resident set size), the page cache dropped before every run where
    permitted (else both read the inputs from the cache). The outputs are compared tensor by tensor (max |Δ|).
 
+4. *Streaming phase*: in one fresh process (imports and the spec built first, not timed), the page cache dropped
+   before each: :func:`modeconn.stream.stream_merge` of the pair and :func:`modeconn.stream.stream_apply` of a random
+   permutation element to B — the streamed I/O itself, without the interpreter start-up (torch, transformers) that
+   both command lines pay.
+
 Throughput: the bytes a merge streams (every input tensor read once, the output written once) over its wall time,
 and as a percentage of the disk: ``(in_bytes / read_bandwidth + out_bytes / write_bandwidth) / wall`` — the time the
 disk alone needs for that traffic at its sequential speed, over the time the merge took (100% = disk-bound).
@@ -27,6 +32,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -124,7 +130,8 @@ def timed(argv: list[str], out: Path) -> dict:
     if proc.returncode != 0:
         raise RuntimeError(f"{argv[0]} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     rss = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", proc.stderr).group(1)) * 1024
-    return {"wall_seconds": wall, "peak_rss_bytes": rss, "page_cache_dropped": cache_dropped}
+    cpu = sum(float(re.search(rf"{what} time \(seconds\): ([\d.]+)", proc.stderr).group(1)) for what in ("User", "System"))
+    return {"wall_seconds": wall, "cpu_seconds": cpu, "peak_rss_bytes": rss, "page_cache_dropped": cache_dropped}
 
 
 def compare(x: Path, y: Path) -> float:
@@ -134,6 +141,38 @@ def compare(x: Path, y: Path) -> float:
     ca, cb = LazyCheckpoint(x), LazyCheckpoint(y)
     assert set(ca) == set(cb), set(ca) ^ set(cb)
     return max(float((ca[k].float() - cb[k].float()).abs().max()) for k in ca)
+
+
+def phase_child(a: str, b: str, work: str) -> None:
+    """Timed stream_merge and stream_apply in this process (page cache dropped before each); one JSON line."""
+    from modeconn.stream import hf_checkpoint_spec, stream_apply, stream_merge
+
+    spec = hf_checkpoint_spec(a)
+    g = spec.random_element(seed=0)
+    steps = {"merge": lambda: stream_merge(None, [a, b], f"{work}/phase_merge"),
+             "apply": lambda: stream_apply(spec, b, g, f"{work}/phase_apply")}
+    out = {}
+    for name, run in steps.items():
+        dropped = drop_caches()
+        r0, t = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+        run()
+        r1 = resource.getrusage(resource.RUSAGE_SELF)
+        out[name] = {"seconds": time.perf_counter() - t, "page_cache_dropped": dropped,  # CPU: every thread's
+                     "cpu_seconds": r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime}
+        shutil.rmtree(f"{work}/phase_{name}")
+    print(json.dumps(out), flush=True)
+
+
+def phases(a: Path, b: Path, work: Path, model_bytes: int, disk: dict) -> dict:
+    proc = subprocess.run([sys.executable, __file__, "--phase-child", str(a), str(b), str(work)], check=True,
+                          stdout=subprocess.PIPE, text=True)
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    for name, reads in (("merge", 2), ("apply", 1)):
+        r = res[name]
+        disk_s = reads * model_bytes / disk["read_bytes_per_s"] + model_bytes / disk["write_bytes_per_s"]
+        r.update(bytes_per_s=(reads + 1) * model_bytes / r["seconds"], percent_of_disk=100 * disk_s / r["seconds"])
+        print(f"streaming phase {name}: {r['seconds']:.1f} s, {r['percent_of_disk']:.0f}% of the disk", flush=True)
+    return res
 
 
 def summary(runs: list[dict], in_bytes: int, out_bytes: int, disk: dict) -> dict:
@@ -151,7 +190,12 @@ def main() -> None:
     ap.add_argument("--shard-mb", type=float, default=200.0, help="input shard size in MB")
     ap.add_argument("--disk-gib", type=float, default=1.0, help="size of the dd test file")
     ap.add_argument("--tmp", default=str(ROOT / "cache"), help="directory for the temporary files (deleted after)")
+    ap.add_argument("--phase-child", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    load_before = os.getloadavg()
+    if args.phase_child:
+        phase_child(*args.phase_child)
+        return
     Path(args.tmp).mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="bench_stream_io.", dir=args.tmp))
     try:
@@ -169,6 +213,7 @@ def main() -> None:
                 print(f"run {r + 1} {tool}: {runs[tool][-1]['wall_seconds']:.1f} s, peak RSS "
                       f"{runs[tool][-1]['peak_rss_bytes'] / 2**20:.0f} MiB", flush=True)
         max_diff = compare(cmds["modeconn"][1], cmds["mergekit"][1])
+        phase = phases(a, b, work, info["fp16_bytes"], disk)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     in_bytes, out_bytes = 2 * info["fp16_bytes"], info["fp16_bytes"]
@@ -177,7 +222,9 @@ def main() -> None:
            "streamed_bytes": {"read": in_bytes, "written": out_bytes},
            "modeconn": summary(runs["modeconn"], in_bytes, out_bytes, disk),
            "mergekit": summary(runs["mergekit"], in_bytes, out_bytes, disk),
-           "max_abs_difference_modeconn_vs_mergekit": max_diff, "threads": os.environ.get("OMP_NUM_THREADS")}
+           "max_abs_difference_modeconn_vs_mergekit": max_diff, "streaming_phase": phase,
+           "threads": os.environ.get("OMP_NUM_THREADS"), "load_average_before": load_before,
+           "load_average_after": os.getloadavg()}
     res["wall_ratio_modeconn_over_mergekit"] = res["modeconn"]["median_wall_seconds"] / res["mergekit"]["median_wall_seconds"]
     res["peak_rss_ratio_modeconn_over_mergekit"] = res["modeconn"]["peak_rss_bytes"] / res["mergekit"]["peak_rss_bytes"]
     print({k: res[k] for k in ("wall_ratio_modeconn_over_mergekit", "peak_rss_ratio_modeconn_over_mergekit")},
