@@ -159,3 +159,19 @@ class SplitScales(nn.Module):
         p = self.primary(torch.cat(out, 1))
         y = torch.cat([p, self.cheap(p)], 1)[:, :4]
         return self.head(self.up(y).mean((2, 3)))
+
+
+class DualPath(nn.Module):
+    """DPN-style: one convolution's output sliced into a residual part and a dense part of different widths."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem, self.c1 = nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(4, 6, 1)
+        self.c2, self.head = nn.Conv2d(4, 4, 3, padding=1), nn.Linear(6, 3)
+
+    def forward(self, x):
+        x = torch.relu(self.stem(x))
+        s = self.c1(x)
+        resid, dense = s[:, :4], s[:, 4:]
+        y = torch.cat([resid + torch.relu(self.c2(x)), dense], dim=1)
+        return self.head(y.mean((2, 3)))

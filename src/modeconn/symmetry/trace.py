@@ -197,7 +197,7 @@ class _Tracer:
         self.size: list[int] = []
         self.frozen: list[bool] = []
         self.creator: list[str] = []
-        self.children: dict[int, tuple[int, ...]] = {}  # split space (a root when split) → its k equal parts
+        self.children: dict[int, tuple[int, ...]] = {}  # split space (a root when split) → its consecutive parts
         self.module_space: dict[str, int] = {}
         self.bindings: list[tuple[str, AxisBinding, int]] = []  # (tensor key, binding with space placeholder, space id)
         self.probes: list[tuple[int, Probe]] = []
@@ -229,8 +229,8 @@ class _Tracer:
             raise TraceError(f"node {node.name!r} joins spaces of sizes {self.size[ra]} and {self.size[rb]}")
         parts: list[tuple[int, int]] = []
         if ra in self.children or rb in self.children:  # joining a split space: split the other alike, join part by part
-            k = len(self.children.get(ra) or self.children[rb])
-            ka, kb = self.split(ra, k), self.split(rb, k)
+            sizes = [self.size[c] for c in self.children.get(ra) or self.children[rb]]
+            ka, kb = self.split_at(ra, sizes), self.split_at(rb, sizes)
             if ka is None or kb is None:  # split into different parts: only the identity fits both
                 self.set_frozen(ra)
                 self.set_frozen(rb)
@@ -248,15 +248,20 @@ class _Tracer:
         """The ``k`` equal consecutive parts of space ``sid`` (created on first use); ``None`` if it is already
         split differently or its size is not a multiple of ``k``. Splitting restricts the space's group to
         permutations within each part (always safe: a subgroup of a symmetry group is a symmetry group)."""
+        n = self.size[self.find(sid)]
+        return None if n % k else self.split_at(sid, [n // k] * k)
+
+    def split_at(self, sid: int, sizes: list[int]) -> tuple[int, ...] | None:
+        """The consecutive parts of space ``sid`` of ``sizes`` (summing to its size; created on first use), or
+        ``None`` if it is already split differently."""
         r = self.find(sid)
-        if k == 1:
+        if len(sizes) == 1:
             return (r,)
         if r in self.children:
-            return self.children[r] if len(self.children[r]) == k else None
-        if self.size[r] % k:
+            return self.children[r] if [self.size[c] for c in self.children[r]] == list(sizes) else None
+        if sum(sizes) != self.size[r] or min(sizes) < 1:
             return None
-        n = self.size[r] // k
-        self.children[r] = tuple(self.new_space(n, f"{self.creator[r]}[{i}]", self.frozen[r]) for i in range(k))
+        self.children[r] = tuple(self.new_space(n, f"{self.creator[r]}[{i}]", self.frozen[r]) for i, n in enumerate(sizes))
         return self.children[r]
 
     def leaves(self, sid: int, block: int, offset: int) -> list[tuple[int, int]]:
@@ -264,8 +269,11 @@ class _Tracer:
         r = self.find(sid)
         if r not in self.children:
             return [(r, offset)]
-        step = self.size[r] // len(self.children[r]) * block
-        return [leaf for i, c in enumerate(self.children[r]) for leaf in self.leaves(c, block, offset + i * step)]
+        out: list[tuple[int, int]] = []
+        for c in self.children[r]:
+            out += self.leaves(c, block, offset)
+            offset += self.size[c] * block
+        return out
 
     def set_frozen(self, sid: int) -> None:
         r = self.find(sid)
@@ -1017,13 +1025,29 @@ class _Tracer:
                 out_dim += 1
                 continue
             if axis == x.dim and not (isinstance(i, slice) and i == slice(None)):
-                segs = _whole_segments(x, i) if isinstance(i, slice) else None
+                segs = (_whole_segments(x, i) or self.slice_space(x, i)) if isinstance(i, slice) else None
                 if segs is None:
                     return self.unsupported(node, "indexing into the permuted dim other than a range of whole spaces")
             if axis < x.dim and isinstance(i, int):
                 out_dim -= 1
             axis += 1
         return _Val(out_dim, _shape_len(node, x.ndim), segs)
+
+    def slice_space(self, x: _Val, i: slice) -> tuple[_Seg, ...] | None:
+        """A contiguous slice inside one space (DPN's ``x[:, :n]`` and ``x[:, n:]`` of one convolution's output): the
+        space is split into consecutive parts at the slice's ends (permutations within each part), the slice takes
+        the middle one; None if it spans several spaces, cuts through a unit or the space is split differently."""
+        start, stop, step = i.indices(x.width)
+        for s, off in _offsets(x):
+            end = off + s.n * s.block
+            if step == 1 and off <= start < stop <= end and (start - off) % s.block == 0 and (stop - off) % s.block == 0:
+                cuts = [(start - off) // s.block, (stop - off) // s.block, s.n]
+                sizes = [b - a for a, b in zip([0, *cuts[:-1]], cuts, strict=True) if b > a]
+                parts = self.split_at(s.space, sizes)
+                if parts is None:
+                    return None
+                return (_Seg(parts[1 if start > off else 0], (stop - start) // s.block, s.block),)
+        return None
 
     def attention_function(self, node: torch.fx.Node) -> _Val | None:
         """``F.scaled_dot_product_attention(q, k, v)``: like ``softmax(q kᵀ) v`` — q's and k's spaces joined per
