@@ -37,7 +37,7 @@ def test_quick_zoo_supports_the_reduced_torchvision_and_timm_models(tmp_path):
             assert row["status"] == "partial" and "features.2.reduction" in row["repair"]
         else:
             assert row["status"] == "supported", (name, row)
-    assert "13 of 14 supported" in (tmp_path / "zoo" / "report.md").read_text()
+    assert "14 of 15 supported" in (tmp_path / "zoo" / "report.md").read_text()
 
 
 def _perturbed(model: nn.Module, seed: int) -> nn.Module:
@@ -166,3 +166,16 @@ def test_timm_layers_scaled_std_conv_group_norm1_and_affine_are_bound():
     unbound = [k for k, b in spec.tensors.items() if not b and sd[k].is_floating_point()]
     assert unbound == ["head.bias"]
     assert {"conv.gain", "norm.weight", "affine.alpha", "affine.beta"} <= {k for k, b in spec.tensors.items() if b}
+
+
+def test_beit_concatenated_qkv_bias_binds_its_parts_and_a_non_constant_buffer_part_stays_fixed():
+    model = _perturbed(MODELS["timm/beit (2 layers × 32)"][0](), 3)
+    x = torch.randn(2, 3, 32, 32)
+    spec = mc.symmetry_spec(model, x)
+    assert spec.tensors["blocks.0.attn.q_bias"] and spec.tensors["blocks.0.attn.v_bias"]
+    assert "blocks.0.attn.k_bias" not in spec.tensors  # a zero buffer outside the state dict: constant, needs no binding
+    n_qk = sum(".qkv" in name and s.size == 16 for name, s in spec.spaces.items())
+    for block in model.blocks:  # k_bias no longer constant: the key part (so the query/key heads) must stay fixed
+        block.attn.k_bias.normal_()
+    spec2 = mc.symmetry_spec(model, x)  # the self-check passes: nothing that moves reads the changed buffer
+    assert sum(".qkv" in name and s.size == 16 for name, s in spec2.spaces.items()) < n_qk

@@ -137,6 +137,8 @@ MODELS: dict[str, tuple[Callable[[], nn.Module], int]] = {
     "timm/vit (2 layers × 32)": (_timm("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=2, embed_dim=32,
                                        num_heads=2), 32),
     "timm/efficientnet_b0 (BatchNormAct)": (_timm("efficientnet_b0"), 32),
+    "timm/beit (2 layers × 32)": (_timm("beit_base_patch16_224", img_size=32, patch_size=8, embed_dim=32, depth=2,
+                                        num_heads=2, use_rel_pos_bias=True, init_values=0.1), 32),
 }
 """Model label → (builder of a randomly initialised 10-class model, input size)."""
 
@@ -145,7 +147,8 @@ SIZES = {
                              "densenet (growth 8)", "mobilenet_v2 ×0.25", "mobilenet_v3_small ×0.5",
                              "efficientnet_b0 (torchvision)", "convnext (2 stages)", "vit (2 layers × 32)",
                              "swin (2 stages × 16)", "timm/vit (2 layers × 32)", "timm/convnext_atto",
-                             "timm/efficientnet_b0 (BatchNormAct)", "timm/dla34")),
+                             "timm/efficientnet_b0 (BatchNormAct)", "timm/dla34",
+                             "timm/beit (2 layers × 32)")),
     "full": ZooSize(models=tuple(name for name in MODELS if " " not in name)),  # the standard configurations
 }
 

@@ -99,6 +99,14 @@ class _Parts:
 
 
 @dataclass(frozen=True)
+class _AttrCat:
+    """A 1-D concatenation of tensors read by ``get_attr`` (BEiT's q/k/v bias ``cat((q_bias, k_bias, v_bias))``, its
+    ``k_bias`` a constant buffer outside the state dict): ``parts`` = (tensor, length, constant along its length)."""
+
+    parts: tuple[tuple[_Attr, int, bool], ...]
+
+
+@dataclass(frozen=True)
 class _Attr:
     """A tensor read by a ``get_attr`` node: a parameter/buffer ``key`` of the state dict, or ``None`` for a
     tensor outside it (which can never be permuted)."""
@@ -152,8 +160,8 @@ _REDUCE_METHODS = {"mean", "sum", "amax", "amin"}
 # symmetric function); an orthogonal or scaling group would need its own rule here
 _SOFTMAX_FUNCTIONS = {F.softmax, F.log_softmax, torch.softmax, torch.log_softmax}
 _SOFTMAX_METHODS = {"softmax", "log_softmax"}
-_RESHAPE_FUNCTIONS = {torch.flatten, torch.reshape, torch.unflatten}
-_RESHAPE_METHODS = {"flatten", "view", "reshape", "unflatten"}
+_RESHAPE_FUNCTIONS = {torch.flatten, torch.reshape, torch.unflatten, torch.unsqueeze, torch.squeeze}
+_RESHAPE_METHODS = {"flatten", "view", "reshape", "unflatten", "unsqueeze", "squeeze"}
 _MATMUL = {operator.matmul, torch.matmul, torch.bmm}
 _MATMUL_METHODS = {"matmul", "bmm"}
 _NON_TENSOR_METHODS = {"size", "dim"}
@@ -167,6 +175,7 @@ _OPERAND_RULES: tuple[tuple[set, set, str], ...] = (  # (methods, functions, _Tr
     (set(), {F.layer_norm}, "functional_layer_norm"),
     (set(), {F.batch_norm}, "functional_batch_norm"),
     (set(), {F.group_norm}, "functional_group_norm"),
+    (set(), {F.linear}, "functional_linear"),
     ({"addcmul"}, {torch.addcmul}, "addcmul"),
     (set(), {F.scaled_dot_product_attention}, "attention_function"),
 )
@@ -288,6 +297,9 @@ class _Tracer:
         elif isinstance(v, _Val):
             for s in v.segs:
                 self.set_frozen(s.space)
+        elif isinstance(v, _AttrCat):
+            for a, _, _ in v.parts:
+                self.freeze(a)
         elif isinstance(v, (_Parts, tuple)):
             for part in (v.vals if isinstance(v, _Parts) else v):
                 self.freeze(part)
@@ -351,7 +363,7 @@ class _Tracer:
         """The traced value of argument ``a``. A parameter read here (anywhere but as an elementwise operand
         of activations, see :meth:`parameter_operand`) is never permuted: it becomes a frozen value."""
         v = self.vals.get(a) if isinstance(a, torch.fx.Node) else None
-        if isinstance(v, _Attr):
+        if isinstance(v, (_Attr, _AttrCat)):
             self.freeze(v)
             return self.frozen_val(a)
         return v
@@ -968,6 +980,8 @@ class _Tracer:
         # a class token prepended to the patches: bound like a bias
         if attrs and any(not isinstance(self.vals.get(p), _Attr) for p in parts):
             return self.cat_parameters(node, parts, dim)
+        if all(isinstance(self.vals.get(p), _Attr) and len(self.vals[p].shape) == 1 for p in parts):
+            return _AttrCat(tuple((self.vals[p], self.vals[p].shape[0], self.constant_tensor(p)) for p in parts))
         vals = [self.value(p) for p in parts]
         if any(v is None for v in vals):
             return self.unsupported(node, "concatenation of non-tensor values")
@@ -982,6 +996,41 @@ class _Tracer:
         for v in vals[1:]:
             self.union_segs(vals[0], v, node)
         return vals[0]
+
+    def constant_tensor(self, node: torch.fx.Node) -> bool:
+        """Whether the tensor a ``get_attr`` node reads has one value throughout (a zero bias buffer)."""
+        t: Any = self.gm
+        for part in str(node.target).split("."):
+            t = getattr(t, part, None)
+        return torch.is_tensor(t) and t.numel() > 0 and bool((t == t.reshape(-1)[0]).all())
+
+    def functional_linear(self, node: torch.fx.Node) -> _Val | None:
+        """``F.linear(x, weight, bias)`` with the model's ``weight`` (BEiT's ``F.linear(x, qkv.weight, qkv_bias)``):
+        like a Linear layer; a concatenated bias (:class:`_AttrCat`) splits the output space into its parts, each bound
+        to its tensor, and a constant part outside the state dict needs no binding (any other freezes its part)."""
+        args = dict(zip(("input", "weight", "bias"), node.args, strict=False)) | dict(node.kwargs)
+        x, w = self.value(args["input"]), self.vals.get(args["weight"]) if isinstance(args.get("weight"), torch.fx.Node) else None
+        b = self.vals.get(args.get("bias")) if isinstance(args.get("bias"), torch.fx.Node) else None
+        if x is None or not isinstance(w, _Attr) or w.key is None or x.outer is not None or (
+                args.get("bias") is not None and not (isinstance(b, _AttrCat) or isinstance(b, _Attr) and b.key is not None)):
+            return self.unsupported(node, "linear whose weight or bias is not a parameter of the model, or of per-head values")
+        x = self.require_dim(node, x, x.ndim - 1)
+        self.bind(w.key, 1, x, "in")
+        space = self.module_out_space(w.key.rsplit(".", 1)[0], w.shape[0])
+        out = _Val(x.dim, _shape_len(node, x.ndim), (_Seg(space, w.shape[0]),))
+        self.bind(w.key, 0, out, "out")
+        if isinstance(b, _Attr):
+            self.bind(b.key, 0, out, "out")
+        elif isinstance(b, _AttrCat):
+            children = self.split_at(space, [n for _, n, _ in b.parts])
+            if children is None:
+                return self.unsupported(node, "a concatenated bias whose parts cut the output space differently")
+            for (a, _, constant), child in zip(b.parts, children, strict=True):
+                if a.key is not None:
+                    self.bindings.append((a.key, AxisBinding(0, "", "out", 1, 0, False), child))
+                elif not constant:
+                    self.set_frozen(child)
+        return out
 
     def cat_parameters(self, node: torch.fx.Node, parts: list, dim: int) -> _Val | None:
         """``cat([token, x], dim)`` along a dim the symmetry does not act on, ``token`` a parameter (a ViT's class
@@ -1015,7 +1064,7 @@ class _Tracer:
         permuted dim is taken whole; the dims removed or inserted before it shift it."""
         x = self.value(node.args[0])
         idx = node.args[1] if isinstance(node.args[1], tuple) else (node.args[1],)
-        if x is None:
+        if x is None or self.all_frozen(x):  # e.g. a relative-position bias gathered from its table
             return self.frozen_val(node)
         if x.outer is not None or any(i is Ellipsis or not isinstance(i, (int, slice, type(None))) for i in idx):
             return self.unsupported(node, "indexing with tensors, Ellipsis or a value with per-head spaces")
