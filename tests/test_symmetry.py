@@ -101,17 +101,24 @@ class _Concat(nn.Module):
 
     def forward(self, x):
         h = torch.cat([F.relu(self.a(x)), torch.tanh(self.b(x))], dim=1)
-        h = self.dw(h.unsqueeze(-1).expand(-1, -1, 5).contiguous()).mean(-1)
+        h = self.dw(h.unsqueeze(-1).expand(-1, -1, 5).contiguous().flip(1)).mean(-1)
         return self.out(h)
 
 
 def test_concat_and_depthwise():
     model = _Concat().eval()
     x = torch.randn(7, 4)
-    with pytest.raises(UnsupportedOperationError, match="unsqueeze"):
+    with pytest.raises(UnsupportedOperationError, match="flip"):
         mc.symmetry_spec(model, x)
     spec = mc.symmetry_spec(model, x, on_unsupported="freeze")
     spec.validate(model)
+
+    class Broadcast(_Concat):  # unsqueeze / expand along dims the symmetry does not act on: the channels pass
+        def forward(self, x):
+            h = torch.cat([F.relu(self.a(x)), torch.tanh(self.b(x))], dim=1)
+            return self.out(self.dw(h.unsqueeze(-1).expand(-1, -1, 5).contiguous()).mean(-1))
+
+    assert mc.symmetry_spec(Broadcast().eval(), x).tensors["dw.weight"]
 
     class Concat2(_Concat):
         def forward(self, x):

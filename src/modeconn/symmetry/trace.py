@@ -185,6 +185,7 @@ _UNARY_RULES: tuple[tuple[set, set, str], ...] = (  # (methods, functions, _Trac
     (_RESHAPE_METHODS, _RESHAPE_FUNCTIONS, "reshape"),
     (_REDUCE_METHODS, _REDUCE_FUNCTIONS, "reduce"),
     ({"permute", "transpose"}, {torch.permute, torch.transpose}, "permute"),
+    ({"expand", "expand_as"}, set(), "expand"),
     ({"chunk"}, {torch.chunk}, "chunk"),
     ({"split"}, {torch.split}, "split_sizes"),
 )
@@ -906,6 +907,16 @@ class _Tracer:
         if _matches(node, _ELEMENTWISE_METHODS, set()):
             return x
         return self.unsupported(node, "takes a fused q/k/v value apart other than along its part axis")
+
+    def expand(self, node: torch.fx.Node, x: _Val | None) -> _Val | None:
+        """``x.expand(…)``: broadcasting size-1 dims; the permuted dim (and a per-head axis) must keep its size."""
+        in_shape, out_shape = _shape(node.args[0]), _shape(node)
+        if x is None or self.all_frozen(x):
+            return self.frozen_val(node)
+        if in_shape is None or out_shape is None or len(in_shape) != len(out_shape) or any(
+                d is not None and in_shape[d] != out_shape[d] for d in (x.dim, x.outer)):
+            return self.unsupported(node, "expand adds dims or broadcasts the permuted dim")
+        return x
 
     def chunk(self, node: torch.fx.Node, x: _Val | None) -> tuple | None:
         """``x.chunk(k, dim)``: along a dim the symmetry does not act on, every chunk carries x's spaces; along the
