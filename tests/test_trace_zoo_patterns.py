@@ -25,6 +25,7 @@ MODELS = {
     "convnext-like": (zoo_like.ConvNeXtLike, (2, 3, 8, 8)),
     "split-and-slice": (zoo_like.SplitScales, (2, 3, 8, 8)),
     "dual-path": (zoo_like.DualPath, (2, 3, 8, 8)),
+    "split-attention": (zoo_like.SplitAttention, (2, 3, 8, 8)),
 }
 
 
@@ -157,5 +158,23 @@ def test_extra_per_output_parameters_of_a_conv_subclass_are_bound(monkeypatch):
     spec = mc.symmetry_spec(model.eval(), x)
     assert spec.tensors["0.gain"] and spec.tensors["2.gain"]
     monkeypatch.setattr(trace_mod._Tracer, "output_parameters", lambda self, name, n: [f"{name}.weight", f"{name}.bias"])
+    with pytest.raises(mc.errors.SpecError, match="changes its function"):
+        mc.symmetry_spec(model, x)
+
+
+def test_softmax_across_heads_must_join_their_spaces(monkeypatch):
+    class RadixSoftmax(nn.Module):  # a softmax over the axis indexing per-head spaces is all that ties the heads
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(4, 6), nn.Linear(6, 2)
+
+        def forward(self, x):
+            return self.b(self.a(x).view(-1, 2, 3).softmax(dim=1).flatten(1))
+
+    torch.manual_seed(0)
+    model, x = RadixSoftmax().eval(), torch.randn(5, 4)
+    spec = mc.symmetry_spec(model, x)
+    assert len(spec.spaces) == 1  # the two heads joined: one permutation of 3
+    monkeypatch.setattr(trace_mod._Tracer, "join_heads", lambda self, node, v: True)  # the broken variant
     with pytest.raises(mc.errors.SpecError, match="changes its function"):
         mc.symmetry_spec(model, x)

@@ -175,3 +175,23 @@ class DualPath(nn.Module):
         resid, dense = s[:, :4], s[:, 4:]
         y = torch.cat([resid + torch.relu(self.c2(x)), dense], dim=1)
         return self.head(y.mean((2, 3)))
+
+
+class SplitAttention(nn.Module):
+    """ResNeSt's split attention: a conv writes ``radix`` groups of channels (reshaped to a radix axis), summed over
+    the radix for the gate; the gate's radix softmax mixes the radix groups channel by channel."""
+
+    def __init__(self, c: int = 4, radix: int = 2):
+        super().__init__()
+        self.radix, self.stem = radix, nn.Conv2d(3, c, 3, padding=1)
+        self.conv, self.fc1, self.fc2 = nn.Conv2d(c, c * radix, 3, padding=1), nn.Conv2d(c, 6, 1), nn.Conv2d(6, c * radix, 1)
+        self.head = nn.Linear(c, 3)
+
+    def forward(self, x):
+        x = torch.relu(self.conv(torch.relu(self.stem(x))))
+        b, rc, h, w = x.shape
+        x = x.reshape(b, self.radix, rc // self.radix, h, w)
+        gap = torch.relu(self.fc1(x.sum(dim=1).mean((2, 3), keepdim=True)))
+        attn = self.fc2(gap).view(b, 1, self.radix, -1).transpose(1, 2).softmax(dim=1).reshape(b, -1)
+        out = (x * attn.reshape(b, self.radix, rc // self.radix, 1, 1)).sum(dim=1)
+        return self.head(out.mean((2, 3)))

@@ -180,7 +180,8 @@ _OPERAND_RULES: tuple[tuple[set, set, str], ...] = (  # (methods, functions, _Tr
     (set(), {F.scaled_dot_product_attention}, "attention_function"),
 )
 _UNARY_RULES: tuple[tuple[set, set, str], ...] = (  # (methods, functions, _Tracer handler(node, first operand))
-    (_ELEMENTWISE_METHODS | _SOFTMAX_METHODS, _ELEMENTWISE_FUNCTIONS | _SOFTMAX_FUNCTIONS, "elementwise"),
+    (_ELEMENTWISE_METHODS, _ELEMENTWISE_FUNCTIONS, "elementwise"),
+    (_SOFTMAX_METHODS, _SOFTMAX_FUNCTIONS, "softmax"),
     (set(), _POOL_FUNCTIONS, "pool"),
     (_RESHAPE_METHODS, _RESHAPE_FUNCTIONS, "reshape"),
     (_REDUCE_METHODS, _REDUCE_FUNCTIONS, "reduce"),
@@ -379,6 +380,9 @@ class _Tracer:
         x = self.arg_val(node)
         if x is None or isinstance(x, _Parts):
             return self.unsupported(node, "module input is not a tensor" if x is None else "module reads a fused q/k/v value")
+        if isinstance(mod, (nn.Softmax, nn.LogSoftmax)) and x.outer is not None and mod.dim is not None and (
+                mod.dim % x.ndim == x.outer) and not self.join_heads(node, x):
+            return self.unsupported(node, "softmax across per-head spaces of different layouts")
         if isinstance(mod, (*_ELEMENTWISE_MODULES, nn.Softmax, nn.LogSoftmax)) or type(mod) in ELEMENTWISE_RULES:
             return x
         if isinstance(mod, nn.Flatten):
@@ -807,18 +811,36 @@ class _Tracer:
             return self.unsupported(node, "shape unknown")
         if in_shape == out_shape:
             return x
-        merged, split = _merged_range(in_shape, out_shape), _merged_range(out_shape, in_shape)
-        if merged is not None:
-            new = self.merge_dims(x, in_shape, *merged)
-        elif split is not None:
-            new = self.split_dim(x, out_shape, *split)
-        else:
-            new = f"reshape {in_shape} → {out_shape} neither merges adjacent dims nor splits one"
+        new = self.merge_or_split(x, in_shape, out_shape)
+        if isinstance(new, str) and x.dim is not None and 1 not in (in_shape[x.dim], *(in_shape[d] for d in (x.outer,) if d is not None)):
+            new = self.compact_reshape(x, in_shape, out_shape) or new
         if isinstance(new, (_Val, _Parts)):
             return new
         if self.all_frozen(x):
             return self.frozen_val(node)
         return self.unsupported(node, new)
+
+    def merge_or_split(self, x: _Val, in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> _Val | _Parts | str:
+        merged, split = _merged_range(in_shape, out_shape), _merged_range(out_shape, in_shape)
+        if merged is not None:
+            return self.merge_dims(x, in_shape, *merged)
+        if split is not None:
+            return self.split_dim(x, out_shape, *split)
+        return f"reshape {in_shape} → {out_shape} neither merges adjacent dims nor splits one"
+
+    def compact_reshape(self, x: _Val, in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> _Val | _Parts | None:
+        """A reshape that also adds or drops size-1 dims (ResNeSt's ``(B, C, 1, 1) → (B, 1, radix, C / radix)``):
+        the merge or split of the dims of size > 1, placed back among the size-1 dims; None if it is neither."""
+        keep_in = [i for i, n in enumerate(in_shape) if n != 1]
+        keep_out = [i for i, n in enumerate(out_shape) if n != 1]
+        compact_in, compact_out = tuple(in_shape[i] for i in keep_in), tuple(out_shape[i] for i in keep_out)
+        if compact_in == compact_out:
+            new: Any = x.remap(lambda d: keep_in.index(d), len(keep_in))
+        else:
+            new = self.merge_or_split(x.remap(lambda d: keep_in.index(d), len(keep_in)), compact_in, compact_out)
+        if isinstance(new, str):
+            return None
+        return new.remap(lambda d: keep_out[d], len(out_shape))
 
     def merge_dims(self, x: _Val, in_shape: tuple[int, ...], s: int, e: int) -> _Val | str:
         """Dims ``s..e`` of ``in_shape`` merged into one; a string says why the symmetry cannot follow."""
@@ -970,9 +992,31 @@ class _Tracer:
         dims = {d % x.ndim for d in (dims if isinstance(dims, (tuple, list)) else (dims,))}
         if x.dim in dims:
             return self.frozen_val(node)  # sum/mean over units is permutation-invariant
-        if x.outer in dims and not self.all_frozen(x):
-            return self.unsupported(node, "reduces over the axis indexing per-head spaces")
-        return x.remap(lambda d: d if keepdim else d - sum(r < d for r in dims), _shape_len(node, x.ndim))
+        nd = _shape_len(node, x.ndim)
+        if x.outer in dims and not self.all_frozen(x):  # summing the heads (ResNeSt's radix): one permutation for all
+            if not self.join_heads(node, x):
+                return self.unsupported(node, "reduces over the axis indexing per-head spaces of different layouts")
+            return _Val(x.dim if keepdim else x.dim - sum(r < x.dim for r in dims), nd, x.segs[:1])
+        return x.remap(lambda d: d if keepdim else d - sum(r < d for r in dims), nd)
+
+    def join_heads(self, node: torch.fx.Node, x: _Val) -> bool:
+        """Union the spaces of every index of ``x.outer`` (an op mixing values across it needs one permutation for all);
+        False if their layouts differ."""
+        if any((s.n, s.block) != (x.segs[0].n, x.segs[0].block) for s in x.segs):
+            return False
+        for seg in x.segs[1:]:
+            self.union(x.segs[0].space, seg.space, node)
+        return True
+
+    def softmax(self, node: torch.fx.Node, x: _Val | None) -> _Val | None:
+        """softmax / log_softmax commute with permutations of every dim, their own included; over the axis indexing
+        per-head spaces (ResNeSt's radix softmax) they mix the heads, which then need one permutation."""
+        if x is None or x.outer is None:
+            return self.elementwise(node, x)
+        dim = node.kwargs.get("dim", node.args[1] if len(node.args) > 1 else None)
+        if dim is not None and dim % x.ndim == x.outer and not self.join_heads(node, x):
+            return self.unsupported(node, "softmax across per-head spaces of different layouts")
+        return x
 
     def permute(self, node: torch.fx.Node, x: _Val | None) -> _Val | None:
         if x is None:
