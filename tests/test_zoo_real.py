@@ -10,15 +10,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
 import modeconn as mc
 from modeconn.errors import SpecError
 from modeconn.experiments.zoo import MODELS, SIZES
-from modeconn.path.repair import channel_stats, interpolated_targets
+from modeconn.path.repair import channel_stats
 from modeconn.symmetry.trace import _Tracer
 
 from cli_runner import run_cli
+from repair_check import assert_repaired
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -118,26 +118,12 @@ def _bn_act_net(seed: int) -> nn.Module:
 
 
 def test_repair_inside_timm_batchnorm_act_corrects_the_statistics_before_the_activation():
-    a, b = _bn_act_net(0), _bn_act_net(1)
-    x = torch.randn(2, 3, 8, 8)
-    spec = mc.symmetry_spec(a, x)
+    spec = mc.symmetry_spec(_bn_act_net(0), torch.randn(2, 3, 8, 8))
     assert spec.repair_points == (("1", 1, "1.drop"), ("3", 1, "3.drop"))
-    loader = DataLoader(TensorDataset(torch.randn(96, 3, 8, 8), torch.randint(0, 5, (96,))), batch_size=32)
-    sd_b = spec.apply(b.state_dict(), mc.weight_matching(spec, a.state_dict(), b.state_dict()).element)
-    merged = mc.merge([a.state_dict(), sd_b], model=a, bn="repair", bn_loader=loader, spec=spec)
-    batches = [xb for xb, _ in loader]
-    b_al = _bn_act_net(1)
-    b_al.load_state_dict(sd_b)
-    targets = interpolated_targets([channel_stats(m, spec.repair_points, batches) for m in (a, b_al)], [0.5, 0.5])
-    m = _bn_act_net(0)
-    m.load_state_dict(merged)
-    got = channel_stats(m, spec.repair_points, batches)
-    for name, (mean_t, std_t) in targets.items():
-        torch.testing.assert_close(got[name][0], mean_t, atol=2e-3, rtol=1e-3)
-        torch.testing.assert_close(got[name][1], std_t, atol=2e-3, rtol=1e-3)
+    merged, seen = assert_repaired(_bn_act_net, spec, (3, 8, 8), 5)
     # the broken variant: statistics read after the activation are not what REPAIR set
-    after = channel_stats(m, [("1", 1)], batches)
-    assert not torch.allclose(after["1"][0], targets["1"][0], atol=2e-3)
+    after = channel_stats(merged, [("1", 1)], seen["batches"])
+    assert not torch.allclose(after["1"][0], seen["targets"]["1"][0], atol=2e-3)
 
 
 def _timm_layer_net() -> nn.Module:
