@@ -23,17 +23,18 @@ Outputs: ``results.json``, ``report.md`` (markdown table), ``paths_loss.png`` (l
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
 from pathlib import Path as FsPath
 from typing import Any
 
 import numpy as np
+import torch
 import torch.nn as nn
 
 from ..data import DatasetBundle, load_dataset
 from ..models import build_model
-from ..path import LLPFConfig, Path
+from ..path import LLPFConfig, Path, PathCurve
 from ..report import plot_path_losses, plot_path_pca
 from ..train import TrainConfig, fit
 from .output import output_directory, write_json
@@ -44,10 +45,11 @@ Log = Callable[[str], None]
 
 
 @dataclass(frozen=True)
-class LLPFSize:
-    """Everything that differs between ``--quick`` (CI, about a minute) and the full run."""
+class SearchSize:
+    """What every LLPF experiment size sets: the endpoints' training data (``limit_train`` examples) and epochs, the
+    examples evaluated per split, and the LLPF schedule (:func:`m2m_config`; ``margin``: nats above the larger
+    endpoint train loss at which a tick's refinement stops)."""
 
-    width: float
     limit_train: int | None
     epochs: int
     eval_limit: int
@@ -58,6 +60,13 @@ class LLPFSize:
     record_every: int
     lr: float
     margin: float
+
+
+@dataclass(frozen=True)
+class LLPFSize(SearchSize):
+    """Everything that differs between ``--quick`` (CI, about a minute) and the full run."""
+
+    width: float
     m2o_step: float
     m2o_max_ticks: int
     bn_batches: int = 10
@@ -96,11 +105,66 @@ def train_endpoints(bundle: DatasetBundle, size: LLPFSize, log: Log) -> dict[str
     return models
 
 
-def llpf_config(size: LLPFSize, threshold: float, seed: int, **overrides: Any) -> LLPFConfig:
+def m2m_config(size: SearchSize, threshold: float, seed: int, **overrides: Any) -> LLPFConfig:
+    """The LLPF settings of an experiment size (its ``step``, ``ticks``, ``lr``, ``min_steps``, ``max_steps``,
+    ``record_every``), refinement threshold (nats) and seed; ``overrides``: further :class:`LLPFConfig` fields."""
     return LLPFConfig(step=size.step, ticks=size.ticks, lr=size.lr, threshold=threshold, min_steps=size.min_steps,
                       max_steps=size.max_steps, record_every=size.record_every, batch_size=64, seed=seed,
-                      m2o_step=size.m2o_step, m2o_max_ticks=size.m2o_max_ticks, fdf_level=size.fdf_level,
                       **overrides)
+
+
+def llpf_config(size: LLPFSize, threshold: float, seed: int, **overrides: Any) -> LLPFConfig:
+    return m2m_config(size, threshold, seed, m2o_step=size.m2o_step, m2o_max_ticks=size.m2o_max_ticks,
+                      fdf_level=size.fdf_level, **overrides)
+
+
+@dataclass
+class PathSet:
+    """Paths between trained endpoints ``sd`` (name → state dict), each found by :func:`find_path` and evaluated
+    alike by :func:`evaluate_found_path` (BatchNorm recomputed per point on ``bn_batches`` training batches,
+    ``sub_points`` continuity sub-points per segment, ``eval_limit`` examples per split). With ``save_dir`` every
+    path added with ``save=True`` is written to ``save_dir/<label>`` (safetensors shards)."""
+
+    net: nn.Module
+    sd: Mapping[str, Mapping[str, torch.Tensor]]
+    bundle: DatasetBundle
+    eval_limit: int | None
+    bn_batches: int
+    sub_points: int
+    log: Log = print
+    save_dir: FsPath | None = None
+    paths: dict[str, Path] = field(default_factory=dict)
+    curves: dict[str, PathCurve] = field(default_factory=dict)
+
+    def evaluate(self, path: Path) -> PathCurve:
+        return evaluate_found_path(path, self.net, self.bundle, eval_limit=self.eval_limit,
+                                   bn_batches=self.bn_batches, sub_points=self.sub_points)
+
+    def add(self, label: str, method: str, options: Any, a: str = "A", b: str = "B", budget: int | None = None,
+            save: bool = True) -> PathCurve:
+        """Find the ``method`` path from ``sd[a]`` to ``sd[b]`` (``budget``: gradient evaluations), evaluate it and
+        keep both under ``label``; returns its curve."""
+        t0 = time.perf_counter()
+        p = find_path(method, self.net, self.sd[a], self.sd[b], self.bundle.train, options, budget=budget)
+        if save and self.save_dir is not None:
+            p.save(self.save_dir / label)
+        self.paths[label], self.curves[label] = p, self.evaluate(p)
+        self.log(f"{label}: {len(p)} points, {p.compute.get('grad_evals', 0)} grad evals, peak train loss "
+                 f"{self.curves[label].peak('train'):.4f} ({time.perf_counter() - t0:.0f} s)")
+        return self.curves[label]
+
+    def endpoint_losses(self, label: str) -> list[float]:
+        """Train loss of the first and the last point of path ``label`` (measured like every point)."""
+        loss = self.curves[label].values("train", "loss")
+        return [float(loss[0]), float(loss[-1])]
+
+    def add_matched_baselines(self, seed: int, budget: int, curve_points: int) -> None:
+        """A→B quadratic Bezier curve (``curve_points`` samples) and AutoNEB, each given ``budget`` gradient
+        evaluations (LLPF's), as rows ``"bezier"`` and ``"autoneb"``."""
+        self.add("bezier", "bezier", {"lr": 0.05, "batch_size": 64, "seed": seed, "n_points": curve_points},
+                 budget=budget)
+        self.add("autoneb", "autoneb", {"lr": 0.05, "batch_size": 64, "seed": seed, "insert_probe": 5,
+                                        "eval_batches": 2, "steps_per_cycle": max(1, budget // 12)}, budget=budget)
 
 
 def run_llpf_experiment(out: str | FsPath, *, quick: bool = False, data: str | FsPath | None = None,
@@ -117,38 +181,19 @@ def run_llpf_experiment(out: str | FsPath, *, quick: bool = False, data: str | F
         bundle = load_dataset("fashion-mnist", data, limit_train=size.limit_train)
         models = train_endpoints(bundle, size, log)
         sd = {k: m.state_dict() for k, m in models.items()}
-        net = models["A"]
-
-        def evaluate(path: Path):
-            return evaluate_found_path(path, net, bundle, eval_limit=size.eval_limit, bn_batches=size.bn_batches,
-                                       sub_points=size.sub_points)
-
-        linear = find_path("linear", net, sd["A"], sd["B"], bundle.train, {"n": 25})
-        lin_curve = evaluate(linear)
-        ends = [float(lin_curve.values("train", "loss")[0]), float(lin_curve.values("train", "loss")[-1])]
+        ps = PathSet(models["A"], sd, bundle, size.eval_limit, size.bn_batches, size.sub_points, log, tmp / "paths")
+        ps.add("linear", "linear", {"n": 25}, save=False)
+        ends = ps.endpoint_losses("linear")
         threshold = max(ends) + size.margin
         log(f"endpoint train losses {ends[0]:.4f} / {ends[1]:.4f}: LLPF threshold {threshold:.4f}")
-        paths: dict[str, Path] = {"linear": linear}
-        curves = {"linear": lin_curve}
-
-        def add(label: str, method: str, options: Any, a: str = "A", b: str = "B", budget: int | None = None) -> None:
-            t0 = time.perf_counter()
-            p = find_path(method, net, sd[a], sd[b], bundle.train, options, budget=budget)
-            p.save(tmp / "paths" / label)
-            paths[label], curves[label] = p, evaluate(p)
-            log(f"{label}: {len(p)} points, {p.compute.get('grad_evals', 0)} grad evals, peak train loss "
-                f"{curves[label].peak('train'):.4f} ({time.perf_counter() - t0:.0f} s)")
-
         for s in size.seeds:
-            add(f"llpf (seed {s})", "llpf", llpf_config(size, threshold, s))
-        budget = int(paths[f"llpf (seed {size.seeds[0]})"].compute["grad_evals"])
-        add("llpf all-at-once", "llpf", llpf_config(size, threshold, size.seeds[0], order="all"))
-        add("bezier", "bezier", {"lr": 0.05, "batch_size": 64, "seed": size.seeds[0], "n_points": size.curve_points},
-            budget=budget)
-        add("autoneb", "autoneb", {"lr": 0.05, "batch_size": 64, "seed": size.seeds[0], "insert_probe": 5,
-                                   "eval_batches": 2, "steps_per_cycle": max(1, budget // 12)}, budget=budget)
-        add("cross-sphere A→C", "cross-sphere", llpf_config(size, threshold, size.seeds[0]), b="C")
-        cross_ends = [float(curves["cross-sphere A→C"].values("train", "loss")[i]) for i in (0, -1)]
+            ps.add(f"llpf (seed {s})", "llpf", llpf_config(size, threshold, s))
+        budget = int(ps.paths[f"llpf (seed {size.seeds[0]})"].compute["grad_evals"])
+        ps.add("llpf all-at-once", "llpf", llpf_config(size, threshold, size.seeds[0], order="all"))
+        ps.add_matched_baselines(size.seeds[0], budget, size.curve_points)
+        ps.add("cross-sphere A→C", "cross-sphere", llpf_config(size, threshold, size.seeds[0]), b="C")
+        cross_ends = ps.endpoint_losses("cross-sphere A→C")
+        paths, curves = ps.paths, ps.curves
 
         rows = [path_row(label, c, paths[label], max(cross_ends if label.startswith("cross") else ends))
                 for label, c in curves.items()]

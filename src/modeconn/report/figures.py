@@ -163,6 +163,33 @@ def plot_path_pca(paths: Mapping[str, PathLike], path: str | Path, title: str = 
     ax.set_xlabel(f"PC1 ({100 * ev[0]:.1f}% of variance)")
     ax.set_ylabel(f"PC2 ({100 * ev[1]:.1f}% of variance)")
     ax.grid(alpha=0.3)
+    return _save_axes(fig, ax, path, title)
+
+
+def plot_peak_bars(bars: Mapping[str, Mapping[str, tuple[float, float]]], path: str | Path, ylabel: str,
+                   title: str = "") -> Path:
+    """Grouped bars: one group per key of ``bars`` (e.g. "architecture/pair"), one bar per method with its value
+    and error bar (``{group: {method: (value, std)}}``, every group with the same methods). Symmetric-log y axis
+    (linear within ±0.01), so a large barrier and small peaks are readable side by side. Writes a PNG to ``path``."""
+    groups = list(bars)
+    methods = list(next(iter(bars.values())))
+    width = 0.8 / len(methods)
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(groups) + 2), 4.5))
+    x = np.arange(len(groups))
+    for i, m in enumerate(methods):
+        vals = [bars[g][m][0] for g in groups]
+        errs = [bars[g][m][1] for g in groups]
+        ax.bar(x + (i - (len(methods) - 1) / 2) * width, vals, width, yerr=errs, capsize=2, label=m)
+    ax.set_yscale("symlog", linthresh=0.01)
+    ax.axhline(0.0, color="black", lw=0.6)
+    ax.set_xticks(x, groups, rotation=45, ha="right", fontsize=8)
+    ax.set_ylabel(ylabel)
+    ax.grid(axis="y", alpha=0.3)
+    return _save_axes(fig, ax, path, title)
+
+
+def _save_axes(fig, ax, path: str | Path, title: str) -> Path:
+    """Legend and ``title`` on the single axes ``ax``, then ``fig`` saved as a PNG at ``path`` (110 dpi) and closed."""
     ax.legend(fontsize=8)
     if title:
         ax.set_title(title)
