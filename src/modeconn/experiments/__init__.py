@@ -3,8 +3,10 @@
 Importing this package registers every named experiment in :data:`EXPERIMENTS` (one import line each below).
 """
 
-from . import zoo  # noqa: F401  (registration)
-from . import check_calibration, identifiability, llpf_experiment, llpf_zoo, lmc_dm, lmc_dm_vit, merge_rules, transformer_wm  # noqa: F401  (registration)
+from . import (  # noqa: F401  (registration)
+    check_calibration, identifiability, llpf_experiment, llpf_zoo, lmc_dm, lmc_dm_vit, merge_rules, symmetry_breaking,
+    transformer_wm, zoo,
+)
 from .compare import METHODS, Comparison, compare_alignments
 from .demo import run_demo
 from .registry import EXPERIMENTS, Experiment, register_experiment
