@@ -1,6 +1,6 @@
 """Recipes: configs → runs → reports (the only layer that knows about files and plots).
 
-Importing this package registers every named experiment in :data:`EXPERIMENTS` (one import line each below).
+Importing this package registers every named experiment in :data:`EXPERIMENTS` (one name each in the import below).
 """
 
 from . import (  # noqa: F401  (registration)

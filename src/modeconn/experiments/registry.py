@@ -2,7 +2,7 @@
 
 An experiment module defines its sizes (``quick`` for CI, ``full`` for the report), a runner and a report, and
 registers one entry with :func:`register_experiment`; ``modeconn experiment NAME`` and its ``--help`` are generated
-from the entries. Adding an experiment touches its own module and one import line in ``experiments/__init__.py``.
+from the entries. Adding an experiment touches its own module and one name in the import of ``experiments/__init__.py``.
 """
 
 from __future__ import annotations
