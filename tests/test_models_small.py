@@ -288,7 +288,10 @@ class _Tokens(nn.Module):
             h = h + (q @ k.transpose(-2, -1)).sum()
         elif self.mode == "split-conflict":  # the same space cut into 2 groups of 3 and 3 groups of 2
             h = h + h.unflatten(-1, (2, 3)).sum() + h.unflatten(-1, (3, 2)).sum()
-        elif self.mode == "mean-over-heads":  # sums different per-head spaces together
+        elif self.mode == "mean-over-heads":  # averaging the heads joins their spaces (one permutation for both)
+            m = h.unflatten(-1, (2, 3)).mean(2)
+            h = torch.cat([m, m], -1)
+        elif self.mode == "tile":  # repeat along the permuted dim: no rule
             h = h.unflatten(-1, (2, 3)).mean(2).repeat(1, 1, 2)
         return self.out(h)
 
@@ -302,7 +305,8 @@ class _Tokens(nn.Module):
         ("matmul-param", "contracts a permuted dim", False),
         ("shared-k", "does not carry the same spaces", False),
         ("split-conflict", "already split into groups of another width", False),
-        ("mean-over-heads", "reduces over the axis indexing per-head spaces", False),
+        ("mean-over-heads", None, True),
+        ("tile", "no symmetry rule", False),
     ],
 )
 def test_parameter_and_matmul_rules(mode, error, hidden_bound):

@@ -26,6 +26,7 @@ MODELS = {
     "split-and-slice": (zoo_like.SplitScales, (2, 3, 8, 8)),
     "dual-path": (zoo_like.DualPath, (2, 3, 8, 8)),
     "split-attention": (zoo_like.SplitAttention, (2, 3, 8, 8)),
+    "ghost-residual": (zoo_like.GhostResidual, (2, 3, 8, 8)),
 }
 
 
@@ -178,3 +179,19 @@ def test_softmax_across_heads_must_join_their_spaces(monkeypatch):
     monkeypatch.setattr(trace_mod._Tracer, "join_heads", lambda self, node, v: True)  # the broken variant
     with pytest.raises(mc.errors.SpecError, match="changes its function"):
         mc.symmetry_spec(model, x)
+
+
+def test_operands_whose_layouts_do_not_refine_to_one_are_refused_not_silently_frozen():
+    class FlatPlusLinear(nn.Module):  # a flattened conv (units of 4 entries) added to a linear's output (units of 1)
+        def __init__(self):
+            super().__init__()
+            self.c, self.lin, self.head = nn.Conv2d(3, 2, 1), nn.Linear(5, 8), nn.Linear(8, 2)
+
+        def forward(self, x, y):
+            return self.head(self.c(x).flatten(1) + self.lin(y))
+
+    args = (torch.randn(2, 3, 2, 2), torch.randn(2, 5))
+    with pytest.raises(UnsupportedOperationError, match="do not refine to one"):
+        mc.symmetry_spec(FlatPlusLinear().eval(), args)
+    spec = mc.symmetry_spec(FlatPlusLinear().eval(), args, on_unsupported="freeze")
+    assert not spec.spaces

@@ -195,3 +195,17 @@ class SplitAttention(nn.Module):
         attn = self.fc2(gap).view(b, 1, self.radix, -1).transpose(1, 2).softmax(dim=1).reshape(b, -1)
         out = (x * attn.reshape(b, self.radix, rc // self.radix, 1, 1)).sum(dim=1)
         return self.head(out.mean((2, 3)))
+
+
+class GhostResidual(nn.Module):
+    """GhostNet: a module's output is [primary conv, cheap conv of it] concatenated, added to a one-space shortcut."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem, self.primary = nn.Conv2d(3, 6, 3, padding=1), nn.Conv2d(6, 4, 1)
+        self.cheap, self.head = nn.Conv2d(4, 2, 3, padding=1), nn.Linear(6, 3)
+
+    def forward(self, x):
+        s = torch.relu(self.stem(x))
+        p = self.primary(s)
+        return self.head((torch.cat([p, self.cheap(p)], 1) + s).mean((2, 3)))

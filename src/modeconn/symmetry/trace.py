@@ -690,14 +690,29 @@ class _Tracer:
         passed = self.broadcast_constant(node, first, second)
         if passed is not None:
             return passed
+        if not _same_layout(a, b) and a.width == b.width and (a.ndim, a.dim, a.outer) == (b.ndim, b.dim, b.outer) and (
+                a.outer is None):  # different cuts of one axis (GhostNet: [primary, cheap] + shortcut): refine both
+            cuts = {off for v in (a, b) for _, off in _offsets(v)} | {a.width}
+            a, b = self.refine(a, cuts) or a, self.refine(b, cuts) or b
         if not _same_layout(a, b):
-            if a.width == b.width and a.dim == b.dim:
-                self.freeze(a)
-                self.freeze(b)
-                return a
-            return self.unsupported(node, "operands carry different symmetry layouts")
+            return self.unsupported(node, "operands carry symmetry layouts that do not refine to one")
         self.union_segs(a, b, node)
         return a
+
+    def refine(self, x: _Val, cuts: set[int]) -> _Val | None:
+        """``x`` with every segment split at the positions ``cuts`` that fall inside it (its space split into
+        consecutive parts, :meth:`split_at`); None if a cut falls inside a unit or a space is split differently."""
+        segs: list[_Seg] = []
+        for s, off in _offsets(x):
+            inner = sorted(c for c in cuts if off < c < off + s.n * s.block)
+            if any((c - off) % s.block for c in inner):
+                return None
+            bounds = [0, *((c - off) // s.block for c in inner), s.n]
+            parts = self.split_at(s.space, [e - b for b, e in zip(bounds, bounds[1:], strict=False)])
+            if parts is None:
+                return None
+            segs += [_Seg(p, e - b, s.block) for p, b, e in zip(parts, bounds, bounds[1:], strict=False)]
+        return replace(x, segs=tuple(segs))
 
     def broadcast_constant(self, node: torch.fx.Node, first: tuple, second: tuple) -> _Val | None:
         """The permuted operand when the other one is unpermuted and constant along its permuted dim (a scalar,
