@@ -27,6 +27,8 @@ MODELS = {
     "dual-path": (zoo_like.DualPath, (2, 3, 8, 8)),
     "split-attention": (zoo_like.SplitAttention, (2, 3, 8, 8)),
     "ghost-residual": (zoo_like.GhostResidual, (2, 3, 8, 8)),
+    "shared-and-padded": (zoo_like.SharedAndPadded, (2, 3, 8, 8)),
+    "windows": (zoo_like.WindowBlock, (2, 3, 8, 8)),
 }
 
 
@@ -152,12 +154,13 @@ def test_extra_per_output_parameters_of_a_conv_subclass_are_bound(monkeypatch):
             self.gain = nn.Parameter(torch.ones(self.out_channels, 1, 1, 1))
 
         def forward(self, x):
-            return nn.functional.conv2d(x, self.weight * self.gain, self.bias, self.stride, self.padding)
+            return nn.functional.conv2d(x, self.weight * self.gain, self.bias, self.stride, self.padding, 1, self.groups)
 
-    model = nn.Sequential(GainConv(3, 4, 3, padding=1), nn.ReLU(), GainConv(4, 4, 1), nn.Flatten(), nn.Linear(64, 2))
+    model = nn.Sequential(GainConv(3, 4, 3, padding=1), nn.ReLU(), GainConv(4, 4, 1, groups=2), nn.ReLU(),
+                          GainConv(4, 4, 1, groups=4), nn.Flatten(), nn.Linear(64, 2))  # plain, grouped, depthwise
     x = torch.randn(2, 3, 4, 4)
     spec = mc.symmetry_spec(model.eval(), x)
-    assert spec.tensors["0.gain"] and spec.tensors["2.gain"]
+    assert spec.tensors["0.gain"] and spec.tensors["2.gain"] and spec.tensors["4.gain"]
     monkeypatch.setattr(trace_mod._Tracer, "output_parameters", lambda self, name, n: [f"{name}.weight", f"{name}.bias"])
     with pytest.raises(mc.errors.SpecError, match="changes its function"):
         mc.symmetry_spec(model, x)

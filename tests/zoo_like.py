@@ -209,3 +209,41 @@ class GhostResidual(nn.Module):
         s = torch.relu(self.stem(x))
         p = self.primary(s)
         return self.head((torch.cat([p, self.cheap(p)], 1) + s).mean((2, 3)))
+
+
+class SharedAndPadded(nn.Module):
+    """One depthwise conv called twice (CoaT's shared positional conv), spatial ``F.pad``, StarReLU's ``relu(x) ** 2``,
+    and ``torch.split`` into unequal pieces along the channels."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem, self.cpe = nn.Conv2d(3, 6, 3, padding=1), nn.Conv2d(6, 6, 3, padding=1, groups=6)
+        self.a, self.b, self.head = nn.Conv2d(2, 2, 1), nn.Conv2d(4, 4, 1), nn.Linear(6, 3)
+
+    def forward(self, x):
+        h = self.stem(x)
+        h = h + self.cpe(h)
+        h = torch.nn.functional.pad(torch.relu(h) ** 2, (1, 1, 1, 1))
+        h = h + self.cpe(h)
+        p, q = torch.split(h, [2, 4], 1)
+        return self.head(torch.cat([self.a(p), self.b(q)], 1).mean((2, 3)))
+
+
+class WindowBlock(nn.Module):
+    """timm Swin's data movement: channels-last tokens, a cyclic shift (``roll``), window partition and reverse by
+    reshapes that keep the channel dim whole, and patch merging ``(…, 2, 2, C) → 4C`` by permute + flatten."""
+
+    def __init__(self, c: int = 4):
+        super().__init__()
+        self.embed, self.mlp = nn.Conv2d(3, c, 2, stride=2), nn.Linear(c, c)
+        self.norm, self.reduce, self.head = nn.LayerNorm(4 * c), nn.Linear(4 * c, 2 * c, bias=False), nn.Linear(2 * c, 3)
+
+    def forward(self, x):
+        h = self.embed(x).permute(0, 2, 3, 1)  # (B, 4, 4, C)
+        b, hh, ww, c = h.shape
+        w = torch.roll(h, shifts=(-1, -1), dims=(1, 2)).view(b, hh // 2, 2, ww // 2, 2, c)
+        w = self.mlp(w.permute(0, 1, 3, 2, 4, 5).reshape(-1, 4, c))
+        h = h + torch.roll(w.view(b, hh // 2, ww // 2, 2, 2, c).permute(0, 1, 3, 2, 4, 5).reshape(b, hh, ww, c),
+                           shifts=(1, 1), dims=(1, 2))
+        m = h.reshape(b, hh // 2, 2, ww // 2, 2, c).permute(0, 1, 3, 4, 2, 5).flatten(3)
+        return self.head(self.reduce(self.norm(m)).mean((1, 2)))

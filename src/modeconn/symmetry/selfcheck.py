@@ -7,7 +7,8 @@ moving the space does not change the outputs either. On a copy whose every float
 and biases by ``0.1·std`` (``0.1`` absolute where the tensor is constant), BatchNorm variances by a factor
 ``exp(0.2·N(0, 1))``; layers that break the symmetry by design (W-asymmetric layers: ``symmetric_fixed_structure()``)
 are set to their symmetric values — a random group element must leave the outputs unchanged:
-``max|y(g·θ̃) − y(θ̃)| ≤ rtol · max(1, max|y(θ̃)|)`` (fp32, eval mode). Otherwise :class:`SpecError` names the spaces
+``max|y(g·θ̃) − y(θ̃)| ≤ rtol · max(1, max|y(θ̃)|)`` (eval mode; in fp32, and when that fails once more in fp64 so
+that rounding in models with large activations is not mistaken for a wrong binding). Otherwise :class:`SpecError` names the spaces
 whose transform alone changes the outputs and the tensors bound to no space that have an axis of such a space's
 size (the usual culprit: a norm or scale that a rule did not bind).
 """
@@ -27,9 +28,10 @@ from .spec import SymmetrySpec
 RTOL = 1e-4
 
 
-def perturbed_copy(model: nn.Module, generator: torch.Generator) -> nn.Module:
-    """An fp32 eval-mode copy of ``model`` with every floating parameter and buffer perturbed (module docstring)."""
-    m = copy.deepcopy(model).float().eval()
+def perturbed_copy(model: nn.Module, generator: torch.Generator, dtype: torch.dtype = torch.float32) -> nn.Module:
+    """An eval-mode copy of ``model`` in ``dtype`` with every floating parameter and buffer perturbed (module
+    docstring)."""
+    m = copy.deepcopy(model).to(dtype).eval()
     seen: set[int] = set()
     with torch.no_grad():
         for name, t in m.state_dict(keep_vars=True).items():
@@ -50,7 +52,7 @@ def perturbed_copy(model: nn.Module, generator: torch.Generator) -> nn.Module:
 
 def _tensors(out: Any) -> list[torch.Tensor]:
     if isinstance(out, torch.Tensor):
-        return [out.float()]
+        return [out.double()]
     if isinstance(out, dict):
         return [t for v in out.values() for t in _tensors(v)]
     if isinstance(out, (list, tuple)):
@@ -59,7 +61,8 @@ def _tensors(out: Any) -> list[torch.Tensor]:
 
 
 def _forward(model: nn.Module, inputs: Sequence[Any]) -> list[torch.Tensor]:
-    args = [x.float() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
+    dtype = next((t.dtype for t in model.state_dict().values() if t.is_floating_point()), torch.float32)
+    args = [x.to(dtype) if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
     with torch.no_grad():
         return _tensors(model(*args))
 
@@ -82,15 +85,15 @@ def check_function_preserved(spec: SymmetrySpec, model: nn.Module, inputs: Seque
     Raises: SpecError naming the spaces whose transform alone changes the outputs and the unbound tensors with an
         axis of their size.
     """
-    gen = torch.Generator().manual_seed(seed)
-    base = perturbed_copy(model, gen)
-    ref = _forward(base, inputs)
-    if not ref or not all(torch.isfinite(t).all() for t in ref):
-        return 0.0
     g = spec.random_element(seed=seed)
-    err = _change(spec, base, ref, inputs, g)
-    if err <= rtol:
-        return err
+    for dtype in (torch.float32, torch.float64):  # fp64 only to rule out fp32 rounding (large activations)
+        base = perturbed_copy(model, torch.Generator().manual_seed(seed), dtype)
+        ref = _forward(base, inputs)
+        if not ref or not all(torch.isfinite(t).all() for t in ref):
+            return 0.0
+        err = _change(spec, base, ref, inputs, g)
+        if err <= rtol:
+            return err
     ident = spec.identity()
     bad = [s for s in spec.spaces if _change(spec, base, ref, inputs, ident | {s: g[s]}) > rtol]
     sizes = {spec.spaces[s].size for s in bad}

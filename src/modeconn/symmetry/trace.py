@@ -176,6 +176,7 @@ _OPERAND_RULES: tuple[tuple[set, set, str], ...] = (  # (methods, functions, _Tr
     (set(), {F.batch_norm}, "functional_batch_norm"),
     (set(), {F.group_norm}, "functional_group_norm"),
     (set(), {F.linear}, "functional_linear"),
+    ({"pow"}, {operator.pow, torch.pow}, "power"),
     ({"addcmul"}, {torch.addcmul}, "addcmul"),
     (set(), {F.scaled_dot_product_attention}, "attention_function"),
 )
@@ -187,6 +188,8 @@ _UNARY_RULES: tuple[tuple[set, set, str], ...] = (  # (methods, functions, _Trac
     (_REDUCE_METHODS, _REDUCE_FUNCTIONS, "reduce"),
     ({"permute", "transpose"}, {torch.permute, torch.transpose}, "permute"),
     ({"expand", "expand_as"}, set(), "expand"),
+    (set(), {F.pad}, "pad"),
+    ({"roll"}, {torch.roll}, "roll"),
     ({"chunk"}, {torch.chunk}, "chunk"),
     ({"split"}, {torch.split}, "split_sizes"),
 )
@@ -211,6 +214,7 @@ class _Tracer:
         self.children: dict[int, tuple[int, ...]] = {}  # split space (a root when split) → its consecutive parts
         self.module_space: dict[str, int] = {}
         self.bindings: list[tuple[str, AxisBinding, int]] = []  # (tensor key, binding with space placeholder, space id)
+        self.bound_at: dict[tuple, int] = {}  # (key, axis, side, block, offset, units) → the space bound there
         self.probes: list[tuple[int, Probe]] = []
         self.out_probes: list[tuple[int, Probe]] = []  # writer outputs: probes for spaces no writer reads
         self.writers: list[tuple[str, int, torch.fx.Node]] = []
@@ -237,7 +241,8 @@ class _Tracer:
         if ra == rb:
             return
         if self.size[ra] != self.size[rb]:
-            raise TraceError(f"node {node.name!r} joins spaces of sizes {self.size[ra]} and {self.size[rb]}")
+            where = repr(node.name) if node is not None else "a shared layer"
+            raise TraceError(f"node {where} joins spaces of sizes {self.size[ra]} and {self.size[rb]}")
         parts: list[tuple[int, int]] = []
         if ra in self.children or rb in self.children:  # joining a split space: split the other alike, join part by part
             sizes = [self.size[c] for c in self.children.get(ra) or self.children[rb]]
@@ -323,10 +328,17 @@ class _Tracer:
 
     # ---------------------------------------------------------------- bookkeeping
     def bind(self, key: str, axis: int, val: _Val, side: str) -> None:
+        """Bind ``key``'s ``axis`` to ``val``'s spaces. A module called again (a shared layer: CoaT's positional
+        conv, a norm applied twice) binds the same entries again: their spaces are joined, not bound twice."""
         offset = 0
         for s in val.segs:
             partial = len(val.segs) > 1
-            self.bindings.append((key, AxisBinding(axis, "", side, s.block, offset, partial), s.space))
+            where = (key, axis, side, s.block, offset, s.n)
+            if where in self.bound_at:
+                self.union(self.bound_at[where], s.space, None)
+            else:
+                self.bound_at[where] = s.space
+                self.bindings.append((key, AxisBinding(axis, "", side, s.block, offset, partial), s.space))
             offset += s.n * s.block
 
     def module_out_space(self, name: str, n: int) -> int:
@@ -448,9 +460,8 @@ class _Tracer:
                 return self.unsupported(node, "convolution over a flattened input")
             return self.writer(node, name, x, 1, mod.out_channels, in_axis=1)
         if mod.groups == mod.in_channels == mod.out_channels:  # depthwise: each channel is its own group
-            self.bind(f"{name}.weight", 0, x, "out")
-            if mod.bias is not None:
-                self.bind(f"{name}.bias", 0, x, "out")
+            for key in self.output_parameters(name, mod.out_channels):
+                self.bind(key, 0, x, "out")
             return x
         return self.grouped_conv(node, name, mod, x)
 
@@ -471,9 +482,8 @@ class _Tracer:
         space = self.module_out_space(name, mod.out_channels)
         self.split(space, g)
         out = _Val(1, _shape_len(node, x.ndim), (_Seg(space, mod.out_channels),))
-        self.bind(f"{name}.weight", 0, out, "out")
-        if mod.bias is not None:
-            self.bind(f"{name}.bias", 0, out, "out")
+        for key in self.output_parameters(name, mod.out_channels):
+            self.bind(key, 0, out, "out")
         self.writers.append((name, space, node))
         self.out_probes.append((space, Probe(name, "output", 1)))
         return out
@@ -828,7 +838,7 @@ class _Tracer:
             return x
         new = self.merge_or_split(x, in_shape, out_shape)
         if isinstance(new, str) and x.dim is not None and 1 not in (in_shape[x.dim], *(in_shape[d] for d in (x.outer,) if d is not None)):
-            new = self.compact_reshape(x, in_shape, out_shape) or new
+            new = self.compact_reshape(x, in_shape, out_shape) or _kept_dim(x, in_shape, out_shape) or new
         if isinstance(new, (_Val, _Parts)):
             return new
         if self.all_frozen(x):
@@ -872,10 +882,9 @@ class _Tracer:
             if (x.outer, x.dim) == (s, e) and e == s + 1 and all(g.n * g.block == in_shape[e] for g in x.segs):
                 return _Val(s, nd, x.segs)
             return "flatten merges per-head spaces in an order other than (head, feature)"
-        if math.prod(in_shape[s : x.dim]) != 1:
-            return "flatten interleaves the channel dim with earlier dims"
-        inner = math.prod(in_shape[x.dim + 1 : e + 1])
-        return _Val(s, nd, tuple(_Seg(g.space, g.n, g.block * inner) for g in x.segs))
+        # earlier dims merged in repeat the layout (timm's patch merging: (…, 2, 2, C) → 4C, every copy moves alike)
+        before, inner = math.prod(in_shape[s : x.dim]), math.prod(in_shape[x.dim + 1 : e + 1])
+        return _Val(s, nd, tuple(_Seg(g.space, g.n, g.block * inner) for g in x.segs) * before)
 
     def split_dim(self, x: _Val, out_shape: tuple[int, ...], s: int, e: int) -> _Val | str:
         """Dim ``s`` split into dims ``s..e`` of ``out_shape``; splitting the permuted dim into (groups, width)
@@ -945,6 +954,34 @@ class _Tracer:
             return x
         return self.unsupported(node, "takes a fused q/k/v value apart other than along its part axis")
 
+    def pad(self, node: torch.fx.Node, x: _Val | None) -> _Val | None:
+        """``F.pad(x, pad, …)`` of dims the symmetry does not act on (spatial padding, Swin's window padding): the padded
+        entries are one constant along the permuted dim."""
+        pad = node.args[1] if len(node.args) > 1 else node.kwargs.get("pad", ())
+        if x is None or self.all_frozen(x):
+            return self.frozen_val(node)
+        padded = {x.ndim - 1 - i for i in range(len(pad) // 2) if pad[2 * i] or pad[2 * i + 1]}
+        if padded & {x.dim, x.outer}:
+            return self.unsupported(node, "pads the permuted dim")
+        return x
+
+    def roll(self, node: torch.fx.Node, x: _Val | None) -> _Val | None:
+        """``torch.roll(x, shifts, dims)`` along dims the symmetry does not act on (Swin's cyclic window shift)."""
+        dims = node.kwargs.get("dims", node.args[2] if len(node.args) > 2 else None)
+        if x is None or self.all_frozen(x):
+            return self.frozen_val(node)
+        dims = (dims,) if isinstance(dims, int) else dims
+        if dims is None or len(dims) == 0 or {d % x.ndim for d in dims} & {x.dim, x.outer}:
+            return self.unsupported(node, "rolls the permuted dim (or the flattened tensor)")
+        return x
+
+    def power(self, node: torch.fx.Node) -> _Val | None:
+        """``x ** c`` with a number ``c`` (StarReLU's ``relu(x) ** 2``): elementwise."""
+        base, exponent = (node.args + (None,))[:2]
+        if isinstance(exponent, torch.fx.Node) or not isinstance(base, torch.fx.Node):
+            return self.unsupported(node, "a power with a tensor exponent or a number base")
+        return self.elementwise(node, self.value(base))
+
     def expand(self, node: torch.fx.Node, x: _Val | None) -> _Val | None:
         """``x.expand(…)``: broadcasting size-1 dims; the permuted dim (and a per-head axis) must keep its size."""
         in_shape, out_shape = _shape(node.args[0]), _shape(node)
@@ -978,7 +1015,7 @@ class _Tracer:
         return self.pieces(node, x, sizes, dim)
 
     def pieces(self, node: torch.fx.Node, x: _Val | None, sizes: list[int], dim: int) -> tuple | None:
-        """Pieces of ``x`` of ``sizes`` along ``dim``; on the permuted dim only equal pieces of one space (its parts)."""
+        """Pieces of ``x`` of ``sizes`` along ``dim``; on the permuted dim its spaces are split at the pieces' ends."""
         if x is None:
             return None
         dim %= x.ndim
@@ -988,14 +1025,12 @@ class _Tracer:
             if dim == x.outer:
                 return self.unsupported(node, "splits the axis indexing per-head spaces")
             return tuple(x for _ in sizes)
-        if x.outer is not None or len(x.segs) != 1 or len(set(sizes)) != 1 or x.segs[0].n % len(sizes):
-            return self.unsupported(node, "splits the permuted dim into unequal pieces, or a value with several spaces or "
-                                    "per-head spaces")
-        seg, k = x.segs[0], len(sizes)
-        parts = self.split(seg.space, k)
-        if parts is None:
-            return self.unsupported(node, "the permuted dim is already split differently")
-        return tuple(replace(x, segs=(_Seg(p, seg.n // k, seg.block),)) for p in parts)
+        ends = [sum(sizes[: i + 1]) for i in range(len(sizes))]
+        refined = self.refine(x, {0, *ends})
+        pieces = [_whole_segments(refined, slice(a, b)) if refined else None for a, b in zip([0, *ends], ends, strict=False)]
+        if any(p is None for p in pieces):
+            return self.unsupported(node, "splits the permuted dim through a unit, or a space already split differently")
+        return tuple(replace(x, segs=p) for p in pieces)
 
     def reduce(self, node: torch.fx.Node, x: _Val | None) -> _Val | None:
         if x is None:
@@ -1144,7 +1179,7 @@ class _Tracer:
                 out_dim += 1
                 continue
             if axis == x.dim and not (isinstance(i, slice) and i == slice(None)):
-                segs = (_whole_segments(x, i) or self.slice_space(x, i)) if isinstance(i, slice) else None
+                segs = self.index_slice(x, i) if isinstance(i, slice) else None
                 if segs is None:
                     return self.unsupported(node, "indexing into the permuted dim other than a range of whole spaces")
             if axis < x.dim and isinstance(i, int):
@@ -1152,21 +1187,13 @@ class _Tracer:
             axis += 1
         return _Val(out_dim, _shape_len(node, x.ndim), segs)
 
-    def slice_space(self, x: _Val, i: slice) -> tuple[_Seg, ...] | None:
-        """A contiguous slice inside one space (DPN's ``x[:, :n]`` and ``x[:, n:]`` of one convolution's output): the
-        space is split into consecutive parts at the slice's ends (permutations within each part), the slice takes
-        the middle one; None if it spans several spaces, cuts through a unit or the space is split differently."""
+    def index_slice(self, x: _Val, i: slice) -> tuple[_Seg, ...] | None:
+        """The segments of a contiguous slice of the permuted dim: whole spaces, or parts of spaces split at the slice's
+        ends (DPN's ``x[:, :n]`` and ``x[:, n:]`` of one convolution's output; permutations within each part); None if
+        it has a step, cuts through a unit or a space is already split differently."""
         start, stop, step = i.indices(x.width)
-        for s, off in _offsets(x):
-            end = off + s.n * s.block
-            if step == 1 and off <= start < stop <= end and (start - off) % s.block == 0 and (stop - off) % s.block == 0:
-                cuts = [(start - off) // s.block, (stop - off) // s.block, s.n]
-                sizes = [b - a for a, b in zip([0, *cuts[:-1]], cuts, strict=True) if b > a]
-                parts = self.split_at(s.space, sizes)
-                if parts is None:
-                    return None
-                return (_Seg(parts[1 if start > off else 0], (stop - start) // s.block, s.block),)
-        return None
+        refined = self.refine(x, {start, stop}) if x.outer is None and step == 1 else None
+        return _whole_segments(refined, i) if refined is not None else None
 
     def attention_function(self, node: torch.fx.Node) -> _Val | None:
         """``F.scaled_dot_product_attention(q, k, v)``: like ``softmax(q kᵀ) v`` — q's and k's spaces joined per
@@ -1484,6 +1511,18 @@ def _merged_range(in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> tupl
             in_shape[s : e + 1]
         ) == out_shape[s]:
             return s, e
+    return None
+
+
+def _kept_dim(x: _Val, in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> _Val | None:
+    """A reshape that only regroups the dims before and after the permuted one, which survives whole (Swin's and MaxViT's
+    window partitions ``(B, H, W, C) → (B, H/7, 7, W/7, 7, C)``): x at its new position; None otherwise."""
+    if x.outer is not None:
+        return None
+    before = math.prod(in_shape[: x.dim])
+    for k, n in enumerate(out_shape):
+        if n == in_shape[x.dim] and math.prod(out_shape[:k]) == before:
+            return _Val(k, len(out_shape), x.segs)
     return None
 
 
