@@ -109,3 +109,28 @@ class WithSort(nn.Module):
 def test_unsupported_operation_names_its_module():
     with pytest.raises(UnsupportedOperationError, match=r"sort.* in module 'block' \(Sorter\)"):
         mc.symmetry_spec(WithSort(), torch.randn(2, 4))
+
+
+def test_fp32_rounding_of_large_activations_is_not_reported_as_a_wrong_binding():
+    """A LayerNorm over activations near 3e5: a permutation reorders its fp32 mean's sum and moves the outputs by a
+    few percent although the spec is exact; the check re-runs in fp64 before it reports."""
+    from modeconn.symmetry import selfcheck
+
+    class Big(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.norm, self.b = nn.Linear(4, 64), nn.LayerNorm(64), nn.Linear(64, 2)
+            with torch.no_grad():
+                self.a.bias.fill_(3e5)
+                self.a.weight.mul_(1e-2)
+
+        def forward(self, x):
+            return self.b(self.norm(self.a(x)))
+
+    torch.manual_seed(0)
+    model, x = Big().eval(), torch.randn(8, 4)
+    spec = mc.symmetry_spec(model, x)  # no SpecError
+    g = spec.random_element(seed=0)
+    base = selfcheck.perturbed_copy(model, torch.Generator().manual_seed(0), torch.float32)
+    assert selfcheck._change(spec, base, selfcheck._forward(base, (x,)), (x,), g) > selfcheck.RTOL  # fp32 alone fails
+    assert selfcheck.check_function_preserved(spec, model, (x,)) <= 1e-8
