@@ -13,6 +13,19 @@ import modeconn as mc
 from modeconn.path.repair import channel_stats, interpolated_targets
 
 
+def trained_like_norms(model: nn.Module) -> nn.Module:
+    """Give every BatchNorm layer (subclasses included) statistics and an affine a trained model might have: random
+    means, variances in [0.5, 2], scales in [0.5, 1.5], shifts ~ N(0, 1). Returns ``model`` in eval mode."""
+    with torch.no_grad():
+        for bn in model.modules():
+            if isinstance(bn, nn.modules.batchnorm._BatchNorm):
+                bn.running_mean.normal_()
+                bn.running_var.uniform_(0.5, 2.0)
+                bn.weight.uniform_(0.5, 1.5)
+                bn.bias.normal_()
+    return model.eval()
+
+
 def assert_repaired(make: Callable[[int], nn.Module], spec, shape: tuple[int, ...], classes: int) -> tuple[nn.Module, dict]:
     """Merge ``make(0)`` with weight-matched ``make(1)`` under REPAIR on random inputs of ``(96, *shape)``; assert the
     targets are met at ``spec.repair_points``; returns (merged model, targets) for further checks."""

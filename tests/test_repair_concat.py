@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 import modeconn as mc
-from repair_check import assert_repaired
+from repair_check import assert_repaired, trained_like_norms
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -37,13 +37,7 @@ class Dense(nn.Module):
 
 def _trained_like(seed):
     torch.manual_seed(seed)
-    m = Dense()
-    for bn in (m.l1.norm, m.l2.norm, m.norm5):
-        bn.running_mean.normal_()
-        bn.running_var.uniform_(0.5, 2.0)
-        bn.weight.data.uniform_(0.5, 1.5)
-        bn.bias.data.normal_()
-    return m.eval()
+    return trained_like_norms(Dense())
 
 
 def test_repair_reaches_the_norms_behind_concatenations():

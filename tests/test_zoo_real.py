@@ -18,7 +18,7 @@ from modeconn.path.repair import channel_stats
 from modeconn.symmetry.trace import _Tracer
 
 from cli_runner import run_cli
-from repair_check import assert_repaired
+from repair_check import assert_repaired, trained_like_norms
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -108,13 +108,7 @@ def _bn_act_net(seed: int) -> nn.Module:
     net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False), BatchNormAct2d(8, act_layer=nn.SiLU),
                         nn.Conv2d(8, 8, 3, padding=1, bias=False), BatchNormAct2d(8, act_layer=nn.ReLU),
                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 5))
-    for m in net.modules():
-        if isinstance(m, BatchNormAct2d):
-            m.running_mean.normal_()
-            m.running_var.uniform_(0.5, 2.0)
-            m.weight.data.uniform_(0.5, 1.5)
-            m.bias.data.normal_()
-    return net.eval()
+    return trained_like_norms(net)
 
 
 def test_repair_inside_timm_batchnorm_act_corrects_the_statistics_before_the_activation():
