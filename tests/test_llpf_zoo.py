@@ -16,11 +16,8 @@ from modeconn.experiments import llpf_zoo
 from modeconn.path.llpf import fdf_groups
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-needs_zoo = pytest.mark.skipif(any(__import__("importlib").util.find_spec(m) is None for m in llpf_zoo.REQUIRED),
-                               reason="needs torchvision and timm")
 
 
-@needs_zoo
 @pytest.mark.parametrize("name", llpf_zoo.PAPER_ORDER)
 def test_each_architecture_reads_one_channel_28x28_and_is_grouped_in_data_flow_order(name):
     arch = llpf_zoo.ARCHS.get(name)
@@ -41,7 +38,6 @@ def first_conv_name(net: torch.nn.Module, conv: torch.nn.Module) -> str:
     return next(n for n, m in net.named_modules() if m is conv)
 
 
-@needs_zoo
 def test_seeded_builds_are_reproducible_and_leave_the_global_generator_alone():
     arch = llpf_zoo.ARCHS.get("shufflenetv2")
     state = torch.random.get_rng_state()
@@ -67,7 +63,6 @@ def test_missing_packages_are_named_before_any_work(tmp_path, monkeypatch):
     assert not out.exists()
 
 
-@needs_zoo
 @pytest.mark.slow
 @pytest.mark.experiment
 @pytest.mark.usefixtures("shared_data")
