@@ -392,10 +392,9 @@ class _Tracer:
         x = self.arg_val(node)
         if x is None or isinstance(x, _Parts):
             return self.unsupported(node, "module input is not a tensor" if x is None else "module reads a fused q/k/v value")
-        if isinstance(mod, (nn.Softmax, nn.LogSoftmax)) and x.outer is not None and mod.dim is not None and (
-                mod.dim % x.ndim == x.outer) and not self.join_heads(node, x):
-            return self.unsupported(node, "softmax across per-head spaces of different layouts")
-        if isinstance(mod, (*_ELEMENTWISE_MODULES, nn.Softmax, nn.LogSoftmax)) or type(mod) in ELEMENTWISE_RULES:
+        if isinstance(mod, (nn.Softmax, nn.LogSoftmax)):
+            return self.softmax_over(node, x, mod.dim)
+        if isinstance(mod, _ELEMENTWISE_MODULES) or type(mod) in ELEMENTWISE_RULES:
             return x
         if isinstance(mod, nn.Flatten):
             return self.reshape(node, x)
@@ -958,21 +957,24 @@ class _Tracer:
         """``F.pad(x, pad, …)`` of dims the symmetry does not act on (spatial padding, Swin's window padding): the padded
         entries are one constant along the permuted dim."""
         pad = node.args[1] if len(node.args) > 1 else node.kwargs.get("pad", ())
-        if x is None or self.all_frozen(x):
-            return self.frozen_val(node)
-        padded = {x.ndim - 1 - i for i in range(len(pad) // 2) if pad[2 * i] or pad[2 * i + 1]}
-        if padded & {x.dim, x.outer}:
-            return self.unsupported(node, "pads the permuted dim")
-        return x
+        nd = x.ndim if x is not None else 0
+        return self.other_dims(node, x, {nd - 1 - i for i in range(len(pad) // 2) if pad[2 * i] or pad[2 * i + 1]}, "pads")
 
     def roll(self, node: torch.fx.Node, x: _Val | None) -> _Val | None:
-        """``torch.roll(x, shifts, dims)`` along dims the symmetry does not act on (Swin's cyclic window shift)."""
+        """``torch.roll(x, shifts, dims)`` along dims the symmetry does not act on (Swin's cyclic window shift); a roll of
+        the flattened tensor (no ``dims``) moves every dim."""
         dims = node.kwargs.get("dims", node.args[2] if len(node.args) > 2 else None)
+        dims = (dims,) if isinstance(dims, int) else dims or ()
+        nd = x.ndim if x is not None else 0
+        return self.other_dims(node, x, {d % nd for d in dims} if dims else set(range(nd)), "rolls")
+
+    def other_dims(self, node: torch.fx.Node, x: _Val | None, touched: set[int], verb: str) -> _Val | None:
+        """``x`` unchanged by an op that acts on its dims ``touched`` only, unless they include the permuted dim or the
+        per-head axis (then unsupported)."""
         if x is None or self.all_frozen(x):
             return self.frozen_val(node)
-        dims = (dims,) if isinstance(dims, int) else dims
-        if dims is None or len(dims) == 0 or {d % x.ndim for d in dims} & {x.dim, x.outer}:
-            return self.unsupported(node, "rolls the permuted dim (or the flattened tensor)")
+        if touched & {x.dim, x.outer}:
+            return self.unsupported(node, f"{verb} the permuted dim")
         return x
 
     def power(self, node: torch.fx.Node) -> _Val | None:
@@ -985,12 +987,11 @@ class _Tracer:
     def expand(self, node: torch.fx.Node, x: _Val | None) -> _Val | None:
         """``x.expand(…)``: broadcasting size-1 dims; the permuted dim (and a per-head axis) must keep its size."""
         in_shape, out_shape = _shape(node.args[0]), _shape(node)
-        if x is None or self.all_frozen(x):
-            return self.frozen_val(node)
-        if in_shape is None or out_shape is None or len(in_shape) != len(out_shape) or any(
-                d is not None and in_shape[d] != out_shape[d] for d in (x.dim, x.outer)):
-            return self.unsupported(node, "expand adds dims or broadcasts the permuted dim")
-        return x
+        if in_shape is None or out_shape is None or len(in_shape) != len(out_shape):
+            return self.unsupported(node, "expand that adds dims") if x is not None and not self.all_frozen(x) else (
+                self.frozen_val(node))
+        return self.other_dims(node, x, {d for d, (a, b) in enumerate(zip(in_shape, out_shape, strict=True)) if a != b},
+                               "broadcasts")
 
     def chunk(self, node: torch.fx.Node, x: _Val | None) -> tuple | None:
         """``x.chunk(k, dim)``: along a dim the symmetry does not act on, every chunk carries x's spaces; along the
@@ -1061,12 +1062,13 @@ class _Tracer:
     def softmax(self, node: torch.fx.Node, x: _Val | None) -> _Val | None:
         """softmax / log_softmax commute with permutations of every dim, their own included; over the axis indexing
         per-head spaces (ResNeSt's radix softmax) they mix the heads, which then need one permutation."""
-        if x is None or x.outer is None:
-            return self.elementwise(node, x)
-        dim = node.kwargs.get("dim", node.args[1] if len(node.args) > 1 else None)
-        if dim is not None and dim % x.ndim == x.outer and not self.join_heads(node, x):
+        return self.softmax_over(node, x, node.kwargs.get("dim", node.args[1] if len(node.args) > 1 else None))
+
+    def softmax_over(self, node: torch.fx.Node, x: _Val | None, dim: int | None) -> _Val | None:
+        if x is not None and x.outer is not None and dim is not None and dim % x.ndim == x.outer and not (
+                self.join_heads(node, x)):
             return self.unsupported(node, "softmax across per-head spaces of different layouts")
-        return x
+        return self.elementwise(node, x)
 
     def permute(self, node: torch.fx.Node, x: _Val | None) -> _Val | None:
         if x is None:
