@@ -71,3 +71,24 @@ def test_align_dual_writes_reloadable_function_preserving_endpoints(tmp_path):
     assert res.exit_code == 2 and "hidden_size" in res.output
     run_cli("align", a, b, "--method", "learned", "--steps", "3", "--limit-train", "64", "--out", tmp_path / "one")
     assert json.loads((tmp_path / "one" / "alignment.json").read_text())["one_sided"] is True
+
+
+def test_a_size_runs_only_its_ablations_and_rejects_unknown_ones(monkeypatch):
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from modeconn.errors import ConfigError
+    from modeconn.experiments import lmc_dm
+
+    seen = {}
+    monkeypatch.setattr(lmc_dm, "dm_barriers", lambda *a, **k: seen.update(k) or ({}, {}, {}))
+    bundle = SimpleNamespace(train=None, test=list(range(4)))
+    large = lmc_dm.SIZES["large"]
+    lmc_dm.lm_dm_barriers(large, bundle, [None, None], print)
+    assert list(seen["ablations"]) == list(large.ablations)
+    assert {"dual without QK", "dual without OV", "dual without residual rotation"} <= set(large.ablations)
+    assert "dual (matrix_exp)" not in seen["ablations"]
+    lmc_dm.lm_dm_barriers(lmc_dm.SIZES["full"], bundle, [None, None], print)
+    assert list(seen["ablations"]) == list(lmc_dm.ABLATIONS)  # the default: every ablation
+    with pytest.raises(ConfigError, match="dual without LayerNorm"):
+        replace(large, ablations=("dual without LayerNorm",))

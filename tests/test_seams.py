@@ -100,6 +100,39 @@ def test_a_new_experiment_is_one_entry(tmp_path, monkeypatch):
     assert "epochs 3" in res.output and json.loads((tmp_path / "t" / "results.json").read_text()) == {"epochs": 3}
 
 
+def test_experiment_size_by_name(tmp_path, monkeypatch):
+    from dataclasses import dataclass
+
+    monkeypatch.setattr(EXPERIMENTS, "_items", dict(EXPERIMENTS._items))
+
+    @dataclass(frozen=True)
+    class Size:
+        epochs: int
+
+    def run(out, *, size, data, overwrite, log):
+        from modeconn.experiments.output import output_directory, write_json
+
+        with output_directory(out, overwrite) as tmp:
+            write_json(tmp / "results.json", {"epochs": size.epochs})
+        return {"epochs": size.epochs}
+
+    toy = register_experiment(Experiment("toy-sizes", "`modeconn experiment toy-sizes`: a toy.",
+                                         {"quick": Size(1), "full": Size(5), "large": Size(9)}, run,
+                                         lambda r: f"# toy\n\nepochs {r['epochs']}\n", ("results.json",),
+                                         {"epochs": "epochs"}))
+    assert [toy.size(), toy.size(True), toy.size(size_name="large"), toy.size(size_name="quick")] == \
+        [Size(5), Size(1), Size(9), Size(1)]
+    assert toy.size(size_name="large", epochs=2) == Size(2)
+    run_cli("experiment", "toy-sizes", "--size", "large", "--out", tmp_path / "t")
+    assert json.loads((tmp_path / "t" / "results.json").read_text()) == {"epochs": 9}
+    res = run_cli("experiment", "toy-sizes", "--size", "huge", "--out", tmp_path / "u", ok=False)
+    assert res.exit_code == 2 and "huge" in res.output and "quick, full, large" in res.output
+    res = run_cli("experiment", "toy-sizes", "--quick", "--size", "large", "--out", tmp_path / "v", ok=False)
+    assert res.exit_code == 2 and "--quick" in res.output
+    assert not (tmp_path / "u").exists() and not (tmp_path / "v").exists()
+    assert "large" in EXPERIMENTS.get("lmc-dm").sizes  # the lmc-dm size of the bigger language-model pair
+
+
 # ------------------------------------------------------------------------------------------- checkpoint kinds
 def test_open_checkpoint_recognises_every_kind(tmp_path):
     mine = save_checkpoint(tmp_path / "m", _mlp(0), config={"dataset": "digits"})

@@ -22,6 +22,9 @@ def _help() -> str:
 def experiment(
     name: str = typer.Argument(..., help="experiment name (listed above)"),
     quick: bool = typer.Option(False, help="the small CI size (minutes on 2 cores) instead of the full size"),
+    size: str | None = typer.Option(None, "--size", metavar="NAME",
+                                    help="a named size of the experiment (quick, full, or one it adds, e.g. large "
+                                         "for lmc-dm); default full, or quick with --quick"),
     pairs: int | None = typer.Option(None, min=1, help="model pairs per setting (default: 1 quick, 3 full)"),
     epochs: int | None = typer.Option(None, min=1, help="training epochs per model (default per experiment)"),
     width: int | None = typer.Option(None, min=1, help="hidden width of the models (default per experiment)"),
@@ -37,10 +40,10 @@ def experiment(
     with errors_exit(download):
         exp = EXPERIMENTS.get(name)
         settings = dict(pairs=pairs, epochs=epochs, width=width, limit_train=limit_train)
-        exp.size(quick, **settings)  # a setting that does not apply fails before any work
+        exp.size(quick, size, **settings)  # an unknown size or a setting that does not apply fails before any work
         out = out or default_out(name)
         check_out(out, [data], overwrite)
         with console.status(f"running {name}"):
-            results = exp(out, quick=quick, data=data, overwrite=overwrite, log=log, **settings)
+            results = exp(out, quick=quick, size_name=size, data=data, overwrite=overwrite, log=log, **settings)
     console.print(report_text(exp.report(results).split("![")[0]), markup=False)  # tables fitted to 80 columns
     written(out, ", ".join(exp.outputs))

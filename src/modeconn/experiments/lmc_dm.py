@@ -8,20 +8,24 @@ permutation (:data:`GROUPS`). Weight matching (WM) is computed **once** and pass
 every learned run of the full group (it fixes the discrete parts and the ``init="weight"`` start).
 
 Barrier table (held-out test blocks, next-token cross-entropy in nats per token, ``barrier_mean`` and
-``barrier_interp``): naive (the models as trained), naive in the absorbed coordinates, WM, one-sided learned
-matching (Theus et al. 2025; B's continuous transforms learned) and dual matching (both endpoints' transforms
-learned; the literal dual path ``(1−λ)·π_A(θ_A) + λ·π_B(θ_B)``, whose endpoints compute the trained models'
-functions). Dual matching runs at half the one-sided learning rate (:data:`DUAL_LR_SCALE`: the same effective
-step on the relative element), and every learned run sees the same batches in the same order. Ablations at the
-same step budget: dual at the one-sided learning rate, dual without the QK transforms (``qk=None``), without the OV
-transforms (``vo=None``), without the residual rotation (``residual="permutation"``), and the parameterisation
-(Cayley = the main run, unconstrained, matrix exponential). An ablation whose spec is a restriction of the full
-spec reuses WM's element restricted to its spaces; one with another group (residual permutation) runs its own
-WM (``results["ablations"][k]["wm"]`` says which).
+``barrier_interp``): naive (the models as trained), naive in the absorbed coordinates, WM (permutations: weight
+matching with only the residual, head and FFN permutations, :data:`PERMUTATION_GROUPS`, on the same absorbed
+models), WM (the full group), one-sided learned matching (Theus et al. 2025; B's continuous transforms learned) and
+dual matching (both endpoints' transforms learned; the literal dual path ``(1−λ)·π_A(θ_A) + λ·π_B(θ_B)``, whose
+endpoints compute the trained models' functions). Dual matching runs at half the one-sided learning rate
+(:data:`DUAL_LR_SCALE`: the same effective step on the relative element), and every learned run sees the same
+batches in the same order. Ablations at the same step budget: dual at the one-sided learning rate, dual without the
+QK transforms (``qk=None``), without the OV transforms (``vo=None``), without the residual rotation
+(``residual="permutation"``), and the parameterisation (Cayley = the main run, unconstrained, matrix exponential).
+An ablation whose spec is a restriction of the full spec reuses WM's element restricted to its spaces; one with
+another group (residual permutation) runs its own WM (``results["ablations"][k]["wm"]`` says which).
 
-Sizes: ``--quick`` (CI, about a minute on two shared cores: a 2-layer × 64 LM on 400 training blocks, 40
-matching steps, 24 test blocks) and the full size (:data:`SIZES` ``"full"``: 2 layers × 128, every training
-block for 2 epochs, 300 matching steps, 200 test blocks; tens of minutes on a laptop CPU).
+Sizes: ``--quick`` (CI, about a minute on two shared cores: a 2-layer × 64 LM on 400 training blocks, 40 matching
+steps, 24 test blocks), the full size (:data:`SIZES` ``"full"``: 2 layers × 128, every training block for 2 epochs,
+300 matching steps, 200 test blocks; tens of minutes on a laptop CPU) and ``--size large`` (4 layers × 256, 8
+heads, MLP 1024, every training block for 4 epochs, 150 matching steps of 16 blocks, 200 test blocks, and only the
+QK / OV / residual-rotation ablations (:attr:`DMSize.ablations`); the bigger pair, about an hour and a half on one
+CPU thread).
 
 Writes ``results.json``, ``report.md`` and ``lm_dm_barrier.png`` (held-out loss and accuracy vs λ for the main
 methods).
@@ -53,6 +57,9 @@ Log = Callable[[str], None]
 #: the full group bound on the absorbed GPT-NeoX models
 GROUPS = {"residual": "orthogonal", "heads": "permutation", "qk": "head_invertible", "vo": "head_invertible",
           "ffn": "permutation"}
+#: the permutation subgroup of :data:`GROUPS` (the "WM (permutations)" row): residual, head and FFN permutations,
+#: no QK/OV transforms
+PERMUTATION_GROUPS = {"residual": "permutation", "heads": "permutation", "qk": None, "vo": None, "ffn": "permutation"}
 #: Adam learning rate of dual matching relative to one-sided matching (``lr``). Both methods reach the same optimum
 #: (the gauge argument in :mod:`modeconn.match.dual`: the path's loss depends only on the relative element
 #: ``g_A⁻¹∘g_B``), but dual matching moves that element through two charts, each updated by Adam at about ``lr``
@@ -80,24 +87,37 @@ ABLATIONS: dict[str, Ablation] = {
     "dual (unconstrained)": Ablation({}, "unconstrained"),
     "dual (matrix_exp)": Ablation({}, "matrix_exp"),
 }
-MAIN = ("naive", "naive (absorbed)", "WM", "one-sided learned", "dual")
+MAIN = ("naive", "naive (absorbed)", "WM (permutations)", "WM", "one-sided learned", "dual")
 
 
 @dataclass(frozen=True)
 class DMSize:
-    """``lm``: the language models and their training (also the test blocks and λ points); the rest: the
-    learned matching (Adam steps of one ``batch_size`` batch of training blocks, λ ~ U(0, 1) per step)."""
+    """``lm``: the language models and their training (also the test blocks and λ points); ``steps`` … ``lambda_schedule``:
+    the learned matching (Adam steps of one ``batch_size`` batch of training blocks, λ ~ U(0, 1) per step);
+    ``ablations``: the labels of :data:`ABLATIONS` run at this size (default all)."""
 
     lm: LMSize
     steps: int
     lr: float = 0.02
     batch_size: int = 16
     lambda_schedule: str = "uniform"
+    ablations: tuple[str, ...] = tuple(ABLATIONS)
+
+    def __post_init__(self) -> None:
+        unknown = [a for a in self.ablations if a not in ABLATIONS]
+        if unknown:
+            raise ConfigError(f"unknown lmc-dm ablation(s) {unknown}; valid: {list(ABLATIONS)}")
 
 
 SIZES = {
     "quick": DMSize(lm=replace(LM_SIZES["quick"], epochs=3, eval_blocks=24, lambdas=5), steps=40),
     "full": DMSize(lm=LM_SIZES["full"], steps=300, lr=0.01, batch_size=32),
+    # the bigger pair: 4 layers × 256 (8 heads of 32), 4 epochs of every training block (about half an hour per
+    # model on one CPU thread); the learned rows at 150 steps of 16 blocks, only the QK / OV / residual ablations
+    "large": DMSize(lm=replace(LM_SIZES["full"], hidden_size=256, layers=4, heads=8, intermediate=1024, epochs=4),
+                    steps=150, lr=0.01, batch_size=16,
+                    ablations=("dual (full, cayley)", "dual without QK", "dual without OV",
+                               "dual without residual rotation")),
 }
 
 
@@ -143,7 +163,8 @@ def barrier_row(c: Curve) -> dict[str, Any]:
 
 
 def dm_barriers(models: list[nn.Module], evl: Mapping[str, Any], train_loader: Callable[[], Iterable], *, lambdas: int,
-                opts: Mapping[str, Any], groups: Mapping[str, Any], ablations: Mapping[str, Ablation], log: Log
+                opts: Mapping[str, Any], groups: Mapping[str, Any], ablations: Mapping[str, Ablation], log: Log,
+                permutation_groups: Mapping[str, Any] = PERMUTATION_GROUPS
                 ) -> tuple[dict[str, Curve], dict[str, Curve], dict[str, Any]]:
     """Barriers of the main methods (:data:`MAIN`) and of dual-matching ablations for a pair of HF-backed models.
 
@@ -158,6 +179,8 @@ def dm_barriers(models: list[nn.Module], evl: Mapping[str, Any], train_loader: C
         groups: the full group bound on the absorbed models (``hf_symmetry_spec(groups=...)``).
         ablations: label → :class:`Ablation` of extra dual-matching runs; ``Ablation({})`` is the main dual run
             (not rerun).
+        permutation_groups: the permutation subgroup bound for the "WM (permutations)" row (its own weight
+            matching on the same absorbed models).
     Returns: (main curves by label, ablation curves by label, stats: seconds/objectives per stage and, under
         ``"ablation_wm"``, where each ablation's weight-matching element came from).
     Raises: what absorption, the spec builder, weight matching and dual matching raise (see those).
@@ -175,6 +198,13 @@ def dm_barriers(models: list[nn.Module], evl: Mapping[str, Any], train_loader: C
     abs_a, abs_b = absorb_normalization(a), absorb_normalization(b)
     sa, sb = abs_a.state_dict(), abs_b.state_dict()
     curves["naive (absorbed)"] = evaluate_path(abs_a, sa, sb, evl, lambdas=lambdas)
+    t0 = time.perf_counter()
+    perm_spec = hf_symmetry_spec(abs_a, groups=dict(permutation_groups))
+    wm_perm = weight_matching(perm_spec, sa, sb)
+    stats["WM (permutations)"] = {"seconds": time.perf_counter() - t0, "objective": wm_perm.objective,
+                                  "spaces": len(perm_spec.spaces)}
+    curves["WM (permutations)"] = evaluate_path(abs_a, sa, wm_perm.apply(sb), evl, lambdas=lambdas)
+    log(f"weight matching (permutations) done ({len(perm_spec.spaces)} spaces)")
     t0 = time.perf_counter()
     spec = hf_symmetry_spec(abs_a, groups=dict(groups))
     wm = weight_matching(spec, sa, sb)
@@ -224,7 +254,7 @@ def lm_dm_barriers(size: DMSize, bundle, models: list[nn.Module], log: Log
         return make_loader(bundle.train, size.batch_size, shuffle=True, seed=0)
 
     return dm_barriers(models, evl, train_loader, lambdas=size.lm.lambdas, opts=learned_options(size), groups=GROUPS,
-                       ablations=ABLATIONS, log=log)
+                       ablations={k: ABLATIONS[k] for k in size.ablations}, log=log)
 
 
 def dm_results(curves: Mapping[str, Curve], ablations: Mapping[str, Curve], stats: Mapping[str, Any]) -> dict[str, Any]:

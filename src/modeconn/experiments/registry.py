@@ -30,7 +30,8 @@ class Experiment:
         name: the registry name (``modeconn experiment NAME``).
         doc: its description; the first line, without a leading "`modeconn experiment NAME`: ", is the
             one-line :attr:`summary` of ``--help``, naming the docs/methods.md section whose claim it checks.
-        sizes: ``{"quick": size, "full": size}``, frozen dataclasses of the run's settings.
+        sizes: ``{"quick": size, "full": size, ...}``, frozen dataclasses of the run's settings; sizes beyond
+            ``quick`` and ``full`` are picked by name (``--size NAME``).
         run: ``run(out, *, size, data, overwrite, log) -> results`` writing ``results.json``, ``report.md`` and its
             figures into ``out`` atomically.
         report: ``report(results) -> markdown``.
@@ -54,13 +55,30 @@ class Experiment:
         first = self.doc.strip().splitlines()[0]
         return first.split("`: ", 1)[-1] if first.startswith("`modeconn") else first
 
-    def size(self, quick: bool = False, **settings: Any) -> Any:
-        """The quick or full size with the given settings (``None`` = keep) applied.
+    def size_name(self, quick: bool = False, name: str | None = None) -> str:
+        """The name of the size to run: ``name`` if given, else ``"quick"`` or ``"full"``.
 
         Raises:
-            ConfigError: a setting that does not apply to this experiment (named, with the reason).
+            ConfigError: ``name`` is not one of :attr:`sizes` (the valid names are listed), or ``quick`` with a
+                ``name`` other than ``"quick"``.
         """
-        size = self.sizes["quick" if quick else "full"]
+        if name is None:
+            return "quick" if quick else "full"
+        if name not in self.sizes:
+            raise ConfigError(f"unknown size {name!r} of experiment {self.name}; valid sizes: {', '.join(self.sizes)}")
+        if quick and name != "quick":
+            raise ConfigError(f"--quick and --size {name} contradict each other; give one of them")
+        return name
+
+    def size(self, quick: bool = False, size_name: str | None = None, **settings: Any) -> Any:
+        """The size named ``size_name`` (default: quick or full, :meth:`size_name`) with the given settings
+        (``None`` = keep) applied.
+
+        Raises:
+            ConfigError: an unknown size name (valid names listed), or a setting that does not apply to this
+                experiment (named, with the reason).
+        """
+        size = self.sizes[self.size_name(quick, size_name)]
         for option, value in settings.items():
             if value is None:
                 continue
@@ -70,10 +88,11 @@ class Experiment:
             size = _replace_dotted(size, self.overrides[option].split("."), value)
         return size
 
-    def __call__(self, out: str | os.PathLike, *, quick: bool = False, data: str | os.PathLike | None = None,
-                 overwrite: bool = False, log: Log = print, **settings: Any) -> dict[str, Any]:
-        """Run at the quick or full size with ``settings`` overrides; returns the results dict."""
-        size = self.size(quick, **settings)
+    def __call__(self, out: str | os.PathLike, *, quick: bool = False, size_name: str | None = None,
+                 data: str | os.PathLike | None = None, overwrite: bool = False, log: Log = print,
+                 **settings: Any) -> dict[str, Any]:
+        """Run at the quick, full or named size (:meth:`size`) with ``settings`` overrides; returns the results dict."""
+        size = self.size(quick, size_name, **settings)
         return self.run(Path(out), size=size, data=data, overwrite=overwrite, log=log)
 
 
