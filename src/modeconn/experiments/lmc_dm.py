@@ -23,7 +23,7 @@ another group (residual permutation) runs its own WM (``results["ablations"][k][
 Sizes: ``--quick`` (CI, about a minute on two shared cores: a 2-layer × 64 LM on 400 training blocks, 40 matching
 steps, 24 test blocks), the full size (:data:`SIZES` ``"full"``: 2 layers × 128, every training block for 2 epochs,
 300 matching steps, 200 test blocks; tens of minutes on a laptop CPU) and ``--size large`` (4 layers × 256, 8
-heads, MLP 1024, every training block for 2 epochs, 120 matching steps of 16 blocks, 200 test blocks, and only the
+heads, MLP 1024, every training block for 1 epoch, 100 matching steps of 16 blocks, 200 test blocks, and only the
 QK / OV / residual-rotation ablations (:attr:`DMSize.ablations`); the bigger pair, about an hour and a half on one
 CPU thread).
 
@@ -112,10 +112,10 @@ class DMSize:
 SIZES = {
     "quick": DMSize(lm=replace(LM_SIZES["quick"], epochs=3, eval_blocks=24, lambdas=5), steps=40),
     "full": DMSize(lm=LM_SIZES["full"], steps=300, lr=0.01, batch_size=32),
-    # the bigger pair: 4 layers × 256 (8 heads of 32), 2 epochs of every training block (about half an hour per
-    # model on one shared CPU thread); the learned rows at 120 steps of 16 blocks, only the QK / OV / residual ablations
-    "large": DMSize(lm=replace(LM_SIZES["full"], hidden_size=256, layers=4, heads=8, intermediate=1024, epochs=2),
-                    steps=120, lr=0.01, batch_size=16,
+    # the bigger pair: 4 layers × 256 (8 heads of 32), one epoch of every training block (about half an hour per
+    # model on one shared CPU thread); the learned rows at 100 steps of 16 blocks, only the QK / OV / residual ablations
+    "large": DMSize(lm=replace(LM_SIZES["full"], hidden_size=256, layers=4, heads=8, intermediate=1024, epochs=1),
+                    steps=100, lr=0.01, batch_size=16,
                     ablations=("dual (full, cayley)", "dual without QK", "dual without OV",
                                "dual without residual rotation")),
 }
