@@ -1,5 +1,6 @@
 """Continuous parameterisations (Cayley / matrix exponential / polar / unconstrained) and dual / one-sided learned
-matching (LMC-DM, METHODS.md §3) on a tiny absorbed GPT-NeoX with the full group set."""
+matching (LMC-DM, METHODS.md §3) on tiny absorbed decoders with the full group set: GPT-NeoX (every test) and OLMo
+(parameter-free LayerNorm, grouped-query attention; the endpoint, planted-pair and midpoint tests, :data:`FAMILIES`)."""
 
 from __future__ import annotations
 
@@ -109,23 +110,73 @@ def test_parameterisation_registry_and_errors():
 
 
 # ------------------------------------------------------------------------------------------ dual matching
+#: the tiny decoders the endpoint, planted-pair and midpoint tests run on (hf_tiny names)
+FAMILIES = ["gpt_neox", "olmo"]
+#: (Adam steps, lr) of the planted-pair test from the identity's continuous parts, per family: the Llama-style tiny
+#: decoders (OLMo; Llama and Mistral behave alike: grouped-query attention, full rotary, SwiGLU) need more steps
+#: to undo a random residual rotation and OV transforms than the tiny GPT-NeoX
+PLANTED_BUDGET = {"gpt_neox": (30, 0.03), "olmo": (200, 0.05)}
+_LMS: dict[str, dict] = {}
+_WMS: dict[str, object] = {}
+
+
+def _lm(name: str) -> dict:
+    """Two independently initialised tiny absorbed ``name`` LMs, the full-group spec, random-token batches
+    (labels: A's argmax predictions, so the endpoint loss is low and a misaligned path shows a barrier)."""
+    if name not in _LMS:
+        ma = mc.absorb_normalization(make(name, 0))
+        mb = mc.absorb_normalization(make(name, 1))
+        spec = hf.hf_symmetry_spec(ma, groups=FULL)
+        gen = torch.Generator().manual_seed(0)
+        xs = torch.randint(0, 50, (3, 8, 12), generator=gen)
+        with torch.no_grad():
+            ys = torch.stack([ma(x).logits.argmax(-1) for x in xs])
+        _LMS[name] = {"name": name, "model": ma, "spec": spec, "a": ma.state_dict(), "b": mb.state_dict(),
+                      "loader": list(zip(xs, ys, strict=False))}
+    return _LMS[name]
+
+
+def _wm(lm: dict):
+    if lm["name"] not in _WMS:
+        _WMS[lm["name"]] = mc.weight_matching(lm["spec"], lm["a"], lm["b"], seed=0, restarts=1, max_iter=3)
+    return _WMS[lm["name"]]
+
+
 @pytest.fixture(scope="module")
 def lm():
-    """Two independently initialised tiny absorbed GPT-NeoX LMs, the full-group spec, random-token batches
-    (labels: A's argmax predictions, so the endpoint loss is low and a misaligned path shows a barrier)."""
-    ma = mc.absorb_normalization(make("gpt_neox", 0))
-    mb = mc.absorb_normalization(make("gpt_neox", 1))
-    spec = hf.hf_symmetry_spec(ma, groups=FULL)
-    gen = torch.Generator().manual_seed(0)
-    xs = torch.randint(0, 50, (3, 8, 12), generator=gen)
-    with torch.no_grad():
-        ys = torch.stack([ma(x).logits.argmax(-1) for x in xs])
-    return {"model": ma, "spec": spec, "a": ma.state_dict(), "b": mb.state_dict(), "loader": list(zip(xs, ys, strict=False))}
+    """:func:`_lm` of GPT-NeoX (the option, error and resume tests)."""
+    return _lm("gpt_neox")
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family_lm(request):
+    """:func:`_lm` of each of :data:`FAMILIES`."""
+    return _lm(request.param)
 
 
 @pytest.fixture(scope="module")
 def wm_independent(lm):
-    return mc.weight_matching(lm["spec"], lm["a"], lm["b"], seed=0, restarts=1, max_iter=3)
+    return _wm(lm)
+
+
+@pytest.fixture(scope="module")
+def family_wm(family_lm):
+    return _wm(family_lm)
+
+
+def test_olmo_pair_is_absorbed_from_parameter_free_layernorms():
+    """OLMo's LayerNorms have no weight or bias; absorption centres and folds them all the same (the function is
+    kept), and the full group is bound on the absorbed model."""
+    from hf_tiny import outputs
+
+    raw = make("olmo", 0)
+    assert not any("norm" in k for k in raw.state_dict())  # parameter-free: nothing to fold but the centring
+    lm = _lm("olmo")
+    x = {"input_ids": lm["loader"][0][0]}
+    torch.testing.assert_close(outputs(lm["model"], x)["logits"], outputs(raw, x)["logits"], atol=1e-4, rtol=1e-4)
+    assert {n.kind for n in hf.describe(lm["model"]).stream.norms} == {"rms"}
+    assert lm["spec"].spaces["residual"].group == "orthogonal"
+    assert {sp.group for s, sp in lm["spec"].spaces.items() if s.endswith((".qk", ".vo"))} == {"head_invertible"}
 
 
 def _path_loss(lm, sd_a, sd_b, lam):
@@ -144,7 +195,8 @@ def _logits(lm, sd):
         return torch.cat([functional_call(lm["model"], sd, (x,)).logits for x, _ in lm["loader"]])
 
 
-def test_dual_matching_never_changes_either_endpoints_function(lm, wm_independent):
+def test_dual_matching_never_changes_either_endpoints_function(family_lm, family_wm):
+    lm, wm_independent = family_lm, family_wm
     spec, a, b = lm["spec"], lm["a"], lm["b"]
     before = digest(lm["model"]), {k: v.clone() for k, v in a.items()}, {k: v.clone() for k, v in b.items()}
     calls = []
@@ -169,14 +221,16 @@ def test_dual_matching_never_changes_either_endpoints_function(lm, wm_independen
 
 
 @pytest.mark.parametrize("one_sided", [False, True])
-def test_planted_pair_reaches_a_near_zero_barrier(lm, one_sided):
+def test_planted_pair_reaches_a_near_zero_barrier(family_lm, one_sided):
+    lm = family_lm
     spec, a = lm["spec"], lm["a"]
     b = spec.apply(a, spec.random_element(seed=3))  # θ_B = g·θ_A, g a random full-group element
     wm = mc.weight_matching(spec, a, b, seed=0, restarts=1)
     # discrete parts from WM, continuous parts from the identity: a large barrier to start from
     start = {s: (wm.element[s] if spec.group_of(s).exact else t) for s, t in spec.identity().items()}
     initial = _barrier(lm, a, spec.apply(b, start))
-    res = dual_matching(spec, lm["model"], a, b, lm["loader"], steps=30, lr=0.03, init="identity",
+    steps, lr = PLANTED_BUDGET[lm["name"]]
+    res = dual_matching(spec, lm["model"], a, b, lm["loader"], steps=steps, lr=lr, init="identity",
                         one_sided=one_sided, weight_alignment=wm, seed=1)
     final = _barrier(lm, res.apply_a(a), res.apply_b(b))
     assert initial > 1.0
@@ -188,7 +242,8 @@ def test_planted_pair_reaches_a_near_zero_barrier(lm, one_sided):
         assert spec.equal(res.element_a, spec.identity()) and spec.equal(res.element, res.element_b)
 
 
-def test_dual_and_one_sided_lower_the_midpoint_loss_below_weight_matching(lm, wm_independent):
+def test_dual_and_one_sided_lower_the_midpoint_loss_below_weight_matching(family_lm, family_wm):
+    lm, wm_independent = family_lm, family_wm
     spec, a, b = lm["spec"], lm["a"], lm["b"]
     wm_mid = _path_loss(lm, a, wm_independent.apply(b), 0.5)
     opts = {"steps": 12, "lr": 0.01, "lambda_schedule": "fixed", "lambda_value": 0.5, "weight_alignment": wm_independent}
