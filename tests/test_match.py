@@ -13,6 +13,7 @@ import modeconn as mc
 from modeconn.errors import DeviceMismatchError, NonFiniteError, StateDictMismatchError
 from modeconn.match import solve_lap
 from modeconn.match.activation import CorrelationStats
+from modeconn.match.weight import scored_keys
 
 
 def _recovered(spec, res, g):
@@ -72,6 +73,24 @@ def test_weight_matching_restarts_help_on_residual_mlp():
     assert default == 20 and plain < 20, (plain, default)
 
 
+def test_weight_matching_scores_parameters_not_batchnorm_statistics():
+    """B is a planted permutation of A's weights whose BatchNorm running variances are large and ordered by a decoy
+    permutation. The statistics move with the element but are not scored, so the plant is recovered; scoring them
+    (the broken variant: every bound tensor) matches the variances instead of the weights."""
+    model, x = make("resnet20-bn")
+    spec = mc.symmetry_spec(model, x)
+    sd = model.state_dict()
+    assert {k for k in sd if "running" in k} == spec.buffers & {k for k in sd if "running" in k} != set()
+    gen = torch.Generator().manual_seed(0)
+    sd = {k: (torch.rand(v.shape, generator=gen) + 0.5) * 50 if "running_var" in k else v for k, v in sd.items()}
+    g, decoy = spec.random_element(seed=5), spec.random_element(seed=6)
+    sd_b, stats = spec.apply(sd, g), spec.apply(sd, decoy)
+    sd_b = {k: stats[k] if k in spec.buffers else v for k, v in sd_b.items()}
+    assert _recovered(spec, mc.weight_matching(spec, sd, sd_b, seed=0), g)
+    every = [k for k, b in spec.tensors.items() if b and sd[k].is_floating_point()]
+    assert not _recovered(spec, mc.weight_matching(spec, sd, sd_b, seed=0, keys=every), g)
+
+
 def test_weight_matching_is_deterministic_and_reports():
     model, x = make("resnet20-bn")
     other, _ = make("resnet20-bn", seed=1)
@@ -81,9 +100,11 @@ def test_weight_matching_is_deterministic_and_reports():
     assert spec.equal(r1.element, r2.element) and r1.objective == r2.objective
     assert r1.stats["lap_calls"] > 0 and r1.stats["lap_seconds"] <= r1.stats["seconds"]
     aligned = spec.apply(other.state_dict(), r1.element)
-    naive = sum(float((model.state_dict()[k] * other.state_dict()[k]).sum()) for k in r1.spec.tensors if spec.tensors[k])
+    keys = scored_keys(spec, model.state_dict())
+    assert keys and not any("running" in k for k in keys)  # BatchNorm statistics move with the element, unscored
+    naive = sum(float((model.state_dict()[k] * other.state_dict()[k]).sum()) for k in keys)
     assert r1.objective >= naive
-    assert abs(sum(float((model.state_dict()[k] * aligned[k]).sum()) for k in spec.tensors if spec.tensors[k])
+    assert abs(sum(float((model.state_dict()[k] * aligned[k]).sum()) for k in keys)
                - r1.objective) < 1e-3 * abs(r1.objective)
 
 

@@ -21,7 +21,7 @@ from ..errors import ConfigError
 from ..symmetry import SymmetrySpec
 from .options import Int, PositiveInt
 from .result import Alignment
-from .weight import unit_matrix
+from .weight import scored_keys, unit_matrix
 
 
 class ReferenceMatchingConfig(StrictConfig):
@@ -43,7 +43,7 @@ def reference_weight_matching(spec: SymmetrySpec, sd_a: Mapping[str, torch.Tenso
     cfg = ReferenceMatchingConfig.from_any(config, **options)
     if any(not spec.group_of(s).exact for s in spec.spaces):
         raise ConfigError("reference weight matching solves permutation spaces only; use weight_matching")
-    keys = [k for k, binds in spec.tensors.items() if binds and sd_a[k].is_floating_point()]
+    keys = scored_keys(spec, sd_a)
     a = {k: sd_a[k].detach().double() for k in keys}
     b = {k: sd_b[k].detach().double() for k in keys}
     perm, spaces, gen = spec.identity(), list(spec.spaces), torch.Generator().manual_seed(cfg.seed)

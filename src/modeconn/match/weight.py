@@ -86,6 +86,16 @@ def _restrict(t: torch.Tensor, b: AxisBinding, n: int) -> torch.Tensor:
     return t.narrow(b.axis, b.offset, n * b.block)
 
 
+def scored_keys(spec: SymmetrySpec, sd: StateDict) -> list[str]:
+    """The tensors weight matching scores by default: every floating tensor bound to a space except the spec's
+    ``buffers``. Buffers (BatchNorm running statistics) are data statistics, not weights — git re-basin matches
+    parameters only (Ainsworth et al. 2023) — and move with the element anyway; scored, a running variance (positive,
+    and large next to the weights) adds a near rank-one term that can dominate the score, so that the matching sorts
+    channels by their variance instead of their weights. ``sd``: a state dict, or a view with the same keys and
+    dtypes (meta tensors)."""
+    return [k for k, binds in spec.tensors.items() if binds and k not in spec.buffers and sd[k].is_floating_point()]
+
+
 def unit_matrix(t: torch.Tensor, b: AxisBinding, n: int) -> torch.Tensor:
     """The (n, -1) matrix of ``t`` with one row per unit of ``b``'s space (block entries kept together;
     row ``i`` is the unit's ``block`` entries along the axis, each followed by the rest of the tensor)."""
@@ -116,7 +126,8 @@ class WeightMatchingConfig(StrictConfig):
         seed: seeds the random orders, kicks and initial elements (same seed → same result).
         init: start of the first run: ``"greedy"`` (default, see the module docstring), ``"identity"`` or a group
             element (warm start; checked against the spec).
-        keys: restrict the objective to these tensors (default: every floating tensor bound to a space).
+        keys: restrict the objective to these tensors (default: :func:`scored_keys` — every floating tensor bound to a
+            space but the spec's ``buffers``, e.g. BatchNorm running statistics, which the element still moves).
         chunk: streaming only — elements per chunk of a tensor read, converted and multiplied at a time (≥ 1).
         device: where the score products run (``"cpu"``, ``"cuda"``, ``"cuda:1"`` …; checked by
             :func:`modeconn._util.device.resolve_device`, ConfigError naming ``device`` if it is not available).
@@ -205,9 +216,7 @@ class _Run:
         view_a = self._check_inputs(sd_a, sd_b)
         if not isinstance(cfg.init, str):
             spec.check_element(cfg.init)
-        self.keys = cfg.keys if cfg.keys is not None else [
-            k for k, binds in spec.tensors.items() if binds and view_a[k].is_floating_point()
-        ]
+        self.keys = cfg.keys if cfg.keys is not None else scored_keys(spec, view_a)
         self.problem, self.bound = self._problem(sd_a, sd_b)
         self.problem.progress = progress
         self.starts = [cfg.init, "identity"] if cfg.init != "identity" else ["identity"]

@@ -149,7 +149,9 @@ class SymmetrySpec:
     no group acts on, e.g. the output layer's bias or ``num_batches_tracked``). ``shapes`` optionally
     records the expected shape of each tensor. ``probes`` and ``repair_points`` are filled by
     :func:`modeconn.symmetry_spec` for activation matching and REPAIR. ``aliases``: tied tensors, alias key →
-    primary key (see the module docstring).
+    primary key (see the module docstring). ``buffers``: the tensors that are module buffers rather than parameters
+    (BatchNorm running statistics; filled by :func:`modeconn.symmetry_spec`): every element moves them like the
+    parameters, but weight matching does not score them (:func:`modeconn.match.weight.scored_keys`).
     """
 
     spaces: Mapping[str, Space]
@@ -158,12 +160,16 @@ class SymmetrySpec:
     probes: Mapping[str, tuple[Probe, ...]] = field(default_factory=dict)
     repair_points: tuple[tuple, ...] = ()  # (module, channel dim) or (module, dim, reader): see modeconn.path.repair
     aliases: Mapping[str, str] = field(default_factory=dict)
+    buffers: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         self._check_spaces()
         self._check_bindings()
         self._check_no_overlap()
         self._check_aliases()
+        unknown = sorted(self.buffers - set(self.tensors))
+        if unknown:
+            raise SpecError(f"buffers {unknown} are not tensors of the spec")
 
     def _check_spaces(self) -> None:
         """Every space's group exists; a child's parent is a parent-less permutation of its size; children are

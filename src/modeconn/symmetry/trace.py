@@ -1245,6 +1245,7 @@ class _Tracer:
             shapes={k: tuple(t.shape) for k, t in sd.items()},
             probes={k: tuple(v) for k, v in probes.items()},
             repair_points=tuple(self.repair_points(roots)),
+            buffers=frozenset(k for k, _ in model.named_buffers() if k in sd),
         )
 
     def add_probes(
