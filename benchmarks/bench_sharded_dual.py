@@ -135,12 +135,23 @@ def launch(root: Path, world: int, steps: int) -> list[dict]:
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
 
 
-def predicted(size: str, world: int) -> dict:
+def predicted(size: str, world: int, config: dict | None = None) -> dict:
     import torch
 
     from modeconn.match.memory import dual_memory
 
-    return dual_memory(_config(size), world=world, dtype=torch.float32, batch=B, seq_len=T, groups=GROUPS).to_json()
+    return dual_memory(config or _config(size), world=world, dtype=torch.float32, batch=B, seq_len=T,
+                       groups=GROUPS).to_json()
+
+
+def repredict(payload: dict) -> dict:
+    """``payload`` with every run's ``predicted`` and ``predicted_over_measured`` recomputed by the current model (so
+    that ``--report`` reflects :mod:`modeconn.match.memory` as it is, not as it was when measured)."""
+    for size, rec in payload["sizes"].items():
+        for r in rec["runs"]:
+            r["predicted"] = pred = predicted(size, r["world"], rec["config"])
+            r["predicted_over_measured"] = (pred["total"] - pred["base"]) / r["peak_increment_bytes"]
+    return payload
 
 
 def measure(size: str, steps: int) -> dict:
@@ -234,8 +245,10 @@ def main() -> None:
     ap.add_argument("--report", action="store_true")
     args = ap.parse_args()
     if args.report:
-        payload = json.loads((Path(__file__).resolve().parent / "results" / "sharded_dual.json").read_text())
-        return print(f"written to {report(payload)}")
+        path = Path(__file__).resolve().parent / "results" / "sharded_dual.json"
+        payload = repredict(json.loads(path.read_text()))
+        path = write_json("sharded_dual", payload)
+        return print(f"written to {path} and {report(payload)}")
     if args.setup:
         return setup(args.setup, args.root)
     if args.worker:

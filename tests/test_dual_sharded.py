@@ -85,6 +85,68 @@ def test_row_reader_reads_the_rows_of_a_safetensors_checkpoint(problem, tmp_path
             assert torch.equal(in_memory.rows(key, start, stop), t[start:stop]), key
 
 
+def test_row_reader_copies_the_rows_out_of_the_memory_map(problem, tmp_path):
+    """A row block must own exactly its bytes: a view of the safetensors map keeps the map (and the kernel's resident
+    neighbours of every touched page) alive — several times the rows' bytes of resident memory per rank."""
+    from modeconn.match.sharded import RowReader
+
+    reader = RowReader(_save(problem["a"], tmp_path / "a"))
+    for key, t in problem["a"].items():
+        got = reader.rows(key, 1, 3) if t.dim() else reader.rows(key, 0, 0)
+        assert got.untyped_storage().nbytes() == got.numel() * got.element_size(), key
+
+
+def _transforms(problem):
+    from modeconn.match.parametrize import make_transform
+
+    spec = problem["spec"]
+    g = spec.random_element(generator=torch.Generator().manual_seed(0))
+    return [(s, make_transform(spec.group_of(s), g[s].float())) for s in spec.spaces if not spec.group_of(s).exact]
+
+
+def test_frozen_bases_keep_the_values_keys_and_elements(problem):
+    """The bases a sharded run hands to FSDP as frozen parameters: the same state-dict keys and values, the same
+    element, no floating buffer left, and not trainable."""
+    from modeconn.match.sharded import freeze_buffers
+
+    for s, m in _transforms(problem):
+        before, element = {k: v.clone() for k, v in m.state_dict().items()}, m().detach()
+        trainable = {n for n, q in m.named_parameters()}
+        freeze_buffers(m)
+        after = m.state_dict()
+        assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before), s
+        assert torch.equal(m().detach(), element), s
+        assert not [n for n, b in m.named_buffers() if b.is_floating_point() and b.numel()], s
+        assert {n for n, q in m.named_parameters() if q.requires_grad} == trainable, s
+
+
+def test_detached_elements_then_transform_backward_is_the_chain_rule(problem):
+    """The sharded step's two phases (the model's backward into detached elements, then each transform's backward
+    from the element's gradient) give the parameters the gradients of one backward pass through everything; a variant
+    that drops the second phase leaves them without gradients."""
+    from modeconn.match.sharded import detached_element
+
+    mods = _transforms(problem)
+    weights = {s: torch.randn(m().shape, generator=torch.Generator().manual_seed(i)) for i, (s, m) in enumerate(mods)}
+
+    def loss(els):
+        return sum((torch.tanh(els[s]) * weights[s]).sum() for s, _ in mods)
+
+    loss({s: m() for s, m in mods}).backward()
+    direct = {(s, n): q.grad.clone() for s, m in mods for n, q in m.named_parameters()}
+    for _, m in mods:
+        m.zero_grad(set_to_none=True)
+    leaves = {s: detached_element(m) for s, m in mods}
+    loss(leaves).backward()
+    assert all(q.grad is None for _, m in mods for q in m.parameters())  # the broken variant stops here
+    for s, m in mods:
+        torch.autograd.backward(m(), leaves[s].grad)
+    for s, m in mods:
+        for n, q in m.named_parameters():
+            torch.testing.assert_close(q.grad, direct[s, n], rtol=1e-5, atol=1e-6, msg=f"{s}.{n}")
+    assert max(float(g.abs().max()) for g in direct.values() if g.numel()) > 1e-3  # not a comparison of zeros
+
+
 def test_one_sharded_process_reading_checkpoints_equals_the_in_memory_run(problem, single, tmp_path):
     import dual_dist_worker as worker
     import dual_shard_worker as shard_worker

@@ -19,14 +19,19 @@ def test_hand_computed_case():
     # stored rows per rank (⌈n/2⌉ × m): embed 5·8, 4 layer-norm vectors 4 each, qkv 12·8 + 12, dense 4·8 + 4,
     # h→4h 8·8 + 8, 4h→h 4·16 + 4, final norm 4 + 4, LM head 5·8; two endpoints of 4-byte elements
     assert est.endpoints == 2 * 4 * (40 + 16 + 96 + 12 + 32 + 4 + 64 + 8 + 64 + 4 + 8 + 40)
-    assert est.leaf == (24 * 8 + 24) * (6 * 4 + 4 * 4)  # the fused QKV projection with its bias
+    leaf = 24 * 8 + 24  # the fused QKV projection with its bias
+    assert est.leaf == leaf * 6 * 4 and est.process == leaf * 4 * 4  # six fp32 copies; two gathered fp32 endpoints ×2
     # per side: P = 64 (residual) + 2·(2·1 + 2·2² + 2) (qk) + 2·(2·4² + 4) (vo) = 160, buffers 64 + 48 + 96 = 208,
-    # elements 64 + 32 + 32 = 128: sharded P, grad, 2 moments / 2 ranks + gathered P + buffers + 3 × elements
-    per_side = 4 * 160 * 4 // 2 + 4 * 160 + 4 * 208 + 3 * 4 * 128
-    assert est.transforms == 2 * per_side
-    assert est.activations == 4 * 1 * 3 * (12 * 8 + 3 * 16 + 3 * 10)  # one row of 3 tokens per rank
-    assert est.base == 100 and est.total == est.endpoints + est.leaf + est.transforms + est.activations + 100
-    assert dual_memory(TINY, world=2, dtype=torch.float32, batch=2, seq_len=3, one_sided=True).transforms == per_side
+    # elements 64 + 32 + 32 = 128: sharded P, grad, 2 moments and the bases / 2 ranks + the elements and their
+    # gradients, for both sides; the identity element once
+    per_side = (4 * 160 + 208) // 2 + 2 * 128
+    assert est.transforms == 4 * (2 * per_side + 128)
+    assert est.activations == 4 * 1 * 3 * (10 * 8 + 2 * 16 + 3 * 10)  # one row of 3 tokens per rank
+    assert est.base == 100
+    assert est.total == est.endpoints + est.leaf + est.transforms + est.activations + est.process + 100
+    assert dual_memory(TINY, world=1, dtype=torch.float32, batch=2, seq_len=3).process == 0  # no gather
+    assert dual_memory(TINY, world=2, dtype=torch.float32, batch=2, seq_len=3, one_sided=True).transforms == 4 * (
+        per_side + 128)
 
 
 def test_transform_counts_are_those_of_the_real_transform_modules():

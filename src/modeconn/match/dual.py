@@ -101,8 +101,8 @@ from .distributed import DistributedInfo, Ranks, current_rank, init_distributed,
 from .options import LAMBDA_SCHEDULES, Bool, Int, LambdaSchedule, PositiveInt, PositiveReal, draw_lambda
 from .parametrize import get_parameterization, make_transform
 from .progress import reporter, step_loss_legacy
-from .sharded import (LazyLeaves, RowReader, ShardedEndpoints, check_finite_shards, device_mesh, meta_work_model,
-                      shard_transforms, unsharded_element)
+from .sharded import (LazyLeaves, RowReader, ShardedEndpoints, check_finite_shards, detached_element, device_mesh,
+                      meta_work_model, shard_transforms, unsharded_element)
 from .result import Alignment
 from .weight import weight_matching
 
@@ -377,7 +377,9 @@ class _Run:
             self.elapsed = float(saved["seconds"])
 
     def _params(self) -> list[nn.Parameter]:
-        return list(self.mods_b.parameters()) + ([] if self.mods_a is None else list(self.mods_a.parameters()))
+        """The trainable transform parameters (not the bases a sharded run holds as frozen parameters)."""
+        mods = [self.mods_b, *(() if self.mods_a is None else (self.mods_a,))]
+        return [p for m in mods for p in m.parameters() if p.requires_grad]
 
     def _optimizer(self) -> None:
         """Adam on the transform parameters (FSDP-sharded first in a sharded run), with its saved state on resume."""
@@ -408,10 +410,11 @@ class _Run:
         disc_el, cont, cache = {**self.identity, **self.disc}, set(self.continuous), {}
         permuted = {k for k in keys if any(b.space not in cont for b in spec.tensors.get(k, ()))}
 
-        def whole_b(key: str) -> torch.Tensor | None:
+        def whole_b(key: str) -> torch.Tensor | None:  # the discrete bindings only (the continuous ones act later)
             if key not in permuted:
                 return None
-            return spec.apply_tensor(key, reader_b.whole(key).to(self.device), disc_el, cache=cache)
+            skip = tuple(b for b in spec.tensors[key] if b.space in cont)
+            return spec.apply_tensor(key, reader_b.whole(key).to(self.device), disc_el, skip=skip, cache=cache)
 
         rank, world = self.ranks.rank, self.ranks.world
         self.store_a = ShardedEndpoints.load(reader_a, keys, rank, world, self.mesh, self.device)
@@ -433,6 +436,34 @@ class _Run:
         """The transforms' current (differentiable) elements by space; None for an identity side."""
         return None if mods is None else {s: m() for s, m in zip(self.continuous, mods, strict=True)}
 
+    def _detached_elements(self, mods: nn.ModuleList | None) -> Element | None:
+        """Sharded runs: the transforms' current elements computed without autograd and entered as leaf tensors that
+        collect their gradients (``requires_grad``); :meth:`_backward_transforms` carries those gradients into the
+        transform parameters one module at a time. The result is the chain rule's, but no transform's autograd graph
+        (Cayley solves, polar factors, the gathered parameters and bases) is held across the model's forward and
+        backward pass: only the elements and their gradients."""
+        if mods is None:
+            return None
+        return {s: detached_element(m) for s, m in zip(self.continuous, mods, strict=True)}
+
+    def _backward_transforms(self) -> None:
+        """The elements' gradients (from the model's backward pass) through each transform module in turn: its
+        element recomputed with autograd (FSDP all-gathers its parameters and bases), ``backward(∂element)`` (FSDP
+        reduce-scatters the parameters' gradients), the graph freed before the next module. Every rank runs every
+        module in the same order (a zero gradient where its rows did not reach a space), as the collectives need."""
+        for mods, els in zip((self.mods_a, self.mods_b), self.leaf_elements, strict=True):
+            if mods is None:
+                continue
+            for s, m in zip(self.continuous, mods, strict=True):
+                e = els.pop(s)
+                grad = e.grad if e.grad is not None else torch.zeros_like(e)
+                del e
+                out = m()
+                if out.requires_grad:  # the same on every rank (the same modules)
+                    torch.autograd.backward(out, grad)
+                del out, grad
+        self.leaf_elements = None
+
     def _output(self, x: torch.Tensor, lam: float, g_a: Element | None, g_b: Element | None) -> Any:
         """``model(x)`` at ``θ(λ) = (1−λ)·g_a(θ_A) + λ·g_b(θ_B)`` (None: no transform on that side): whole tensors
         through ``functional_call``, or the sharded store's tensors materialised leaf by leaf."""
@@ -447,10 +478,15 @@ class _Run:
         return functional_call(self.work, {k: _lerp(ta, theta_b[k], lam) for k, ta in theta_a.items()}, (x,))
 
     def _loss(self, x: torch.Tensor, y: torch.Tensor, lam: float) -> torch.Tensor | None:
-        """This rank's share of the global mean: its rows' mean loss × rows / global rows (None without rows)."""
+        """This rank's share of the global mean: its rows' mean loss × rows / global rows (None without rows).
+        Sharded: the elements enter as detached leaves (:meth:`_detached_elements`)."""
         if not len(x):
             return None
-        out = self._output(x, lam, self._elements_now(self.mods_a), self._elements_now(self.mods_b))
+        if self.shard:
+            self.leaf_elements = (self._detached_elements(self.mods_a), self._detached_elements(self.mods_b))
+            out = self._output(x, lam, *self.leaf_elements)
+        else:
+            out = self._output(x, lam, self._elements_now(self.mods_a), self._elements_now(self.mods_b))
         loss = self.loss_fn(out, y)
         rows, total = len(x), _rows(self.batch)
         return loss if rows == total else loss * (rows / total)
@@ -471,7 +507,10 @@ class _Run:
         self.optimizer.zero_grad(set_to_none=True)
         if loss is not None:
             loss.backward()
-        if not self.shard:  # sharded: FSDP reduce-scatters the gradients in the backward pass
+            del loss
+        if self.shard:  # FSDP reduce-scatters the parameters' gradients in the transforms' backward passes
+            self._backward_transforms()
+        else:
             self.ranks.all_reduce_grads(self.params)
         self.optimizer.step()
         self.losses.append(global_loss)
@@ -532,7 +571,8 @@ class _Run:
         }
         if self.shard:
             stats["stored_bytes"] = {"endpoints": self.store_a.nbytes() + self.store_b.nbytes(),
-                                     "transforms": _local_bytes(self.params)}
+                                     "transforms": _local_bytes([*self.mods_b.parameters(), *self.mods_b.buffers(), *(
+                                         () if self.mods_a is None else (*self.mods_a.parameters(), *self.mods_a.buffers()))])}
         if cfg.verify:
             check_batch = next(endless(self.loader, what="dual matching"))
             x, _ = _unpack(check_batch, self.device, self.ranks)

@@ -4,29 +4,36 @@ For a GPT-NeoX / Llama-style decoder described by its Hugging Face config (hidde
 attention heads of ``d_h = d/H`` dims (``r`` of them rotary), ``H_kv`` key/value heads, FFN width ``f``, vocabulary
 ``V``), ``W`` ranks, endpoints stored with ``s`` bytes per element, global batches of ``B`` rows of ``T`` tokens:
 
-    peak = base + E_store + E_leaf + E_transforms + E_activations
+    peak = base + E_store + E_leaf + E_transforms + E_activations + E_process
 
 * ``E_store = 2 · Σ_k ⌈n_k / W⌉ · m_k · s`` — both endpoints' frozen tensors (tensor ``k`` of ``n_k`` rows × ``m_k``
   other elements: the floating tensors of the model's state dict, built on the meta device from the config, with a
   tied embedding counted twice — absorption unties it; the norm vectors absorption drops and the reader biases it
-  adds for LayerNorm biases are ``O(L·d)`` and not corrected for).
-* ``E_leaf = t_max · (6·4 + 4·s)`` — the largest *leaf* (a module's own tensors, ``t_max`` elements: embedding,
-  LM head or a FFN projection) materialised at once: both endpoints gathered in ``s`` (plus the unpadding copy),
-  their fp32 values, the transformed ``π_A(a)``, ``π_B(b)`` and the interpolation's temporaries in the forward; in the
-  backward the recomputed tensors, ``∂θ`` and its two images — six fp32 copies and four ``s`` copies.
-* ``E_transforms`` (per learned side: 2 for dual, 1 for one-sided) ``= 4·P·4 / W + 4·P·[W>1] + 4·Bf + 3·4·El`` —
-  the FSDP-sharded parameters, gradients and two Adam moments (fp32), the parameters gathered while in use, the
-  replicated buffers (trivialisation bases), and the elements with their gradients and Cayley intermediates. Counts
+  adds for LayerNorm biases are ``O(L·d)`` and not corrected for). The rows are copied out of the safetensors memory
+  map, so these are the process's own bytes.
+* ``E_leaf = 6 · 4 · t_max`` — the largest *leaf* (a module's own tensors, ``t_max`` elements: embedding, LM head
+  or a FFN projection) materialised at once in fp32: in the forward the transformed ``π_A(a)``, ``π_B(b)`` and the
+  interpolation's temporaries; in the backward the recomputed tensors, ``∂θ`` and its two images — six fp32 copies.
+* ``E_transforms = 4 · [σ · ((4·P + Bf) / W + 2·El) + El]`` (``σ`` learned sides: 2 for dual, 1 for one-sided) —
+  per side the FSDP-sharded parameters, their gradients and two Adam moments, and the trivialisation bases (held as
+  frozen parameters, sharded with them); the elements and their gradients (replicated: the model's forward and
+  backward use them as detached leaves; each transform's own graph is rebuilt one module at a time afterwards, when
+  the activations are gone); and the identity element of the continuous spaces, kept once. Counts
   (:func:`transform_counts`): orthogonal residual ``P = Bf = El = d²``; per layer and per QK / OV space (``p = r/2``
   rotary pairs, ``q = d_h − r``; ``r = 0`` for OV) ``head_orthogonal``: ``P = H_kv(p + q²)``, ``Bf = H_kv(d_h² + q²)``;
   ``head_invertible``: ``P = H_kv(2p + 2q² + q)``, ``Bf = H_kv(d_h² + 2q²)``; ``El = H_kv·d_h²`` for both.
   Permutation spaces (heads, FFN) are frozen from weight matching: 0 bytes here.
-* ``E_activations = 4 · [L·b·T·(12·d + 3·f + c_att·H·T) + 3·b·T·V]`` — data parallel, ``b = ⌈B / W⌉`` rows per
-  rank: per layer the tensors autograd keeps (each leaf's input under checkpointing, norms, Q/K/V after rotary,
-  attention output, the FFN activation: ``12·d + 3·f`` per token; ``c_att = 2`` when the attention matrix and its
-  softmax are kept — eager / math attention — else 0, flash / memory-efficient kernels), and the logits, their
-  log-softmax and gradient (``3·V`` per token).
-* ``base``: the process itself (interpreter, libraries, CUDA context), passed in; not modelled.
+* ``E_activations = 4 · [L·b·T·(10·d + 2·f + c_att·H·T) + 3·b·T·V]`` — data parallel, ``b = ⌈B / W⌉`` rows per
+  rank: per layer the tensors autograd keeps (the inputs of the four checkpointed leaves: QKV, attention output, FFN
+  up and down projections, ``3·d + f``; the normalised residual stream, ``d``; the QKV output, the rotated Q and K and
+  the attention output, ``6·d``; the FFN activation's input, ``f``: ``10·d + 2·f`` per token; ``c_att = 2`` when the
+  attention matrix and its softmax are kept — eager / math attention — else 0, flash / memory-efficient kernels), and
+  the logits' log-softmax, the logits' gradient and its temporary (``3·V`` per token).
+* ``E_process = [W > 1] · 4 · s · t_max`` — what a process of a group materialises and one process does not: the
+  all-gather of the largest leaf's two endpoints (DTensor ``full_tensor``: the gathered, padded output and its
+  unpadded copy, in the stored dtype, for each endpoint). One process's local tensors are the whole ones and are
+  used as they are. The per-rank copy of the fixed-size runtime (gloo, DTensor and FSDP state) is part of ``base``.
+* ``base``: the process itself (interpreter, libraries, CUDA context, communication runtime), passed in; not modelled.
 
 :func:`pythia_table` evaluates the model for Pythia 1B / 2.8B / 6.9B (configs :data:`PYTHIA`, from the Hugging
 Face ``config.json`` of ``EleutherAI/pythia-*``) on 1 and 8 accelerators. Units: bytes (decimal GB in the table).
@@ -161,11 +168,12 @@ class MemoryEstimate:
     leaf: int
     transforms: int
     activations: int
+    process: int
     base: int
 
     @property
     def total(self) -> int:
-        return self.endpoints + self.leaf + self.transforms + self.activations + self.base
+        return self.endpoints + self.leaf + self.transforms + self.activations + self.process + self.base
 
     def to_json(self) -> dict[str, int]:
         return {**asdict(self), "total": self.total}
@@ -184,13 +192,15 @@ def dual_memory(config: Any, *, world: int = 1, dtype: torch.dtype = torch.bfloa
     shape = Shape.from_config(config)
     s = torch.empty((), dtype=dtype).element_size()
     store = 2 * sum(math.ceil(n / world) * m * s for _, n, m in shape.tensors)
-    leaf = shape.largest_leaf * (6 * 4 + 4 * s)
+    leaf = shape.largest_leaf * 6 * 4
     t = transform_counts(shape, groups)
-    per_side = 4 * t["params"] * 4 // world + 4 * t["params"] * (world > 1) + 4 * t["buffers"] + 3 * 4 * t["elements"]
+    sides = 1 if one_sided else 2
+    transforms = 4 * (sides * ((4 * t["params"] + t["buffers"]) // world + 2 * t["elements"]) + t["elements"])
     rows = math.ceil(batch / world)
-    per_token = shape.layers * (12 * shape.d + 3 * shape.ffn + (2 * shape.heads * seq_len if attention_matrix else 0))
+    per_token = shape.layers * (10 * shape.d + 2 * shape.ffn + (2 * shape.heads * seq_len if attention_matrix else 0))
     acts = 4 * rows * seq_len * (per_token + 3 * shape.vocab)
-    return MemoryEstimate(store, leaf, per_side * (1 if one_sided else 2), acts, int(base_bytes))
+    process = 4 * s * shape.largest_leaf if world > 1 else 0
+    return MemoryEstimate(store, leaf, transforms, acts, process, int(base_bytes))
 
 
 def pythia_table(worlds: Sequence[int] = (1, 8), device_bytes: int = H200_BYTES, *, batch: int = 8,

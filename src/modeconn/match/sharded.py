@@ -13,8 +13,13 @@ with ZeRO-3 / FSDP storage, built from PyTorch's own sharding:
   Integer tensors and scalars are kept whole on every rank (the spec never acts on them).
 * **Learned transforms** (Cayley / polar parameters of both sides) are wrapped with FSDP2
   (``torch.distributed.fsdp.fully_shard``): each rank stores ``1/W`` of every parameter and of its Adam state; the
-  parameters are all-gathered when the transform's element is computed (once per step) and the gradients
-  reduce-scattered (summed, not averaged: each rank's loss is already its weighted share of the global mean).
+  parameters are all-gathered when the transform's element is computed and the gradients reduce-scattered (summed,
+  not averaged: each rank's loss is already its weighted share of the global mean). The trivialisation bases (the
+  modules' floating buffers) are made frozen parameters first (:func:`freeze_buffers`), so FSDP shards them too.
+  Each step computes the elements without autograd (:func:`detached_element`) and feeds them to the model as leaf
+  tensors; after the model's backward pass each module's element is recomputed with autograd and back-propagated
+  from its gradient, one module at a time — the chain rule's gradients, without any transform's graph held while
+  the activations are.
 * **Use.** Every module of the working model that owns state-dict tensors (embeddings, linears) is a *lazy leaf*:
   its forward all-gathers its endpoint tensors (``DTensor.full_tensor()``), applies the continuous transforms
   (``plan.act_key``), interpolates ``θ_k(λ) = (1−λ)·π_A(a_k) + λ·π_B(b_k)`` in fp32 and runs the module on it,
@@ -79,7 +84,8 @@ class RowReader:
             self.meta = {k: torch.empty(v.shape, dtype=v.dtype, device="meta") for k, v in source.items()}
 
     def rows(self, key: str, start: int, stop: int) -> torch.Tensor:
-        """Rows ``[start, stop)`` of tensor ``key`` (a fresh tensor of the stored dtype; scalars whole)."""
+        """Rows ``[start, stop)`` of tensor ``key`` (a fresh tensor of the stored dtype in process memory, not a view
+        of the file; scalars whole)."""
         if self.ckpt is None:
             t = self.mapping[key].detach()
             return (t if t.dim() == 0 else t[start:stop]).cpu().clone()
@@ -88,7 +94,9 @@ class RowReader:
         info = self.ckpt.infos[key]
         with safe_open(str(self.ckpt.path / info.shard), framework="pt", device="cpu") as f:
             sl = f.get_slice(key)
-            return sl[:] if not info.shape else sl[start:stop]
+            # copied out of the file's memory map: a view would keep the map, whose resident pages (the kernel maps
+            # cached neighbours of every page touched) can be several times the rows' bytes
+            return (sl[:] if not info.shape else sl[start:stop]).clone()
 
     def whole(self, key: str) -> torch.Tensor:
         return self.mapping[key].detach().cpu()
@@ -170,16 +178,37 @@ def device_mesh(ranks, device: torch.device):
 # ------------------------------------------------------------------------------------------ transforms (FSDP2)
 def shard_transforms(mods: Iterable[nn.Module], mesh) -> None:
     """Wrap every transform module with ``fully_shard`` (its parameters become ``Shard(0)`` DTensors; all-gathered
-    in its forward, gradients reduce-scattered as sums; empty parameters stay plain). Nothing for one process."""
+    in its forward, gradients reduce-scattered as sums; empty parameters stay plain). Its floating buffers — the
+    trivialisation bases ``M₀`` and the orthogonal maps' bases — are first made frozen parameters
+    (:func:`freeze_buffers`), so that FSDP shards them too. Nothing for one process."""
     if mesh is None:
         return
     from torch.distributed.fsdp import fully_shard
 
     for m in mods:
+        freeze_buffers(m)
         empty = {p for p in m.parameters() if p.numel() == 0}  # e.g. no rotary pairs: FSDP cannot reduce-scatter them
         fully_shard(m, mesh=mesh, reshard_after_forward=True, ignored_params=empty or None)
         m.set_gradient_divide_factor(1.0)
         m.set_force_sum_reduction_for_comms(True)  # plain SUM (gloo has no PREMUL_SUM)
+
+
+def freeze_buffers(m: nn.Module) -> None:
+    """Every non-empty floating buffer of ``m`` and its submodules re-registered, under the same name, as a parameter
+    with ``requires_grad=False`` (the same tensor: values, the module's forward and its state-dict keys unchanged) —
+    state that ``fully_shard`` shards and all-gathers with the trainable parameters, and that no optimiser updates."""
+    for mod in m.modules():
+        for name, buf in list(mod._buffers.items()):
+            if buf is not None and buf.is_floating_point() and buf.numel():
+                del mod._buffers[name]
+                mod.register_parameter(name, nn.Parameter(buf, requires_grad=False))
+
+
+def detached_element(m: nn.Module) -> torch.Tensor:
+    """``m()`` computed without autograd (FSDP all-gathers and frees the parameters around it), as a fresh leaf tensor
+    that collects its gradient (``requires_grad``; never a view of the module's own storage)."""
+    with torch.no_grad():
+        return m().detach().clone().requires_grad_()
 
 
 def unsharded_element(m: nn.Module) -> torch.Tensor:
