@@ -220,11 +220,11 @@ def report(payload: dict) -> Path:
                          f"{r['predicted_over_measured']:.2f} | {_mib(r['peak_rss_bytes'])} | "
                          f"{r['rss_over_one_process_per_rank']:.2f} |")
     lines += ["", "## Pythia on 141 GB devices (bf16 endpoints, batch 8 × 2048 tokens, flash attention; model only)", "",
-              "| model | params | devices | endpoints GB | leaf GB | transforms GB | activations GB | total GB | fits | "
-              "largest batch that fits |", "|---|---|---|---|---|---|---|---|---|---|"]
+              "| model | params | devices | endpoints GB | leaf GB | transforms GB | activations GB | process GB | total GB | "
+              "fits | largest batch that fits |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in table:
         lines.append(f"| {r['model']} | {r['params'] / 1e9:.2f} B | {r['world']} | {_gb(r['endpoints'])} | {_gb(r['leaf'])} | "
-                     f"{_gb(r['transforms'])} | {_gb(r['activations'])} | {_gb(r['total'])} | "
+                     f"{_gb(r['transforms'])} | {_gb(r['activations'])} | {_gb(r['process'])} | {_gb(r['total'])} | "
                      f"{'yes' if r['fits'] else 'no'} | {r['max_batch']} |")
     DOCS.mkdir(parents=True, exist_ok=True)
     (DOCS / "results.json").write_text(json.dumps({"measured": payload, "pythia": table}, indent=2))
