@@ -4,6 +4,7 @@ skipped — with the same result as solving them — and ``stats`` reports what 
 
 from __future__ import annotations
 
+import math
 import pytest
 import torch
 from archs import make
@@ -52,10 +53,11 @@ def test_a_planted_permutation_stops_after_one_run_at_the_bound():
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_the_identity_run_is_the_plain_git_re_basin_run_of_the_seed(seed):
     spec, sa, sb = _pair("mlp-bn")
-    res = mc.weight_matching(spec, sa, sb, seed=seed, restarts=2, restart_rtol=None, rtol=0.0)
+    res = mc.weight_matching(spec, sa, sb, seed=seed, restarts=2, restart_rtol=None, rtol=0.0, restart_init="scratch")
     ref = reference_weight_matching(spec, sa, sb, seed=seed)
     assert res.history[1] == pytest.approx(ref.history[0], rel=1e-5)
-    assert mc.weight_matching(spec, sa, sb, seed=seed).objective >= ref.objective * (1 - 1e-6)
+    scratch = mc.weight_matching(spec, sa, sb, seed=seed, restart_init="scratch")
+    assert scratch.objective >= ref.objective * (1 - 1e-6)
 
 
 def _always_solve(self, s, g, dirty):  # the variant without skipping: every plain space solved on every visit
@@ -95,6 +97,28 @@ def test_kick_restarts_are_deterministic_and_reported():
     assert r1.stats["restarts_run"] == 3 and r1.objective == max(r1.stats["restart_objectives"])
     first = mc.weight_matching(spec, sa, sb, seed=4, restarts=1)
     assert r1.objective >= first.objective  # kicks start from the best element so far
+
+
+def test_a_kick_shuffles_a_quarter_of_one_permutation_space():
+    spec, sa, sb = _pair("mlp")
+    best = mc.weight_matching(spec, sa, sb, seed=0, restarts=1).element
+    problem = weight_mod._Run(spec, sa, sb, WeightMatchingConfig(), None).problem
+    for seed in range(5):
+        g, kicked = problem.kick(best, torch.Generator().manual_seed(seed))
+        (s,) = kicked
+        assert all(torch.equal(g[o], best[o]) for o in spec.spaces if o != s)
+        n = spec.spaces[s].size
+        assert sorted(g[s].tolist()) == list(range(n))  # still a permutation
+        moved = int((g[s] != best[s]).sum())
+        assert moved == max(2, math.ceil(n * weight_mod.KICK_FRACTION)) < n  # one cycle through a quarter
+
+
+def test_the_default_restarts_are_kicks_of_the_best():
+    spec, sa, sb = _pair("resnet20-bn")
+    default = mc.weight_matching(spec, sa, sb, seed=4)
+    kicks = mc.weight_matching(spec, sa, sb, seed=4, restart_init="perturb")
+    assert spec.equal(default.element, kicks.element) and default.history == kicks.history
+    assert default.stats["restarts_run"] >= 2
 
 
 def test_new_options_are_validated_and_overridable():

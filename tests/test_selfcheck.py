@@ -132,5 +132,16 @@ def test_fp32_rounding_of_large_activations_is_not_reported_as_a_wrong_binding()
     spec = mc.symmetry_spec(model, x)  # no SpecError
     g = spec.random_element(seed=0)
     base = selfcheck.perturbed_copy(model, torch.Generator().manual_seed(0), torch.float32)
-    assert selfcheck._change(spec, base, selfcheck._forward(base, (x,)), (x,), g) > selfcheck.RTOL  # fp32 alone fails
+    state = {k: t.clone() for k, t in base.state_dict().items()}
+    assert selfcheck._change(spec, base, state, selfcheck._forward(base, (x,)), (x,), g) > selfcheck.RTOL  # fp32 fails
     assert selfcheck.check_function_preserved(spec, model, (x,)) <= 1e-8
+
+
+def test_the_check_runs_on_the_first_examples_of_one_batch_only():
+    from modeconn.symmetry.selfcheck import EXAMPLES, _first_examples
+
+    x, m = torch.randn(8, 3), torch.ones(8, 5)
+    assert [t.shape[0] for t in _first_examples((x, m), EXAMPLES)] == [EXAMPLES, EXAMPLES]
+    assert torch.equal(_first_examples((x,), EXAMPLES)[0], x[:EXAMPLES])
+    for kept in ((x, torch.ones(7, 5)), (x, 3), (torch.randn(EXAMPLES, 3),), (torch.tensor(1.0),), ()):
+        assert _first_examples(kept, EXAMPLES) is kept  # not one batch of tensors (or no larger): unchanged

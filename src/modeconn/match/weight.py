@@ -11,10 +11,12 @@ objective kept — until one fails to beat the best by ``restart_rtol`` (relativ
 run starts from a *greedy data-flow* element: spaces in spec order (the traced data-flow order), each matched on
 its writer tensors only — those whose other axes read spaces already matched — with the spaces before it applied
 (layer-wise matching, as in Singh & Jaggi 2020); on independently trained or initialised nets it reaches a clearly
-better optimum than starting from the identity. The second run starts from the identity, with the orders of a first
-run of the same seed — exactly the plain git re-basin run (:mod:`modeconn.match.reference`), so the default is
-never worse than it — the others from random elements (or, ``restart_init="perturb"``, from kicks of the best
-element). ``J`` is bounded by
+better optimum than starting from the identity. Later runs start from *kicks* of the best element so far (iterated
+local search: a quarter of one permutation space's units shuffled, see :meth:`_Problem.kick`), which return to the
+same optimum in a few sweeps of the kicked space's neighbourhood when there is nothing better nearby — the default,
+``restart_init="perturb"`` — or from scratch (``"scratch"``): the second run at the identity with the orders of a
+first run of the same seed, exactly the plain git re-basin run (:mod:`modeconn.match.reference`), so that the result
+is never worse than it, the others at random elements. ``J`` is bounded by
 ``‖θ_A‖·‖θ_B‖`` (Cauchy–Schwarz), reached exactly when ``g·θ_B = θ_A``; restarts stop early once it is reached.
 
 *Continuous groups and heads* (METHODS.md §0/§3, Theus et al. 2025). In general WM minimises the distance
@@ -86,6 +88,21 @@ def _restrict(t: torch.Tensor, b: AxisBinding, n: int) -> torch.Tensor:
     return t.narrow(b.axis, b.offset, n * b.block)
 
 
+KICK_FRACTION = 0.25
+"""Share of a permutation space's units a restart's kick shuffles (``restart_init="perturb"``)."""
+
+
+def _shuffle_some(perm: torch.Tensor, fraction: float, gen: torch.Generator) -> torch.Tensor:
+    """``perm`` (n ≥ 2) with ``m = ⌈fraction·n⌉`` (at least 2) random entries moved along one random m-cycle, so that
+    each of them changes (a new tensor)."""
+    n = perm.numel()
+    m = min(n, max(2, math.ceil(fraction * n)))
+    picked = torch.randperm(n, generator=gen)[:m].to(perm.device)
+    out = perm.clone()
+    out[picked] = perm[picked.roll(1)]
+    return out
+
+
 def scored_keys(spec: SymmetrySpec, sd: StateDict) -> list[str]:
     """The tensors weight matching scores by default: every floating tensor bound to a space except the spec's
     ``buffers``. Buffers (BatchNorm running statistics) are data statistics, not weights — git re-basin matches
@@ -108,16 +125,16 @@ class WeightMatchingConfig(StrictConfig):
 
     Attributes:
         restarts: the most coordinate-descent runs (≥ 1). The first starts at ``init``; each later one starts from
-            scratch (``restart_init="scratch"``: the second at the identity with the first run's orders — the plain
-            git re-basin run of the seed —, the others at random elements) or from a *kick* (``"perturb"``: the best
-            element so far with one random space re-drawn at random — iterated local search, Lourenço, Martin &
-            Stützle 2003; cheaper, without the guarantee of never being worse than the plain run). The best
-            objective is returned. Fewer runs happen when the objective reaches its upper bound, or
-            (``restart_rtol``) when a run fails to beat the best.
+            a *kick* (``restart_init="perturb"``, default: the best element so far with :data:`KICK_FRACTION` of one
+            random permutation space's units shuffled, or one continuous space re-drawn — iterated local search,
+            Lourenço, Martin & Stützle 2003) or from scratch (``"scratch"``: the second at the identity with the first
+            run's orders — the plain git re-basin run of the seed, so the result is never worse than that run —, the
+            others at random elements; slower). The best objective is returned. Fewer runs happen when the objective
+            reaches its upper bound, or (``restart_rtol``) when a run fails to beat the best.
         restart_rtol: stop the restarts once a run ``r ≥ 2`` ends at an objective that does not exceed the best of the
             runs before it by more than ``restart_rtol·|best|`` (≥ 0); ``None`` runs all ``restarts`` (up to the
             bound), as before this option existed.
-        restart_init: how runs after the first start, ``"scratch"`` (default) or ``"perturb"`` (see ``restarts``).
+        restart_init: how runs after the first start, ``"perturb"`` (default) or ``"scratch"`` (see ``restarts``).
         max_iter: the most sweeps over all spaces per run (≥ 1). A run ends earlier after a sweep that changes no
             element (nothing is left to gain: the next sweep would solve the same problems) or whose gain is below
             ``rtol``.
@@ -143,7 +160,7 @@ class WeightMatchingConfig(StrictConfig):
 
     restarts: PositiveInt = 4
     restart_rtol: Annotated[Real, Field(ge=0)] | None = 1e-4
-    restart_init: Literal["scratch", "perturb"] = "scratch"
+    restart_init: Literal["scratch", "perturb"] = "perturb"
     max_iter: PositiveInt = 100
     rtol: Annotated[Real, Field(ge=0, lt=1)] = 1e-9
     seed: Int = 0
@@ -473,12 +490,17 @@ class _Problem:
         return total
 
     def kick(self, best: Element, gen: torch.Generator) -> tuple[Element, tuple[str, ...]]:
-        """``best`` with one random space without parent (and its children) replaced by a random element: the
-        perturbation of iterated local search (Lourenço, Martin & Stützle 2003) — a restart near the best optimum so
-        far, which converges in few sweeps when there is nothing better nearby. Returns it and the re-drawn spaces."""
+        """``best`` perturbed on one random space without parent: the perturbation of iterated local search
+        (Lourenço, Martin & Stützle 2003) — a restart near the best optimum so far, which converges in few sweeps when
+        there is nothing better nearby. A permutation space without children has a random :data:`KICK_FRACTION` of
+        its units shuffled among themselves; any other root (a continuous group, or a permutation with per-unit
+        children) and its children are re-drawn at random. Returns it and the perturbed spaces."""
         roots = [s for s, sp in self.spec.spaces.items() if sp.parent is None]
         root = roots[int(torch.randint(len(roots), (), generator=gen))]
         g, kicked = dict(best), (root, *self.spec.children[root])
+        if root in self.plain and self.spec.spaces[root].size > 1:
+            g[root] = _shuffle_some(best[root], KICK_FRACTION, gen)
+            return g, kicked
         for s in kicked:
             g[s] = self.spec.group_of(s).random(self.spec.spaces[s].size, gen)
         return g, kicked
