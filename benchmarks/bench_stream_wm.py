@@ -11,14 +11,16 @@ included):
 
 * ``baseline``: Python + torch + transformers + modeconn imported, the spec built on the meta device from
   config.json and the shard headers read — what every streaming run pays before touching a weight;
-* ``wm``: that plus streaming weight matching (``restarts=1``, ``--max-iter`` sweeps after the greedy start);
+* ``wm``: that plus streaming weight matching — ``restarts=1`` and ``--max-iter`` sweeps after the greedy start, or
+  with ``--defaults`` every option at its default (restarts from kicks until one fails to beat the best, sweeps until
+  one changes nothing); torch's threads: ``OMP_NUM_THREADS`` (the JSON records it, and the CPU seconds of the step);
 * ``apply``: that plus writing B aligned (:func:`modeconn.stream.stream_apply`), spot-checked against
   ``spec.apply_tensor`` on a few tensors.
 
 Target: peak RSS of ``wm`` < 25% of one model's fp32 size (4.05 GB). Writes ``benchmarks/results/stream_wm.json``;
 the checkpoints live in a temporary directory under ``--tmp`` (default /tmp) and are deleted afterwards. Usage::
 
-    python benchmarks/bench_stream_wm.py [--max-iter 2] [--layers 16] [--shard-gb 1.0]
+    python benchmarks/bench_stream_wm.py [--max-iter 2 | --defaults] [--layers 16] [--shard-gb 1.0]
 """
 
 from __future__ import annotations
@@ -87,7 +89,7 @@ def make_checkpoint(out: Path, layers: int, seed: int, shard_bytes: int) -> dict
             "shards": sorted(p.name for p in out.glob("*.safetensors"))}
 
 
-def child(step: str, a: str, b: str, work: str, max_iter: int) -> None:
+def child(step: str, a: str, b: str, work: str, max_iter: int | None) -> None:
     """One measured step in this (fresh) process; prints one JSON line with its numbers."""
     t0 = time.perf_counter()
     import transformers  # noqa: F401  (part of the baseline: the spec needs the model class)
@@ -105,11 +107,16 @@ def child(step: str, a: str, b: str, work: str, max_iter: int) -> None:
                 stamps.append((stage, time.perf_counter() - t0))
                 print(f"[{time.perf_counter() - t0:7.1f} s] {stage} ({total} spaces)", file=sys.stderr, flush=True)
 
-        t = time.perf_counter()
-        res = stream_weight_matching(spec, a, b, restarts=1, max_iter=max_iter, progress=progress)
-        out.update(seconds=time.perf_counter() - t, objective=res.objective, history=res.history[0],
-                   upper_bound=res.stats["upper_bound"], lap_seconds=res.stats["lap_seconds"],
-                   lap_calls=res.stats["lap_calls"], iterations=res.stats["iterations"][0], stages=stamps)
+        t, r0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
+        opts = {} if max_iter is None else {"restarts": 1, "max_iter": max_iter}
+        res = stream_weight_matching(spec, a, b, progress=progress, **opts)
+        r1 = resource.getrusage(resource.RUSAGE_SELF)
+        st = res.stats
+        out.update(seconds=time.perf_counter() - t, cpu_seconds=r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime,
+                   threads=torch.get_num_threads(), objective=res.objective, history=res.history,
+                   upper_bound=st["upper_bound"], lap_seconds=st["lap_seconds"], lap_calls=st["lap_calls"],
+                   lap_skipped=st["lap_skipped"], sweeps=st["sweeps"], restarts_run=st["restarts_run"],
+                   restarts_stopped_by=st["restarts_stopped_by"], stages=stamps)
         from safetensors.torch import save_file
 
         save_file({s: p.contiguous() for s, p in res.element.items()}, f"{work}/element.safetensors")
@@ -129,9 +136,9 @@ def child(step: str, a: str, b: str, work: str, max_iter: int) -> None:
     print(json.dumps(out), flush=True)
 
 
-def run_child(step: str, a: Path, b: Path, work: Path, max_iter: int) -> dict:
+def run_child(step: str, a: Path, b: Path, work: Path, max_iter: int | None) -> dict:
     cmd = [sys.executable, __file__, "--child", step, "--a", str(a), "--b", str(b), "--work", str(work),
-           "--max-iter", str(max_iter)]
+           *(("--defaults",) if max_iter is None else ("--max-iter", str(max_iter)))]
     t = time.perf_counter()
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True)
     res = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -144,6 +151,7 @@ def run_child(step: str, a: Path, b: Path, work: Path, max_iter: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--max-iter", type=int, default=2, help="coordinate-descent sweeps after the greedy start")
+    ap.add_argument("--defaults", action="store_true", help="weight matching at its defaults (no --max-iter)")
     ap.add_argument("--layers", type=int, default=16, help="transformer layers (16: Pythia-1B)")
     ap.add_argument("--shard-gb", type=float, default=1.0, help="maximum shard size in GB")
     ap.add_argument("--tmp", default="/tmp", help="where the checkpoints are written (and deleted afterwards)")
@@ -152,8 +160,9 @@ def main() -> None:
     ap.add_argument("--b", help=argparse.SUPPRESS)
     ap.add_argument("--work", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    max_iter = None if args.defaults else args.max_iter
     if args.child:
-        child(args.child, args.a, args.b, args.work, args.max_iter)
+        child(args.child, args.a, args.b, args.work, max_iter)
         return
 
     work = Path(tempfile.mkdtemp(prefix="bench_stream_wm.", dir=args.tmp))
@@ -165,15 +174,15 @@ def main() -> None:
         gen_seconds = time.perf_counter() - t
         print(f"two checkpoints of {info['parameters'] / 1e9:.3f} B parameters ({info['shards']}) written in "
               f"{gen_seconds:.0f} s; generator peak RSS {peak_rss_bytes() / 2**30:.3f} GiB", flush=True)
-        steps = {s: run_child(s, a, b, work, args.max_iter) for s in ("baseline", "wm", "apply")}
+        steps = {s: run_child(s, a, b, work, max_iter) for s in ("baseline", "wm", "apply")}
     finally:
         shutil.rmtree(work, ignore_errors=True)
     wm, base = steps["wm"], steps["baseline"]
     fp32 = info["fp32_bytes"]
     res = {
         "model": {**PYTHIA_1B, "num_hidden_layers": args.layers, **info, "dtype_on_disk": "float16"},
-        "settings": {"restarts": 1, "max_iter": args.max_iter, "shard_gb": args.shard_gb, "chunk": 1 << 20,
-                     "threads": os.environ.get("OMP_NUM_THREADS")},
+        "settings": {**({"weight_matching": "defaults"} if max_iter is None else {"restarts": 1, "max_iter": max_iter}),
+                     "shard_gb": args.shard_gb, "chunk": 1 << 20, "threads": os.environ.get("OMP_NUM_THREADS")},
         "generation_seconds": gen_seconds,
         "steps": steps,
         "wm_peak_rss_gib": wm["peak_rss_bytes"] / 2**30,
