@@ -17,7 +17,10 @@ Writes ``benchmarks/results/sharded_dual.json``, and ``docs/results/dual-memory/
 ``results.json``: the measured comparison and the Pythia table of :func:`modeconn.match.memory.pythia_table`).
 ``--report`` rewrites the latter from the former without measuring. Usage::
 
-    python benchmarks/bench_sharded_dual.py [--steps 2] [--sizes S1,S2,S3] [--report]
+    python benchmarks/bench_sharded_dual.py [--steps 2] [--sizes S1,S2,S3,S4] [--merge] [--report]
+
+``--merge`` keeps the sizes already in ``benchmarks/results/sharded_dual.json`` that this run does not measure (each
+size records the commit it was measured at).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ SIZES = {
     "S1": {"hidden_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4, "intermediate_size": 512},
     "S2": {"hidden_size": 256, "num_hidden_layers": 16, "num_attention_heads": 4, "intermediate_size": 1024},
     "S3": {"hidden_size": 512, "num_hidden_layers": 24, "num_attention_heads": 8, "intermediate_size": 2048},
+    "S4": {"hidden_size": 1024, "num_hidden_layers": 20, "num_attention_heads": 16, "intermediate_size": 4096},
 }
 V, T, B = 1024, 64, 4
 GROUPS = {"residual": "orthogonal", "heads": "permutation", "qk": "head_invertible", "vo": "head_invertible",
@@ -176,7 +180,15 @@ def measure(size: str, steps: int) -> dict:
                      "losses": ranks[0]["losses"]})
         print(f"{size} W={w}: increment {inc / 2**20:.0f} MiB (one process / W: {one / w / 2**20:.0f} MiB), "
               f"predicted {(pred['total'] - pred['base']) / 2**20:.0f} MiB, peak RSS {raw / 2**20:.0f} MiB", flush=True)
-    return {"config": _config(size), "params": _params(size), "runs": rows}
+    return {"config": _config(size), "params": _params(size), "steps": steps, "commit": _commit(), "runs": rows}
+
+
+def _commit() -> str:
+    """The repository's HEAD and whether the source tree differs from it (``+dirty``)."""
+    here = Path(__file__).resolve().parents[1]
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True).stdout
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", "src"], cwd=here, capture_output=True, text=True)
+    return head.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
 def _params(size: str) -> int:
@@ -243,6 +255,7 @@ def main() -> None:
     ap.add_argument("--root", type=Path)
     ap.add_argument("--out", type=Path)
     ap.add_argument("--report", action="store_true")
+    ap.add_argument("--merge", action="store_true")
     args = ap.parse_args()
     if args.report:
         path = Path(__file__).resolve().parent / "results" / "sharded_dual.json"
@@ -253,7 +266,11 @@ def main() -> None:
         return setup(args.setup, args.root)
     if args.worker:
         return worker(args.worker, args.steps, args.out)
-    sizes = {s: measure(s, args.steps) for s in args.sizes.split(",")}
+    path = Path(__file__).resolve().parent / "results" / "sharded_dual.json"
+    sizes = json.loads(path.read_text())["sizes"] if args.merge and path.exists() else {}
+    for s in args.sizes.split(","):
+        sizes[s] = measure(s, args.steps)
+    sizes = {s: sizes[s] for s in SIZES if s in sizes}
     path = write_json("sharded_dual", {"batch": B, "seq_len": T, "vocab": V, "dtype": "float32", "groups": GROUPS,
                                        "steps": args.steps, "worlds": list(WORLDS), "sizes": sizes,
                                        "malloc_mmap_threshold": 65536})

@@ -3,7 +3,7 @@
 ``torchrun --standalone --nproc_per_node N tests/dual_shard_worker.py OUT``: rank 0 writes the endpoints of
 :func:`dual_dist_worker.problem` (a tiny absorbed GPT-NeoX pair) as safetensors checkpoints ``OUT/a``, ``OUT/b``; every
 rank then runs sharded dual matching reading its rows from them, twice: as it is (``ok``) and with every shard read one
-row off (``broken``: rows rolled by one within each rank's block). Each rank writes ``OUT/rank{r}.safetensors``
+row off (``broken``: entries rolled by one along the sharded axis within each rank's block). Each rank writes ``OUT/rank{r}.safetensors``
 (``ok.a.<space>``, ``ok.b.<space>``, ``broken.*``) and ``OUT/rank{r}.json`` (losses, λ, stored bytes).
 """
 
@@ -31,10 +31,10 @@ def write_endpoints(p: dict, out: Path) -> tuple[Path, Path]:
     return dirs
 
 
-def broken_rows(reader, key: str, start: int, stop: int) -> torch.Tensor:
-    """The rows of the block, each one position off (rolled by one row)."""
-    t = _rows(reader, key, start, stop)
-    return torch.roll(t, 1, 0) if t.dim() and len(t) > 1 else t
+def broken_rows(reader, key: str, start: int, stop: int, dim: int = 0) -> torch.Tensor:
+    """The entries of the block, each one position off along the sharded axis (rolled by one)."""
+    t = _rows(reader, key, start, stop, dim)
+    return torch.roll(t, 1, dim) if t.dim() and t.shape[dim] > 1 else t
 
 
 def main(out: Path) -> None:

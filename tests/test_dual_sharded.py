@@ -252,3 +252,21 @@ def test_cli_align_dual_shard_under_torchrun(request, tmp_path):
         model, _ = load_checkpoint(ckpt)
         with torch.no_grad():
             torch.testing.assert_close(load_absorbed(out / side)(input_ids=x).logits, model.eval()(x), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [2, 4])
+def test_gather_blocks_gradient_is_the_single_process_gradient(world, tmp_path):
+    """:func:`~modeconn.match.sharded.gather_blocks` (the block-local leaves' all-gather of θ): the gathered tensor is
+    the whole one and each rank's block gets its block of the single-process gradient of the global loss (the sum of
+    the ranks' losses), along rows and columns, with uneven and (4 processes, columns) empty blocks. The broken variant,
+    ``DTensor.full_tensor``, gathers the same values but its backward keeps the rank's own share: far off."""
+    _torchrun(TESTS / "gather_blocks_worker.py", tmp_path, cwd=TESTS, nproc=world)
+    recs = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
+    assert all(r["world"] == world for r in recs)
+    assert sum(r["ok.dim0.rows"] for r in recs) == 7 and sum(r["ok.dim1.rows"] for r in recs) == 5
+    for dim in (0, 1):
+        assert max(r[f"ok.dim{dim}.value"] for r in recs) == 0.0
+        assert max(r[f"full_tensor.dim{dim}.value"] for r in recs) == 0.0
+        assert max(r[f"ok.dim{dim}.grad"] for r in recs) <= 1e-12
+        assert max(r[f"full_tensor.dim{dim}.grad"] for r in recs) > 0.1

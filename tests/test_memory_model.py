@@ -19,8 +19,10 @@ def test_hand_computed_case():
     # stored rows per rank (⌈n/2⌉ × m): embed 5·8, 4 layer-norm vectors 4 each, qkv 12·8 + 12, dense 4·8 + 4,
     # h→4h 8·8 + 8, 4h→h 4·16 + 4, final norm 4 + 4, LM head 5·8; two endpoints of 4-byte elements
     assert est.endpoints == 2 * 4 * (40 + 16 + 96 + 12 + 32 + 4 + 64 + 8 + 64 + 4 + 8 + 40)
-    leaf = 24 * 8 + 24  # the fused QKV projection with its bias
-    assert est.leaf == leaf * 6 * 4 and est.process == leaf * 4 * 4  # six fp32 copies; two gathered fp32 endpoints ×2
+    # the largest leaf: the fused QKV projection with its bias (both transformed whole: six fp32 copies, and one
+    # gathered buffer per endpoint); the block-local FFN projection (8·16) costs 4·(3·128 + 6·64) + its bias 16·(24 + 8)
+    leaf = 24 * 8 + 24
+    assert est.leaf == leaf * 6 * 4 and est.process == leaf * 2 * 4
     # per side: P = 64 (residual) + 2·(2·1 + 2·2² + 2) (qk) + 2·(2·4² + 4) (vo) = 160, buffers 64 + 48 + 96 = 208,
     # elements 64 + 32 + 32 = 128: sharded P, grad, 2 moments and the bases / 2 ranks + the elements and their
     # gradients, for both sides; the identity element once
@@ -32,6 +34,26 @@ def test_hand_computed_case():
     assert dual_memory(TINY, world=1, dtype=torch.float32, batch=2, seq_len=3).process == 0  # no gather
     assert dual_memory(TINY, world=2, dtype=torch.float32, batch=2, seq_len=3, one_sided=True).transforms == 4 * (
         per_side + 128)
+
+
+def test_block_local_leaves():
+    """Frozen head spaces leave the attention rows free: the QKV weight (24 × 8) becomes block-local — its block
+    transformed (6 · ⌈192 / 4⌉ fp32 elements) and only θ gathered whole (3 · 192: θ, ∂θ and its all-reduce) — its
+    bias still whole (6 · 24, gathered 2 · 24); embeddings, LM head and FFN matrices are block-local in both groupings;
+    one process gathers nothing and transforms every tensor whole."""
+    from modeconn.match.memory import block_local
+
+    groups = {**DUAL_GROUPS, "qk": "permutation", "vo": "permutation"}
+    est = dual_memory(TINY, world=4, dtype=torch.float32, batch=4, seq_len=3, groups=groups)
+    assert est.leaf == 4 * (3 * 192 + 6 * 48) + 4 * 6 * 24 and est.process == 2 * 4 * 24
+    one = dual_memory(TINY, world=1, dtype=torch.float32, batch=4, seq_len=3, groups=groups)
+    assert one.leaf == 6 * 4 * 216 and one.process == 0
+    qkv = "gpt_neox.layers.0.attention.query_key_value.weight"
+    assert not block_local(qkv, True) and block_local(qkv, True, groups) and not block_local(qkv + ".bias", False)
+    for key in ("gpt_neox.embed_in.weight", "embed_out.weight", "gpt_neox.layers.0.mlp.dense_4h_to_h.weight",
+                "model.layers.0.mlp.gate_proj.weight"):
+        assert block_local(key, True) and block_local(key, True, groups)
+    assert not block_local("model.layers.0.self_attn.o_proj.weight", True)
 
 
 def test_transform_counts_are_those_of_the_real_transform_modules():
@@ -82,3 +104,24 @@ def test_unsupported_groups_and_worlds_are_refused():
         dual_memory(TINY, world=4, batch=2)
     with pytest.raises(ConfigError, match="needs hidden_size"):
         dual_memory({"hidden_size": 8})
+
+
+def test_block_local_matches_the_free_axes_of_the_sharded_run():
+    """The model's block-local matrices are those the sharded run splits along a free axis (the dual-matching plan of
+    an absorbed GPT-NeoX and Llama with the learned residual and head spaces)."""
+    from hf_tiny import make
+
+    import modeconn as mc
+    from modeconn.match.dual import _ContinuousPlan
+    from modeconn.match.memory import block_local
+    from modeconn.symmetry import hf
+
+    for family in ("gpt_neox", "llama"):
+        model = mc.absorb_normalization(make(family, 0))
+        spec = hf.hf_symmetry_spec(model, groups=DUAL_GROUPS)
+        sd = model.state_dict()
+        plan = _ContinuousPlan(spec, [s for s in spec.spaces if not spec.group_of(s).exact], sd)
+        matrices = {k: t for k, t in sd.items() if t.dim() >= 2}
+        assert matrices and any(plan.free_axis(k, t.dim()) is None for k, t in matrices.items())
+        for k, t in matrices.items():
+            assert block_local(k, True) == (plan.free_axis(k, t.dim()) is not None), (family, k)

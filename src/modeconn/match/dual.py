@@ -102,7 +102,7 @@ from .options import LAMBDA_SCHEDULES, Bool, Int, LambdaSchedule, PositiveInt, P
 from .parametrize import get_parameterization, make_transform
 from .progress import reporter, step_loss_legacy
 from .sharded import (LazyLeaves, RowReader, ShardedEndpoints, check_finite_shards, detached_element, device_mesh,
-                      meta_work_model, shard_transforms, unsharded_element)
+                      gather_blocks, meta_work_model, shard_transforms, unsharded_element)
 from .result import Alignment
 from .weight import weight_matching
 
@@ -417,8 +417,14 @@ class _Run:
             return spec.apply_tensor(key, reader_b.whole(key).to(self.device), disc_el, skip=skip, cache=cache)
 
         rank, world = self.ranks.rank, self.ranks.world
-        self.store_a = ShardedEndpoints.load(reader_a, keys, rank, world, self.mesh, self.device)
-        self.store_b = ShardedEndpoints.load(reader_b, keys, rank, world, self.mesh, self.device, whole=whole_b)
+        free = {k: self.plan.free_axis(k, reader_a.meta[k].dim()) for k in keys}
+        # block-local tensors (sharded along an axis no continuous transform acts on) are transformed per block and
+        # only their interpolation is all-gathered; one process has nothing to gather
+        self.block_local = {k for k, a in free.items() if a is not None} if self.mesh is not None else set()
+        dims = {k: a for k, a in free.items() if a is not None}
+        self.store_a = ShardedEndpoints.load(reader_a, keys, rank, world, self.mesh, self.device, dims=dims)
+        self.store_b = ShardedEndpoints.load(reader_b, keys, rank, world, self.mesh, self.device, whole=whole_b,
+                                             dims=dims)
         check_finite_shards({"A": self.store_a, "B": self.store_b}, self.ranks)
         self.work = meta_work_model(self.model, reader_a.meta, self.device)
         self.leaves = LazyLeaves(self.work, reader_a.meta, self.plan.aliases)
@@ -469,6 +475,12 @@ class _Run:
         through ``functional_call``, or the sharded store's tensors materialised leaf by leaf."""
         if self.shard:
             def theta(key: str) -> torch.Tensor:
+                if key in self.block_local:  # this rank's block transformed and interpolated, then gathered
+                    store = self.store_a
+                    local = _lerp(self.plan.act_key(key, store.block(key), g_a),
+                                  self.plan.act_key(key, self.store_b.block(key), g_b), lam)
+                    return gather_blocks(local, store.dims[key], store.shapes[key][store.dims[key]],
+                                         self.ranks.group) if local.is_floating_point() else store.full(key)
                 return _lerp(self.plan.act_key(key, self.store_a.full(key), g_a),
                              self.plan.act_key(key, self.store_b.full(key), g_b), lam)
 
@@ -704,6 +716,14 @@ class _ContinuousPlan:
             if key in sd and any(b.space in cont for b in binds):
                 self.skips[key] = tuple(b for b in binds if b.space not in cont)
         self.aliases = spec.aliases_in(sd)
+
+    def free_axis(self, key: str, ndim: int) -> int | None:
+        """The first axis of tensor ``key`` (``ndim`` axes) that no continuous binding acts on (None: every axis is
+        transformed, or a scalar): a block along it transforms on its own."""
+        skips = self.skips.get(key)
+        bound = {b.axis % max(ndim, 1) for b in self.spec.tensors.get(key, ())
+                 if skips is not None and not any(b is x for x in skips)}
+        return next((a for a in range(ndim) if a not in bound), None)
 
     def act_key(self, key: str, t: torch.Tensor, g: Element | None, cache: dict | None = None) -> torch.Tensor:
         """``g`` (continuous spaces only; None: the identity) acting on tensor ``key``'s value ``t``."""

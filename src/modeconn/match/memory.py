@@ -11,9 +11,19 @@ attention heads of ``d_h = d/H`` dims (``r`` of them rotary), ``H_kv`` key/value
   tied embedding counted twice — absorption unties it; the norm vectors absorption drops and the reader biases it
   adds for LayerNorm biases are ``O(L·d)`` and not corrected for). The rows are copied out of the safetensors memory
   map, so these are the process's own bytes.
-* ``E_leaf = 6 · 4 · t_max`` — the largest *leaf* (a module's own tensors, ``t_max`` elements: embedding, LM head
-  or a FFN projection) materialised at once in fp32: in the forward the transformed ``π_A(a)``, ``π_B(b)`` and the
-  interpolation's temporaries; in the backward the recomputed tensors, ``∂θ`` and its two images — six fp32 copies.
+* ``E_leaf + E_process = max_ℓ Σ_{k∈ℓ} c_k`` — the largest *leaf* (a module's own tensors ``k`` of ``t_k`` elements:
+  embedding, LM head, attention or FFN projection) materialised at once, ``E_leaf`` its fp32 part and ``E_process``
+  its all-gathered endpoints. A tensor transformed whole (one process, or every axis acted on by a learned
+  transform: with a learned residual and learned QK / OV spaces the attention projections, and the vectors) costs
+  ``6 · 4 · t_k`` in fp32 — in the forward the transformed ``π_A(a)``, ``π_B(b)`` and the interpolation's
+  temporaries; in the backward the recomputed endpoints autograd keeps for the transforms, ``θ``, ``∂θ`` and its two
+  images — plus ``[W > 1] · 2 · s · t_k`` of ``E_process``: the all-gather of its two endpoints (one gathered buffer
+  of the stored dtype each, :meth:`~modeconn.match.sharded.ShardedEndpoints.full`). A
+  *block-local* tensor (``W > 1``, an axis no learned transform acts on: embeddings, LM head, FFN projections, and
+  every matrix when the residual or both head spaces are frozen) is transformed and interpolated on the rank's block
+  (``6 · 4 · ⌈t_k / W⌉``) and only ``θ`` is gathered whole: ``3 · 4 · t_k`` — the gathered ``θ`` the module keeps,
+  ``∂θ`` and the all-reduced ``∂θ`` of :func:`~modeconn.match.sharded.gather_blocks`' backward. One process's
+  local tensors are the whole ones and are used as they are (no gather).
 * ``E_transforms = 4 · [σ · ((4·P + Bf) / W + 2·El) + El]`` (``σ`` learned sides: 2 for dual, 1 for one-sided) —
   per side the FSDP-sharded parameters, their gradients and two Adam moments, and the trivialisation bases (held as
   frozen parameters, sharded with them); the elements and their gradients (replicated: the model's forward and
@@ -29,10 +39,7 @@ attention heads of ``d_h = d/H`` dims (``r`` of them rotary), ``H_kv`` key/value
   the attention output, ``6·d``; the FFN activation's input, ``f``: ``10·d + 2·f`` per token; ``c_att = 2`` when the
   attention matrix and its softmax are kept — eager / math attention — else 0, flash / memory-efficient kernels), and
   the logits' log-softmax, the logits' gradient and its temporary (``3·V`` per token).
-* ``E_process = [W > 1] · 4 · s · t_max`` — what a process of a group materialises and one process does not: the
-  all-gather of the largest leaf's two endpoints (DTensor ``full_tensor``: the gathered, padded output and its
-  unpadded copy, in the stored dtype, for each endpoint). One process's local tensors are the whole ones and are
-  used as they are. The per-rank copy of the fixed-size runtime (gloo, DTensor and FSDP state) is part of ``base``.
+* The per-rank copy of the fixed-size runtime (gloo, DTensor and FSDP state) is part of ``base``.
 * ``base``: the process itself (interpreter, libraries, CUDA context, communication runtime), passed in; not modelled.
 
 :func:`pythia_table` evaluates the model for Pythia 1B / 2.8B / 6.9B (configs :data:`PYTHIA`, from the Hugging
@@ -43,6 +50,7 @@ Errors: ConfigError for a config without the sizes above or a group the model ha
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -109,6 +117,13 @@ class Shape:
         for key, n, m in self.tensors:
             leaves[key.rsplit(".", 1)[0]] = leaves.get(key.rsplit(".", 1)[0], 0) + n * m
         return max(leaves.values())
+
+    def leaves(self) -> dict[str, list[tuple[str, int, bool]]]:
+        """Module → its tensors ``(key, elements, matrix)`` (``matrix``: at least two axes)."""
+        out: dict[str, list[tuple[str, int, bool]]] = {}
+        for key, n, m in self.tensors:
+            out.setdefault(key.rsplit(".", 1)[0], []).append((key, n * m, m > 1))
+        return out
 
 
 def _tensors(config: Any) -> tuple[tuple[str, int, int], ...]:
@@ -192,15 +207,45 @@ def dual_memory(config: Any, *, world: int = 1, dtype: torch.dtype = torch.bfloa
     shape = Shape.from_config(config)
     s = torch.empty((), dtype=dtype).element_size()
     store = 2 * sum(math.ceil(n / world) * m * s for _, n, m in shape.tensors)
-    leaf = shape.largest_leaf * 6 * 4
+    leaf, process = leaf_terms(shape, world, s, groups)
     t = transform_counts(shape, groups)
     sides = 1 if one_sided else 2
     transforms = 4 * (sides * ((4 * t["params"] + t["buffers"]) // world + 2 * t["elements"]) + t["elements"])
     rows = math.ceil(batch / world)
     per_token = shape.layers * (10 * shape.d + 2 * shape.ffn + (2 * shape.heads * seq_len if attention_matrix else 0))
     acts = 4 * rows * seq_len * (per_token + 3 * shape.vocab)
-    process = 4 * s * shape.largest_leaf if world > 1 else 0
     return MemoryEstimate(store, leaf, transforms, acts, process, int(base_bytes))
+
+
+_ATTENTION = re.compile(r"\.(attention|self_attn|attn)\.")
+
+
+def block_local(key: str, matrix: bool, groups: Mapping[str, str | None] = DUAL_GROUPS) -> bool:
+    """Whether tensor ``key`` has an axis no learned transform of ``groups`` acts on (module docstring): matrices
+    outside attention (embeddings, LM head, FFN projections: the vocabulary / FFN axis is free or permuted by weight
+    matching), and attention matrices unless the residual and a head space (QK or OV) are both learned. Vectors
+    (biases, norms) count as transformed whole."""
+    if not matrix:
+        return False
+    if not _ATTENTION.search(key):
+        return True
+    return groups.get("residual") in _FROZEN or all(groups.get(s) in _FROZEN for s in ("qk", "vo"))
+
+
+def leaf_terms(shape: Shape, world: int, s: int, groups: Mapping[str, str | None] = DUAL_GROUPS) -> tuple[int, int]:
+    """``(E_leaf, E_process)`` bytes of the largest leaf (module docstring) for ``world`` ranks and endpoints of ``s``
+    bytes per element."""
+    best = (0, 0)
+    for tensors in shape.leaves().values():
+        fp32 = gathered = 0
+        for key, t, matrix in tensors:
+            if world > 1 and block_local(key, matrix, groups):
+                fp32 += 4 * (3 * t + 6 * math.ceil(t / world))
+            else:
+                fp32 += 6 * 4 * t
+                gathered += 2 * s * t if world > 1 else 0
+        best = max(best, (fp32, gathered), key=sum)
+    return best
 
 
 def pythia_table(worlds: Sequence[int] = (1, 8), device_bytes: int = H200_BYTES, *, batch: int = 8,

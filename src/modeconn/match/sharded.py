@@ -4,11 +4,13 @@ The data-parallel mode (:mod:`modeconn.match.distributed`) keeps both endpoints 
 mode is the same computation (same batches split the same way, same λ, same Adam steps on the same global loss)
 with ZeRO-3 / FSDP storage, built from PyTorch's own sharding:
 
-* **Frozen endpoint tensors** are ``torch.distributed.tensor.DTensor`` shards with placement ``Shard(0)``: rank r of
-  W holds rows ``[r·c, min((r+1)·c, n))`` of every tensor with ``n`` rows, ``c = ⌈n / W⌉`` (:func:`row_block`:
-  ``torch.chunk`` semantics, which is DTensor's own split; the last ranks may hold fewer or no rows), in the stored
-  dtype. They are read per rank from safetensors (``safe_open(...).get_slice(key)[start:stop]``: only those rows
-  are read) — or sliced from an in-memory / lazy mapping. B's tensors that a discrete (weight-matching) part acts
+* **Frozen endpoint tensors** are blocks in the layout of a ``DTensor`` with placement ``Shard(dim)``: rank r
+  of W holds the block ``[r·c, min((r+1)·c, n))`` along ``dim`` of every tensor whose ``dim`` has ``n`` entries,
+  ``c = ⌈n / W⌉`` (:func:`row_block`: ``torch.chunk`` semantics, which is DTensor's own split; the last ranks may
+  hold fewer or none), in the stored dtype. ``dim`` is the tensor's first axis that no continuous transform acts on
+  (its *free axis*: e.g. the rows of an embedding or FFN up-projection, the columns of a FFN down-projection), else
+  0. They are read per rank from safetensors (``safe_open(...).get_slice(key)[start:stop]``, or ``[:, start:stop]``:
+  only that block is read) — or sliced from an in-memory / lazy mapping. B's tensors that a discrete (weight-matching) part acts
   on are read whole one at a time, permuted, and sliced (one tensor transiently, never the model).
   Integer tensors and scalars are kept whole on every rank (the spec never acts on them).
 * **Learned transforms** (Cayley / polar parameters of both sides) are wrapped with FSDP2
@@ -21,11 +23,15 @@ with ZeRO-3 / FSDP storage, built from PyTorch's own sharding:
   from its gradient, one module at a time — the chain rule's gradients, without any transform's graph held while
   the activations are.
 * **Use.** Every module of the working model that owns state-dict tensors (embeddings, linears) is a *lazy leaf*:
-  its forward all-gathers its endpoint tensors (``DTensor.full_tensor()``), applies the continuous transforms
-  (``plan.act_key``), interpolates ``θ_k(λ) = (1−λ)·π_A(a_k) + λ·π_B(b_k)`` in fp32 and runs the module on it,
-  all inside ``torch.utils.checkpoint`` (non-reentrant), so that only the leaf's input is saved and the
-  materialisation is recomputed (all-gathered again) in the backward pass — at any time one leaf's full tensors
-  exist. The working model's own parameters live on the meta device (no memory).
+  its forward materialises ``θ_k(λ) = (1−λ)·π_A(a_k) + λ·π_B(b_k)`` in fp32 and runs the module on it, all inside
+  ``torch.utils.checkpoint`` (non-reentrant), so that only the leaf's input is saved and the materialisation is
+  recomputed in the backward pass — at any time one leaf's full tensors exist. A tensor sharded along its free axis
+  is *block-local*: the continuous transforms act on the other axes only, so each rank transforms and interpolates
+  its own block and all-gathers the result (:func:`gather_blocks`, whose backward all-reduces ``∂θ`` and keeps the
+  rank's block — the sum over the ranks' losses that the block's share of the element gradients needs); only the
+  interpolated tensor is ever whole. The other tensors (both axes transformed, e.g. a fused QKV projection) are
+  all-gathered as endpoints (:meth:`ShardedEndpoints.full`) and transformed whole. The working model's own parameters
+  live on the meta device (no memory).
 
 Per-rank peak memory is modelled in :mod:`modeconn.match.memory`.
 
@@ -83,12 +89,13 @@ class RowReader:
             self.mapping = source
             self.meta = {k: torch.empty(v.shape, dtype=v.dtype, device="meta") for k, v in source.items()}
 
-    def rows(self, key: str, start: int, stop: int) -> torch.Tensor:
-        """Rows ``[start, stop)`` of tensor ``key`` (a fresh tensor of the stored dtype in process memory, not a view
-        of the file; scalars whole)."""
+    def rows(self, key: str, start: int, stop: int, dim: int = 0) -> torch.Tensor:
+        """Entries ``[start, stop)`` along axis ``dim`` (default: rows) of tensor ``key`` (a fresh contiguous tensor
+        of the stored dtype in process memory, not a view of the file; scalars whole)."""
+        index = (slice(None),) * dim + (slice(start, stop),)
         if self.ckpt is None:
             t = self.mapping[key].detach()
-            return (t if t.dim() == 0 else t[start:stop]).cpu().clone()
+            return (t if t.dim() == 0 else t[index]).cpu().contiguous().clone()
         from safetensors import safe_open
 
         info = self.ckpt.infos[key]
@@ -96,7 +103,7 @@ class RowReader:
             sl = f.get_slice(key)
             # copied out of the file's memory map: a view would keep the map, whose resident pages (the kernel maps
             # cached neighbours of every page touched) can be several times the rows' bytes
-            return (sl[:] if not info.shape else sl[start:stop]).clone()
+            return (sl[:] if not info.shape else sl[index]).contiguous().clone()
 
     def whole(self, key: str) -> torch.Tensor:
         return self.mapping[key].detach().cpu()
@@ -104,48 +111,94 @@ class RowReader:
 
 # ------------------------------------------------------------------------------------------ the sharded store
 class ShardedEndpoints:
-    """The frozen tensors of one endpoint, rank ``rank`` of ``world`` holding its :func:`row_block` of each floating
-    tensor with at least one dimension (stored dtype), the others whole.
+    """The frozen tensors of one endpoint, rank ``rank`` of ``world`` holding its :func:`row_block` along axis
+    ``dims[key]`` (default 0) of each floating tensor with at least one dimension (stored dtype), the others whole.
 
-    ``full(key)`` all-gathers tensor ``key`` (``DTensor.from_local(...).full_tensor()``; a collective: every rank
-    calls it for the same keys in the same order) and returns it in fp32 on ``device``."""
+    ``full(key)`` all-gathers tensor ``key`` (one buffer of the stored dtype; a collective: every rank calls it for
+    the same keys in the same order) and returns it in fp32 on ``device``; ``block(key)`` is this rank's
+    block in fp32 (no collective)."""
 
-    def __init__(self, local: dict[str, torch.Tensor], shapes: dict[str, tuple[int, ...]], mesh, device) -> None:
+    def __init__(self, local: dict[str, torch.Tensor], shapes: dict[str, tuple[int, ...]], mesh, device,
+                 dims: Mapping[str, int] | None = None) -> None:
         self.local, self.shapes, self.mesh, self.device = local, shapes, mesh, device
+        self.dims = {k: (dims or {}).get(k, 0) for k in local}
         self.nonfinite = [k for k, t in local.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
 
     @classmethod
     def load(cls, reader: RowReader, keys: Iterable[str], rank: int, world: int, mesh, device: torch.device,
-             whole: Callable[[str], torch.Tensor | None] | None = None) -> ShardedEndpoints:
-        """This rank's shards of ``keys``; ``whole(key)``, where it returns a tensor, supplies the full tensor to slice
-        (B with its discrete part applied) instead of reading the rows. :attr:`nonfinite`: the keys whose shard holds
-        a non-finite value (see :func:`check_finite_shards`)."""
-        local, shapes = {}, {}
+             whole: Callable[[str], torch.Tensor | None] | None = None,
+             dims: Mapping[str, int] | None = None) -> ShardedEndpoints:
+        """This rank's shards of ``keys``, split along axis ``dims[key]`` (default 0); ``whole(key)``, where it returns
+        a tensor, supplies the full tensor to slice (B with its discrete part applied) instead of reading the block.
+        :attr:`nonfinite`: the keys whose shard holds a non-finite value (see :func:`check_finite_shards`)."""
+        local, shapes, dims = {}, {}, dict(dims or {})
         for key in keys:
             meta = reader.meta[key]
             shapes[key] = tuple(meta.shape)
-            start, stop = row_block(meta.shape[0], rank, world) if _sharded(meta) else (0, 0)
+            dim = dims.get(key, 0) if _sharded(meta) else 0
+            dims[key] = dim
+            start, stop = row_block(meta.shape[dim], rank, world) if _sharded(meta) else (0, 0)
             full = whole(key) if whole is not None else None
             if full is not None:
-                t = full[start:stop].clone() if _sharded(meta) else full.clone()
+                t = full.narrow(dim, start, stop - start).contiguous().clone() if _sharded(meta) else full.clone()
             else:
-                t = reader.rows(key, start, stop) if _sharded(meta) else reader.whole(key).clone()
+                t = reader.rows(key, start, stop, dim) if _sharded(meta) else reader.whole(key).clone()
             local[key] = t.to(device)
-        return cls(local, shapes, mesh, device)
+        return cls(local, shapes, mesh, device, dims)
 
     def full(self, key: str) -> torch.Tensor:
         t = self.local[key]
         if not _sharded(t) or self.mesh is None:
             return t.float() if t.is_floating_point() else t
-        from torch.distributed.tensor import DTensor, Shard
+        dim = self.dims[key]
+        with torch.no_grad():  # frozen: one gathered buffer (a view of it), not DTensor's padded output and copy
+            return _GatherBlocks.apply(t, dim, self.shapes[key][dim], self.mesh.get_group()).float()
 
-        shape = torch.Size(self.shapes[key])
-        stride = torch.empty(shape, device="meta").stride()
-        return DTensor.from_local(t, self.mesh, [Shard(0)], shape=shape, stride=stride).full_tensor().float()
+    def block(self, key: str) -> torch.Tensor:
+        """This rank's block of tensor ``key`` in fp32 (floating tensors; the others as stored)."""
+        t = self.local[key]
+        return t.float() if t.is_floating_point() else t
 
     def nbytes(self) -> int:
         """Bytes this rank stores."""
         return sum(t.numel() * t.element_size() for t in self.local.values())
+
+
+class _GatherBlocks(torch.autograd.Function):
+    """Forward: the ranks' :func:`row_block` blocks along ``dim`` all-gathered into the whole tensor. Backward: the
+    whole gradient summed over the ranks (all-reduce), this rank's block of it."""
+
+    @staticmethod
+    def forward(ctx, block: torch.Tensor, dim: int, size: int, group) -> torch.Tensor:
+        world, rank = dist.get_world_size(group), dist.get_rank(group)
+        c = -(-size // world)
+        moved = block.movedim(dim, 0)
+        if moved.shape[0] < c:  # the last ranks' shorter (or empty) blocks, padded to the common block
+            moved = torch.cat([moved, moved.new_zeros((c - moved.shape[0], *moved.shape[1:]))])
+        out = moved.new_empty((world * c, *moved.shape[1:]))
+        dist.all_gather_into_tensor(out, moved.contiguous(), group=group)
+        ctx.dim, ctx.size, ctx.group, ctx.c, ctx.start, ctx.len = dim, size, group, c, rank * c, block.shape[dim]
+        return out.narrow(0, 0, size).movedim(0, dim)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        moved = grad.movedim(ctx.dim, 0)
+        total = moved.new_zeros((dist.get_world_size(ctx.group) * ctx.c, *moved.shape[1:]))
+        total[:ctx.size].copy_(moved)
+        del moved
+        dist.all_reduce(total, group=ctx.group)
+        mine = total[min(ctx.start, ctx.size):min(ctx.start, ctx.size) + ctx.len].clone()
+        return mine.movedim(0, ctx.dim), None, None, None
+
+
+def gather_blocks(block: torch.Tensor, dim: int, size: int, group=None) -> torch.Tensor:
+    """The whole tensor (``size`` entries along ``dim``) from every rank's :func:`row_block` block along ``dim`` (a
+    collective of ``group``: every rank calls it in the same order), differentiable: the gradient of ``block`` is this
+    rank's block of the whole tensor's gradient *summed over the ranks* — what a block needs when each rank's loss
+    is its share of a global loss and every rank uses the whole tensor. (``DTensor.full_tensor``'s backward keeps the
+    local block of a gradient it takes to be the same on every rank, i.e. one rank's share only.) The result is a
+    view of the gathered buffer (non-contiguous for ``dim > 0``)."""
+    return _GatherBlocks.apply(block, dim, size, group)
 
 
 def check_finite_shards(stores: Mapping[str, ShardedEndpoints], ranks) -> None:
