@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -77,49 +78,36 @@ def test_experiment_registry_sizes_and_overrides():
     assert all(e.summary and e.outputs for e in map(EXPERIMENTS.get, EXPERIMENTS))
 
 
+@dataclass(frozen=True)
+class _ToySize:
+    epochs: int
+
+
+def _toy_run(out, *, size, data, overwrite, log):
+    from modeconn.experiments.output import output_directory, write_json
+
+    with output_directory(out, overwrite) as tmp:
+        write_json(tmp / "results.json", {"epochs": size.epochs})
+    return {"epochs": size.epochs}
+
+
+def _toy(name: str, sizes: dict) -> Experiment:
+    return register_experiment(Experiment(name, f"`modeconn experiment {name}`: a toy.", sizes, _toy_run,
+                                          lambda r: f"# toy\n\nepochs {r['epochs']}\n", ("results.json",),
+                                          {"epochs": "epochs"}))
+
+
 def test_a_new_experiment_is_one_entry(tmp_path, monkeypatch):
-    from dataclasses import dataclass
-
     monkeypatch.setattr(EXPERIMENTS, "_items", dict(EXPERIMENTS._items))
-
-    @dataclass(frozen=True)
-    class Size:
-        epochs: int
-
-    def run(out, *, size, data, overwrite, log):
-        from modeconn.experiments.output import output_directory, write_json
-
-        with output_directory(out, overwrite) as tmp:
-            write_json(tmp / "results.json", {"epochs": size.epochs})
-        return {"epochs": size.epochs}
-
-    register_experiment(Experiment("toy", "`modeconn experiment toy`: a toy.", {"quick": Size(1), "full": Size(5)},
-                                   run, lambda r: f"# toy\n\nepochs {r['epochs']}\n", ("results.json",),
-                                   {"epochs": "epochs"}))
+    _toy("toy", {"quick": _ToySize(1), "full": _ToySize(5)})
     res = run_cli("experiment", "toy", "--quick", "--epochs", "3", "--out", tmp_path / "t")
     assert "epochs 3" in res.output and json.loads((tmp_path / "t" / "results.json").read_text()) == {"epochs": 3}
 
 
 def test_experiment_size_by_name(tmp_path, monkeypatch):
-    from dataclasses import dataclass
-
     monkeypatch.setattr(EXPERIMENTS, "_items", dict(EXPERIMENTS._items))
-
-    @dataclass(frozen=True)
-    class Size:
-        epochs: int
-
-    def run(out, *, size, data, overwrite, log):
-        from modeconn.experiments.output import output_directory, write_json
-
-        with output_directory(out, overwrite) as tmp:
-            write_json(tmp / "results.json", {"epochs": size.epochs})
-        return {"epochs": size.epochs}
-
-    toy = register_experiment(Experiment("toy-sizes", "`modeconn experiment toy-sizes`: a toy.",
-                                         {"quick": Size(1), "full": Size(5), "large": Size(9)}, run,
-                                         lambda r: f"# toy\n\nepochs {r['epochs']}\n", ("results.json",),
-                                         {"epochs": "epochs"}))
+    Size = _ToySize
+    toy = _toy("toy-sizes", {"quick": Size(1), "full": Size(5), "large": Size(9)})
     assert [toy.size(), toy.size(True), toy.size(size_name="large"), toy.size(size_name="quick")] == \
         [Size(5), Size(1), Size(9), Size(1)]
     assert toy.size(size_name="large", epochs=2) == Size(2)
