@@ -176,7 +176,7 @@ class _GatherBlocks(torch.autograd.Function):
         if moved.shape[0] < c:  # the last ranks' shorter (or empty) blocks, padded to the common block
             moved = torch.cat([moved, moved.new_zeros((c - moved.shape[0], *moved.shape[1:]))])
         out = moved.new_empty((world * c, *moved.shape[1:]))
-        dist.all_gather_into_tensor(out, moved.contiguous(), group=group)
+        dist.all_gather_single(out, moved.contiguous(), group=group)
         ctx.dim, ctx.size, ctx.group, ctx.c, ctx.start, ctx.len = dim, size, group, c, rank * c, block.shape[dim]
         return out.narrow(0, 0, size).movedim(0, dim)
 
