@@ -184,7 +184,8 @@ def measure(size: str, steps: int) -> dict:
 
 
 def _commit() -> str:
-    """The repository's HEAD and whether the source tree differs from it (``+dirty``)."""
+    """The repository's HEAD and whether its source tree differs from it (``+dirty``) — of this checkout: a run
+    importing modeconn from elsewhere (``PYTHONPATH``) records the commit of that copy by hand."""
     here = Path(__file__).resolve().parents[1]
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True).stdout
     dirty = subprocess.run(["git", "status", "--porcelain", "--", "src"], cwd=here, capture_output=True, text=True)
