@@ -270,6 +270,18 @@ def test_streaming_wm_equals_in_memory(pair, name):
         assert res.stats["streaming"] and res.stats["chunk"] == chunk
 
 
+def test_streaming_wm_with_fp32_scores_for_the_sparse_solver_equals_in_memory(pair, monkeypatch):
+    """Every space solved by the sparse certified LAP (threshold lowered to 8 units): the streamed fp32 scores give
+    the in-memory element."""
+    monkeypatch.setattr("modeconn.match.lap.SPARSE_MIN_N", 8)
+    da, db, ma, mb = pair("llama")
+    ref = mc.weight_matching(hf_symmetry_spec(ma), ma.state_dict(), mb.state_dict(), restarts=2, max_iter=10)
+    res = stream_weight_matching(hf_checkpoint_spec(da), da, db, restarts=2, max_iter=10, chunk=61)
+    assert res.stats["lap_sparse_calls"] > 0
+    assert all(torch.equal(res.element[s], ref.element[s]) for s in ref.element)
+    assert res.objective == pytest.approx(ref.objective, rel=1e-5)
+
+
 @pytest.mark.parametrize("name", ["gpt_neox", "llama"])
 def test_streaming_wm_on_fp16_checkpoints_equals_in_memory(pair, name):
     da, db, ma, mb = pair(name, torch.float16)
@@ -292,8 +304,12 @@ def test_streaming_wm_recovers_a_planted_element(pair, tmp_path):
     assert res.objective == pytest.approx(res.stats["upper_bound"], rel=1e-6)
 
 
-def test_streaming_scores_equal_in_memory_scores_for_every_space(pair):
-    """Every space's LAP score, at a random element, from chunked products (chunk 7: many ragged chunks)."""
+@pytest.mark.parametrize("sparse_from", [None, 1])
+def test_streaming_scores_equal_in_memory_scores_for_every_space(pair, monkeypatch, sparse_from):
+    """Every space's LAP score, at a random element, from chunked products (chunk 7: many ragged chunks): fp64 for
+    the dense LAP solver, fp32 (never widened: half the bytes) where the sparse certified solver takes the space."""
+    if sparse_from is not None:
+        monkeypatch.setattr("modeconn.match.lap.SPARSE_MIN_N", sparse_from)
     da, db, ma, mb = pair("llama_tied_mqa")
     spec_m, spec_c = hf_symmetry_spec(ma), hf_checkpoint_spec(da)
     keys = [k for k, b in spec_m.tensors.items() if b]
@@ -308,8 +324,8 @@ def test_streaming_scores_equal_in_memory_scores_for_every_space(pair):
         s_mem = mem.score(s, g)
         terms = [(names[k], bd, None) for k, bd, _ in mem.terms[s]]
         s_str = stream.score(terms, g, spec_m.spaces[s].size)
-        assert s_str.dtype == torch.float64
-        torch.testing.assert_close(s_str, s_mem.double(), rtol=1e-5, atol=1e-4)
+        assert s_str.dtype == (torch.float32 if sparse_from else torch.float64)
+        torch.testing.assert_close(s_str.double(), s_mem.double(), rtol=1e-5, atol=1e-4)
     assert stream.objective(g, True, 0.0) == pytest.approx(mem.objective(g), rel=1e-6)
 
 

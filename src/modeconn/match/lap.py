@@ -109,6 +109,12 @@ def lap_method(device: torch.device | str | None, n: int, batch: int = 1) -> Lap
     return policy.choose(n, batch)
 
 
+def is_sparse(method: LapMethod, n: int) -> bool:
+    """Whether :func:`solve_lap` with ``method`` solves an (n, n) score by the sparse certified solver (it reads fp32
+    scores as they are; the dense solver makes an fp64 copy)."""
+    return method == "sparse" or (method == "auto" and n >= SPARSE_MIN_N)
+
+
 class LapTimer:
     """Accumulates the wall time (seconds) spent inside LAP solves, and what the sparse solver did."""
 
@@ -151,7 +157,7 @@ def solve_lap(score: torch.Tensor, space: str, timer: LapTimer | None = None, *,
     n = src.shape[0]
     timer = timer if timer is not None else LapTimer()
     perm = np.arange(n) if n <= 1 else None
-    if perm is None and (method == "sparse" or (method == "auto" and n >= SPARSE_MIN_N)):
+    if perm is None and is_sparse(method, n):
         # fp32 scores are read as they are (their fp64 values are exact): no n×n fp64 copy unless the dense solver runs
         timer.sparse_calls += 1
         perm = _sparse_certified(src, _hint(hint, n), timer)

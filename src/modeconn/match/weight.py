@@ -44,12 +44,13 @@ algorithm (same starts, orders, solvers and acceptance tests) runs without holdi
 its tensors when it is formed and drops them after; tensors only permutations act on stay in their stored dtype
 (fp16/bf16 gathers are exact) and only the chunk in use is gathered (:meth:`SymmetrySpec.permutation_gathers`);
 each ``A_k B_kᵀ`` is accumulated in fp32 over chunks of ``chunk`` elements along the tensor's largest other axis,
-in place, inside the fp64 buffer the LAP then reads (converted in place), so a space costs its n×n fp64 score plus
-one chunk. Objective and norms are summed chunk by chunk in fp64. With ``device`` (an accelerator) the chunks are
-copied there and the products accumulate in an fp32 (n, n) score on the device (the LAP then copies it to the host
-once, :func:`modeconn.match.lap.lap_method`). Spaces of continuous groups (and permutations
-with children) read their whole fp32 unit matrices, one tensor at a time. The result equals the in-memory one up to
-the summation order of the products (same element unless two candidates tie to fp32 rounding).
+in place, inside the buffer the LAP then reads (widened to fp64 in place for the dense solver; the spaces the sparse
+certified solver takes stay fp32), so a space costs its n×n score plus one chunk. Objective and norms are summed
+chunk by chunk in fp64. With ``device`` (an accelerator) the chunks are copied there and the products accumulate in
+an fp32 (n, n) score on the device (the LAP then copies it to the host once, :func:`modeconn.match.lap.lap_method`).
+Spaces of continuous groups (and permutations with children) read their whole fp32 unit matrices, one tensor at a
+time. The result equals the in-memory one up to the summation order of the products (same element unless two
+candidates tie to fp32 rounding).
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ from ..errors import ConfigError, DeviceMismatchError
 from ..io_stream import LazyCheckpoint
 from ..symmetry import AxisBinding, Element, SymmetrySpec
 from . import solvers
-from .lap import LapTimer, lap_method, solve_lap
+from .lap import LapTimer, is_sparse, lap_method, solve_lap
 from .options import Int, PositiveInt, Real
 from .result import Alignment
 
@@ -197,8 +198,8 @@ def weight_matching(spec: SymmetrySpec, sd_a: StateDict, sd_b: StateDict,
         spec: the symmetry spec of the architecture (``modeconn.symmetry_spec``).
         sd_a, sd_b: state dicts of the same architecture; any float dtype (computed in fp32); one device. Either
             may be a :class:`~modeconn.io_stream.LazyCheckpoint` (a checkpoint read tensor by tensor): the match
-            then *streams* on the CPU (module docstring) — peak memory is about the largest space's n×n fp64 score
-            plus a few ``chunk``-sized fp32 blocks, not the model size.
+            then *streams* on the CPU (module docstring) — peak memory is about the largest space's n×n score (fp32
+            from 2048 units, fp64 below) plus a few ``chunk``-sized fp32 blocks, not the model size.
         config, options: a :class:`WeightMatchingConfig` (or a dict of its fields) and keyword overrides:
             ``restarts``, ``restart_rtol``, ``restart_init``, ``max_iter``, ``rtol``, ``seed``, ``init``, ``keys``,
             ``chunk``, ``device``.
@@ -411,7 +412,8 @@ class _Problem:
 
     def score(self, s: str, g: Element, terms: list | None = None) -> torch.Tensor:
         """The (n, n) LAP score of plain space ``s`` with every other space at ``g``, summed over ``terms``
-        (default: all of the space's terms). In memory fp32; streaming fp64 (accumulated in fp32 per chunk)."""
+        (default: all of the space's terms). In memory fp32; streaming accumulated in fp32 per chunk, fp64 where the
+        dense LAP solver reads it (:meth:`_Stream.score`)."""
         n = self.spec.spaces[s].size
         terms = self.terms[s] if terms is None else terms
         if self.stream is not None:
@@ -563,9 +565,8 @@ class _Problem:
         score = self.score(s, g)
         new = self._lap(score, s, hint=g[s])
         idx = torch.arange(len(new), device=score.device)
-        if score[idx, new.to(score.device)].sum() > score[idx, g[s].to(score.device)].sum():
-            return new
-        return g[s]
+        gain = score[idx, new.to(score.device)].double().sum() - score[idx, g[s].to(score.device)].double().sum()
+        return new if gain > 0 else g[s]
 
     # ------------------------------------------------------------------ continuous spaces and parents
     def _views(self, s: str, mat: torch.Tensor) -> torch.Tensor:
@@ -830,22 +831,28 @@ class _Stream:
             yield a.narrow(r, i, m), _gather(pb, rest)
 
     def score(self, terms: list, g: Element, n: int) -> torch.Tensor:
-        """Σ over ``terms`` of ``unit(A_k) · unit(g·B_k)ᵀ`` as an (n, n) fp64 tensor. The products accumulate in fp32
-        (``addmm_``, no temporaries) in the first half of the fp64 buffer, which is then widened in place: one n×n
-        fp64 allocation in all, and its second half is not touched (not resident) while the terms are read. On an
-        accelerator (``self.device``) the fp32 sum lives there and is returned widened to fp64 there."""
+        """Σ over ``terms`` of ``unit(A_k) · unit(g·B_k)ᵀ`` as an (n, n) tensor; the products accumulate in fp32
+        (``addmm_``, no temporaries). A score the sparse certified LAP will solve (:func:`lap_method` ``"sparse"``, or
+        ``"auto"`` from :data:`~modeconn.match.lap.SPARSE_MIN_N` units) stays fp32: that solver reads fp32 as it is,
+        so the largest space costs n² fp32 bytes. Otherwise the sum lives in the first half of an fp64 buffer that
+        is then widened in place for the dense solver: one n×n fp64 allocation in all, and its second half is not
+        touched (not resident) while the terms are read. On an accelerator (``self.device``) the fp32 sum lives there
+        and is returned widened to fp64 there."""
         if self.device is not None:
             acc = torch.zeros(n, n, dtype=torch.float32, device=self.device)
             for k, bd, _ in terms:
                 self._accumulate(acc, k, bd, g)
             return acc.double()
+        sparse = is_sparse(lap_method(None, n), n)
         big = n * n * 8 >= _TRIM_BYTES
         if big:
             _trim_heap()
-        buf = torch.empty(n * n, dtype=torch.float64)
+        buf = torch.empty(n * n, dtype=torch.float32 if sparse else torch.float64)
         acc = buf.view(torch.float32)[: n * n].view(n, n).zero_()
         for k, bd, _ in terms:
             self._accumulate(acc, k, bd, g)
+        if sparse:
+            return acc
         if big:
             _trim_heap()  # the chunk temporaries just freed, before the second half of the buffer is touched
         return _widen(buf).view(n, n)
