@@ -29,21 +29,22 @@ LOSS_TOL = 1e-5
 
 
 _GLOO_SETUP_ABORT = "terminate called without an active exception"
+_LAUNCHES = 3
 
 
 def _torchrun(*args: str | Path, cwd: Path, nproc: int = 2) -> subprocess.CompletedProcess:
     """``torchrun --standalone --nproc_per_node NPROC ARGS`` (a free localhost port; one thread per process; gloo on the
     loopback interface).
 
-    One relaunch, only for the upstream abort seen in gloo's connection setup on busy 2-core machines (a worker
-    killed by ``std::terminate`` before writing anything; seen once in session 4 and once in this session's fresh-clone
-    run, both under load, never reproduced in isolation): any
-    other failure, or the abort twice, fails the test."""
+    Relaunched (at most :data:`_LAUNCHES` launches in all) only for the upstream abort seen in gloo's connection setup
+    on busy 2-core machines (a worker killed by ``std::terminate`` while the process group connects, before any work;
+    about one launch in three of the 4-process runs here): any other failure, or the abort on every launch, fails the
+    test. Workers must therefore be safe to relaunch (outputs rewritten, not created exclusively)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), *map(str, args)]
-    for attempt in range(2):
+    for attempt in range(_LAUNCHES):
         res = subprocess.run(cmd, check=False, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
-        if res.returncode == 0 or _GLOO_SETUP_ABORT not in res.stderr or attempt:
+        if res.returncode == 0 or _GLOO_SETUP_ABORT not in res.stderr or attempt == _LAUNCHES - 1:
             break
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
     return res

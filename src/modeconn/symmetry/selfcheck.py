@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._util.statedict import with_metadata
 from ..errors import SpecError
 from .spec import SymmetrySpec
 
@@ -105,7 +106,8 @@ def check_function_preserved(spec: SymmetrySpec, model: nn.Module, inputs: Seque
     inputs = _first_examples(inputs, EXAMPLES)
     for dtype in (torch.float32, torch.float64):  # fp64 only to rule out fp32 rounding (large activations)
         base = perturbed_copy(model, torch.Generator().manual_seed(seed), dtype)
-        state = {k: t.clone() for k, t in base.state_dict().items()}  # base itself is overwritten by each check
+        sd = base.state_dict()
+        state = with_metadata({k: t.clone() for k, t in sd.items()}, sd)  # base itself is overwritten by each check
         ref = _forward(base, inputs)
         if not ref or not all(torch.isfinite(t).all() for t in ref):
             return 0.0
