@@ -25,7 +25,7 @@ def write_endpoints(p: dict, out: Path) -> tuple[Path, Path]:
     dirs = out / "a", out / "b"
     if torch.distributed.get_rank() == 0:
         for d, sd in zip(dirs, (p["a"], p["b"]), strict=True):
-            d.mkdir(exist_ok=True)  # a relaunch after gloo's setup abort (test_dual_distributed._torchrun) rewrites them
+            d.mkdir()
             save_file({k: v.contiguous() for k, v in sd.items()}, str(d / "model.safetensors"))
     torch.distributed.barrier()
     return dirs

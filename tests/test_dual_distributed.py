@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -32,20 +33,26 @@ _GLOO_SETUP_ABORT = "terminate called without an active exception"
 _LAUNCHES = 3
 
 
-def _torchrun(*args: str | Path, cwd: Path, nproc: int = 2) -> subprocess.CompletedProcess:
+def _torchrun(*args: str | Path, cwd: Path, outputs: Path, nproc: int = 2) -> subprocess.CompletedProcess:
     """``torchrun --standalone --nproc_per_node NPROC ARGS`` (a free localhost port; one thread per process; gloo on the
     loopback interface).
 
     Relaunched (at most :data:`_LAUNCHES` launches in all) only for the upstream abort seen in gloo's connection setup
     on busy 2-core machines (a worker killed by ``std::terminate`` while the process group connects, before any work;
     about one launch in three of the 4-process runs here): any other failure, or the abort on every launch, fails the
-    test. Workers must therefore be safe to relaunch (outputs rewritten, not created exclusively)."""
+    test. The abort also strikes at teardown, after the workers wrote their outputs, so ``outputs`` (the directory the
+    run writes, and only that) is emptied before a relaunch: a relaunched worker must not resume a checkpoint or find
+    an output directory its first launch left."""
+    created = not outputs.exists()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), *map(str, args)]
     for attempt in range(_LAUNCHES):
         res = subprocess.run(cmd, check=False, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
         if res.returncode == 0 or _GLOO_SETUP_ABORT not in res.stderr or attempt == _LAUNCHES - 1:
             break
+        shutil.rmtree(outputs, ignore_errors=True)
+        if not created:
+            outputs.mkdir()
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
     return res
 
@@ -54,7 +61,7 @@ def _torchrun(*args: str | Path, cwd: Path, nproc: int = 2) -> subprocess.Comple
 def launched(tmp_path_factory) -> Path:
     """The output directory of ``tests/dual_dist_worker.py`` run on 2 processes."""
     out = tmp_path_factory.mktemp("dist")
-    _torchrun(TESTS / "dual_dist_worker.py", out, cwd=TESTS)
+    _torchrun(TESTS / "dual_dist_worker.py", out, cwd=TESTS, outputs=out)
     return out
 
 
@@ -202,7 +209,7 @@ def test_cli_align_dual_under_torchrun_writes_once_from_rank_zero(lm_checkpoints
     a, b, data = lm_checkpoints
     out = tmp_path / "aligned"
     res = _torchrun("-m", "modeconn", "align", a, b, "--method", "dual", "--steps", "2", "--batch-size", "4",
-                    "--limit-train", "64", "--data", data, "--out", out, cwd=tmp_path)
+                    "--limit-train", "64", "--data", data, "--out", out, cwd=tmp_path, outputs=out)
     assert res.stdout.count("aligned endpoints written to") == 1, res.stdout  # rank 0 prints, rank 1 does not
     assert res.stdout.count("weight matching: objective") == 1 and "over 2 steps on 2 processes" in res.stdout
     assert sorted(p.name for p in out.iterdir()) == [MARKER, "a", "alignment.json", "b", "transforms.safetensors"]

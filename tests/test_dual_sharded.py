@@ -211,7 +211,7 @@ def test_sharded_misuse_is_refused(problem, tmp_path):
 def launched(request, tmp_path_factory) -> tuple[int, Path]:
     """``tests/dual_shard_worker.py`` run on 2 / 4 processes: (process count, output directory)."""
     out = tmp_path_factory.mktemp(f"shard{request.param}")
-    _torchrun(TESTS / "dual_shard_worker.py", out, cwd=TESTS, nproc=request.param)
+    _torchrun(TESTS / "dual_shard_worker.py", out, cwd=TESTS, outputs=out, nproc=request.param)
     return request.param, out
 
 
@@ -243,7 +243,7 @@ def test_cli_align_dual_shard_under_torchrun(request, tmp_path):
     a, b, data = request.getfixturevalue("lm_checkpoints")
     out = tmp_path / "aligned"
     res = _torchrun("-m", "modeconn", "align", a, b, "--method", "dual", "--shard", "--steps", "2", "--batch-size", "4",
-                    "--limit-train", "64", "--data", data, "--out", out, cwd=tmp_path)
+                    "--limit-train", "64", "--data", data, "--out", out, cwd=tmp_path, outputs=out)
     assert res.stdout.count("aligned endpoints written to") == 1 and "over 2 steps on 2 processes" in res.stdout
     rec = json.loads((out / "alignment.json").read_text())
     assert rec["world_size"] == 2 and rec["options"]["shard"] is True
@@ -261,7 +261,7 @@ def test_gather_blocks_gradient_is_the_single_process_gradient(world, tmp_path):
     the whole one and each rank's block gets its block of the single-process gradient of the global loss (the sum of
     the ranks' losses), along rows and columns, with uneven and (4 processes, columns) empty blocks. The broken variant,
     ``DTensor.full_tensor``, gathers the same values but its backward keeps the rank's own share: far off."""
-    _torchrun(TESTS / "gather_blocks_worker.py", tmp_path, cwd=TESTS, nproc=world)
+    _torchrun(TESTS / "gather_blocks_worker.py", tmp_path, cwd=TESTS, outputs=tmp_path, nproc=world)
     recs = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
     assert all(r["world"] == world for r in recs)
     assert sum(r["ok.dim0.rows"] for r in recs) == 7 and sum(r["ok.dim1.rows"] for r in recs) == 5
