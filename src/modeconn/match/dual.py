@@ -82,7 +82,7 @@ import os
 import pickle
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -98,12 +98,14 @@ from .._util.batches import endless
 from ..checks import check_compatible, check_finite, check_one_device
 from ..errors import CheckpointError, ConfigError, DistributedError, NonFiniteError, SpecError
 from ..symmetry import Element, SymmetrySpec
+from ..symmetry.spec import _act_on_binding  # one binding's action: the spec's own code, on a block
 from .distributed import DistributedInfo, Ranks, current_rank, init_distributed, launched_world_size
 from .options import LAMBDA_SCHEDULES, Bool, Int, LambdaSchedule, PositiveInt, PositiveReal, draw_lambda
 from .parametrize import get_parameterization, make_transform
 from .progress import reporter, step_loss_legacy
 from .sharded import (LazyLeaves, RowReader, ShardedEndpoints, check_finite_shards, detached_element, device_mesh,
-                      gather_blocks, meta_work_model, shard_transforms, unsharded_element)
+                      element_gradient, gather_blocks, meta_work_model, row_block, shard_transforms, unit_range,
+                      unsharded_element)
 from .result import Alignment
 from .weight import weight_matching
 
@@ -353,18 +355,20 @@ class _Run:
                 wm = weight_matching(spec, self.sd_a, self.sd_b, seed=self.cfg.seed)
                 self.wm_element, self.wm_objective = wm.element, wm.objective
             self.disc = {s: self.wm_element[s].to(device) for s in spec.spaces if s not in self.continuous}
-        self.identity = {s: t.to(device) for s, t in spec.identity().items()}
+        # the continuous spaces' identity is rebuilt where needed (not held through the steps: elements-sized)
+        self.identity = {s: t.to(device) for s, t in spec.identity().items() if s not in self.continuous}
 
     def _transforms(self) -> None:
         """The transform modules of B (and A), Adam, the λ generator; their saved state when resuming."""
         spec, device, saved, cfg = self.spec, self.device, self.saved, self.cfg
         from_wm = saved is None and cfg.init == "weight"
-        init_b = {s: (self.wm_element[s] if from_wm else self.identity[s]).to(device, torch.float32)
+        identity = self._identity()
+        init_b = {s: (self.wm_element[s] if from_wm else identity[s]).to(device, torch.float32)
                   for s in self.continuous}
         self.mods_b = nn.ModuleList([make_transform(spec.group_of(s), init_b[s], self.par)
                                      for s in self.continuous]).to(device)
         self.mods_a = None if cfg.one_sided else nn.ModuleList(
-            [make_transform(spec.group_of(s), self.identity[s].float(), self.par) for s in self.continuous]).to(device)
+            [make_transform(spec.group_of(s), identity[s].float(), self.par) for s in self.continuous]).to(device)
         self.gen = torch.Generator().manual_seed(cfg.seed)
         self.losses: list[float] = []
         self.lambdas: list[float] = []
@@ -376,6 +380,11 @@ class _Run:
             self.gen.set_state(saved["generator"])
             self.losses, self.lambdas = list(saved["losses"]), list(saved["lambdas"])
             self.elapsed = float(saved["seconds"])
+
+    def _identity(self) -> Element:
+        """The identity of the continuous spaces (fresh, on the run's device)."""
+        ident = self.spec.identity()
+        return {s: ident[s].to(self.device) for s in self.continuous}
 
     def _params(self) -> list[nn.Parameter]:
         """The trainable transform parameters (not the bases a sharded run holds as frozen parameters)."""
@@ -395,7 +404,7 @@ class _Run:
         """Fixed fp32 endpoint tensors (A as is, B with its discrete part applied) and the private model copy."""
         if self.shard:
             return self._sharded_endpoints()
-        b_disc = self.spec.apply(self.sd_b, {**self.identity, **self.disc})
+        b_disc = self.spec.apply(self.sd_b, {**self._identity(), **self.disc})
         self.a32 = {k: (v.detach().to(torch.float32) if v.is_floating_point() else v) for k, v in self.sd_a.items()}
         self.b32 = {k: (v.detach().to(torch.float32) if v.is_floating_point() else v) for k, v in b_disc.items()}
         self.plan = _ContinuousPlan(self.spec, self.continuous, self.a32)
@@ -418,11 +427,13 @@ class _Run:
             return spec.apply_tensor(key, reader_b.whole(key).to(self.device), disc_el, skip=skip, cache=cache)
 
         rank, world = self.ranks.rank, self.ranks.world
-        free = {k: self.plan.free_axis(k, reader_a.meta[k].dim()) for k in keys}
-        # block-local tensors (sharded along an axis no continuous transform acts on) are transformed per block and
-        # only their interpolation is all-gathered; one process has nothing to gather
-        self.block_local = {k for k, a in free.items() if a is not None} if self.mesh is not None else set()
-        dims = {k: a for k, a in free.items() if a is not None}
+        axes = {k: self.plan.block_axis(k, tuple(reader_a.meta[k].shape), world) for k in keys}
+        dims = {k: a for k, a in axes.items() if a is not None}
+        # block-local tensors (split where each block transforms on its own) are transformed per block and only their
+        # interpolation is all-gathered; one process has nothing to gather and holds whole elements
+        self.blocks = {k: (a, *row_block(reader_a.meta[k].shape[a], rank, world)) for k, a in dims.items()
+                       if reader_a.meta[k].is_floating_point()} if self.mesh is not None else {}
+        self.held = self.plan.held_units(self.blocks, keys) if self.mesh is not None else {}
         self.store_a = ShardedEndpoints.load(reader_a, keys, rank, world, self.mesh, self.device, dims=dims)
         self.store_b = ShardedEndpoints.load(reader_b, keys, rank, world, self.mesh, self.device, whole=whole_b,
                                              dims=dims)
@@ -451,7 +462,7 @@ class _Run:
         backward pass: only the elements and their gradients."""
         if mods is None:
             return None
-        return {s: detached_element(m) for s, m in zip(self.continuous, mods, strict=True)}
+        return {s: detached_element(m, self.held.get(s)) for s, m in zip(self.continuous, mods, strict=True)}
 
     def _backward_transforms(self) -> None:
         """The elements' gradients (from the model's backward pass) through each transform module in turn: its
@@ -462,12 +473,10 @@ class _Run:
             if mods is None:
                 continue
             for s, m in zip(self.continuous, mods, strict=True):
-                e = els.pop(s)
-                grad = e.grad if e.grad is not None else torch.zeros_like(e)
-                del e
+                grad = els.pop(s).grad
                 out = m()
                 if out.requires_grad:  # the same on every rank (the same modules)
-                    torch.autograd.backward(out, grad)
+                    torch.autograd.backward(out, element_gradient(grad, out, self.held.get(s)))
                 del out, grad
         self.leaf_elements = None
 
@@ -476,12 +485,11 @@ class _Run:
         through ``functional_call``, or the sharded store's tensors materialised leaf by leaf."""
         if self.shard:
             def theta(key: str) -> torch.Tensor:
-                if key in self.block_local:  # this rank's block transformed and interpolated, then gathered
-                    store = self.store_a
-                    local = _lerp(self.plan.act_key(key, store.block(key), g_a),
-                                  self.plan.act_key(key, self.store_b.block(key), g_b), lam)
-                    return gather_blocks(local, store.dims[key], store.shapes[key][store.dims[key]],
-                                         self.ranks.group) if local.is_floating_point() else store.full(key)
+                if key in self.blocks:  # this rank's block transformed and interpolated, then gathered
+                    block, held = self.blocks[key], self.held
+                    local = _lerp(self.plan.act_block(key, self.store_a.block(key), g_a, block, held),
+                                  self.plan.act_block(key, self.store_b.block(key), g_b, block, held), lam)
+                    return gather_blocks(local, block[0], self.store_a.shapes[key][block[0]], self.ranks.group)
                 return _lerp(self.plan.act_key(key, self.store_a.full(key), g_a),
                              self.plan.act_key(key, self.store_b.full(key), g_b), lam)
 
@@ -558,10 +566,10 @@ class _Run:
         cont = self.continuous
         element_b = {**self.identity, **self.disc,
                      **{s: unsharded_element(m) for s, m in zip(cont, self.mods_b, strict=True)}}
-        element_a = dict(self.identity) if self.mods_a is None else {
+        element_a = {**self.identity, **self._identity()} if self.mods_a is None else {
             **self.identity, **{s: unsharded_element(m) for s, m in zip(cont, self.mods_a, strict=True)}}
-        element_b = {s: t.cpu() for s, t in element_b.items()}
-        element_a = {s: t.cpu() for s, t in element_a.items()}
+        element_b = {s: element_b[s].cpu() for s in self.spec.spaces}  # in the spec's order
+        element_a = {s: element_a[s].cpu() for s in self.spec.spaces}
         self.ranks.check_same("the learned elements", [*element_a.values(), *element_b.values()])
         for side, el in (("A", element_a), ("B", element_b)):
             try:
@@ -608,7 +616,7 @@ class _Run:
                 for sd, el in ((self.sd_a, element_a), (self.sd_b, element_b))]
         pairs = []
         for el, side in ((element_a, "a"), (element_b, "b")):
-            g = {s: el[s].to(self.device) for s in self.continuous}
+            g = {s: el[s][slice(*self.held.get(s, (None, None)))].to(self.device) for s in self.continuous}
             ref = _logits(self._output(x, 0.0 if side == "a" else 1.0, None, None))
             got = _logits(self._output(x, 0.0 if side == "a" else 1.0, g if side == "a" else None,
                                        g if side == "b" else None))
@@ -717,14 +725,64 @@ class _ContinuousPlan:
             if key in sd and any(b.space in cont for b in binds):
                 self.skips[key] = tuple(b for b in binds if b.space not in cont)
         self.aliases = spec.aliases_in(sd)
+        self.ndim = {k: max(t.dim(), 1) for k, t in sd.items()}
 
-    def free_axis(self, key: str, ndim: int) -> int | None:
-        """The first axis of tensor ``key`` (``ndim`` axes) that no continuous binding acts on (None: every axis is
-        transformed, or a scalar): a block along it transforms on its own."""
+    def bindings(self, key: str) -> tuple:
+        """The continuous bindings of tensor ``key`` (empty: no continuous space acts on it)."""
         skips = self.skips.get(key)
-        bound = {b.axis % max(ndim, 1) for b in self.spec.tensors.get(key, ())
-                 if skips is not None and not any(b is x for x in skips)}
-        return next((a for a in range(ndim) if a not in bound), None)
+        return () if skips is None else tuple(b for b in self.spec.tensors[key] if not any(b is x for x in skips))
+
+    def block_axis(self, key: str, shape: tuple[int, ...], world: int) -> int | None:
+        """The axis of tensor ``key`` (``shape``) along which every rank's :func:`~.sharded.row_block` of ``world``
+        transforms on its own: the first axis no continuous binding acts on, else the first whose continuous bindings
+        are unit-wise groups (one element entry per unit: the per-head maps) with whole units in every block (e.g. a
+        fused QKV projection's rows split at head boundaries: each block needs its heads' matrices only). None: every
+        axis couples the blocks (a scalar, or e.g. a residual-only vector)."""
+        def splits(axis: int) -> bool:
+            blocks = [row_block(shape[axis], r, world) for r in range(world)]
+            return all(self.spec.group_of(b.space).unitwise and all(
+                unit_range(b, self.spec.spaces[b.space].size, *blk) is not None for blk in blocks)
+                for b in self.bindings(key) if b.axis % len(shape) == axis)
+
+        ok = [a for a in range(len(shape)) if splits(a)]
+        return min(ok, key=lambda a: (any(b.axis % len(shape) == a for b in self.bindings(key)), a), default=None)
+
+    def held_units(self, blocks: Mapping[str, tuple[int, int, int]], keys: Iterable[str]) -> dict[str, tuple[int, int]]:
+        """Per unit-wise continuous space, the units ``[lo, hi)`` of its element that this rank's tensors read: for a
+        tensor of ``blocks`` (key → ``(axis, start, stop)`` of this rank's block) bound along its block axis the
+        block's units, for the other ``keys`` all units. Spaces that no tensor reads partly are left out (whole)."""
+        held: dict[str, tuple[int, int]] = {}
+        for key in keys:
+            axis, start, stop = blocks.get(key, (None, 0, 0))
+            for b in self.bindings(key):
+                if not self.spec.group_of(b.space).unitwise:
+                    continue
+                n = self.spec.spaces[b.space].size
+                u0, u1 = unit_range(b, n, start, stop) if b.axis % self.ndim[key] == axis else (0, n)
+                if u0 < u1:
+                    lo, hi = held.get(b.space, (u0, u1))
+                    held[b.space] = (min(lo, u0), max(hi, u1))
+        return held
+
+    def act_block(self, key: str, t: torch.Tensor, g: Element | None, block: tuple[int, int, int],
+                  held: Mapping[str, tuple[int, int]]) -> torch.Tensor:
+        """``g`` acting on this rank's block ``t`` of tensor ``key`` (``block``: ``(axis, start, stop)`` from
+        :meth:`block_axis`): bindings of other axes act whole; those of the block axis with the block's units of their
+        elements (``g``'s unit-wise spaces hold the units ``held``, :meth:`held_units`)."""
+        if g is None or not t.numel():
+            return t
+        axis, start, stop = block
+        for b in self.bindings(key):
+            group, n = self.spec.group_of(b.space), self.spec.spaces[b.space].size
+            if b.axis % self.ndim[key] != axis:
+                t = _act_on_binding(t, b, g[b.space], n, group)
+                continue
+            u0, u1 = unit_range(b, n, start, stop)
+            if u0 < u1:
+                lo = held.get(b.space, (0, n))[0]
+                local = replace(b, offset=b.offset + u0 * b.step - start, partial=True)
+                t = _act_on_binding(t, local, g[b.space][u0 - lo:u1 - lo], u1 - u0, group)
+        return t
 
     def act_key(self, key: str, t: torch.Tensor, g: Element | None, cache: dict | None = None) -> torch.Tensor:
         """``g`` (continuous spaces only; None: the identity) acting on tensor ``key``'s value ``t``."""

@@ -257,11 +257,41 @@ def freeze_buffers(m: nn.Module) -> None:
                 mod.register_parameter(name, nn.Parameter(buf, requires_grad=False))
 
 
-def detached_element(m: nn.Module) -> torch.Tensor:
+def unit_range(b, n: int, start: int, stop: int) -> tuple[int, int] | None:
+    """The units ``[u0, u1)`` of binding ``b`` (an :class:`~modeconn.symmetry.spec.AxisBinding` of ``n`` units) whose
+    entries lie in the block ``[start, stop)`` of its axis (``u0 == u1``: none); None when a unit straddles the block's
+    boundary (the block cannot be transformed on its own)."""
+    if start >= stop:
+        return 0, 0
+    first = lambda i: b.offset + i * b.step  # noqa: E731 (unit i's first entry)
+    u0 = min(n, max(0, -(-(start - b.offset) // b.step)))
+    u1 = max(u0, min(n, (stop - b.offset - b.block) // b.step + 1))
+    if u0 > 0 and first(u0 - 1) + b.block > start:
+        return None
+    if u1 < n and first(u1) < stop:  # the next unit starts inside the block (at or after its start) but ends past it
+        return None
+    return u0, u1
+
+
+def detached_element(m: nn.Module, units: tuple[int, int] | None = None) -> torch.Tensor:
     """``m()`` computed without autograd (FSDP all-gathers and frees the parameters around it), as a fresh leaf tensor
-    that collects its gradient (``requires_grad``; never a view of the module's own storage)."""
+    that collects its gradient (``requires_grad``; never a view of the module's own storage) — only its units
+    ``[u0, u1)`` (entries along dim 0) where ``units`` is given: the rank's share of a unit-wise element."""
     with torch.no_grad():
-        return m().detach().clone().requires_grad_()
+        e = m().detach()
+        return (e if units is None else e[units[0]:units[1]]).clone().requires_grad_()
+
+
+def element_gradient(grad: torch.Tensor | None, like: torch.Tensor, units: tuple[int, int] | None) -> torch.Tensor:
+    """The gradient of the whole element ``like`` from the gradient of its units ``[u0, u1)`` (:func:`detached_element`;
+    ``units=None``: the whole element), zero elsewhere and where ``grad`` is None (this rank's loss did not reach it):
+    each rank back-propagates its own units' share and FSDP sums the ranks' parameter gradients."""
+    if units is None and grad is not None:
+        return grad
+    out = torch.zeros_like(like)
+    if grad is not None:
+        out[units[0]:units[1]] = grad
+    return out
 
 
 def unsharded_element(m: nn.Module) -> torch.Tensor:
