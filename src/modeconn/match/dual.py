@@ -750,7 +750,7 @@ class _ContinuousPlan:
     def held_units(self, blocks: Mapping[str, tuple[int, int, int]], keys: Iterable[str]) -> dict[str, tuple[int, int]]:
         """Per unit-wise continuous space, the units ``[lo, hi)`` of its element that this rank's tensors read: for a
         tensor of ``blocks`` (key → ``(axis, start, stop)`` of this rank's block) bound along its block axis the
-        block's units, for the other ``keys`` all units. Spaces that no tensor reads partly are left out (whole)."""
+        block's units, for the other ``keys`` all units. Spaces none of them reads are left out (whole)."""
         held: dict[str, tuple[int, int]] = {}
         for key in keys:
             axis, start, stop = blocks.get(key, (None, 0, 0))
