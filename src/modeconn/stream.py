@@ -52,7 +52,7 @@ from .errors import CheckpointError, ConfigError, UnsupportedOperationError
 from .io import CONFIG_NAME, PICKLE_SUFFIXES, _check_target, _json_dumps, check_dtype_kinds, check_in_checkpoint, read_json_object
 from .io_stream import READ_AHEAD, INDEX_NAME, LazyCheckpoint, ReadAhead, ShardLayout, write_like, write_order
 from .match.result import Alignment
-from .match.weight import weight_matching
+from .match.weight import DEFAULTS, weight_matching
 from .path.interpolate import merge_weights, plan_settings, weighted_average
 from .path.merge_rules import MERGE_RULES, RuleSettings, check_rule_settings, rule_weights
 from .symmetry import Element, SymmetrySpec
@@ -507,9 +507,9 @@ def model_names(paths: Sequence[PathLike]) -> list[str]:
     return names
 
 
-def align_hf_checkpoints(a: PathLike, b: PathLike, out: PathLike, *, seed: int = 0, restarts: int = 4,
-                         max_iter: int = 100, chunk: int = 1 << 20, overwrite: bool = False,
-                         progress: Progress | None = None, device: str | torch.device | None = None) -> Alignment:
+def align_hf_checkpoints(a: PathLike, b: PathLike, out: PathLike, *, seed: int = 0,
+                         restarts: int = DEFAULTS.restarts, max_iter: int = DEFAULTS.max_iter, chunk: int = 1 << 20,
+                         overwrite: bool = False, progress: Progress | None = None, device: str | torch.device | None = None) -> Alignment:
     """Streaming weight matching of Hugging Face checkpoint B to A, and B aligned written to ``out``.
 
     ``out`` gets B's layout (same shards and index), B's side files (config.json …) and ``alignment.json`` (the
@@ -530,8 +530,8 @@ def align_hf_checkpoints(a: PathLike, b: PathLike, out: PathLike, *, seed: int =
 
 
 def merge_hf_checkpoints(paths: Sequence[PathLike], out: PathLike, *, weights: Sequence[float] | None = None,
-                         align: str = "weight", seed: int = 0, restarts: int = 4, max_iter: int = 100,
-                         chunk: int = 1 << 20, overwrite: bool = False,
+                         align: str = "weight", seed: int = 0, restarts: int = DEFAULTS.restarts,
+                         max_iter: int = DEFAULTS.max_iter, chunk: int = 1 << 20, overwrite: bool = False,
                          progress: Progress | None = None, normalize: bool = True,
                          rule: str = "linear", settings: RuleSettings | None = None,
                          dtype: torch.dtype | None = None, out_dtype: torch.dtype | None = None,
@@ -617,8 +617,8 @@ FULL_GROUPS = {"residual": "orthogonal", "heads": "permutation", "qk": "head_ort
 residual rotation, head permutations with per-head orthogonal QK / OV maps, FFN permutations."""
 
 
-def align_hf_full_group(a: PathLike, b: PathLike, out: PathLike, *, seed: int = 0, restarts: int = 4,
-                        max_iter: int = 100, chunk: int = 1 << 20, overwrite: bool = False,
+def align_hf_full_group(a: PathLike, b: PathLike, out: PathLike, *, seed: int = 0,
+                        restarts: int = DEFAULTS.restarts, max_iter: int = DEFAULTS.max_iter, chunk: int = 1 << 20, overwrite: bool = False,
                         progress: Progress | None = None, max_shard_bytes: int = 2 << 30,
                         device: str | torch.device | None = None) -> Alignment:
     """Full-group weight matching of Hugging Face checkpoint B to A, out of core: both are normalization-absorbed

@@ -82,11 +82,12 @@ def _align_hf(ckpts: list[Checkpoint], out: Path, opts: AlignOptions, progress, 
     if opts.groups not in _HF_GROUPS:
         raise ConfigError(f"unknown --groups {opts.groups!r}; valid: {', '.join(_HF_GROUPS)}")
     from .. import stream
+    from ..match.weight import DEFAULTS
 
     name, what = _HF_GROUPS[opts.groups]
-    res = getattr(stream, name)(ckpts[0].path, ckpts[1].path, out, seed=opts.seed, restarts=opts.restarts or 4,
-                                max_iter=opts.max_iter or 100, overwrite=opts.overwrite, progress=progress,
-                                device=opts.device)
+    res = getattr(stream, name)(ckpts[0].path, ckpts[1].path, out, seed=opts.seed,
+                                restarts=opts.restarts or DEFAULTS.restarts, max_iter=opts.max_iter or DEFAULTS.max_iter,
+                                overwrite=opts.overwrite, progress=progress, device=opts.device)
     line = (f"streaming weight matching objective {res.objective:.4f} (upper bound {res.stats['upper_bound']:.4f}; "
             f"{len(res.element)} spaces, {res.stats['seconds']:.1f} s)")
     return Outcome(out, what, (line,), "aligned checkpoint")

@@ -207,6 +207,7 @@ def _merge_modeconn(ckpts: list[Checkpoint], out: Path, plan: _Plan, progress, l
 
 
 def _merge_hf(ckpts: list[Checkpoint], out: Path, plan: _Plan, progress, log: Log) -> Outcome:
+    from ..match.weight import DEFAULTS
     from ..stream import merge_hf_checkpoints
     from .merge_recipe import CARD_NAME, RECIPE_NAME, card_text, recipe_text
 
@@ -221,8 +222,8 @@ def _merge_hf(ckpts: list[Checkpoint], out: Path, plan: _Plan, progress, log: Lo
         return {RECIPE_NAME: recipe.encode(), CARD_NAME: card_text(Path(out).name, rec, recipe).encode()}
 
     rec = merge_hf_checkpoints([c.path for c in ckpts], out, weights=plan.weights, align=opts.align, seed=opts.seed,
-                               restarts=opts.restarts or 4, max_iter=opts.max_iter or 100, overwrite=opts.overwrite,
-                               progress=progress, normalize=False, rule=opts.rule, settings=plan.settings,
+                               restarts=opts.restarts or DEFAULTS.restarts, max_iter=opts.max_iter or DEFAULTS.max_iter,
+                               overwrite=opts.overwrite, progress=progress, normalize=False, rule=opts.rule, settings=plan.settings,
                                dtype=_torch_dtype(plan.dtype, "dtype"), out_dtype=_torch_dtype(plan.out_dtype),
                                groups=plan.groups, files=files, device=opts.device)
     lines = tuple(f"{r['model']}: streaming weight matching objective {r['objective']:.4f}" for r in rec["alignments"])
