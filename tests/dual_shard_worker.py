@@ -2,9 +2,11 @@
 
 ``torchrun --standalone --nproc_per_node N tests/dual_shard_worker.py OUT``: rank 0 writes the endpoints of
 :func:`dual_dist_worker.problem` (a tiny absorbed GPT-NeoX pair) as safetensors checkpoints ``OUT/a``, ``OUT/b``; every
-rank then runs sharded dual matching reading its rows from them, twice: as it is (``ok``) and with every shard read one
-row off (``broken``: entries rolled by one along the sharded axis within each rank's block). Each rank writes ``OUT/rank{r}.safetensors``
-(``ok.a.<space>``, ``ok.b.<space>``, ``broken.*``) and ``OUT/rank{r}.json`` (losses, λ, stored bytes).
+rank then runs sharded dual matching reading its rows from them, three times: as it is (``ok``), with every shard read
+one row off (``broken``: entries rolled by one along the sharded axis within each rank's block), and with each rank's
+share of a per-head element's gradient written at the element's first units instead of its own (``misplaced``: the
+head-aligned blocks' backward into the transforms). Each rank writes ``OUT/rank{r}.safetensors`` (``ok.a.<space>``,
+``ok.b.<space>``, ``broken.*``, ``misplaced.*``) and ``OUT/rank{r}.json`` (losses, λ, stored bytes).
 """
 
 from __future__ import annotations
@@ -37,6 +39,13 @@ def broken_rows(reader, key: str, start: int, stop: int, dim: int = 0) -> torch.
     return torch.roll(t, 1, dim) if t.dim() and t.shape[dim] > 1 else t
 
 
+def misplaced_gradient(grad, like, units):
+    """:func:`~modeconn.match.sharded.element_gradient` with the rank's units' gradient at the first units."""
+    from modeconn.match.sharded import element_gradient
+
+    return element_gradient(grad, like, None if units is None else (0, units[1] - units[0]))
+
+
 def main(out: Path) -> None:
     from safetensors.torch import save_file
 
@@ -49,6 +58,9 @@ def main(out: Path) -> None:
     sharded.RowReader.rows = broken_rows
     results["broken"] = run({**p, "a": str(a), "b": str(b)}, STEPS, shard=True)
     sharded.RowReader.rows = _rows
+    dual.element_gradient, right = misplaced_gradient, dual.element_gradient
+    results["misplaced"] = run({**p, "a": str(a), "b": str(b)}, STEPS, shard=True)
+    dual.element_gradient = right
     tensors = {f"{name}.{side}.{s}": t for name, res in results.items()
                for side, el in res.export_transforms().items() for s, t in el.items()}
     save_file(tensors, str(out / f"rank{info.rank}.safetensors"))

@@ -2,9 +2,10 @@
 
 Under ``torchrun`` with 2 and 4 gloo processes on the CPU, reading the endpoints per rank from safetensors, the learned
 elements equal the single-process (in-memory, unsharded) ones within :data:`TOL` = 1e-4 max |Δ element| after 6 steps
-(measured: 1.1e-6 on 2 and 1.0e-6 on 4 processes; fp32 reduction order), and each rank stores ⌈rows/N⌉-row blocks of
+(measured: 9e-7 on 2 and 1.4e-6 on 4 processes; fp32 reduction order), and each rank stores ⌈rows/N⌉-row blocks of
 the endpoints. A variant that reads every shard one row off (rows rolled within each rank's block) must miss the
-tolerance by far (measured: 0.42 and 0.49).
+tolerance by far (measured: 0.45 and 0.42), and so must one that hands each rank's share of the per-head elements'
+gradients to the wrong heads (the attention projections' head-aligned blocks; measured: 0.31 and 0.30).
 """
 
 from __future__ import annotations
@@ -147,6 +148,45 @@ def test_detached_elements_then_transform_backward_is_the_chain_rule(problem):
     assert max(float(g.abs().max()) for g in direct.values() if g.numel()) > 1e-3  # not a comparison of zeros
 
 
+@pytest.mark.parametrize("world", [2, 3, 4, 5])
+def test_blocks_transformed_with_their_units_assemble_the_whole_action(problem, world):
+    """``_ContinuousPlan``: every tensor split along its :meth:`block_axis` over ``world`` ranks, each rank's block
+    transformed with its units of a random element (:meth:`held_units`, :meth:`act_block`), concatenates to the whole
+    tensor transformed — the attention projections included (split at head boundaries on 2 and 4 ranks, between a
+    head's q, k and v rows on 3; whole on 5, whose blocks would cut a head's rows). A variant that gives every rank
+    the first units of the per-head elements is off."""
+    from modeconn.match.dual import _ContinuousPlan
+    from modeconn.match.sharded import row_block
+
+    spec, sd = problem["spec"], {k: v.float() for k, v in problem["a"].items() if v.is_floating_point()}
+    cont = [s for s in spec.spaces if not spec.group_of(s).exact]
+    plan = _ContinuousPlan(spec, cont, sd)
+    g = {s: t.float() for s, t in spec.random_element(generator=torch.Generator().manual_seed(0)).items() if s in cont}
+    axes = {k: plan.block_axis(k, tuple(t.shape), world) for k, t in sd.items()}
+    blocks = [{k: (a, *row_block(sd[k].shape[a], r, world)) for k, a in axes.items() if a is not None}
+              for r in range(world)]
+    held = [plan.held_units(b, sd) for b in blocks]
+    qkv = [a for k, a in axes.items() if k.endswith("query_key_value.weight")]
+    assert qkv == [None] * len(qkv) if world == 5 else all(a == 0 for a in qkv)  # 5: 20-row blocks cut 8-row heads
+    if world in (2, 4):
+        assert all(a == 1 for k, a in axes.items() if k.endswith("attention.dense.weight"))
+        assert all(len({h[s] for h in held}) == world for s in held[0])  # each rank its own heads
+    wrong = 0.0
+    for key, axis in axes.items():
+        if axis is None:
+            continue
+        for units in (held, [held[0]] * world):  # the right units, then every rank given rank 0's
+            parts = [plan.act_block(key, sd[key].narrow(axis, b[key][1], b[key][2] - b[key][1]),
+                                    {s: t[slice(*u.get(s, (None, None)))] for s, t in g.items()}, b[key], h)
+                     for b, h, u in zip(blocks, held, units, strict=True)]
+            diff = float((torch.cat(parts, axis) - plan.act_key(key, sd[key], g)).abs().max())
+            if units is held:
+                assert diff <= 1e-5, (key, diff)
+            else:
+                wrong = max(wrong, diff)
+    assert wrong > 0.1 if world != 5 else all(h == held[0] for h in held)  # 5: whole per-head elements everywhere
+
+
 def test_one_sharded_process_reading_checkpoints_equals_the_in_memory_run(problem, single, tmp_path):
     import dual_dist_worker as worker
     import dual_shard_worker as shard_worker
@@ -231,8 +271,9 @@ def test_sharded_processes_learn_the_single_process_elements(launched, problem, 
     total = sum(t.numel() * t.element_size() for sd in (problem["a"], problem["b"]) for t in sd.values())
     stored = [r["stored_bytes"]["endpoints"] for r in recs]
     assert sum(stored) == total and max(stored) <= 1.1 * total / world
-    # the broken variant (every shard read one row off) is far outside the tolerance
+    # the broken variants (every shard read one row off; the head elements' gradients at the wrong heads) are far off
     assert _max_delta(single, els[0], "broken") > 100 * TOL
+    assert _max_delta(single, els[0], "misplaced") > 100 * TOL
 
 
 @pytest.mark.slow

@@ -13,25 +13,28 @@ attention heads of ``d_h = d/H`` dims (``r`` of them rotary), ``H_kv`` key/value
   map, so these are the process's own bytes.
 * ``E_leaf + E_process = max_ℓ Σ_{k∈ℓ} c_k`` — the largest *leaf* (a module's own tensors ``k`` of ``t_k`` elements:
   embedding, LM head, attention or FFN projection) materialised at once, ``E_leaf`` its fp32 part and ``E_process``
-  its all-gathered endpoints. A tensor transformed whole (one process, or every axis acted on by a learned
-  transform: with a learned residual and learned QK / OV spaces the attention projections, and the vectors) costs
-  ``6 · 4 · t_k`` in fp32 — in the forward the transformed ``π_A(a)``, ``π_B(b)`` and the interpolation's
-  temporaries; in the backward the recomputed endpoints autograd keeps for the transforms, ``θ``, ``∂θ`` and its two
-  images — plus ``[W > 1] · 2 · s · t_k`` of ``E_process``: the all-gather of its two endpoints (one gathered buffer
-  of the stored dtype each, :meth:`~modeconn.match.sharded.ShardedEndpoints.full`). A
-  *block-local* tensor (``W > 1``, an axis no learned transform acts on: embeddings, LM head, FFN projections, and
-  every matrix when the residual or both head spaces are frozen) is transformed and interpolated on the rank's block
+  its all-gathered endpoints. A tensor transformed whole (one process; vectors; an attention matrix whose head axis
+  does not split into blocks of whole heads) costs ``6 · 4 · t_k`` in fp32 — in the forward the transformed
+  ``π_A(a)``, ``π_B(b)`` and the interpolation's temporaries; in the backward the recomputed endpoints autograd keeps
+  for the transforms, ``θ``, ``∂θ`` and its two images — plus ``[W > 1] · 2 · s · t_k`` of ``E_process``: the
+  all-gather of its two endpoints (one gathered buffer of the stored dtype each,
+  :meth:`~modeconn.match.sharded.ShardedEndpoints.full`). A *block-local* matrix (``W > 1``; :func:`block_local`:
+  an axis no learned transform acts on — embeddings, LM head, FFN projections, and every matrix when the residual or
+  both head spaces are frozen — or an attention head axis whose ``⌈n / W⌉``-entry blocks hold whole heads, the
+  per-head maps then acting block by block) is transformed and interpolated on the rank's block
   (``6 · 4 · ⌈t_k / W⌉``) and only ``θ`` is gathered whole: ``3 · 4 · t_k`` — the gathered ``θ`` the module keeps,
   ``∂θ`` and the all-reduced ``∂θ`` of :func:`~modeconn.match.sharded.gather_blocks`' backward. One process's
   local tensors are the whole ones and are used as they are (no gather).
-* ``E_transforms = 4 · [σ · ((4·P + Bf) / W + 2·El) + El]`` (``σ`` learned sides: 2 for dual, 1 for one-sided) —
-  per side the FSDP-sharded parameters, their gradients and two Adam moments, and the trivialisation bases (held as
-  frozen parameters, sharded with them); the elements and their gradients (replicated: the model's forward and
+* ``E_transforms = 4 · σ · [(4·P + Bf) / W + 2·(El − El_h + El_h / W_h)]`` (``σ`` learned sides: 2 for dual, 1 for
+  one-sided) — per side the FSDP-sharded parameters, their gradients and two Adam moments, and the trivialisation
+  bases (held as frozen parameters, sharded with them); the elements and their gradients (the model's forward and
   backward use them as detached leaves; each transform's own graph is rebuilt one module at a time afterwards, when
-  the activations are gone); and the identity element of the continuous spaces, kept once. Counts
-  (:func:`transform_counts`): orthogonal residual ``P = Bf = El = d²``; per layer and per QK / OV space (``p = r/2``
-  rotary pairs, ``q = d_h − r``; ``r = 0`` for OV) ``head_orthogonal``: ``P = H_kv(p + q²)``, ``Bf = H_kv(d_h² + q²)``;
-  ``head_invertible``: ``P = H_kv(2p + 2q² + q)``, ``Bf = H_kv(d_h² + 2q²)``; ``El = H_kv·d_h²`` for both.
+  the activations are gone): the residual's replicated, the per-head ones (``El_h``) cut to the heads of the rank's
+  blocks — ``W_h = W`` where :func:`heads_split` (the learned residual's attention matrices all split at head
+  boundaries and ``W`` divides ``H_kv``), else 1. Counts (:func:`transform_counts`): orthogonal residual
+  ``P = Bf = El = d²``; per layer and per QK / OV space (``p = r/2`` rotary pairs, ``q = d_h − r``; ``r = 0`` for OV)
+  ``head_orthogonal``: ``P = H_kv(p + q²)``, ``Bf = H_kv(d_h² + q²)``; ``head_invertible``:
+  ``P = H_kv(2p + 2q² + q)``, ``Bf = H_kv(d_h² + 2q²)``; ``El = El_h = H_kv·d_h²`` for both.
   Permutation spaces (heads, FFN) are frozen from weight matching: 0 bytes here.
 * ``E_activations = 4 · [L·b·T·(10·d + 2·f + c_att·H·T) + 3·b·T·V]`` — data parallel, ``b = ⌈B / W⌉`` rows per
   rank: per layer the tensors autograd keeps (the inputs of the four checkpointed leaves: QKV, attention output, FFN
@@ -118,11 +121,11 @@ class Shape:
             leaves[key.rsplit(".", 1)[0]] = leaves.get(key.rsplit(".", 1)[0], 0) + n * m
         return max(leaves.values())
 
-    def leaves(self) -> dict[str, list[tuple[str, int, bool]]]:
-        """Module → its tensors ``(key, elements, matrix)`` (``matrix``: at least two axes)."""
-        out: dict[str, list[tuple[str, int, bool]]] = {}
+    def leaves(self) -> dict[str, list[tuple[str, int, int]]]:
+        """Module → its tensors ``(key, rows, other elements)`` (matrices: other elements > 1)."""
+        out: dict[str, list[tuple[str, int, int]]] = {}
         for key, n, m in self.tensors:
-            out.setdefault(key.rsplit(".", 1)[0], []).append((key, n * m, m > 1))
+            out.setdefault(key.rsplit(".", 1)[0], []).append((key, n, m))
         return out
 
 
@@ -146,12 +149,13 @@ def _tensors(config: Any) -> tuple[tuple[str, int, int], ...]:
 
 
 def transform_counts(shape: Shape, groups: Mapping[str, str | None] = DUAL_GROUPS) -> dict[str, int]:
-    """Per learned side: ``params`` (P), ``buffers`` (Bf) and ``elements`` (El) of the continuous transforms (module
-    docstring). ConfigError for a group of ``residual`` / ``qk`` / ``vo`` / ``heads`` / ``ffn`` without a term."""
-    p = {"params": 0, "buffers": 0, "elements": 0}
+    """Per learned side: ``params`` (P), ``buffers`` (Bf) and ``elements`` (El) of the continuous transforms, and
+    ``head_elements`` (El_h: the per-head part of El) (module docstring). ConfigError for a group of ``residual`` /
+    ``qk`` / ``vo`` / ``heads`` / ``ffn`` without a term."""
+    p = {"params": 0, "buffers": 0, "elements": 0, "head_elements": 0}
     res = groups.get("residual")
     if res == "orthogonal":
-        p = {"params": shape.d ** 2, "buffers": shape.d ** 2, "elements": shape.d ** 2}
+        p = {"params": shape.d ** 2, "buffers": shape.d ** 2, "elements": shape.d ** 2, "head_elements": 0}
     elif res not in _FROZEN:
         raise ConfigError(f"memory model: residual group {res!r} has no term (orthogonal or permutation)")
     for space, r in (("qk", shape.rotary), ("vo", 0)):
@@ -168,6 +172,7 @@ def transform_counts(shape: Shape, groups: Mapping[str, str | None] = DUAL_GROUP
         p["params"] += shape.layers * par
         p["buffers"] += shape.layers * buf
         p["elements"] += shape.layers * g * hd * hd
+        p["head_elements"] += shape.layers * g * hd * hd
     for space in ("heads", "ffn"):
         if groups.get(space) not in _FROZEN:
             raise ConfigError(f"memory model: {space} must be a permutation frozen from weight matching "
@@ -210,7 +215,8 @@ def dual_memory(config: Any, *, world: int = 1, dtype: torch.dtype = torch.bfloa
     leaf, process = leaf_terms(shape, world, s, groups)
     t = transform_counts(shape, groups)
     sides = 1 if one_sided else 2
-    transforms = 4 * (sides * ((4 * t["params"] + t["buffers"]) // world + 2 * t["elements"]) + t["elements"])
+    held = t["elements"] - t["head_elements"] + t["head_elements"] // (world if heads_split(shape, world, groups) else 1)
+    transforms = 4 * sides * ((4 * t["params"] + t["buffers"]) // world + 2 * held)
     rows = math.ceil(batch / world)
     per_token = shape.layers * (10 * shape.d + 2 * shape.ffn + (2 * shape.heads * seq_len if attention_matrix else 0))
     acts = 4 * rows * seq_len * (per_token + 3 * shape.vocab)
@@ -220,16 +226,27 @@ def dual_memory(config: Any, *, world: int = 1, dtype: torch.dtype = torch.bfloa
 _ATTENTION = re.compile(r"\.(attention|self_attn|attn)\.")
 
 
-def block_local(key: str, matrix: bool, groups: Mapping[str, str | None] = DUAL_GROUPS) -> bool:
-    """Whether tensor ``key`` has an axis no learned transform of ``groups`` acts on (module docstring): matrices
-    outside attention (embeddings, LM head, FFN projections: the vocabulary / FFN axis is free or permuted by weight
-    matching), and attention matrices unless the residual and a head space (QK or OV) are both learned. Vectors
-    (biases, norms) count as transformed whole."""
-    if not matrix:
-        return False
+def block_local(key: str, rows: int, cols: int, world: int, shape: Shape,
+                groups: Mapping[str, str | None] = DUAL_GROUPS) -> bool:
+    """Whether the ``rows × cols`` matrix ``key`` splits over ``world`` ranks into blocks that transform on their own
+    (module docstring): matrices outside attention (embeddings, LM head, FFN projections: the vocabulary / FFN axis
+    is free or permuted by weight matching); attention matrices when the residual or both head spaces (QK and OV)
+    are frozen (an axis is then free), or when their head axis — the rows, unless they are the residual's ``d``
+    (output projections: the columns) — splits into ``⌈n / W⌉``-entry blocks of whole heads (multiples of ``d_h``).
+    Vectors (biases, norms) count as transformed whole."""
     if not _ATTENTION.search(key):
         return True
-    return groups.get("residual") in _FROZEN or all(groups.get(s) in _FROZEN for s in ("qk", "vo"))
+    if groups.get("residual") in _FROZEN or all(groups.get(s) in _FROZEN for s in ("qk", "vo")):
+        return True
+    n = rows if rows != shape.d else cols
+    return -(-n // world) % shape.head_dim == 0
+
+
+def heads_split(shape: Shape, world: int, groups: Mapping[str, str | None] = DUAL_GROUPS) -> bool:
+    """Whether each rank reads only ``1/W`` of the per-head (QK / OV) elements: ``W`` divides the key/value heads and
+    every attention matrix is block-local along its head axis (:func:`block_local`)."""
+    return world > 1 and shape.kv_heads % world == 0 and groups.get("residual") not in _FROZEN and all(
+        block_local(k, n, m, world, shape, groups) for k, n, m in shape.tensors if m > 1 and _ATTENTION.search(k))
 
 
 def leaf_terms(shape: Shape, world: int, s: int, groups: Mapping[str, str | None] = DUAL_GROUPS) -> tuple[int, int]:
@@ -238,8 +255,9 @@ def leaf_terms(shape: Shape, world: int, s: int, groups: Mapping[str, str | None
     best = (0, 0)
     for tensors in shape.leaves().values():
         fp32 = gathered = 0
-        for key, t, matrix in tensors:
-            if world > 1 and block_local(key, matrix, groups):
+        for key, rows, cols in tensors:
+            t = rows * cols
+            if world > 1 and cols > 1 and block_local(key, rows, cols, world, shape, groups):
                 fp32 += 4 * (3 * t + 6 * math.ceil(t / world))
             else:
                 fp32 += 6 * 4 * t
