@@ -137,11 +137,11 @@ def test_fp32_rounding_of_large_activations_is_not_reported_as_a_wrong_binding()
     assert selfcheck.check_function_preserved(spec, model, (x,)) <= 1e-8
 
 
-def test_the_check_runs_on_the_first_examples_of_one_batch_only():
-    from modeconn.symmetry.selfcheck import EXAMPLES, _first_examples
+def test_the_check_runs_on_thefirst_examples_of_one_batch_only():
+    from modeconn.symmetry.selfcheck import EXAMPLES, first_examples
 
     x, m = torch.randn(8, 3), torch.ones(8, 5)
-    assert [t.shape[0] for t in _first_examples((x, m), EXAMPLES)] == [EXAMPLES, EXAMPLES]
-    assert torch.equal(_first_examples((x,), EXAMPLES)[0], x[:EXAMPLES])
+    assert [t.shape[0] for t in first_examples((x, m), EXAMPLES)] == [EXAMPLES, EXAMPLES]
+    assert torch.equal(first_examples((x,), EXAMPLES)[0], x[:EXAMPLES])
     for kept in ((x, torch.ones(7, 5)), (x, 3), (torch.randn(EXAMPLES, 3),), (torch.tensor(1.0),), ()):
-        assert _first_examples(kept, EXAMPLES) is kept  # not one batch of tensors (or no larger): unchanged
+        assert first_examples(kept, EXAMPLES) is kept  # not one batch of tensors (or no larger): unchanged

@@ -41,10 +41,10 @@ def perturbed_copy(model: nn.Module, generator: torch.Generator, dtype: torch.dt
             seen.add(id(t))  # tied tensors are perturbed once
             noise = torch.randn(t.shape, generator=generator).to(t.device)
             if name.endswith("running_var"):
-                t.mul_(torch.exp(0.2 * noise))
+                t.mul_(noise.mul_(0.2).exp_())
             else:
                 std = float(t.std()) if t.numel() > 1 else 0.0
-                t.add_(noise * (0.1 * std if std > 0 else 0.1))
+                t.add_(noise, alpha=0.1 * std if std > 0 else 0.1)
         for mod in m.modules():  # symmetry broken by design (W-asymmetric layers): test the symmetric layer
             for name, value in getattr(mod, "symmetric_fixed_structure", dict)().items():
                 getattr(mod, name).copy_(value)
@@ -77,11 +77,12 @@ def _change(spec: SymmetrySpec, model: nn.Module, state: dict[str, torch.Tensor]
 
 
 EXAMPLES = 2
-"""Examples (along dim 0 of the inputs) the check runs on: one generic input shows a wrong binding; a second guards
-against units that happen to be inactive on the first."""
+"""Examples (along dim 0 of the inputs) the check — and the tracer's shape propagation — runs on: one generic input
+shows a wrong binding; a second guards against units that happen to be inactive on the first, and keeps the batch axis
+from being mistaken for a broadcast one (size 1)."""
 
 
-def _first_examples(inputs: Sequence[Any], k: int) -> Sequence[Any]:
+def first_examples(inputs: Sequence[Any], k: int) -> Sequence[Any]:
     """The first ``k`` rows of every input when all are tensors with one leading size above ``k`` (a batch), else
     ``inputs`` unchanged."""
     if not inputs or not all(isinstance(x, torch.Tensor) and x.dim() > 0 for x in inputs):
@@ -103,7 +104,7 @@ def check_function_preserved(spec: SymmetrySpec, model: nn.Module, inputs: Seque
         axis of their size.
     """
     g = spec.random_element(seed=seed)
-    inputs = _first_examples(inputs, EXAMPLES)
+    inputs = first_examples(inputs, EXAMPLES)
     for dtype in (torch.float32, torch.float64):  # fp64 only to rule out fp32 rounding (large activations)
         base = perturbed_copy(model, torch.Generator().manual_seed(seed), dtype)
         sd = base.state_dict()

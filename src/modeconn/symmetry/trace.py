@@ -46,6 +46,7 @@ from torch import nn
 from torch.fx.passes.shape_prop import ShapeProp
 
 from ..errors import ConfigError, SpecError, TraceError, UnsupportedOperationError
+from .selfcheck import EXAMPLES, first_examples
 from .spec import AxisBinding, Probe, Space, SymmetrySpec
 
 OnUnsupported = Literal["error", "freeze"]
@@ -1333,7 +1334,8 @@ def symmetry_spec(
 
     Args:
         model: any nn.Module built from the supported layers (see module docstring). Not modified: its
-            train/eval flags are restored and shape propagation runs under ``no_grad`` in eval mode.
+            train/eval flags are restored and shape propagation runs under ``no_grad`` in eval mode, on the first
+            :data:`~modeconn.symmetry.selfcheck.EXAMPLES` rows of ``example_input`` when it is one batch.
         example_input: a tensor (or tuple of tensors) of the shape the model takes, e.g. (N, C, H, W);
             required unless ``model`` is a Hugging Face model.
         on_unsupported: ``"error"`` (default) raises :class:`UnsupportedOperationError` naming the node and the
@@ -1362,8 +1364,8 @@ def symmetry_spec(
         model.eval()  # traced in eval mode: train-only branches (BatchNorm counters, dropout paths) stay out
         gm = _fx_trace(model, leaf_modules)
         try:
-            with torch.no_grad():
-                ShapeProp(gm).propagate(*inputs)
+            with torch.no_grad():  # shapes need no more than the examples the self-check runs on
+                ShapeProp(gm).propagate(*first_examples(inputs, EXAMPLES))
         except Exception as exc:  # any failure of the example forward is a user-facing trace error
             raise TraceError(f"running {type(model).__name__} on the example input failed: {exc}") from exc
     finally:
