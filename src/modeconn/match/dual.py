@@ -61,9 +61,10 @@ process group exists (``distributed=None``; ``False`` forces one process, ``proc
 * **Files.** Only rank 0 writes the checkpoint; the others wait on a barrier until it is in place, and every
   rank reads it to resume (``checkpoint_dir`` must be visible to all ranks: any local path on one node).
 * **Sharded** (``shard=True``, :mod:`modeconn.match.sharded`): the same steps with ZeRO-3 storage — each rank holds
-  its blocks of both endpoints (``Shard(dim)`` along a free axis where a tensor has one, else rows; read per rank
-  from safetensors) and 1/W of the transforms and Adam state (FSDP2); every module's tensors are materialised inside
-  its checkpointed forward — block-local ones transformed and interpolated per block and θ all-gathered, the others
+  its blocks of both endpoints (``Shard(dim)`` along a free axis where a tensor has one, else along an attention head
+  axis where the blocks hold whole heads, else rows; read per rank from safetensors), 1/W of the transforms and Adam
+  state (FSDP2) and the per-head elements of its heads; every module's tensors are materialised inside its
+  checkpointed forward — block-local ones transformed and interpolated per block and θ all-gathered, the others
   all-gathered, then transformed. Per-rank memory: :mod:`modeconn.match.memory`.
 * **Errors** (every rank raises the same): ConfigError before any work for ``distributed=True`` /
   ``process_group=`` without an initialised group, ``distributed=False`` with ``process_group``, a process

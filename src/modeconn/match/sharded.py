@@ -9,9 +9,12 @@ with ZeRO-3 / FSDP storage, built from PyTorch's own sharding:
   ``c = ⌈n / W⌉`` (:func:`row_block`: ``torch.chunk`` semantics, which is DTensor's own split; the last ranks may
   hold fewer or none), in the stored dtype. ``dim`` is the tensor's first axis that no continuous transform acts on
   (its *free axis*: e.g. the rows of an embedding or FFN up-projection, the columns of a FFN down-projection), else
-  0. They are read per rank from safetensors (``safe_open(...).get_slice(key)[start:stop]``, or ``[:, start:stop]``:
-  only that block is read) — or sliced from an in-memory / lazy mapping. B's tensors that a discrete (weight-matching) part acts
-  on are read whole one at a time, permuted, and sliced (one tensor transiently, never the model).
+  the first axis whose continuous transforms are unit-wise (one matrix per attention head) and whose blocks all hold
+  whole units (:func:`unit_range`: e.g. a fused QKV projection's rows or an attention output projection's columns
+  split at head boundaries), else 0. They are read per rank from safetensors
+  (``safe_open(...).get_slice(key)[start:stop]``, or ``[:, start:stop]``: only that block is read) — or sliced from an
+  in-memory / lazy mapping. B's tensors that a discrete (weight-matching) part acts on are read whole one at a time,
+  permuted, and sliced (one tensor transiently, never the model).
   Integer tensors and scalars are kept whole on every rank (the spec never acts on them).
 * **Learned transforms** (Cayley / polar parameters of both sides) are wrapped with FSDP2
   (``torch.distributed.fsdp.fully_shard``): each rank stores ``1/W`` of every parameter and of its Adam state; the
@@ -19,18 +22,21 @@ with ZeRO-3 / FSDP storage, built from PyTorch's own sharding:
   not averaged: each rank's loss is already its weighted share of the global mean). The trivialisation bases (the
   modules' floating buffers) are made frozen parameters first (:func:`freeze_buffers`), so FSDP shards them too.
   Each step computes the elements without autograd (:func:`detached_element`) and feeds them to the model as leaf
-  tensors; after the model's backward pass each module's element is recomputed with autograd and back-propagated
-  from its gradient, one module at a time — the chain rule's gradients, without any transform's graph held while
-  the activations are.
+  tensors — of a per-head element only the heads this rank's blocks read; after the model's backward pass each
+  module's element is recomputed with autograd and back-propagated from its gradient (:func:`element_gradient`: the
+  rank's heads' share, zero elsewhere; FSDP sums the ranks' parameter gradients), one module at a time — the chain
+  rule's gradients, without any transform's graph held while the activations are.
 * **Use.** Every module of the working model that owns state-dict tensors (embeddings, linears) is a *lazy leaf*:
   its forward materialises ``θ_k(λ) = (1−λ)·π_A(a_k) + λ·π_B(b_k)`` in fp32 and runs the module on it, all inside
   ``torch.utils.checkpoint`` (non-reentrant), so that only the leaf's input is saved and the materialisation is
   recomputed in the backward pass — at any time one leaf's full tensors exist. A tensor sharded along its free axis
-  is *block-local*: the continuous transforms act on the other axes only, so each rank transforms and interpolates
-  its own block and all-gathers the result (:func:`gather_blocks`, whose backward all-reduces ``∂θ`` and keeps the
+  or at unit boundaries is *block-local*: the continuous transforms act on the other axes whole and on the block's
+  axis with the block's units only, so each rank transforms and interpolates its own block and all-gathers the
+  result (:func:`gather_blocks`, whose backward all-reduces ``∂θ`` and keeps the
   rank's block — the sum over the ranks' losses that the block's share of the element gradients needs); only the
-  interpolated tensor is ever whole. The other tensors (both axes transformed, e.g. a fused QKV projection) are
-  all-gathered as endpoints (:meth:`ShardedEndpoints.full`) and transformed whole. The working model's own parameters
+  interpolated tensor is ever whole. The other tensors (every axis coupled by a transform, e.g. a vector the
+  residual rotation acts on, or attention projections whose blocks would cut a head) are all-gathered as endpoints
+  (:meth:`ShardedEndpoints.full`) and transformed whole. The working model's own parameters
   live on the meta device (no memory).
 
 Per-rank peak memory is modelled in :mod:`modeconn.match.memory`.
