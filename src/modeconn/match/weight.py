@@ -491,7 +491,8 @@ class _Problem:
         if self.stream is not None:
             return self.stream.objective(g, self.isometric, self.half_b_sq)
         if self.isometric:
-            return float(sum((self.a[k] * self.spec.apply_tensor(k, self.b[k], g)).sum() for k in self.a))
+            return float(sum(torch.vdot(self.a[k].reshape(-1), self.spec.apply_tensor(k, self.b[k], g).reshape(-1))
+                             for k in self.a))
         total, cache = self.half_b_sq, {}
         for k in self.a:
             gb = self.spec.apply_tensor(k, self.b[k], g, cache=cache).double()
