@@ -57,7 +57,7 @@ def align(
     see the README's table): streaming weight matching (--method weight only)
     that reads one tensor at a time, so models larger than memory work; permutation groups (residual, per-head
     q·k and v·o, FFN), no normalization absorption. --out gets B's layout (same shard files and index), B's
-    config.json and other side files, and alignment.json. Try --restarts 1 --max-iter 2 on large models
+    config.json and other side files, and alignment.json. Try --max-iter 2 on large models
     (benchmarks/bench_stream_wm.py).
 
     Language-model checkpoints (gpt-neox-tiny) with --method dual (LMC-DM, docs/methods.md §3) or one-sided: both

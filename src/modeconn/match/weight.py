@@ -125,8 +125,8 @@ class WeightMatchingConfig(StrictConfig):
     work).
 
     Attributes:
-        restarts: the most coordinate-descent runs (≥ 1; default 1: kicks cost about one run each and, on trained
-            pairs, raise the objective by well under 1% when they raise it at all). The first starts at ``init``;
+        restarts: the most coordinate-descent runs (≥ 1; default 1: on trained pairs, kicks raise the objective by
+            well under 1% when they raise it at all, and on spaces coupled in a chain each costs about one run). The first starts at ``init``;
             each later one starts from
             a *kick* (``restart_init="perturb"``, default: the best element so far with :data:`KICK_FRACTION` of one
             random permutation space's units shuffled, or one continuous space re-drawn — iterated local search,
