@@ -126,14 +126,14 @@ class WeightMatchingConfig(StrictConfig):
 
     Attributes:
         restarts: the most coordinate-descent runs (≥ 1; default 1: on trained pairs, kicks raise the objective by
-            well under 1% when they raise it at all, and on spaces coupled in a chain each costs about one run). The
-            first starts at ``init``; each later one starts from a *kick* (``restart_init="perturb"``, default: the
-            best element so far with :data:`KICK_FRACTION` of one random permutation space's units shuffled, or one
-            continuous space re-drawn — iterated local search, Lourenço, Martin & Stützle 2003) or from scratch
-            (``"scratch"``: the second at the identity with the first run's orders — the plain git re-basin run of
-            the seed, so the result is never worse than that run —, the others at random elements; slower). The best
-            objective is returned. Fewer runs happen when the objective reaches its upper bound, or
-            (``restart_rtol``) when a run fails to beat the best.
+            well under 1% when they raise it at all, and where spaces are coupled in a chain they take about as long
+            again as the first run). The first starts at ``init``; each later one starts from a *kick*
+            (``restart_init="perturb"``, default: the best element so far with :data:`KICK_FRACTION` of one random
+            permutation space's units shuffled, or one continuous space re-drawn — iterated local search, Lourenço,
+            Martin & Stützle 2003) or from scratch (``"scratch"``: the second at the identity with the first run's
+            orders — the plain git re-basin run of the seed, so the result is never worse than that run —, the others
+            at random elements; slower). The best objective is returned. Fewer runs happen when the objective reaches
+            its upper bound, or (``restart_rtol``) when a run fails to beat the best.
         restart_rtol: stop the restarts once a run ``r ≥ 2`` ends at an objective that does not exceed the best of the
             runs before it by more than ``restart_rtol·|best|`` (≥ 0); ``None`` runs all ``restarts`` (up to the
             bound), as before this option existed.
