@@ -11,7 +11,8 @@ import modeconn as mc
 from modeconn.errors import SpecError, UnsupportedOperationError
 from modeconn.models import build_model
 from modeconn.symmetry import trace as trace_mod
-from modeconn.symmetry.selfcheck import check_function_preserved, perturbed_copy
+from modeconn.symmetry import selfcheck
+from modeconn.symmetry.selfcheck import check_function_preserved, perturbed_state
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -62,11 +63,9 @@ def test_a_wrong_traced_spec_is_refused_naming_the_unbound_tensors(monkeypatch):
     stock.load_state_dict(wrong.apply(sd, g))
     with torch.no_grad():
         assert torch.allclose(model.eval()(x), stock.eval()(x), atol=1e-5)
-    perturbed = perturbed_copy(model, torch.Generator().manual_seed(0))  # ... but not once the norm is perturbed
-    moved = perturbed_copy(model, torch.Generator().manual_seed(0))
-    moved.load_state_dict(wrong.apply(perturbed.state_dict(), g))
-    with torch.no_grad():
-        assert (perturbed(x) - moved(x)).abs().max() > 1e-3
+    perturbed = perturbed_state(model, torch.Generator().manual_seed(0))  # ... but not once the norm is perturbed
+    moved = wrong.apply(perturbed, g)
+    assert (selfcheck._forward(model, (x,), perturbed)[0] - selfcheck._forward(model, (x,), moved)[0]).abs().max() > 1e-3
 
 
 @pytest.mark.parametrize("arch", ["mlp", "resnet20", "mobilenetv2", "cct"])
@@ -114,7 +113,6 @@ def test_unsupported_operation_names_its_module():
 def test_fp32_rounding_of_large_activations_is_not_reported_as_a_wrong_binding():
     """A LayerNorm over activations near 3e5: a permutation reorders its fp32 mean's sum and moves the outputs by a
     few percent although the spec is exact; the check re-runs in fp64 before it reports."""
-    from modeconn.symmetry import selfcheck
 
     class Big(nn.Module):
         def __init__(self):
@@ -131,9 +129,8 @@ def test_fp32_rounding_of_large_activations_is_not_reported_as_a_wrong_binding()
     model, x = Big().eval(), torch.randn(8, 4)
     spec = mc.symmetry_spec(model, x)  # no SpecError
     g = spec.random_element(seed=0)
-    base = selfcheck.perturbed_copy(model, torch.Generator().manual_seed(0), torch.float32)
-    state = base.state_dict()
-    assert selfcheck._change(spec, base, state, selfcheck._forward(base, (x,)), (x,), g) > selfcheck.RTOL  # fp32 fails
+    state = selfcheck.perturbed_state(model, torch.Generator().manual_seed(0), torch.float32)
+    assert selfcheck._change(spec, model, state, selfcheck._forward(model, (x,), state), (x,), g) > selfcheck.RTOL  # fp32 fails
     assert selfcheck.check_function_preserved(spec, model, (x,)) <= 1e-8
 
 
@@ -145,3 +142,26 @@ def test_the_check_runs_on_thefirst_examples_of_one_batch_only():
     assert torch.equal(first_examples((x,), EXAMPLES)[0], x[:EXAMPLES])
     for kept in ((x, torch.ones(7, 5)), (x, 3), (torch.randn(EXAMPLES, 3),), (torch.tensor(1.0),), ()):
         assert first_examples(kept, EXAMPLES) is kept  # not one batch of tensors (or no larger): unchanged
+
+
+def test_the_perturbed_state_shares_no_storage_with_the_model():
+    """The check overwrites its perturbed state in place (the transform), so no tensor of it may be the model's own —
+    integer buffers and buffers outside the state dict included — and tied tensors stay one tensor."""
+
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.bn, self.head = nn.Linear(4, 6), nn.BatchNorm1d(6), nn.Linear(6, 4)
+            self.head.weight = nn.Parameter(torch.randn(4, 6))
+            self.register_buffer("scale", torch.ones(6), persistent=False)
+
+        def forward(self, x):
+            return self.head(self.bn(self.emb(x)) * self.scale)
+
+    model = Tied()
+    model.out = model.head  # the head's tensors under a second name as well
+    state = perturbed_state(model, torch.Generator().manual_seed(0))
+    own = {t.data_ptr() for t in [*model.parameters(), *model.buffers()]}
+    assert {"bn.num_batches_tracked", "scale", "head.weight", "out.weight"} <= set(state)
+    assert not own & {t.data_ptr() for t in state.values()}
+    assert state["head.weight"] is state["out.weight"]

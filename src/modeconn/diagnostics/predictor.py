@@ -36,8 +36,9 @@ GO_THRESHOLD = 0.1
 
 @dataclass(frozen=True)
 class LogLinear:
-    """``log(B) = intercept + slope · log(max(x, X_FLOOR))`` (``B`` in nats); ``lo``/``hi`` residual quantiles of
-    ``log B``; ``n`` points fitted; ``feature`` names ``x``."""
+    """``log(B) = intercept + slope · log(max(x, X_FLOOR))`` (``B`` in nats); ``lo ≤ 0 ≤ hi`` the residual quantiles
+    of ``log B`` (clamped at 0, so that the interval always holds the fitted line — an exact fit's residuals are
+    rounding noise of either sign); ``n`` points fitted; ``feature`` names ``x``."""
 
     feature: str
     intercept: float
@@ -69,5 +70,5 @@ def fit_loglinear(feature: str, x: Sequence[float], barrier: Sequence[float]) ->
     else:
         slope, intercept = 0.0, float(ly.mean())
     res = ly - (intercept + slope * lx)
-    return LogLinear(feature, float(intercept), float(slope), float(np.quantile(res, Q_LO)),
-                     float(np.quantile(res, Q_HI)), len(lx))
+    return LogLinear(feature, float(intercept), float(slope), min(float(np.quantile(res, Q_LO)), 0.0),
+                     max(float(np.quantile(res, Q_HI)), 0.0), len(lx))

@@ -1,23 +1,26 @@
 """Weight matching (git-re-basin, Ainsworth et al. 2023, Alg. 1) with restarts.
 
-Maximise ``J(g) = Σ_k ⟨θ_A[k], (g·θ_B)[k]⟩`` over the spec's group by coordinate descent: for one space
-at a time, with every other space fixed, the optimal element solves a LAP on the (n × n) score
-``S = Σ_{(k, axis) on the space} A_k^{(axis)} · (B_k with the other spaces applied)^{(axis)ᵀ}``, where
-``X^{(axis)}`` moves ``axis`` to the front and flattens the rest (n rows, one per unit). Sweeps repeat until
-a sweep changes no element or its relative gain falls below ``rtol``; a space whose score reads only elements
-unchanged since its last LAP is not solved again (same score, same solution). The first run starts from a *greedy
-data-flow* element: spaces in spec order (the traced data-flow order), each matched on its writer tensors only —
-those whose other axes read spaces already matched — with the spaces before it applied (layer-wise matching, as in
-Singh & Jaggi 2020); on independently trained or initialised nets it reaches a clearly better optimum than starting
-from the identity, so one run is the default. Coordinate descent can stall in local optima (residual nets), so
-``restarts > 1`` runs more and keeps the best objective — until one fails to beat the best by ``restart_rtol``
-(relative), or ``restarts`` runs. Later runs start from *kicks* of the best element so far (iterated local search: a
-quarter of one permutation space's units shuffled, see :meth:`_Problem.kick`), which return to the same optimum in a
-few sweeps of the kicked space's neighbourhood when there is nothing better nearby — ``restart_init="perturb"``, the
-default — or from scratch (``"scratch"``): the second run at the identity with the orders of a first run of the same
-seed, exactly the plain git re-basin run (:mod:`modeconn.match.reference`), so that the result is never worse than
-it, the others at random elements. ``J`` is bounded by
-``‖θ_A‖·‖θ_B‖`` (Cauchy–Schwarz), reached exactly when ``g·θ_B = θ_A``; restarts stop early once it is reached.
+Maximise ``J(g) = Σ_k ⟨θ_A[k], (g·θ_B)[k]⟩`` over the spec's group by coordinate descent: for one space at a time,
+with every other space fixed, the optimal element solves a LAP on the (n × n) score ``S = Σ_{(k, axis) on the space}
+A_k^{(axis)} · (B_k with the other spaces applied)^{(axis)ᵀ}``, where ``X^{(axis)}`` moves ``axis`` to the front and
+flattens the rest (n rows, one per unit). Sweeps repeat until a sweep changes no element or its relative gain falls
+below ``rtol``; a space whose score reads only elements unchanged since its last LAP is not solved again (same score,
+same solution). In memory the terms of a score are kept between LAP steps, and updated by a low-rank product when a
+neighbouring permutation moved a few units (:mod:`modeconn.match.score_terms`). On a space some tensor binds twice
+the LAP score is a linearisation of ``J``; its solution is taken only when ``J`` rises, so ``J`` never falls within a
+run. The first run starts from a *greedy data-flow* element: spaces in spec order (the traced data-flow order), each
+matched on the terms of the tensors whose other axes are all on spaces already matched (writers and readers; its
+writers when there are none), with the spaces before it applied (layer-wise matching, as in Singh & Jaggi 2020); on
+independently trained or initialised nets it reaches a clearly better optimum than starting from the identity, so one
+run is the default. Coordinate descent can stall in local optima (residual nets), so ``restarts > 1`` runs more and
+keeps the best objective — until one fails to beat the best by ``restart_rtol`` (relative), or ``restarts`` runs.
+Later runs start from *kicks* of the best element so far (iterated local search: a quarter of one permutation space's
+units shuffled, see :meth:`_Problem.kick`), which return to the same optimum in a few sweeps of the kicked space's
+neighbourhood when there is nothing better nearby — ``restart_init="perturb"``, the default — or from scratch
+(``"scratch"``): the second run at the identity with the orders of a first run of the same seed, exactly the plain
+git re-basin run (:mod:`modeconn.match.reference`), so that the result is never worse than it, the others at random
+elements. ``J`` is bounded by ``‖θ_A‖·‖θ_B‖`` (Cauchy–Schwarz), reached exactly when ``g·θ_B = θ_A``; restarts stop
+early once it is reached.
 
 *Continuous groups and heads* (METHODS.md §0/§3, Theus et al. 2025). In general WM minimises the distance
 ``D(g) = Σ_k ‖θ_A[k] − (g·θ_B)[k]‖²`` and reports ``J̃(g) = J(g) − ½(‖g·θ_B‖² − ‖θ_B‖²) = ½(‖θ_A‖² + ‖θ_B‖² −
@@ -36,8 +39,9 @@ of :mod:`modeconn.match.solvers`:
   resulting ``D_ij`` (children's terms plus the parent's terms no child covers), then a LAP over
   ``−D_ij`` picks the permutation and each unit keeps its pair's transforms; kept if ``D`` decreases.
 
-The greedy start applies the same solvers to writer terms only. Planted elements of every group are recovered
-exactly (up to fp32 error): ``S`` vanishes at the planted element and the solvers return its zero.
+The greedy start applies the same solvers to the terms already exact (those whose other spaces are matched). Planted
+elements of every group are recovered exactly (up to fp32 error): ``S`` vanishes at the planted element and the
+solvers return its zero.
 
 *Streaming* (checkpoints larger than memory). When A or B is a :class:`~modeconn.io_stream.LazyCheckpoint` the same
 algorithm (same starts, orders, solvers and acceptance tests) runs without holding either model: every term reads
@@ -74,19 +78,13 @@ from ..symmetry import AxisBinding, Element, SymmetrySpec
 from . import solvers
 from .lap import LapTimer, is_sparse, lap_method, solve_lap
 from .options import Int, PositiveInt, Real
+from .score_terms import ScoreTerms, assignment_score, restrict, unit_matrix
 from .result import Alignment
 
 StateDict = Mapping[str, torch.Tensor]
 Progress = Callable[..., None]
 """``progress(stage, done, total)``: e.g. ``("run 1/4 sweep 2", 17, 40)`` after the 17th of 40 spaces (the one
 progress protocol, :mod:`modeconn.match.progress`; weight matching passes no metrics)."""
-
-
-def _restrict(t: torch.Tensor, b: AxisBinding, n: int) -> torch.Tensor:
-    """``t`` restricted to the ``n`` units of ``b`` along ``b.axis``, unit by unit (a view for a contiguous binding)."""
-    if b.step != b.block:
-        return t.index_select(b.axis, b.indices(n, t.device))
-    return t.narrow(b.axis, b.offset, n * b.block)
 
 
 KICK_FRACTION = 0.25
@@ -112,12 +110,6 @@ def scored_keys(spec: SymmetrySpec, sd: StateDict) -> list[str]:
     channels by their variance instead of their weights. ``sd``: a state dict, or a view with the same keys and
     dtypes (meta tensors)."""
     return [k for k, binds in spec.tensors.items() if binds and k not in spec.buffers and sd[k].is_floating_point()]
-
-
-def unit_matrix(t: torch.Tensor, b: AxisBinding, n: int) -> torch.Tensor:
-    """The (n, -1) matrix of ``t`` with one row per unit of ``b``'s space (block entries kept together;
-    row ``i`` is the unit's ``block`` entries along the axis, each followed by the rest of the tensor)."""
-    return _restrict(t, b, n).movedim(b.axis, 0).reshape(n, -1)
 
 
 class WeightMatchingConfig(StrictConfig):
@@ -344,6 +336,7 @@ class _Run:
                 "seconds": time.perf_counter() - self.start_time,
                 **problem.timer.stats(),
                 "lap_skipped": problem.skipped,
+                **(problem.score_terms.stats() if problem.score_terms is not None else {}),
                 "isometric": problem.isometric,
                 **({"streaming": True, "chunk": self.cfg.chunk} if self.streaming else {}),
             },
@@ -377,7 +370,7 @@ class _Problem:
         # spaces solved by the plain LAP path (git re-basin); everything else goes through ``solve_block``
         self.plain = {s for s in spec.spaces if solvers.is_assignment(self.groups[s]) and not spec.children[s]}
         self.isometric = all(gr.isometric for gr in self.groups.values())
-        # plain spaces whose LAP gain is the objective's exact change: no tensor binds them twice
+        # plain spaces whose LAP score gain is the objective's exact change: no tensor binds them twice
         self.exact_gain = {s for s in self.plain if all(sum(b.space == s for b in spec.tensors[k]) == 1
                                                          for k, _ in spec.bindings_by_space[s])}
         if self.isometric:
@@ -387,8 +380,7 @@ class _Problem:
         else:
             self.half_b_sq = float(sum((t.double() ** 2).sum() for t in b.values())) / 2
         self.dependents = self._dependents()
-        self.term_cache: dict[tuple[str, int], tuple[tuple[torch.Tensor, ...], torch.Tensor]] = {}
-        self.term_bytes = 0
+        self.score_terms = ScoreTerms(spec, a, b) if stream is None else None
         self.skipped = 0  # LAP steps skipped because their score could not have changed
         self.first_dirty: set[str] | None = None
         self.fixed_point = False
@@ -427,29 +419,9 @@ class _Problem:
             return self.stream.score(terms, g, n)
         total = None
         for k, bd, a_mat in terms:
-            term = self._term(k, bd, a_mat, g, n)
+            term = self.score_terms.term(k, bd, a_mat, g, n)
             total = term if total is None else total + term
         return total if total is not None else torch.zeros(n, n)
-
-    def _term(self, k: str, bd: AxisBinding, a_mat: torch.Tensor, g: Element, n: int) -> torch.Tensor:
-        """``unit(A_k) · unit(g·B_k)ᵀ`` on binding ``bd`` (in memory). Kept while the elements of the tensor's other
-        bindings are the same objects (elements are replaced, never changed in place), within a memory budget, so
-        that a space whose neighbours changed recomputes only the terms that read them."""
-        key = (k, id(bd))
-        els = tuple(g[b.space] for b in self.spec.tensors[k] if b is not bd)
-        hit = self.term_cache.get(key)
-        if hit is not None and len(hit[0]) == len(els) and all(x is y for x, y in zip(hit[0], els, strict=True)):
-            return hit[1]
-        term = a_mat @ unit_matrix(self.spec.apply_tensor(k, self.b[k], g, skip=bd), bd, n).T
-        size = term.numel() * term.element_size()
-        if hit is not None:
-            self.term_bytes -= hit[1].numel() * hit[1].element_size()
-        if self.term_bytes + size <= _TERM_CACHE_BYTES:
-            self.term_cache[key] = (els, term)
-            self.term_bytes += size
-        else:
-            self.term_cache.pop(key, None)
-        return term
 
     def start(self, how: Element | str, gen: torch.Generator) -> Element:
         """The initial element of one run: a given element, ``greedy``, ``identity`` or ``random``."""
@@ -460,13 +432,15 @@ class _Problem:
         return self.spec.identity() if how == "identity" else self.spec.random_element(gen)
 
     def greedy(self) -> Element:
-        """Layer-wise matching in spec order on writer (output-side) tensors only.
+        """Layer-wise matching in spec order on the terms that are already exact: those of tensors whose other
+        bindings are all on spaces matched before (writers and readers alike: a block's second conv reads its hidden
+        space and writes the stream matched before it).
 
-        A writer whose other axes read spaces not matched yet (e.g. the second Linear of a residual block,
-        which writes the stream but reads the block's hidden space) only adds noise to the score, enough to
-        pick a wrong stream permutation on small nets; it is used only when a space has no other writer.
+        A term that reads a space not matched yet (e.g. the second Linear of a residual block, which writes the
+        stream but reads the block's hidden space) only adds noise to the score, enough to pick a wrong stream
+        permutation on small nets; when a space has no exact term, its writers (output-side tensors) are used.
         Continuous spaces and parent permutations with their children use :meth:`solve_block` on the same
-        writer terms (children are solved with their parent, where the first of them comes in spec order).
+        choice of terms (children are solved with their parent, where the first of them comes in spec order).
         """
         g = self.spec.identity()
         done: set[str] = set()
@@ -478,11 +452,11 @@ class _Problem:
                     self.solve_block(root, g, greedy_done=done)
                     done.update((root, *self.spec.children[root]))
                 continue
-            writers = [(k, bd, a_mat) for k, bd, a_mat in self.terms[s] if bd.side == "out"]
-            ready = [(k, bd, a_mat) for k, bd, a_mat in writers
+            ready = [(k, bd, a_mat) for k, bd, a_mat in self.terms[s]
                      if all(b.space in done for b in self.spec.tensors[k] if b is not bd)]
-            if ready or writers:
-                g[s] = self._lap(self.score(s, g, ready or writers), s)
+            terms = ready or [(k, bd, a_mat) for k, bd, a_mat in self.terms[s] if bd.side == "out"]
+            if terms:
+                g[s] = self._lap(self.score(s, g, terms), s)
             done.add(s)
         self._tick("greedy start", len(self.spec.spaces), len(self.spec.spaces))
         return g
@@ -490,8 +464,9 @@ class _Problem:
     def objective(self, g: Element) -> float:
         if self.stream is not None:
             return self.stream.objective(g, self.isometric, self.half_b_sq)
-        if self.isometric:
-            return float(sum(torch.vdot(self.a[k].reshape(-1), self.spec.apply_tensor(k, self.b[k], g).reshape(-1))
+        if self.isometric:  # a kept score term gives a tensor's share without forming g·B_k
+            return float(sum(c if (c := self.score_terms.contribution(k, g)) is not None else
+                             float(torch.vdot(self.a[k].reshape(-1), self.spec.apply_tensor(k, self.b[k], g).reshape(-1)))
                              for k in self.a))
         total, cache = self.half_b_sq, {}
         for k in self.a:
@@ -526,10 +501,9 @@ class _Problem:
         changes ends the run with the objective unchanged (appended without recomputing it). Otherwise a run ends
         after ``max_iter`` sweeps or a sweep gaining less than ``rtol·|J|``.
 
-        A sweep that only solved spaces of :attr:`exact_gain` adds its LAP gains to the objective instead of
-        recomputing it (``J = Σ_i S_s[i, g_s(i)] + (terms without s)`` exactly when no tensor binds ``s`` twice); the
-        run's last entries are then replaced by one full computation, so the objective a run reports is never a
-        running sum."""
+        A sweep of LAP steps only adds their gains to the objective instead of recomputing it (:meth:`lap_step`: each
+        gain is J's exact change); the run's last entries are then replaced by one full computation, so the objective
+        a run reports is never a running sum."""
         spaces = list(self.spec.spaces)
         hist = [self.objective(g)]
         dirty = set(spaces) if self.first_dirty is None else set(self.first_dirty)
@@ -561,7 +535,7 @@ class _Problem:
     def _visit(self, s: str, g: Element, dirty: set[str]) -> tuple[bool, float | None]:
         """Solve space ``s`` (its block, for a continuous space or a parent) in place in ``g``: whether an element
         changed, and the objective's gain when it is known exactly (0.0 when nothing changed; None after a block
-        solve, or a LAP step on a space outside :attr:`exact_gain`). Updates ``dirty``, the plain spaces whose score
+        solve that changed an element). Updates ``dirty``, the plain spaces whose score
         may have changed since their last solve."""
         gain: float | None = 0.0
         if s not in self.plain:
@@ -577,24 +551,34 @@ class _Problem:
                 self.skipped += 1
                 return False, 0.0
             dirty.discard(s)
-            new, step_gain = self.lap_step(s, g)
+            new, gain = self.lap_step(s, g)
             moved = [s] if new is not g[s] else []
-            if moved:
-                gain = step_gain if s in self.exact_gain else None
             g[s] = new
         for m in moved:
             dirty.update(self.dependents[m])
         return bool(moved), gain
 
     def lap_step(self, s: str, g: Element) -> tuple[torch.Tensor, float]:
-        """The LAP solution for plain space ``s`` (others at ``g``) and its score gain over ``g[s]`` if positive, else
-        ``(g[s], 0.0)``. A method of its own so that the n×n score is freed before the next space allocates its
-        own."""
+        """The LAP solution for plain space ``s`` (others at ``g``) and J's gain over ``g[s]`` if positive, else
+        ``(g[s], 0.0)``. Where no tensor binds ``s`` twice the gain is the score's (``J = Σ_i S_s[i, g_s(i)] + terms
+        without s``, exactly). Otherwise the score is a linearisation — a twice-bound tensor's other binding is held at
+        ``g[s]`` — so J's change is computed on the tensors bound to ``s`` (:meth:`local_objective`) and the solution
+        is refused unless J rises: coordinate descent never lowers J. A method of its own so that the n×n score is
+        freed before the next space allocates its own."""
         score = self.score(s, g)
         new = self._lap(score, s, hint=g[s])
-        idx = torch.arange(len(new), device=score.device)
-        gain = float(score[idx, new.to(score.device)].double().sum() - score[idx, g[s].to(score.device)].double().sum())
+        gain = assignment_score(score, new) - assignment_score(score, g[s])
+        del score
+        if gain > 0 and s not in self.exact_gain:
+            gain = self.local_objective(s, g | {s: new}) - self.local_objective(s, g)
         return (new, gain) if gain > 0 else (g[s], 0.0)
+
+    def local_objective(self, s: str, g: Element) -> float:
+        """``Σ_k ⟨A_k, (g·B)_k⟩`` in fp64 over the tensors bound to space ``s``: the part of J that ``g[s]`` changes
+        (``‖g·B_k‖`` does not depend on a permutation, so the non-isometric J changes by as much)."""
+        keys = dict.fromkeys(k for k, _ in self.spec.bindings_by_space[s] if k in self.a)
+        return float(sum(torch.vdot(self.a[k].reshape(-1).double(), self.spec.apply_tensor(k, self.b[k], g).reshape(-1).double())
+                         for k in keys))
 
     # ------------------------------------------------------------------ continuous spaces and parents
     def _views(self, s: str, mat: torch.Tensor) -> torch.Tensor:
@@ -844,7 +828,7 @@ class _Stream:
         axes = list(range(a.dim()))
         if bd is not None:
             n = self.spec.spaces[bd.space].size
-            a, b = _restrict(a, bd, n), _restrict(b, bd, n)
+            a, b = restrict(a, bd, n), restrict(b, bd, n)
             plan.pop(bd.axis, None)  # other bindings of bd's axis never move bd's own units
             axes.remove(bd.axis)
         if not axes or a.numel() == 0:
@@ -923,8 +907,6 @@ def _gather(t: torch.Tensor, plan: Mapping[int, torch.Tensor]) -> torch.Tensor:
 
 
 _TRIM_BYTES = 32 << 20
-_TERM_CACHE_BYTES = 256 << 20
-"""Memory for the score terms kept between the LAP steps of in-memory weight matching (:meth:`_Problem._term`)."""
 
 
 @functools.cache

@@ -51,6 +51,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._util.modes import eval_mode
 from ..errors import AbsorptionError, ConfigError, UnsupportedOperationError
 from .hf._common import ScaleFreeRMSNorm
 from .hf.registry import _require_hf, adapter_for, describe, example_inputs
@@ -81,14 +82,8 @@ def _set(root: nn.Module, key: str, value: torch.Tensor) -> None:
 
 
 def _outputs(model: nn.Module, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    flags = {m: m.training for m in model.modules()}
-    try:
-        model.eval()
-        with torch.no_grad():
-            out = model(**inputs)
-    finally:
-        for m, f in flags.items():
-            m.training = f
+    with eval_mode(model), torch.no_grad():
+        out = model(**inputs)
     found = {k: out[k].float() for k in ("logits", "last_hidden_state", "pooler_output")
              if k in out and isinstance(out[k], torch.Tensor)}
     if "logits" in found:

@@ -43,10 +43,10 @@ import torch
 import torch.fx
 import torch.nn.functional as F
 from torch import nn
-from torch.fx.passes.shape_prop import ShapeProp
 
+from .._util.modes import eval_mode
 from ..errors import ConfigError, SpecError, TraceError, UnsupportedOperationError
-from .selfcheck import EXAMPLES, first_examples
+from .selfcheck import EXAMPLES, check_function_preserved, first_examples, perturbed_state, propagate_shapes
 from .spec import AxisBinding, Probe, Space, SymmetrySpec
 
 OnUnsupported = Literal["error", "freeze"]
@@ -1359,18 +1359,15 @@ def symmetry_spec(
         raise ConfigError(f"on_unsupported must be 'error' or 'freeze', got {on_unsupported!r}")
     inputs = example_input if isinstance(example_input, tuple) else (example_input,)
     _register_known_rules()
-    flags = {m: m.training for m in model.modules()}
-    try:
-        model.eval()  # traced in eval mode: train-only branches (BatchNorm counters, dropout paths) stay out
+    # the self-check's perturbed state: shape propagation runs with it, so its outputs are the check's reference
+    state = perturbed_state(model, torch.Generator().manual_seed(0)) if check else None
+    with eval_mode(model):  # traced in eval mode: train-only branches (BatchNorm counters, dropout paths) stay out
         gm = _fx_trace(model, leaf_modules)
         try:
             with torch.no_grad():  # shapes need no more than the examples the self-check runs on
-                ShapeProp(gm).propagate(*first_examples(inputs, EXAMPLES))
+                outputs = propagate_shapes(gm, first_examples(inputs, EXAMPLES), state)
         except Exception as exc:  # any failure of the example forward is a user-facing trace error
             raise TraceError(f"running {type(model).__name__} on the example input failed: {exc}") from exc
-    finally:
-        for m, flag in flags.items():
-            m.training = flag
     tracer = _Tracer(gm, on_unsupported, frozenset(model.state_dict()))
     try:
         tracer.run()
@@ -1378,10 +1375,8 @@ def symmetry_spec(
     except UnsupportedOperationError as exc:
         raise UnsupportedOperationError(f"{exc} {_freeze_cost(gm, model)}") from None
     spec.validate(model)
-    if check:
-        from .selfcheck import check_function_preserved
-
-        check_function_preserved(spec, model, inputs)
+    if state is not None:
+        check_function_preserved(spec, model, inputs, reference=(state, outputs))
     return spec
 
 

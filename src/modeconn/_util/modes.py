@@ -1,0 +1,20 @@
+"""Running a user's model in eval mode without leaving it changed."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from torch import nn
+
+
+@contextmanager
+def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
+    """``model`` in eval mode inside the block; every submodule's ``training`` flag restored after it."""
+    flags = {m: m.training for m in model.modules()}
+    try:
+        model.eval()
+        yield model
+    finally:
+        for m, flag in flags.items():
+            m.training = flag
