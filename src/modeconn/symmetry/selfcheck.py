@@ -1,16 +1,21 @@
 """A traced spec must keep the function of a perturbed copy of the model — checked before it is returned.
 
 Neither :meth:`SymmetrySpec.validate` nor planted recovery can see a tensor that the spec binds wrongly or leaves
-unbound while its space moves: the plant uses the same wrong spec, and at stock initialisation such a tensor is
-often constant along the space (LayerNorm ``γ = 1, β = 0``, BatchNorm mean 0 / variance 1, zero biases), so
-moving the space does not change the outputs either. On a copy whose every floating tensor is perturbed — weights
-and biases by ``0.1·std`` (``0.1`` absolute where the tensor is constant), BatchNorm variances by a factor
-``exp(0.2·N(0, 1))``; layers that break the symmetry by design (W-asymmetric layers: ``symmetric_fixed_structure()``)
-are set to their symmetric values — a random group element must leave the outputs unchanged:
-``max|y(g·θ̃) − y(θ̃)| ≤ rtol · max(1, max|y(θ̃)|)`` (eval mode; in fp32, and when that fails once more in fp64 so
-that rounding in models with large activations is not mistaken for a wrong binding). Otherwise :class:`SpecError` names the spaces
-whose transform alone changes the outputs and the tensors bound to no space that have an axis of such a space's
-size (the usual culprit: a norm or scale that a rule did not bind).
+unbound while its space moves: the plant uses the same wrong spec, and at stock initialisation such a tensor is often
+constant along the space (LayerNorm ``γ = 1, β = 0``, BatchNorm mean 0 / variance 1, zero biases), so moving the
+space does not change the outputs either. On a perturbed copy of the state — every floating tensor gets independent
+noise ``u`` of unit variance (uniform on ``[−√3, √3]``): weights and biases ``+ 0.1·std·u`` (``0.1·u`` where the
+tensor is constant; ``std`` estimated on a strided sample), BatchNorm variances ``· exp(0.2·u)``; layers that break
+the symmetry by design (W-asymmetric layers: ``symmetric_fixed_structure()``) are set to their symmetric values — a
+random group element must leave the outputs unchanged: ``max|y(g·θ̃) − y(θ̃)| ≤ rtol · max(1, max|y(θ̃)|)`` (eval
+mode; in fp32, and when that fails once more in fp64 so that rounding in models with large activations is not
+mistaken for a wrong binding). Otherwise :class:`SpecError` names the spaces whose transform alone changes the
+outputs and the tensors bound to no space that have an axis of such a space's size (the usual culprit: a norm or
+scale that a rule did not bind).
+
+The model runs with the perturbed state through ``torch.func.functional_call`` (it is never written, and never copied
+as a module); the state is transformed in place for the second forward, and the first is the tracer's own shape
+propagation run with that state (:func:`propagate_shapes`).
 """
 
 from __future__ import annotations
@@ -48,13 +53,14 @@ def perturbed_state(model: nn.Module, generator: torch.Generator,
             else:
                 if noise.numel() < t.numel():
                     noise = torch.empty(t.numel())
-                n = noise[:t.numel()].normal_(generator=generator).reshape(t.shape).to(t.device, dtype)
-                new = t.detach().to(dtype, copy=True)
+                # unit-variance uniform noise (cheaper to draw than normal); fresh tensors, never the model's storage
+                n = noise[:t.numel()].uniform_(-_SQRT3, _SQRT3, generator=generator).reshape(t.shape).to(t.device, dtype)
+                src = t.detach().to(dtype)
                 if name.endswith("running_var"):
-                    new.mul_(n.mul_(0.2).exp_())
+                    new = torch.mul(src, n.mul_(0.2).exp_())
                 else:
-                    std = float(new.std()) if new.numel() > 1 else 0.0
-                    new.add_(n, alpha=0.1 * std if std > 0 else 0.1)
+                    std = _spread(src)
+                    new = torch.add(src, n, alpha=0.1 * std if std > 0 else 0.1)
                 made[id(t)] = state[name] = new
         for name, t in model.named_buffers():
             if name not in state and t.is_floating_point():
@@ -63,6 +69,17 @@ def perturbed_state(model: nn.Module, generator: torch.Generator,
             for attr, value in getattr(mod, "symmetric_fixed_structure", dict)().items():
                 state[f"{prefix}.{attr}" if prefix else attr].copy_(value)
     return state
+
+
+_SQRT3 = 3.0 ** 0.5
+_SPREAD_SAMPLE = 1 << 14
+
+
+def _spread(t: torch.Tensor) -> float:
+    """The standard deviation of ``t``, estimated on an evenly strided sample of at most :data:`_SPREAD_SAMPLE`
+    entries (it only scales the noise)."""
+    flat = t.reshape(-1)
+    return float(flat[::max(1, flat.numel() // _SPREAD_SAMPLE)].std()) if flat.numel() > 1 else 0.0
 
 
 def _apply_in_place(spec: SymmetrySpec, state: dict[str, torch.Tensor], g: dict[str, torch.Tensor]) -> None:
