@@ -282,8 +282,11 @@ class _Run:
         # exactly the plain git re-basin run of that seed (reference.py), so the result is never worse than it
         self.gen = torch.Generator().manual_seed(cfg.seed if r < 2 else cfg.seed * 1_000_003 + r)
         start, dirty = self._start_of(r)
-        g0 = self.problem.start(start, self.gen)
-        self.problem.first_dirty, self.problem.fixed_point = dirty, False
+        self.problem.first_dirty = None
+        g0 = self.problem.start(start, self.gen)  # the greedy start sets first_dirty itself
+        if dirty is not None:
+            self.problem.first_dirty = dirty
+        self.problem.fixed_point = False
         g, hist = self.problem.coordinate_descent(g0, self.gen, cfg.max_iter, cfg.rtol)
         self.history.append(hist)
         prev = self.best[0] if self.best is not None else None
@@ -441,9 +444,14 @@ class _Problem:
         permutation on small nets; when a space has no exact term, its writers (output-side tensors) are used.
         Continuous spaces and parent permutations with their children use :meth:`solve_block` on the same
         choice of terms (children are solved with their parent, where the first of them comes in spec order).
+
+        A plain space solved on all of its terms holds the LAP solution of the score coordinate descent would form
+        next (the spaces it reads were matched before it and keep their elements), so it is left out of the first
+        sweep's solves (:attr:`first_dirty`) until a space it reads changes.
         """
         g = self.spec.identity()
         done: set[str] = set()
+        complete: set[str] = set()
         for i, s in enumerate(self.spec.spaces):
             self._tick("greedy start", i, len(self.spec.spaces))
             if s not in self.plain:
@@ -457,8 +465,11 @@ class _Problem:
             terms = ready or [(k, bd, a_mat) for k, bd, a_mat in self.terms[s] if bd.side == "out"]
             if terms:
                 g[s] = self._lap(self.score(s, g, terms), s)
+                if len(ready) == len(self.terms[s]):
+                    complete.add(s)
             done.add(s)
         self._tick("greedy start", len(self.spec.spaces), len(self.spec.spaces))
+        self.first_dirty = set(self.spec.spaces) - complete
         return g
 
     def objective(self, g: Element) -> float:
