@@ -87,6 +87,23 @@ def test_read_equals_the_memory_mapped_tensor_for_every_dtype(tmp_path):
         assert got.dtype == tensors[k].dtype and got.shape == tensors[k].shape and torch.equal(got, ckpt[k]), k
 
 
+def test_read_rows_equals_the_rows_of_the_tensor_for_every_dtype(tmp_path):
+    g = torch.Generator().manual_seed(0)
+    tensors = {"h": torch.randn(5, 7, 3, generator=g).half(), "b": torch.randn(6, 4, generator=g).bfloat16(),
+               "f": torch.randn(6, generator=g), "i": torch.arange(12).reshape(4, 3), "e": torch.empty(0, 3)}
+    save_file(tensors, tmp_path / "model.safetensors")
+    ckpt = LazyCheckpoint(tmp_path)
+    for k, t in tensors.items():
+        for start, count in ((0, len(t)), (1, len(t) - 2), (len(t) - 1, 1), (0, 0)):
+            if count < 0 or start < 0:
+                continue
+            got = ckpt.read_rows(k, start, count)
+            assert got.dtype == t.dtype and torch.equal(got, t[start:start + count]), (k, start, count)
+    for bad in ((4, 3), (-1, 1), (0, 7)):
+        with pytest.raises(ValueError, match="rows"):
+            ckpt.read_rows("b", *bad)
+
+
 def test_read_of_a_changed_file_names_file_and_key(tmp_path):
     save_file({"w": torch.ones(64, 64), "v": torch.ones(3)}, tmp_path / "model.safetensors")
     ckpt = LazyCheckpoint(tmp_path)

@@ -285,25 +285,42 @@ class LazyCheckpoint(Mapping[str, torch.Tensor]):
         info = self.infos[key]
         if sys.byteorder != "little":  # safetensors data is little-endian: let safetensors convert
             return self[key]
+        return self._read_span(info, 0, info.nbytes).view(info.dtype).reshape(info.shape)
+
+    def read_rows(self, key: str, start: int, count: int) -> torch.Tensor:
+        """Rows ``start … start + count − 1`` of ``self[key]`` along its first axis (contiguous in the file), read
+        into memory like :meth:`read` without touching the rest of the tensor: shape ``(count, *shape[1:])``, same
+        dtype and values as ``self[key][start:start + count]``. Raises ValueError for rows outside the tensor (or a
+        0-d tensor), otherwise as :meth:`read`."""
+        info = self.infos[key]
+        if not info.shape or start < 0 or count < 0 or start + count > info.shape[0]:
+            raise ValueError(f"rows {start}:{start + count} of tensor {key!r} of shape {info.shape}")
+        if sys.byteorder != "little":
+            return self[key][start:start + count].clone()
+        row = info.nbytes // info.shape[0] if info.shape[0] else 0
+        return self._read_span(info, start * row, count * row).view(info.dtype).reshape(count, *info.shape[1:])
+
+    def _read_span(self, info: TensorInfo, offset: int, nbytes: int) -> torch.Tensor:
+        """``nbytes`` bytes of tensor ``info`` from byte ``offset`` of its data, as a uint8 tensor (plain reads)."""
         file = self.path / info.shard
         try:
             with open(file, "rb", buffering=0) as fh:
-                start, end = _data_offsets(fh).get(key, (0, -1))
+                start, end = _data_offsets(fh).get(info.key, (0, -1))
                 if end - start != info.nbytes:
-                    raise CheckpointError(f"{file}: tensor {key!r} is not where the header read at opening placed it "
-                                          "(file changed since?)")
-                buf = torch.empty(info.nbytes, dtype=torch.uint8)
+                    raise CheckpointError(f"{file}: tensor {info.key!r} is not where the header read at opening "
+                                          "placed it (file changed since?)")
+                buf = torch.empty(nbytes, dtype=torch.uint8)
                 view, done = memoryview(buf.numpy()), 0
-                fh.seek(start)
-                while done < info.nbytes:
+                fh.seek(start + offset)
+                while done < nbytes:
                     got = fh.readinto(view[done:])
                     if not got:
-                        raise CheckpointError(f"{file}: tensor {key!r} is truncated (file changed since opening?)")
+                        raise CheckpointError(f"{file}: tensor {info.key!r} is truncated (file changed since opening?)")
                     done += got
         except (OSError, ValueError, KeyError, struct.error) as err:
-            raise CheckpointError(f"{file}: reading tensor {key!r} failed (file changed, truncated or removed since "
-                                  f"the checkpoint was opened?): {err}") from None
-        return buf.view(info.dtype).reshape(info.shape)
+            raise CheckpointError(f"{file}: reading tensor {info.key!r} failed (file changed, truncated or removed "
+                                  f"since the checkpoint was opened?): {err}") from None
+        return buf
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.infos)

@@ -75,6 +75,7 @@ from .._util.device import is_cpu, resolve_device
 from ..errors import ConfigError, DeviceMismatchError
 from ..io_stream import LazyCheckpoint
 from ..symmetry import AxisBinding, Element, SymmetrySpec
+from ..symmetry.spec import apply_gathers
 from . import solvers
 from .lap import LapTimer, is_sparse, lap_method, solve_lap
 from .options import Int, PositiveInt, Real
@@ -810,18 +811,29 @@ class _Stream:
         for name, src in (("A", self.a), ("B", self.b)):
             total = 0.0
             for k in self.keys:
-                t = src[k].detach()
-                flat = t.reshape(-1)
+                shape = _shape_in(src, k)
                 sq = 0.0
-                for i in range(0, flat.numel(), self.chunk):
-                    c = flat[i:i + self.chunk].double()
-                    sq += float(torch.dot(c, c))
+                for block in self._blocks(src, k, shape):
+                    flat = block.reshape(-1)
+                    for i in range(0, flat.numel(), self.chunk):
+                        c = flat[i:i + self.chunk].double()
+                        sq += float(torch.dot(c, c))
                 if not math.isfinite(sq):
-                    check_finite({k: t}, name)
+                    check_finite({k: src[k]}, name)
                 total += sq
             out.append(total)
         self.b_sq = out[1]
         return out[0], out[1]
+
+    def _blocks(self, src: StateDict, key: str, shape: tuple[int, ...]) -> Iterator[torch.Tensor]:
+        """Tensor ``key`` of ``src`` whole, or (larger than a chunk) in blocks of rows along its first axis."""
+        numel = math.prod(shape)
+        if not shape or numel <= self.chunk:
+            yield src[key].detach()
+            return
+        step = max(1, self.chunk * shape[0] // numel)
+        for i in range(0, shape[0], step):
+            yield _row_block(src, key, i, min(step, shape[0] - i))
 
     def pieces(self, key: str, g: Element, bd: AxisBinding | None = None,
                cache: dict | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -829,9 +841,19 @@ class _Stream:
         units along ``bd.axis`` and ``g`` acting on every other binding (as ``apply_tensor(..., skip=bd)``), chunked
         along the largest other axis; without: ``g`` on every binding, chunked along the largest axis. A tensor only
         permutations act on keeps its stored dtype and only the chunk in use is gathered; a tensor a continuous
-        group acts on is converted to fp32 and transformed whole, as in memory."""
+        group acts on is converted to fp32 and transformed whole, as in memory. Chunks along a tensor's first axis that
+        no permutation gathers are read from a lazy checkpoint row block by row block
+        (:meth:`LazyCheckpoint.read_rows`), so that a tensor larger than a chunk (an embedding) is never resident
+        whole."""
+        shape = _shape_in(self.b, key)
+        plan = self.spec.permutation_gathers(key, shape, g, skip=bd)
+        if plan is not None and bd is not None:
+            plan.pop(bd.axis, None)  # other bindings of bd's axis never move bd's own units
+        other = [ax for ax in range(len(shape)) if bd is None or ax != bd.axis]
+        if plan is not None and other and max(other, key=lambda i: shape[i]) == 0 and 0 not in plan and math.prod(shape):
+            yield from self._row_pieces(key, shape, plan, bd)
+            return
         a, b = self.a[key].detach(), self.b[key].detach()
-        plan = self.spec.permutation_gathers(key, b.shape, g, skip=bd)
         if plan is None:
             a = a.float()
             b = self.spec.apply_tensor(key, b.float(), g, skip=bd, cache=cache)
@@ -840,10 +862,10 @@ class _Stream:
         if bd is not None:
             n = self.spec.spaces[bd.space].size
             a, b = restrict(a, bd, n), restrict(b, bd, n)
-            plan.pop(bd.axis, None)  # other bindings of bd's axis never move bd's own units
+            plan.pop(bd.axis, None)
             axes.remove(bd.axis)
         if not axes or a.numel() == 0:
-            yield a, _gather(b, plan)
+            yield a, apply_gathers(b, plan)
             return
         r = max(axes, key=lambda i: a.shape[i])
         step = max(1, self.chunk * a.shape[r] // a.numel())
@@ -851,7 +873,20 @@ class _Stream:
         for i in range(0, a.shape[r], step):
             m = min(step, a.shape[r] - i)
             pb = b.index_select(r, plan[r][i:i + m]) if r in plan else b.narrow(r, i, m)
-            yield a.narrow(r, i, m), _gather(pb, rest)
+            yield a.narrow(r, i, m), apply_gathers(pb, rest)
+
+    def _row_pieces(self, key: str, shape: tuple[int, ...], plan: dict[int, torch.Tensor],
+                    bd: AxisBinding | None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """:meth:`pieces` of a tensor chunked along its first axis, which ``plan`` (the gathers of the other axes but
+        ``bd``'s) does not move: row blocks read one at a time."""
+        step = max(1, self.chunk * shape[0] // math.prod(shape))
+        for i in range(0, shape[0], step):
+            m = min(step, shape[0] - i)
+            a, b = _row_block(self.a, key, i, m), _row_block(self.b, key, i, m)
+            if bd is not None:
+                n = self.spec.spaces[bd.space].size
+                a, b = restrict(a, bd, n), restrict(b, bd, n)
+            yield a, apply_gathers(b, plan)
 
     def score(self, terms: list, g: Element, n: int) -> torch.Tensor:
         """Σ over ``terms`` of ``unit(A_k) · unit(g·B_k)ᵀ`` as an (n, n) tensor; the products accumulate in fp32
@@ -911,10 +946,16 @@ def _rows(piece: torch.Tensor, bd: AxisBinding, n: int) -> torch.Tensor:
     return piece.movedim(bd.axis, 0).to(torch.float32, memory_format=torch.contiguous_format).reshape(n, -1)
 
 
-def _gather(t: torch.Tensor, plan: Mapping[int, torch.Tensor]) -> torch.Tensor:
-    for axis in sorted(plan):
-        t = t.index_select(axis, plan[axis])
-    return t
+def _shape_in(src: StateDict, key: str) -> tuple[int, ...]:
+    """The shape of tensor ``key`` of a state dict or lazy checkpoint (read from its header: no data)."""
+    return src.infos[key].shape if isinstance(src, LazyCheckpoint) else tuple(src[key].shape)
+
+
+def _row_block(src: StateDict, key: str, start: int, count: int) -> torch.Tensor:
+    """Rows ``start … start + count − 1`` of tensor ``key`` along its first axis: read alone from a lazy checkpoint."""
+    if isinstance(src, LazyCheckpoint):
+        return src.read_rows(key, start, count)
+    return src[key].detach().narrow(0, start, count)
 
 
 _TRIM_BYTES = 32 << 20
