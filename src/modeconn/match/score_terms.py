@@ -2,7 +2,7 @@
 
 The LAP score of a permutation space ``s`` is a sum of terms, one per binding ``bd`` of a tensor ``k`` to ``s``::
 
-    T_k = unit(A_k) · unit(g·B_k)ᵀ            (n, n);  unit(·): one row per unit of s (``weight.unit_matrix``)
+    T_k = unit(A_k) · unit(g·B_k)ᵀ            (n, n);  unit(·): one row per unit of s (:func:`unit_matrix`)
 
 where ``g`` acts on every binding of ``k`` except ``bd`` (Ainsworth et al. 2023, eq. 3 summed over tensors). A term
 depends only on the elements of ``k``'s other bindings, so it is kept while they are the same objects (elements are
@@ -18,6 +18,9 @@ of a slice along ``o``; ``(g·B)[…, p, …] = B[…, idx(p), …]`` along ``o`
 which costs ``|P| / len(o)`` of recomputing it. Updated terms differ from recomputed ones by fp32 rounding only; a term
 is recomputed in full after :data:`MAX_UPDATES` updates in a row (rounding does not accumulate without bound) and
 whenever half or more of the axis moved (then recomputing is as cheap).
+
+A kept term also holds its tensor's share of the objective, ``⟨A_k, (g·B)_k⟩ = Σ_i T_k[i, g_s(i)]``
+(:meth:`ScoreTerms.contribution`), so the objective needs no pass that forms ``g·B``.
 """
 
 from __future__ import annotations
