@@ -84,10 +84,9 @@ class ScoreTerms:
         """``T_k`` (n, n) of tensor ``k`` on binding ``bd`` with every other binding at ``g``; ``a_mat`` is
         ``unit_matrix(a[k], bd, n)``."""
         key = (k, id(bd))
-        elements = tuple(g[b.space] for b in self.spec.tensors[k] if b is not bd)
+        elements = self._others(k, bd, g)
         kept = self.kept.get(key)
-        if kept is not None and len(kept.elements) == len(elements) and all(
-                x is y for x, y in zip(kept.elements, elements, strict=True)):
+        if kept is not None and _same(kept.elements, elements):
             self.reused += 1
             return kept.term
         gathers = self.spec.permutation_gathers(k, self.b[k].shape, g, skip=bd, device=self.b[k].device)
@@ -116,10 +115,13 @@ class ScoreTerms:
                     or self.spec.children[bd.space] or any(b is not bd and b.axis == bd.axis for b in binds)
                     or bd.offset != 0 or bd.step != bd.block or space.size * bd.block != shape[bd.axis]):
                 continue
-            elements = tuple(g[b.space] for b in binds if b is not bd)
-            if len(elements) == len(kept.elements) and all(x is y for x, y in zip(kept.elements, elements, strict=True)):
+            if _same(kept.elements, self._others(k, bd, g)):
                 return assignment_score(kept.term, g[bd.space])
         return None
+
+    def _others(self, k: str, bd: AxisBinding, g: Element) -> tuple[torch.Tensor, ...]:
+        """The elements of ``g`` on tensor ``k``'s bindings other than ``bd`` (what its term reads)."""
+        return tuple(g[b.space] for b in self.spec.tensors[k] if b is not bd)
 
     def _updated(self, k: str, bd: AxisBinding, kept: _Kept, new: dict[int, torch.Tensor],
                  n: int) -> torch.Tensor | None:
@@ -150,6 +152,11 @@ class ScoreTerms:
         if self.bytes + size <= self.budget:
             self.kept[key] = entry
             self.bytes += size
+
+
+def _same(kept: tuple[torch.Tensor, ...], now: tuple[torch.Tensor, ...]) -> bool:
+    """Whether two tuples of elements are the same objects (elements are replaced, never changed in place)."""
+    return len(kept) == len(now) and all(x is y for x, y in zip(kept, now, strict=True))
 
 
 def _nbytes(t: torch.Tensor) -> int:

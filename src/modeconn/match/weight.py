@@ -476,15 +476,20 @@ class _Problem:
     def objective(self, g: Element) -> float:
         if self.stream is not None:
             return self.stream.objective(g, self.isometric, self.half_b_sq)
-        if self.isometric:  # a kept score term gives a tensor's share without forming g·B_k
-            return float(sum(c if (c := self.score_terms.contribution(k, g)) is not None else
-                             float(torch.vdot(self.a[k].reshape(-1), self.spec.apply_tensor(k, self.b[k], g).reshape(-1)))
-                             for k in self.a))
+        if self.isometric:
+            return float(sum(self._share(k, g) for k in self.a))
         total, cache = self.half_b_sq, {}
         for k in self.a:
             gb = self.spec.apply_tensor(k, self.b[k], g, cache=cache).double()
             total += float((self.a[k].double() * gb).sum() - (gb * gb).sum() / 2)
         return total
+
+    def _share(self, k: str, g: Element) -> float:
+        """``⟨A_k, (g·B)_k⟩`` (in memory): read off a kept score term where one holds it, else formed."""
+        kept = self.score_terms.contribution(k, g)
+        if kept is not None:
+            return kept
+        return float(torch.vdot(self.a[k].reshape(-1), self.spec.apply_tensor(k, self.b[k], g).reshape(-1)))
 
     def kick(self, best: Element, gen: torch.Generator) -> tuple[Element, tuple[str, ...]]:
         """``best`` perturbed on one random space without parent: the perturbation of iterated local search
@@ -831,9 +836,8 @@ class _Stream:
         if not shape or numel <= self.chunk:
             yield src[key].detach()
             return
-        step = max(1, self.chunk * shape[0] // numel)
-        for i in range(0, shape[0], step):
-            yield _row_block(src, key, i, min(step, shape[0] - i))
+        for i, m in _spans(shape[0], numel, self.chunk):
+            yield _row_block(src, key, i, m)
 
     def pieces(self, key: str, g: Element, bd: AxisBinding | None = None,
                cache: dict | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -862,16 +866,13 @@ class _Stream:
         if bd is not None:
             n = self.spec.spaces[bd.space].size
             a, b = restrict(a, bd, n), restrict(b, bd, n)
-            plan.pop(bd.axis, None)
             axes.remove(bd.axis)
         if not axes or a.numel() == 0:
             yield a, apply_gathers(b, plan)
             return
         r = max(axes, key=lambda i: a.shape[i])
-        step = max(1, self.chunk * a.shape[r] // a.numel())
         rest = {ax: idx for ax, idx in plan.items() if ax != r}
-        for i in range(0, a.shape[r], step):
-            m = min(step, a.shape[r] - i)
+        for i, m in _spans(a.shape[r], a.numel(), self.chunk):
             pb = b.index_select(r, plan[r][i:i + m]) if r in plan else b.narrow(r, i, m)
             yield a.narrow(r, i, m), apply_gathers(pb, rest)
 
@@ -879,10 +880,7 @@ class _Stream:
                     bd: AxisBinding | None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """:meth:`pieces` of a tensor chunked along its first axis, which ``plan`` (the gathers of the other axes but
         ``bd``'s) does not move: row blocks read one at a time."""
-        step = max(1, self.chunk * shape[0] // math.prod(shape))
-        for i in range(0, shape[0], step):
-            m = min(step, shape[0] - i)
-            a, b = _row_block(self.a, key, i, m), _row_block(self.b, key, i, m)
+        for a, b in zip(self._blocks(self.a, key, shape), self._blocks(self.b, key, shape), strict=True):
             if bd is not None:
                 n = self.spec.spaces[bd.space].size
                 a, b = restrict(a, bd, n), restrict(b, bd, n)
@@ -949,6 +947,14 @@ def _rows(piece: torch.Tensor, bd: AxisBinding, n: int) -> torch.Tensor:
 def _shape_in(src: StateDict, key: str) -> tuple[int, ...]:
     """The shape of tensor ``key`` of a state dict or lazy checkpoint (read from its header: no data)."""
     return src.infos[key].shape if isinstance(src, LazyCheckpoint) else tuple(src[key].shape)
+
+
+def _spans(length: int, numel: int, chunk: int) -> Iterator[tuple[int, int]]:
+    """``(start, count)`` along an axis of ``length`` of a tensor of ``numel`` entries, each span about ``chunk``
+    entries of it (at least one index)."""
+    step = max(1, chunk * length // numel)
+    for i in range(0, length, step):
+        yield i, min(step, length - i)
 
 
 def _row_block(src: StateDict, key: str, start: int, count: int) -> torch.Tensor:
