@@ -166,8 +166,9 @@ def test_recipe_with_align_section_and_written_recipe_reruns_to_the_same_bytes(t
     run_cli("merge", "--config", file, "--seed", 5, "--out", tmp_path / "out")
     out = tmp_path / "out"
     ran = yaml.safe_load((out / "merge_recipe.yml").read_text())
-    assert ran["merge_method"] == "dare_ties" and ran["base_model"] == "m0" and ran["out_dtype"] == "bfloat16"
-    assert [m["model"] for m in ran["models"]] == ["m1", "m2", "m0"]
+    assert ran["merge_method"] == "dare_ties" and Path(ran["base_model"]).name == "m0" and ran["out_dtype"] == "bfloat16"
+    assert [Path(m["model"]).name for m in ran["models"]] == ["m1", "m2", "m0"]  # relative to the recipe's folder
+    assert ran["seed"] == 5
     for f in ("merge_recipe.yml", "README.md", "merge.json", "config.json"):
         assert str(tmp_path) not in (out / f).read_text(), f
     assert "m1" in (out / "README.md").read_text()

@@ -159,6 +159,10 @@ def test_extra_per_output_parameters_of_a_conv_subclass_are_bound(monkeypatch):
     model = nn.Sequential(GainConv(3, 4, 3, padding=1), nn.ReLU(), GainConv(4, 4, 1, groups=2), nn.ReLU(),
                           GainConv(4, 4, 1, groups=4), nn.Flatten(), nn.Linear(64, 2))  # plain, grouped, depthwise
     x = torch.randn(2, 3, 4, 4)
+    with pytest.raises(mc.errors.SpecError, match=r"module '0' \(GainConv\) subclasses .*Conv2d with a forward of its own"):
+        mc.symmetry_spec(model.eval(), x)  # a layer subclass with its own forward is never trusted unregistered
+    monkeypatch.setattr(trace_mod, "MODULE_RULES", dict(trace_mod.MODULE_RULES))
+    mc.symmetry.register_rule(GainConv, nn.Conv2d)
     spec = mc.symmetry_spec(model.eval(), x)
     assert spec.tensors["0.gain"] and spec.tensors["2.gain"] and spec.tensors["4.gain"]
     monkeypatch.setattr(trace_mod._Tracer, "output_parameters", lambda self, name, n: [f"{name}.weight", f"{name}.bias"])

@@ -3,7 +3,8 @@
 Kinds (:data:`CHECKPOINT_KINDS`, tried in order on the directory's ``config.json``):
 
 * ``absorbed`` — a Hugging Face model after normalization absorption (:func:`modeconn.symmetry.save_absorbed`;
-  ``config.json`` carries ``modeconn_absorbed``). Not a stock HF checkpoint: load it with :meth:`Checkpoint.load`.
+  ``config.json`` has ``model_type`` ``modeconn-absorbed`` or carries ``modeconn_absorbed``). Marked so that stock
+  transformers refuses it (:mod:`modeconn.symmetry.absorb`): load it with :meth:`Checkpoint.load`.
 * ``huggingface`` — a ``save_pretrained`` directory (``config.json`` with ``model_type``; ``model.safetensors`` or
   shards with ``model.safetensors.index.json``). Read lazily, tensor by tensor (:meth:`Checkpoint.lazy`).
 * ``modeconn`` — a modeconn checkpoint (``config.json`` with ``architecture`` and ``kwargs``, ``model.safetensors``).
@@ -22,7 +23,7 @@ from typing import Any
 
 from torch import nn
 
-from .errors import CheckpointError, ConfigError
+from .errors import CheckpointError
 
 CONFIG_NAME = "config.json"
 
@@ -46,15 +47,13 @@ def _load_modeconn(path: Path) -> nn.Module:
 
 
 def _load_hf(path: Path) -> nn.Module:
-    import transformers
-
+    from .io_stream import LazyCheckpoint
     from .stream import hf_config
+    from .symmetry.hf.config_check import model_class
 
-    cfg = hf_config(path)
-    arch = (getattr(cfg, "architectures", None) or [None])[0]
-    cls = getattr(transformers, arch, None) if arch else None
-    if cls is None:
-        raise ConfigError(f"{path / CONFIG_NAME}: 'architectures' names no transformers class ({arch!r})")
+    cfg = hf_config(path)  # first: refuses a model type transformers does not implement (auto_map: never run)
+    cls = model_class(cfg, path / CONFIG_NAME, required=True)  # transformers' own class for the model type only
+    LazyCheckpoint(path).check_finite()  # transformers reads the weights, unchecked: NaN/Inf refused first
     return cls.from_pretrained(path, local_files_only=True, trust_remote_code=False).eval()
 
 
@@ -65,9 +64,9 @@ def _load_absorbed(path: Path) -> nn.Module:
 
 
 def _is_absorbed(cfg: dict[str, Any]) -> bool:
-    from .symmetry.absorb import ABSORBED_KEY
+    from .symmetry.absorb import is_absorbed_config
 
-    return isinstance(cfg.get(ABSORBED_KEY), dict)
+    return is_absorbed_config(cfg)
 
 
 CHECKPOINT_KINDS: tuple[CheckpointKind, ...] = (
@@ -88,7 +87,8 @@ class Checkpoint:
     config: dict[str, Any] = field(repr=False)
 
     def load(self) -> nn.Module:
-        """The model, in memory (eval mode for Hugging Face kinds). Raises CheckpointError / ConfigError."""
+        """The model, in memory (eval mode for Hugging Face kinds). Raises CheckpointError / ConfigError;
+        NonFiniteError naming the weights file and tensor where a floating parameter or buffer holds NaN/Inf."""
         return self.kind.load(self.path)
 
     def lazy(self):
@@ -134,9 +134,15 @@ def open_checkpoint(path: str | os.PathLike) -> Checkpoint:
 
 
 def open_checkpoints(paths: Sequence[str | os.PathLike]) -> list[Checkpoint]:
-    """:func:`open_checkpoint` on each path; CheckpointError naming every path and its kind if they differ."""
+    """:func:`open_checkpoint` on each path; CheckpointError naming every path and its kind if they differ; ConfigError
+    naming the first differing token when their tokenizers number tokens differently, or the one without tokenizer
+    files (:func:`~modeconn.vocabulary.check_vocabularies`: every command combining models combines embedding rows)."""
+    from .vocabulary import check_vocabularies
+
     ckpts = [open_checkpoint(p) for p in paths]
     if len({c.kind.name for c in ckpts}) > 1:
         kinds = ", ".join(c.describe() for c in ckpts)
         raise CheckpointError(f"mixed checkpoint kinds: {kinds}; all inputs must be of one kind")
+    if len(ckpts) > 1:
+        check_vocabularies([c.path for c in ckpts])
     return ckpts

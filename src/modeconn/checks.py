@@ -117,6 +117,24 @@ def check_finite(sd: StateDict, name: str, keys=None) -> None:
             raise NonFiniteError(f"{name}[{k!r}] has {bad} NaN/Inf entries (shape {tuple(t.shape)})")
 
 
+def check_finite_stored(t: torch.Tensor, file: Any, key: str, part: str = "") -> torch.Tensor:
+    """``t`` itself, tensor ``key`` (``part``: which rows, when only some were read) as read from checkpoint file
+    ``file``; :class:`NonFiniteError` naming the file and the tensor when a floating ``t`` holds NaN/Inf.
+
+    Every checkpoint reader calls it on each tensor before anything uses it: a non-finite parameter or buffer is the
+    input's fault, reported as such, not a wrong result or an "internal error" further on."""
+    if not (t.is_floating_point() or t.is_complex()):
+        return t
+    v = t.float() if t.dtype.itemsize == 1 else t  # fp8: no sum / isfinite kernels; exact in fp32
+    if all_finite(v):
+        return t
+    nan, inf = int(torch.isnan(v).sum()), int(torch.isinf(v).sum())
+    raise NonFiniteError(
+        f"{file}: tensor {key!r}{part} ({str(t.dtype).removeprefix('torch.')}, shape {tuple(t.shape)}) has "
+        f"{nan + inf} non-finite entries ({nan} NaN, {inf} ±Inf): the checkpoint is broken, not readable as a model — "
+        "modeconn refuses non-finite weights and buffers (re-export or repair it)")
+
+
 def is_interpolable(t: torch.Tensor) -> bool:
     """Floating tensors are interpolated/averaged; integer buffers (``num_batches_tracked``) never are."""
     return t.is_floating_point() or t.is_complex()

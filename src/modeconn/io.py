@@ -43,6 +43,7 @@ from torch import nn
 
 from ._util.outdir import check_output_target, output_directory
 from .checks import check_dtype_kinds, dtype_kind, dtype_kind_mismatches  # noqa: F401  (re-exported)
+from .checks import check_finite_stored
 from .errors import CheckpointError, ConfigError, StateDictMismatchError
 from .models import MODELS, build_model, fixed_structure_digest, fixed_structure_keys, model_config
 
@@ -158,9 +159,10 @@ def check_in_checkpoint(file: str | os.PathLike, root: str | os.PathLike) -> Pat
 
     A symlinked file (a side file such as ``tokenizer.json``, a weights shard, ``config.json``) would otherwise pull
     a file from anywhere on the machine into what modeconn reads and copies to its outputs. Allowed: real paths
-    inside ``root`` (symlinks within the checkpoint), and the Hugging Face cache layout: ``root`` is
-    ``<repo>/snapshots/<revision>`` and the file resolves into ``<repo>/blobs``. Hard links cannot be told apart
-    from regular files and are not refused.
+    inside ``root`` (symlinks within the checkpoint), and the Hugging Face cache layout: ``root``'s real path is
+    ``<repo>/snapshots/<revision>`` and the file is a blob directly in ``<repo>/blobs``, which must be a real
+    directory of the repo (:func:`_cache_blobs`: a symlinked ``blobs`` would reach any directory). Hard links cannot
+    be told apart from regular files and are not refused.
 
     Raises:
         CheckpointError: naming the file and where it points (or why it cannot be resolved, e.g. a symlink loop).
@@ -168,16 +170,32 @@ def check_in_checkpoint(file: str | os.PathLike, root: str | os.PathLike) -> Pat
     file = Path(file)
     try:
         real, base = file.resolve(), Path(root).resolve()
-        blobs = (base.parent.parent / "blobs").resolve() if base.parent.name == "snapshots" else None
+        blobs = _cache_blobs(base)
     except (OSError, RuntimeError) as err:
         raise CheckpointError(f"{file}: cannot resolve the path (symlink loop?): {err}") from None
-    if real == base or base in real.parents or (blobs is not None and blobs in real.parents):
+    if real == base or base in real.parents or (blobs is not None and real.parent == blobs):
         return real
+    linked = base.parent.parent / "blobs" if base.parent.name == "snapshots" and blobs is None else None
+    why = (f" ({linked} is not a real directory of the cache repo: a symlinked blobs directory is never followed)"
+           if linked is not None and (linked.is_symlink() or linked.exists()) else "")
     raise CheckpointError(
-        f"{file}: is a symlink to {real}, outside the checkpoint directory {root}; files a checkpoint is read from "
-        "(and copied to outputs from) must lie in its directory tree (or be Hugging Face cache blobs, "
-        "snapshots/<rev>/f → ../../blobs/<hash>): copy the file into the checkpoint if it belongs there"
+        f"{file}: is a symlink to {real}, outside the checkpoint directory {root}{why}; files a checkpoint is read "
+        "from (and copied to outputs from) must lie in its directory tree (or be Hugging Face cache blobs, "
+        "snapshots/<rev>/f → ../../blobs/<hash>, in a real blobs directory): copy the file into the checkpoint if it "
+        "belongs there"
     )
+
+
+def _cache_blobs(snapshot: Path) -> Path | None:
+    """``<repo>/blobs`` of a Hugging Face cache snapshot's real path ``<repo>/snapshots/<rev>``, when it is a real
+    directory: not a symlink, and its real path is the path itself (so no component of the chain reaches elsewhere);
+    else ``None`` (no blob allowance)."""
+    if snapshot.parent.name != "snapshots":
+        return None
+    blobs = snapshot.parent.parent / "blobs"
+    if blobs.is_symlink() or not blobs.is_dir() or blobs.resolve() != blobs:
+        return None
+    return blobs
 
 
 # --------------------------------------------------------------------------------------- state dicts
@@ -247,6 +265,7 @@ def load_state_dict(path: str | os.PathLike, device: str | torch.device = "cpu")
     Raises:
         CheckpointError: the file is missing, is a pickle format (``.bin``, ``.pt``, ``.pth``, ``.ckpt``,
             ``.pkl``), or is truncated/corrupt; the message names the file.
+        NonFiniteError: a floating tensor holds NaN/Inf (the file and tensor are named).
     """
     path = Path(path)
     _open_safetensors_header(path)
@@ -255,9 +274,11 @@ def load_state_dict(path: str | os.PathLike, device: str | torch.device = "cpu")
         with safe_open(str(path), framework="pt", device=str(device)) as f:
             for k in f.keys():
                 out[k] = f.get_tensor(k)
-        return out
     except Exception as err:
         raise CheckpointError(f"{path}: reading tensors failed (truncated or corrupt?): {err}") from None
+    for k, t in out.items():
+        check_finite_stored(t, path, k)
+    return out
 
 
 def _load_pickle_weights(path: Path, device: str | torch.device) -> dict[str, torch.Tensor]:
@@ -269,6 +290,8 @@ def _load_pickle_weights(path: Path, device: str | torch.device) -> dict[str, to
         sd = sd["state_dict"]
     if not isinstance(sd, Mapping) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
         raise CheckpointError(f"{path}: does not contain a flat state dict of tensors")
+    for k, t in sd.items():
+        check_finite_stored(t, path, k)
     return dict(sd)
 
 
@@ -529,6 +552,8 @@ def load_checkpoint(
             another dtype kind than the model's (e.g. int32 where the model has float32: both dtypes given).
         CheckpointError (also): config.json or a weights file that is a symlink leaving the checkpoint directory
             (:func:`check_in_checkpoint`).
+        NonFiniteError: a floating parameter or buffer in the weights file holds NaN/Inf (file and tensor named),
+            before the model is built.
     """
     path = Path(path)
     if not path.exists():

@@ -5,6 +5,8 @@ The weights of a checkpoint directory are either one ``model.safetensors`` or Hu
 
     {"metadata": {"total_size": 2023862272}, "weight_map": {"gpt_neox.embed_in.weight": "model-00001-of-00002.safetensors", ...}}
 
+(Absorbed checkpoints store the same under the stem :data:`ABSORBED_STEM` instead of ``model``.)
+
 :class:`LazyCheckpoint` is a read-only ``Mapping[str, Tensor]`` over them. Opening it reads only the headers and
 checks them (every listed shard exists and is complete, every key sits in the shard the index names, dtypes are
 known); a tensor is read when it is looked up: its shard is opened with ``safetensors.safe_open`` for that one
@@ -48,6 +50,7 @@ from typing import Any, Generic, TypeVar
 import torch
 from safetensors import SafetensorError, safe_open
 
+from .checks import check_finite_stored
 from .errors import CheckpointError, ConfigError, StateDictMismatchError
 from .io import (
     PICKLE_SUFFIXES,
@@ -63,6 +66,20 @@ from .io import (
 
 INDEX_NAME = "model.safetensors.index.json"
 """The Hugging Face index of a sharded safetensors checkpoint (``weight_map``: key → shard file name)."""
+ABSORBED_STEM = "modeconn-absorbed"
+"""The file-name stem of an absorbed checkpoint's weights (:mod:`modeconn.symmetry.absorb`):
+``modeconn-absorbed.safetensors``, or shards ``modeconn-absorbed-0000i-of-0000n.safetensors`` listed by
+``modeconn-absorbed.safetensors.index.json``. These are not names transformers' ``from_pretrained`` looks for, so a
+stock loader refuses the directory instead of loading it as a stock model that computes another function."""
+WEIGHT_STEMS = ("model", ABSORBED_STEM)
+"""The weights-file stems a :class:`LazyCheckpoint` looks for, in this order (``model``: Hugging Face's own)."""
+INDEX_SUFFIX = ".safetensors.index.json"
+"""How the name of every safetensors shard index ends (``<stem>.safetensors.index.json``)."""
+
+
+def weight_names(stem: str) -> tuple[str, str]:
+    """``(single weights file, shard index)`` names of the weights with file-name stem ``stem``."""
+    return f"{stem}.safetensors", f"{stem}{INDEX_SUFFIX}"
 
 READ_AHEAD = 2
 """Keys whose inputs the streaming recipes read ahead of the one being computed (:class:`ReadAhead`)."""
@@ -97,20 +114,26 @@ class TensorInfo:
 class ShardLayout:
     """How a checkpoint's tensors are laid out on disk: ``infos`` (key → :class:`TensorInfo`, in index order),
     ``shards`` (shard file name → its keys), ``shard_metadata`` (shard → safetensors ``__metadata__``) and ``index``
-    (the index JSON object; ``None`` for a single ``model.safetensors``). :attr:`LazyCheckpoint.layout` gives an
+    (the index JSON object; ``None`` for a single ``model.safetensors``), ``stem`` (the weights' file-name stem,
+    :data:`WEIGHT_STEMS`: the index is written as :attr:`index_name`). :attr:`LazyCheckpoint.layout` gives an
     existing checkpoint's; :meth:`plan` lays out new tensors the way ``save_pretrained`` does."""
 
     infos: Mapping[str, TensorInfo]
     shards: Mapping[str, tuple[str, ...]]
     shard_metadata: Mapping[str, Mapping[str, str] | None]
     index: Mapping[str, Any] | None
+    stem: str = "model"
+
+    @property
+    def index_name(self) -> str:
+        return weight_names(self.stem)[1]
 
     @classmethod
     def plan(cls, tensors: Mapping[str, tuple[torch.dtype, tuple[int, ...]]], max_shard_bytes: int,
-             metadata: Mapping[str, str] | None = None) -> ShardLayout:
+             metadata: Mapping[str, str] | None = None, stem: str = "model") -> ShardLayout:
         """Tensors ``{key: (dtype, shape)}`` packed in order into shards of at most ``max_shard_bytes`` (a larger
-        tensor gets a shard of its own): one ``model.safetensors`` if everything fits, else
-        ``model-0000i-of-0000n.safetensors`` and an index with ``total_size``. ``metadata``: every shard's
+        tensor gets a shard of its own): one ``<stem>.safetensors`` if everything fits, else
+        ``<stem>-0000i-of-0000n.safetensors`` and an index with ``total_size``. ``metadata``: every shard's
         safetensors metadata (default ``{"format": "pt"}``). Raises ConfigError for a non-positive size."""
         if max_shard_bytes < 1:
             raise ConfigError(f"max_shard_bytes must be ≥ 1, got {max_shard_bytes}")
@@ -124,13 +147,13 @@ class ShardLayout:
             groups[-1].append(info)
             size += info.nbytes
         n = len(groups)
-        names = [WEIGHTS_NAME] if n == 1 else [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
+        names = [weight_names(stem)[0]] if n == 1 else [f"{stem}-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
         infos = {i.key: TensorInfo(i.key, name, i.dtype, i.shape) for name, grp in zip(names, groups, strict=False) for i in grp}
         meta = dict(metadata) if metadata is not None else {"format": "pt"}
         index = None if n == 1 else {"metadata": {"total_size": sum(i.nbytes for i in infos.values())},
                                      "weight_map": {k: i.shard for k, i in infos.items()}}
         return cls(infos, {name: tuple(i.key for i in grp) for name, grp in zip(names, groups, strict=False)},
-                   dict.fromkeys(names, meta), index)
+                   dict.fromkeys(names, meta), index, stem)
 
 
 class LazyCheckpoint(Mapping[str, torch.Tensor]):
@@ -141,12 +164,14 @@ class LazyCheckpoint(Mapping[str, torch.Tensor]):
     lazily by the OS, released when the tensor is dropped; writing to it never reaches the file). ``ckpt.meta()``
     gives the same keys as meta tensors (shapes and dtypes, no data) for cheap checks. The mapping is read-only.
 
-    Layout: a single ``model.safetensors`` is used when present (as transformers does), else the index. Also accepts
-    the path of one ``.safetensors`` file.
+    Layout: a single ``model.safetensors`` is used when present (as transformers does), else the index; a directory
+    with neither is read under the next stem of :data:`WEIGHT_STEMS` (an absorbed checkpoint's
+    ``modeconn-absorbed.safetensors`` / its index). Also accepts the path of one ``.safetensors`` file.
 
     Attributes: ``path`` (the directory), ``infos`` (key → :class:`TensorInfo`, in index/header order), ``shards``
     (shard file name → its keys), ``index`` (the parsed index JSON, ``None`` for a single file), ``shard_metadata``
-    (shard → its safetensors ``__metadata__`` or ``None``).
+    (shard → its safetensors ``__metadata__`` or ``None``), ``stem`` (the weights' file-name stem found,
+    :data:`WEIGHT_STEMS`) and ``index_name``.
 
     Raises (on opening, before any tensor is read): CheckpointError naming the directory or file — no weights
     (pickle-only weights are refused), an invalid index (not JSON, no ``weight_map``, a shard name with a path in
@@ -155,13 +180,17 @@ class LazyCheckpoint(Mapping[str, torch.Tensor]):
     not list, a tensor in two shards, a dtype modeconn cannot read, a shard or the index that is a symlink leaving
     the checkpoint's tree (:func:`modeconn.io.check_in_checkpoint`; Hugging Face cache blobs are allowed).
     On access: KeyError for an unknown key,
-    CheckpointError naming the file and key if the shard changed or vanished since opening.
+    CheckpointError naming the file and key if the shard changed or vanished since opening; NonFiniteError naming the
+    file and key when a floating tensor (or the rows read of it) holds NaN/Inf — every read checks, before the tensor
+    is returned to anything that would compute with it.
     """
 
     def __init__(self, path: str | os.PathLike) -> None:
         # a setup in steps, each check in the same order as ever (the first problem found is the one reported):
         # locate the files, refuse symlinks out of the tree, read the index, read the shard headers, cross-check
         self.path, single = self._locate(Path(path))
+        self.stem = single.name.removesuffix(".safetensors")
+        self.index_name = weight_names(self.stem)[1]
         self.index: dict[str, Any] | None = None
         self._check_side_links(single)
         weight_map, shards = self._read_layout(single)
@@ -170,6 +199,7 @@ class LazyCheckpoint(Mapping[str, torch.Tensor]):
         self.shard_metadata: dict[str, dict[str, str] | None] = {}
         found = self._read_headers(shards)
         self.infos = found if weight_map is None else self._check_against_index(weight_map, found)
+        self._finite: set[str] = set()  # keys read whole and found finite (weight matching re-reads them every sweep)
 
     # ------------------------------------------------------------------ opening (steps of __init__)
     @staticmethod
@@ -178,13 +208,15 @@ class LazyCheckpoint(Mapping[str, torch.Tensor]):
         if path.is_file() and path.suffix == ".safetensors":
             return path.parent, path
         if path.is_dir():
-            return path, path / WEIGHTS_NAME
+            names = [weight_names(stem) for stem in WEIGHT_STEMS]
+            found = [single for single, index in names if (path / single).is_file() or (path / index).is_file()]
+            return path, path / (found[0] if found else WEIGHTS_NAME)
         raise CheckpointError(f"{path}: checkpoint directory not found")
 
     def _check_side_links(self, single: Path) -> None:
         """The single weights file and the index, where present: symlinked out of the checkpoint, refused before
         any read."""
-        for file in (single, self.path / INDEX_NAME):
+        for file in (single, self.path / self.index_name):
             if file.is_file():
                 check_in_checkpoint(file, self.path)
 
@@ -192,7 +224,7 @@ class LazyCheckpoint(Mapping[str, torch.Tensor]):
         """``(weight_map, shard names)``: ``(None, [single])`` for one file, else from the index (checked)."""
         if single.is_file():
             return None, [single.name]
-        if (self.path / INDEX_NAME).is_file():
+        if (self.path / self.index_name).is_file():
             weight_map = self._read_index()
             shards = list(dict.fromkeys(weight_map.values()))
             self._check_shard_names(shards)
@@ -202,18 +234,18 @@ class LazyCheckpoint(Mapping[str, torch.Tensor]):
 
     def _read_index(self) -> dict[str, str]:
         """Parse the index into ``self.index``; return its ``weight_map`` (tensor name → shard file name)."""
-        self.index = read_json_object(self.path / INDEX_NAME, "safetensors index")
+        self.index = read_json_object(self.path / self.index_name, "safetensors index")
         weight_map = self.index.get("weight_map")
         if not isinstance(weight_map, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()
         ):
-            raise CheckpointError(f"{self.path / INDEX_NAME}: 'weight_map' must map tensor names to shard file names")
+            raise CheckpointError(f"{self.path / self.index_name}: 'weight_map' must map tensor names to shard file names")
         return weight_map
 
     def _check_shard_names(self, shards: list[str]) -> None:
         bad = [s for s in shards if Path(s).name != s or not s.endswith(".safetensors")]
         if bad:
-            raise CheckpointError(f"{self.path / INDEX_NAME}: shard names must be plain *.safetensors file names "
+            raise CheckpointError(f"{self.path / self.index_name}: shard names must be plain *.safetensors file names "
                                   f"in the checkpoint directory, got {bad}")
 
     def _check_shards_present(self, weight_map: dict[str, str], shards: list[str]) -> None:
@@ -221,7 +253,7 @@ class LazyCheckpoint(Mapping[str, torch.Tensor]):
         if missing:
             listed = {s: [k for k, v in weight_map.items() if v == s] for s in missing}
             raise CheckpointError(
-                f"{self.path}: shard(s) listed in {INDEX_NAME} but missing on disk: "
+                f"{self.path}: shard(s) listed in {self.index_name} but missing on disk: "
                 + "; ".join(f"{s} ({len(ks)} tensors, e.g. {ks[0]!r})" for s, ks in listed.items())
             )
 
@@ -254,12 +286,12 @@ class LazyCheckpoint(Mapping[str, torch.Tensor]):
         if absent:
             k = absent[0]
             where = f"it is in {found[k].shard}" if k in found else "no shard listed in the index holds it"
-            raise CheckpointError(f"{self.path / INDEX_NAME}: {len(absent)} tensor(s) not in the shard the index "
+            raise CheckpointError(f"{self.path / self.index_name}: {len(absent)} tensor(s) not in the shard the index "
                                   f"names, e.g. {k!r} → {weight_map[k]} ({where})")
         unlisted = [k for k in found if k not in weight_map]
         if unlisted:
             raise CheckpointError(f"{self.path}: shard {found[unlisted[0]].shard} holds tensors {unlisted[:5]} that "
-                                  f"{INDEX_NAME} does not list (index and shards out of sync)")
+                                  f"{self.index_name} does not list (index and shards out of sync)")
         return {k: found[k] for k in weight_map}
 
     # ------------------------------------------------------------------ Mapping
@@ -275,7 +307,7 @@ class LazyCheckpoint(Mapping[str, torch.Tensor]):
         if t.dtype != info.dtype or tuple(t.shape) != info.shape:
             raise CheckpointError(f"{file}: tensor {key!r} is {t.dtype} {tuple(t.shape)} but the header read at opening "
                                   f"said {info.dtype} {info.shape} (file changed since?)")
-        return t
+        return self._checked(t, key)
 
     def read(self, key: str) -> torch.Tensor:
         """``self[key]`` read into memory with plain sequential reads (no memory map; what :class:`ReadAhead` loads
@@ -285,7 +317,7 @@ class LazyCheckpoint(Mapping[str, torch.Tensor]):
         info = self.infos[key]
         if sys.byteorder != "little":  # safetensors data is little-endian: let safetensors convert
             return self[key]
-        return self._read_span(info, 0, info.nbytes).view(info.dtype).reshape(info.shape)
+        return self._checked(self._read_span(info, 0, info.nbytes).view(info.dtype).reshape(info.shape), key)
 
     def read_rows(self, key: str, start: int, count: int) -> torch.Tensor:
         """Rows ``start … start + count − 1`` of ``self[key]`` along its first axis (contiguous in the file), read
@@ -298,7 +330,17 @@ class LazyCheckpoint(Mapping[str, torch.Tensor]):
         if sys.byteorder != "little":
             return self[key][start:start + count].clone()
         row = info.nbytes // info.shape[0] if info.shape[0] else 0
-        return self._read_span(info, start * row, count * row).view(info.dtype).reshape(count, *info.shape[1:])
+        t = self._read_span(info, start * row, count * row).view(info.dtype).reshape(count, *info.shape[1:])
+        return self._checked(t, key, f" (rows {start}:{start + count})")
+
+    def _checked(self, t: torch.Tensor, key: str, rows: str = "") -> torch.Tensor:
+        """``t`` (tensor ``key``, or its ``rows``) once checked finite (:func:`modeconn.checks.check_finite_stored`:
+        NonFiniteError naming the file and tensor); a whole tensor found finite is not scanned again."""
+        if key not in self._finite:
+            check_finite_stored(t, self.path / self.infos[key].shard, key, rows)
+            if not rows:
+                self._finite.add(key)
+        return t
 
     def _read_span(self, info: TensorInfo, offset: int, nbytes: int) -> torch.Tensor:
         """``nbytes`` bytes of tensor ``info`` from byte ``offset`` of its data, as a uint8 tensor (plain reads)."""
@@ -321,6 +363,12 @@ class LazyCheckpoint(Mapping[str, torch.Tensor]):
             raise CheckpointError(f"{file}: reading tensor {info.key!r} failed (file changed, truncated or removed "
                                   f"since the checkpoint was opened?): {err}") from None
         return buf
+
+    def check_finite(self) -> None:
+        """Read every tensor once, one at a time (:meth:`read`): NonFiniteError naming the file and the first tensor
+        with NaN/Inf. For weights that another library (transformers' ``from_pretrained``) will load."""
+        for key in self.infos:
+            self.read(key)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.infos)
@@ -353,7 +401,7 @@ class LazyCheckpoint(Mapping[str, torch.Tensor]):
     @property
     def layout(self) -> ShardLayout:
         """The checkpoint's :class:`ShardLayout` (to write new tensors the same way, :func:`write_like`)."""
-        return ShardLayout(self.infos, self.shards, self.shard_metadata, self.index)
+        return ShardLayout(self.infos, self.shards, self.shard_metadata, self.index, self.stem)
 
     @property
     def sharded(self) -> bool:
@@ -476,7 +524,7 @@ def write_like(
     sources = [*inputs, like.path] if isinstance(like, LazyCheckpoint) else list(inputs)
     like = like.layout if isinstance(like, LazyCheckpoint) else like
     files = dict(files or {})
-    reserved = {INDEX_NAME, *like.shards}
+    reserved = {like.index_name, *like.shards}
     clash = [n for n in files if n in reserved or Path(n).name != n]
     if clash:
         raise CheckpointError(f"{out}: extra files {clash} would overwrite weights or are not plain file names")
@@ -513,7 +561,7 @@ def write_like(
             future.result()
         if like.index is not None:
             index = {**like.index, "weight_map": {k: i.shard for k, i in like.infos.items()}}
-            _fsync_write(tmp / INDEX_NAME, (json.dumps(index, indent=2) + "\n").encode())
+            _fsync_write(tmp / like.index_name, (json.dumps(index, indent=2) + "\n").encode())
         for name, payload in payloads.items():
             if isinstance(payload, bytes):
                 _fsync_write(tmp / name, payload)

@@ -50,12 +50,13 @@ from ._util.device import is_cpu, resolve_device
 from .checks import all_finite, check_compatible, check_finite
 from .errors import CheckpointError, ConfigError, UnsupportedOperationError
 from .io import CONFIG_NAME, PICKLE_SUFFIXES, _check_target, _json_dumps, check_dtype_kinds, check_in_checkpoint, read_json_object
-from .io_stream import READ_AHEAD, INDEX_NAME, LazyCheckpoint, ReadAhead, ShardLayout, write_like, write_order
+from .io_stream import READ_AHEAD, INDEX_SUFFIX, LazyCheckpoint, ReadAhead, ShardLayout, write_like, write_order
 from .match.result import Alignment
 from .match.weight import DEFAULTS, weight_matching
 from .path.interpolate import merge_weights, plan_settings, weighted_average
-from .path.merge_rules import MERGE_RULES, RuleSettings, check_rule_settings, rule_weights
+from .path.merge_rules import MERGE_RULES, RuleSettings, applied_weights, check_filters, check_rule_settings, rule_weights
 from .symmetry import Element, SymmetrySpec
+from .vocabulary import check_vocabularies
 
 PathLike = str | os.PathLike
 Checkpoint = PathLike | LazyCheckpoint
@@ -84,32 +85,31 @@ def is_hf_checkpoint(path: PathLike) -> bool:
 
 
 def hf_config(path: PathLike):
-    """The ``transformers`` config of a Hugging Face checkpoint directory (read locally; never runs remote code).
-    Raises CheckpointError (no/invalid config.json), ConfigError (no ``model_type``, or one transformers does not
-    know — the file is named)."""
+    """The ``transformers`` config of a Hugging Face checkpoint directory (read locally; never runs remote code: a
+    ``model_type`` transformers does not implement is refused before transformers reads the file, and it is read with
+    ``trust_remote_code=False``). For an absorbed checkpoint, the config of its original model type with the
+    ``modeconn_absorbed`` record (:func:`~modeconn.symmetry.absorb.read_absorbed_config`).
+    Raises CheckpointError (no/invalid config.json), ConfigError (no ``model_type``, one transformers does not
+    implement — with ``auto_map``, named as custom code never run —, a malformed absorbed record: the file and the
+    field are named)."""
+    from .symmetry.absorb import is_absorbed_config, read_absorbed_config
+    from .symmetry.hf.config_check import check_model_type, config_value_errors, validate_hf_config
+
     path = Path(path)
     raw = read_json_object(path / CONFIG_NAME, "config file")
+    if is_absorbed_config(raw):
+        return read_absorbed_config(raw, path / CONFIG_NAME)
     if not isinstance(raw.get("model_type"), str):
         raise ConfigError(f"{path / CONFIG_NAME}: no 'model_type'; not a Hugging Face checkpoint directory")
-    from .symmetry.hf.config_check import validate_hf_config
-
+    check_model_type(raw, path / CONFIG_NAME)  # before transformers, which would offer to run auto_map's code
     validate_hf_config(raw, path / CONFIG_NAME)  # sizes: positive ints, divisible, bounded (before transformers)
     import transformers
 
     try:
-        return transformers.AutoConfig.from_pretrained(str(path), local_files_only=True)
-    except (ValueError, KeyError, OSError, TypeError, _strict_error()) as err:
+        return transformers.AutoConfig.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
+    except (OSError, *config_value_errors()) as err:
         raise ConfigError(f"{path / CONFIG_NAME}: transformers cannot read this config "
                           f"(model_type {raw['model_type']!r}): {err}") from None
-
-
-def _strict_error() -> type[Exception]:
-    """huggingface_hub's config-field validation error (raised by transformers ≥ 5 for a field of the wrong type)."""
-    try:
-        from huggingface_hub.errors import StrictDataclassError
-    except ImportError:  # older huggingface_hub
-        return ValueError
-    return StrictDataclassError
 
 
 def check_same_hf_configs(paths: Sequence[PathLike]) -> list:
@@ -130,9 +130,11 @@ def hf_checkpoint_spec(path: PathLike, groups: str | Mapping[str, str | None] = 
                        config=None, checkpoint: LazyCheckpoint | None = None):
     """The symmetry spec of a Hugging Face checkpoint directory, without reading its weights.
 
-    Builds the model class named by ``config.architectures`` (else the causal-LM, else the base auto class) on the
-    meta device (for an absorbed checkpoint, ``config.modeconn_absorbed``, with its norms and added biases replayed, so
-    ``groups`` may bind the orthogonal residual group), takes its :func:`~modeconn.symmetry.hf.hf_symmetry_spec`
+    Builds the model class named by ``config.architectures`` (one of transformers' own classes for the model type;
+    else the causal-LM, else the base auto class) on the meta device (for an absorbed checkpoint, format
+    :data:`~modeconn.symmetry.absorb.ABSORBED_FORMAT` read by :func:`~modeconn.symmetry.absorb.read_absorbed_config`,
+    with its norms and added biases replayed, so ``groups`` may bind the orthogonal residual group), takes its
+    :func:`~modeconn.symmetry.hf.hf_symmetry_spec`
     with ``groups`` and renames the tensors to the names stored in the checkpoint (transformers' save-time
     conversion, pure renamings only). The spec is
     checked against the checkpoint's safetensors headers (keys and shapes; a tied alias may be absent). Tensors the
@@ -145,13 +147,14 @@ def hf_checkpoint_spec(path: PathLike, groups: str | Mapping[str, str | None] = 
         groups: as for :func:`~modeconn.symmetry.hf.hf_symmetry_spec` (default: permutations).
         config: the transformers config if already read; ``checkpoint``: the lazy checkpoint if already opened.
     Returns: an :class:`~modeconn.symmetry.hf.HFSymmetrySpec` keyed by checkpoint tensor names.
-    Raises: CheckpointError (config/weights missing, corrupt, a shard missing), ConfigError (config unreadable or
-        malformed, e.g. a layer count the checkpoint's tensors cannot hold: the field is named),
+    Raises: CheckpointError (config/weights missing, corrupt, a shard missing; weights not named as the config's kind
+        stores them: :func:`~modeconn.symmetry.absorb.check_absorbed_weights`), ConfigError (config unreadable or
+        malformed, e.g. a layer count the checkpoint's tensors cannot hold, a malformed absorption record: the field is
+        named),
         UnsupportedOperationError (no adapter for the model type; a checkpoint format that is converted, not
         renamed, on load), SpecError / StateDictMismatchError (the checkpoint does not match the config's model).
     """
-    from .symmetry.absorb import ABSORBED_KEY
-    from .symmetry.absorb_stream import absorbed_meta_model
+    from .symmetry.absorb import ABSORBED_KEY, check_absorbed_weights, rebuild_absorbed
     from .symmetry.hf import hf_symmetry_spec
     from .symmetry.hf.config_check import build_meta_model, check_fits_checkpoint
 
@@ -159,9 +162,10 @@ def hf_checkpoint_spec(path: PathLike, groups: str | Mapping[str, str | None] = 
     config = config if config is not None else hf_config(path)
     ckpt = checkpoint if checkpoint is not None else LazyCheckpoint(path)
     check_fits_checkpoint(config, path / CONFIG_NAME, len(ckpt))  # before building (minutes for a huge layer count)
-    note = getattr(config, ABSORBED_KEY, None)
-    if note:  # an absorbed checkpoint (stream_absorb / save_absorbed): the module swaps replayed, model names stored
-        model = absorbed_meta_model(config, note)
+    absorbed = getattr(config, ABSORBED_KEY, None) is not None
+    check_absorbed_weights(ckpt, absorbed, path / CONFIG_NAME)
+    if absorbed:  # an absorbed checkpoint (stream_absorb / save_absorbed): the module swaps replayed, model names stored
+        model = rebuild_absorbed(config, path / CONFIG_NAME)
         names = {k: k for k in model.state_dict()}
     else:
         model = build_meta_model(config, path / CONFIG_NAME)
@@ -315,7 +319,8 @@ def stream_merge(spec: SymmetrySpec | None, srcs: Sequence[Checkpoint], out: Pat
     Raises: ConfigError (fewer than two models, bad weights or rule settings, elements not one per model, a device
         that is not available — named),
         StateDictMismatchError (keys/shapes differ), SpecError, CheckpointError; NonFiniteError naming the model and
-        tensor with NaN/Inf (or an fp16 overflow of the average) — nothing is written then.
+        tensor with NaN/Inf, or the rule and tensor where the rule makes NaN/Inf from finite inputs or overflows the
+        output dtype — raised here, not on the writer thread, and nothing is written then.
     """
     ckpts = [_lazy(s) for s in srcs]
     if len(ckpts) < 2:
@@ -328,7 +333,7 @@ def stream_merge(spec: SymmetrySpec | None, srcs: Sequence[Checkpoint], out: Pat
         raise ConfigError(f"elements must have one entry (or None) per checkpoint: {len(elements)} for {len(ckpts)}")
     _check_inputs(spec, ckpts, elements)
     metas = [c.meta() for c in ckpts]
-    keys = [k for k, t in metas[0].items() if t.is_floating_point() or t.is_complex()]
+    keys = _merged_keys(metas[0])
     settings = plan_settings(merge_rule, metas, weights, settings, keys, dtype=dtype)
     names = [str(c.path) for c in ckpts]
     caches: list[dict] = [{} for _ in ckpts]
@@ -344,6 +349,11 @@ def stream_merge(spec: SymmetrySpec | None, srcs: Sequence[Checkpoint], out: Pat
     with _reader(spec, ckpts, write_order(layout)) as reader:
         return write_like(out, layout, produce, files=with_config(ckpts[0].path, files, out_dtype),
                           overwrite=overwrite, progress=tick, inputs=[c.path for c in ckpts], command="merge")
+
+
+def _merged_keys(meta: Mapping[str, torch.Tensor]) -> list[str]:
+    """The tensors a merge rule combines: the floating (and complex) ones; the rest are the first model's."""
+    return [k for k, t in meta.items() if t.is_floating_point() or t.is_complex()]
 
 
 PROPAGATING_RULES = frozenset({"linear"})
@@ -380,7 +390,7 @@ def _layout_in(layout: ShardLayout, dtype: torch.dtype | None) -> ShardLayout:
     if index is not None:
         meta = {**index.get("metadata", {}), "total_size": sum(i.nbytes for i in infos.values())}
         index = {**index, "metadata": meta}
-    return ShardLayout(infos, layout.shards, layout.shard_metadata, index)
+    return dataclasses.replace(layout, infos=infos, index=index)  # shard and index names kept (an absorbed stem too)
 
 
 def with_config(src: PathLike, files: Mapping[str, Any] | None, dtype: torch.dtype | None = None) -> dict[str, Any]:
@@ -409,7 +419,7 @@ def side_files(path: PathLike) -> dict[str, Path]:
     path = Path(path)
     files = {p.name: p for p in sorted(path.iterdir())
              if p.is_file() and not p.name.startswith(".") and p.suffix.lower() not in WEIGHT_SUFFIXES
-             and p.name != INDEX_NAME and p.name not in RECORDS}
+             and not p.name.endswith(INDEX_SUFFIX) and p.name not in RECORDS}
     for p in files.values():
         check_in_checkpoint(p, path)
     return files
@@ -431,43 +441,6 @@ def _open_pair(paths: Sequence[PathLike], out: PathLike, overwrite: bool,
     spec = None if groups is None else hf_checkpoint_spec(paths[0], groups, config=configs[0], checkpoint=ckpts[0])
     _check_inputs(spec, ckpts, [])
     return spec, ckpts
-
-
-def _vocab_sizes(path: Path) -> tuple[int | None, int | None]:
-    """``(config vocab_size, tokenizer.json vocabulary size)`` of a checkpoint directory (``None`` where absent or not
-    readable as such: the tokenizer file is not validated here)."""
-    cfg = read_json_object(path / CONFIG_NAME, "config file")
-    text = cfg.get("text_config")
-    size = cfg.get("vocab_size", text.get("vocab_size") if isinstance(text, dict) else None)
-    return (size if isinstance(size, int) else None), _tokenizer_size(path / "tokenizer.json")
-
-
-def _tokenizer_size(file: Path) -> int | None:
-    """1 + the largest token id of a ``tokenizers`` file (model vocabulary and added tokens), None if unreadable."""
-    try:
-        data = read_json_object(file, "tokenizer file") if file.is_file() else None
-    except CheckpointError:
-        return None
-    model = data.get("model") if data is not None else None
-    vocab = model.get("vocab") if isinstance(model, dict) else None
-    if not isinstance(vocab, (dict, list)):
-        return None
-    ids = list(vocab.values()) if isinstance(vocab, dict) else list(range(len(vocab)))
-    added = data.get("added_tokens")
-    ids += [t.get("id") for t in added if isinstance(t, dict)] if isinstance(added, list) else []
-    return max((i for i in ids if isinstance(i, int)), default=-1) + 1
-
-
-def check_vocabularies(paths: Sequence[PathLike]) -> None:
-    """ConfigError naming every model's size when the checkpoints' vocabularies differ (config ``vocab_size``, or
-    the tokenizer.json vocabularies where every model has one): merged embeddings need one token numbering."""
-    sizes = {str(p): _vocab_sizes(Path(p)) for p in paths}
-    for i, what in ((0, "vocab_size (config.json)"), (1, "tokenizer vocabulary (tokenizer.json)")):
-        values = {p: v[i] for p, v in sizes.items()}
-        if None not in values.values() and len(set(values.values())) > 1:
-            raise ConfigError(f"the models have different vocabularies, {what}: "
-                              + ", ".join(f"{p}: {n} tokens" for p, n in values.items())
-                              + "; merging needs one tokenizer (align the vocabularies first)")
 
 
 def resolve_checkpoint_path(path: PathLike) -> Path:
@@ -495,16 +468,22 @@ def model_names(paths: Sequence[PathLike]) -> list[str]:
     """Names of checkpoint directories for records and model cards, never machine paths: ``ORG/NAME@REVISION`` for
     a Hugging Face cache snapshot, else the directory's name (with its parent's where two names would collide)."""
     def name(p: Path, depth: int) -> str:
-        parts = p.resolve().parts
-        for i, part in enumerate(parts[:-2]):
-            if part.startswith("models--") and parts[i + 1] == "snapshots":
-                return part.removeprefix("models--").replace("--", "/") + "@" + parts[i + 2]
-        return "/".join(parts[-depth:])
+        return hub_id(p) or "/".join(p.resolve().parts[-depth:])
 
     names = [name(Path(p), 1) for p in paths]
     if len(set(names)) < len(names):
         names = [name(Path(p), 2) for p in paths]
     return names
+
+
+def hub_id(path: PathLike) -> str | None:
+    """``ORG/NAME@REVISION`` for a directory inside a Hugging Face hub cache snapshot
+    (``…/models--ORG--NAME/snapshots/REVISION``), else None."""
+    parts = Path(path).resolve().parts
+    for i, part in enumerate(parts[:-2]):
+        if part.startswith("models--") and parts[i + 1] == "snapshots":
+            return part.removeprefix("models--").replace("--", "/") + "@" + parts[i + 2]
+    return None
 
 
 def align_hf_checkpoints(a: PathLike, b: PathLike, out: PathLike, *, seed: int = 0,
@@ -523,7 +502,8 @@ def align_hf_checkpoints(a: PathLike, b: PathLike, out: PathLike, *, seed: int =
     spec, (ca, cb) = _open_pair([a, b], out, overwrite)
     res = weight_matching(spec, ca, cb, restarts=restarts, max_iter=max_iter, seed=seed, chunk=chunk,
                           progress=progress, device=device)
-    record = {**res.to_json(), "aligned_to": str(a), "source": str(b)}
+    record = {**res.to_json(), "aligned_to": model_names([a])[0], "source": model_names([b])[0],
+              "settings": {"restarts": restarts, "max_iter": max_iter, "seed": seed}}
     stream_apply(spec, cb, res.element, out, files={**side_files(b), "alignment.json": record},
                  overwrite=overwrite, progress=progress)
     return res
@@ -544,14 +524,17 @@ def merge_hf_checkpoints(paths: Sequence[PathLike], out: PathLike, *, weights: S
 
     ``out`` also gets the side files (config.json, tokenizer files …) of the base model (``settings.base``) or else
     the first, ``files`` (e.g. a model card; or a function of the record returning them) and ``merge.json``: the
-    inputs' names (:func:`model_names`, never machine paths), weights as used, rule, parameters, base, alignment
-    objectives and stats. ``paths`` may be Hugging Face
+    inputs' names (:func:`model_names`, never machine paths), weights as applied (``None`` where the rule uses
+    none: the base of a task-vector rule, every model of a rule without weights), rule, parameters, base, the seed of
+    a randomised rule, the alignment's settings (groups, restarts, max_iter, seed) and its objectives and stats.
+    ``paths`` may be Hugging Face
     cache entries (:func:`resolve_checkpoint_path`). ``weights``/``normalize``/``rule``/``settings``/``dtype``/
     ``out_dtype`` as in :func:`stream_merge`; a rule weighting task vectors (``non_base``) takes the weights as given
     (default 1 each); ``seed`` also seeds a randomised rule unless ``settings.seed`` is set; ``device``: where the
     score products and the merge arithmetic run (checked before any work). Returns the record.
-    Raises: ConfigError (align not weight/none, fewer than two models, bad weights or rule settings, different
-    vocabularies — the sizes named) and as :func:`align_hf_checkpoints`.
+    Raises: ConfigError (align not weight/none, fewer than two models, bad weights or rule settings, a parameter
+    filter that selects no tensor, different vocabularies — the first differing token named) and as
+    :func:`align_hf_checkpoints`; NonFiniteError (nothing written) when the rule makes NaN/Inf from finite inputs.
     """
     if align not in ("weight", "none"):
         raise ConfigError(f"Hugging Face checkpoints are aligned by streaming weight matching: align must be "
@@ -567,11 +550,15 @@ def merge_hf_checkpoints(paths: Sequence[PathLike], out: PathLike, *, weights: S
     check_rule_settings(merge_rule, settings, len(paths), weights_given=weights is not None)
     device = resolve_device(device, "device")
     spec, ckpts = _open_pair(paths, out, overwrite, None if align == "none" else groups)
+    check_filters(settings, _merged_keys(ckpts[0].meta()))  # a filter that selects nothing: before the alignment
     names = model_names(paths)
     elements, alignments = _align_to_first(spec, ckpts, names, align, dict(seed=seed, restarts=restarts,
                                                                           max_iter=max_iter, chunk=chunk,
                                                                           device=device), progress)
-    record = {"merged_from": names, "weights": w, "rule": rule, "source": merge_rule.source, "align": align,
+    record = {"merged_from": names, "weights": applied_weights(merge_rule, w, settings.base), "rule": rule,
+              "source": merge_rule.source, "align": align,
+              "align_settings": {"groups": groups, "restarts": restarts, "max_iter": max_iter, "seed": seed}
+              if align == "weight" else None,
               "base": None if settings.base is None else names[settings.base], "params": dict(settings.params),
               "model_params": [dict(p) for p in settings.model_params], "seed": settings.seed if merge_rule.random else None,
               "dtype": _dtype_name(dtype), "out_dtype": _dtype_name(out_dtype), "alignments": alignments,
@@ -631,6 +618,7 @@ def align_hf_full_group(a: PathLike, b: PathLike, out: PathLike, *, seed: int = 
     not apply to (the reason named), and as :func:`align_hf_checkpoints`; every check runs before the matching.
     """
     from ._util.outdir import output_directory
+    from .io_stream import ABSORBED_STEM
     from .symmetry.absorb_stream import AbsorbedView
     from .symmetry.hf import hf_symmetry_spec
 
@@ -640,7 +628,7 @@ def align_hf_full_group(a: PathLike, b: PathLike, out: PathLike, *, seed: int = 
     spec = hf_symmetry_spec(va.model, FULL_GROUPS)
     res = weight_matching(spec, va, vb, restarts=restarts, max_iter=max_iter, seed=seed, chunk=chunk,
                           progress=progress, device=device)
-    layout = ShardLayout.plan(va.shapes, max_shard_bytes)
+    layout = ShardLayout.plan(va.shapes, max_shard_bytes, stem=ABSORBED_STEM)
     cache: dict = {}
     with output_directory(out, inputs=[a, b], overwrite=overwrite, command="align") as tmp:
         write_like(tmp / "a", layout, va.__getitem__, files={**_side(a), CONFIG_NAME: va.absorbed_config()},

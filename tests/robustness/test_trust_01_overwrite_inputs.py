@@ -179,7 +179,7 @@ def test_negative_control_without_the_guard_inputs_are_deleted(runs, monkeypatch
     root, a, b = runs
     before = tree(root)
     monkeypatch.setattr(outdir_mod, "check_not_an_input", lambda out, inputs, **kw: None)
-    monkeypatch.setattr(outdir_mod, "is_modeconn_output", lambda path: True)
+    monkeypatch.setattr(outdir_mod, "unowned_entry", lambda path: None)
     run_cli(*_commands(a, b, root)["merge"])
     with pytest.raises(AssertionError, match="inputs lost"):
         inputs_intact(before, root)

@@ -143,6 +143,8 @@ def test_hugging_face_cache_snapshots_and_links_inside_the_checkpoint_are_allowe
     tok = tmp_path / "b-with-tokenizer"
     shutil.copytree(b, tok)
     (tok / "tokenizer.json").write_text('{"model": "bpe"}')
+    a = shutil.copytree(a, tmp_path / "a-with-tokenizer")  # one tokenizer for both (vocabularies are compared)
+    shutil.copyfile(tok / "tokenizer.json", a / "tokenizer.json")
     snap_a = hf_cache_layout(a, tmp_path / "hub" / "models--x--a")
     snap_b = hf_cache_layout(tok, tmp_path / "hub" / "models--x--b")
     assert all(p.is_symlink() for p in snap_b.iterdir())
@@ -165,6 +167,8 @@ def test_negative_control_without_the_check_the_private_file_is_copied(pair, sec
         monkeypatch.setattr(mod, "check_in_checkpoint", resolve_only)
     a, b = pair
     bad = linked_copy(b, tmp_path / "b", "tokenizer.json", secret)
+    a = shutil.copytree(a, tmp_path / "a-with-tokenizer")
+    (a / "tokenizer.json").write_text(SECRET)  # the same bytes as B's: the vocabulary check passes
     with pytest.raises(pytest.fail.Exception, match="DID NOT RAISE"):
         assert_symlink_refused(lambda: side_files(bad), bad / "tokenizer.json", secret)
     align_hf_checkpoints(a, bad, tmp_path / "o", restarts=1, max_iter=1)

@@ -11,9 +11,17 @@ from torch import nn
 @contextmanager
 def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
     """``model`` in eval mode inside the block; every submodule's ``training`` flag restored after it."""
+    with train_mode(model, training=False):
+        yield model
+
+
+@contextmanager
+def train_mode(model: nn.Module, training: bool = True) -> Iterator[nn.Module]:
+    """``model`` in train mode (``training=False``: eval mode) inside the block; every submodule's ``training`` flag
+    restored after it."""
     flags = {m: m.training for m in model.modules()}
     try:
-        model.eval()
+        model.train(training)
         yield model
     finally:
         for m, flag in flags.items():

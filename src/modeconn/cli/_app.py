@@ -42,8 +42,9 @@ def _main(version: bool = typer.Option(False, "--version", callback=_show_versio
 DATA_HELP = ("data directory (default: $MODECONN_DATA, which defaults to shared/data beside the checkout or "
              "../shared/data from the working directory; then standard places; see README 'Data')")
 DOWNLOAD_HELP = "download MNIST / Fashion-MNIST (SHA-256 verified) if not found on disk; other datasets are never downloaded"
-RESTARTS_HELP = ("Hugging Face directories: the most weight-matching runs (default 1; more runs start from kicks of the "
+RESTARTS_HELP = ("weight matching (every checkpoint kind): the most runs (default 1; more runs start from kicks of the "
                  "best element and stop once one does not beat the best)")
+MAX_ITER_HELP = "weight matching (every checkpoint kind): the most sweeps per run (default 100)"
 DEVICE_HELP = ("where weight matching's score products and the merge arithmetic run: cpu, cuda, cuda:1, mps … "
                "(default: the CPU, as before; an unavailable device is an error before any work)")
 OVERWRITE_HELP = "replace a non-empty --out, if modeconn wrote it (inputs and other folders are never replaced)"

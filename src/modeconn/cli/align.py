@@ -6,8 +6,8 @@ from pathlib import Path
 
 import typer
 
-from ._app import (DATA_HELP, DEVICE_HELP, DOWNLOAD_HELP, OVERWRITE_HELP, RESTARTS_HELP, app, console, errors_exit, log,
-                   progress_bar)
+from ._app import (DATA_HELP, DEVICE_HELP, DOWNLOAD_HELP, MAX_ITER_HELP, OVERWRITE_HELP, RESTARTS_HELP, app, console,
+                   errors_exit, log, progress_bar)
 from ._print import show
 
 
@@ -29,23 +29,31 @@ def align(
     dataset: str | None = typer.Option(None, help="dataset for activation/learned matching (default: A's)"),
     data: Path | None = typer.Option(None, help=DATA_HELP),
     download: bool = typer.Option(False, help=DOWNLOAD_HELP),
-    limit_train: int | None = typer.Option(None, min=1),
-    seed: int = typer.Option(0),
-    steps: int = typer.Option(200, min=1, help="language models (dual / one-sided): Adam steps of learned matching"),
-    lr: float = typer.Option(0.01, help="language models (dual / one-sided): Adam learning rate of the transforms"),
-    lambda_schedule: str = typer.Option("uniform", help="language models: λ per step: uniform, narrow or fixed"),
-    lambda_value: float = typer.Option(0.5, help="language models: centre λ₀ ∈ [0, 1] of the narrow / fixed schedule"),
-    parameterization: str = typer.Option("cayley", help="language models: cayley, matrix_exp or unconstrained"),
-    batch_size: int = typer.Option(16, min=1, help="language models: training blocks per learned-matching step"),
+    limit_train: int | None = typer.Option(None, min=1, help="methods that read data: the first N training examples"),
+    seed: int | None = typer.Option(None, help="seed of the methods with random choices (weight, learned, dual, "
+                                    "one-sided; default 0); activation matching has none"),
+    steps: int | None = typer.Option(None, min=1, help="learned matching (learned, dual, one-sided): Adam steps "
+                                     "(default 200; learned on vision models 300)"),
+    lr: float | None = typer.Option(None, help="learned matching: Adam learning rate (default 0.01; learned on "
+                                    "vision models 0.001)"),
+    lambda_schedule: str | None = typer.Option(None, help="learned matching: λ per step: uniform (default), narrow "
+                                               "or fixed"),
+    lambda_value: float | None = typer.Option(None, help="learned matching: centre λ₀ ∈ [0, 1] of the narrow / fixed "
+                                              "schedule (default 0.5)"),
+    parameterization: str | None = typer.Option(None, help="language models (dual / one-sided): cayley (default), "
+                                                "matrix_exp or unconstrained"),
+    batch_size: int | None = typer.Option(None, min=1, help="language models (dual / one-sided): training blocks per "
+                                          "learned-matching step (default 16)"),
     restarts: int | None = typer.Option(None, min=1, help=RESTARTS_HELP),
-    max_iter: int | None = typer.Option(None, min=1, help="Hugging Face directories: sweeps per run (default 100)"),
+    max_iter: int | None = typer.Option(None, min=1, help=MAX_ITER_HELP),
     groups: str = typer.Option("permutation", help="Hugging Face directories: permutation (the permutation groups; "
                                "B's layout) or full (both absorbed tensor by tensor, orthogonal residual, head "
                                "permutations with per-head orthogonal QK/OV, FFN permutations; writes a/ and b/)"),
     overwrite: bool = typer.Option(False, help=OVERWRITE_HELP),
     device: str | None = typer.Option(None, help=DEVICE_HELP),
-    shard: bool = typer.Option(False, help="language models under torchrun: shard endpoints, transforms and Adam "
-                               "state over the processes (FSDP2 / DTensor) instead of a whole copy per process"),
+    shard: bool = typer.Option(False, help="language models (dual / one-sided) under torchrun: shard endpoints, "
+                               "transforms and Adam state over the processes (FSDP2 / DTensor) instead of a whole copy "
+                               "per process"),
 ) -> None:
     """Align B to A and write the aligned B as a checkpoint directory.
 
@@ -69,10 +77,12 @@ def align(
     processes (--batch-size ≥ N; NCCL on cuda:LOCAL_RANK where CUDA is available, else gloo); rank 0 alone writes
     --out and prints. --shard also splits the endpoints' tensors, the transforms and Adam's state over the processes
     (each holds about 1/N; docs/results/dual-memory/report.md has the memory model).
+
+    Every option given is used by the chosen method on the checkpoints' kind, or refused naming it and why.
     """
     from ..recipes.align import AlignOptions, align as run_align
 
-    opts = AlignOptions(method=method, dataset=dataset, data=data, limit_train=limit_train, seed=seed,
+    opts = AlignOptions(method=method, dataset=dataset, data=data, download=download, limit_train=limit_train, seed=seed,
                                 steps=steps, lr=lr, lambda_schedule=lambda_schedule, lambda_value=lambda_value,
                                 parameterization=parameterization, batch_size=batch_size, restarts=restarts,
                                 max_iter=max_iter, groups=groups, overwrite=overwrite, device=device, shard=shard)

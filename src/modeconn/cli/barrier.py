@@ -29,7 +29,8 @@ def barrier(
     eval_limit: int | None = typer.Option(None, min=1, help="evaluate on the first N examples of each split (recorded "
                                           "in report.md, results.json and the figure)"),
     limit_train: int | None = typer.Option(None, min=1, help="use only the first N training examples"),
-    seed: int = typer.Option(0),
+    seed: int = typer.Option(0, help="seed of the alignment methods with random choices and of the batches that "
+                             "re-estimate BatchNorm statistics / REPAIR"),
     out: Path | None = typer.Option(None, help="output directory (default runs/barrier-<time>)"),
     overwrite: bool = typer.Option(False, help=OVERWRITE_HELP),
 ) -> None:
@@ -43,7 +44,7 @@ def barrier(
     from ..experiments.compare import check_methods
     from ..experiments.output import default_out
     from ..path.batchnorm import check_bn_policy
-    from ..recipes.pair import load_pair_and_data
+    from ..recipes.pair import check_pair_options, load_pair_and_data
 
     out = out or default_out("barrier")
     with errors_exit(download):
@@ -51,6 +52,7 @@ def barrier(
         check_methods(method)
         check_bn_policy(bn)
         ma, mb, _, bundle = load_pair_and_data(a, b, "barrier", dataset, data, limit_train)
+        check_pair_options(ma, bundle, bn=bn, seed=seed, methods=method)  # --bn / --seed that would do nothing
         with progress_bar() as progress:
             comparison = run_barrier(out, ma, mb, bundle, method, bn=bn, lambdas=lambdas, eval_limit=eval_limit,
                                      seed=seed, overwrite=overwrite, names=(str(a), str(b)), inputs=[a, b],

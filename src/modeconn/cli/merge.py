@@ -6,7 +6,8 @@ from pathlib import Path
 
 import typer
 
-from ._app import DATA_HELP, DEVICE_HELP, OVERWRITE_HELP, RESTARTS_HELP, app, console, errors_exit, log, progress_bar
+from ._app import (DATA_HELP, DEVICE_HELP, MAX_ITER_HELP, OVERWRITE_HELP, RESTARTS_HELP, app, console, errors_exit, log,
+                   progress_bar)
 from ._print import show
 
 
@@ -40,9 +41,10 @@ def merge(
     dataset: str | None = typer.Option(None, help="dataset for BN reset / REPAIR / activation matching (default: the first model's)"),
     data: Path | None = typer.Option(None, help=DATA_HELP),
     limit_train: int | None = typer.Option(None, min=1),
-    seed: int = typer.Option(0, help="seed of weight matching's restarts and of randomised rules (DARE, DELLA)"),
+    seed: int | None = typer.Option(None, help="seed of weight matching's restarts and of randomised rules (DARE, "
+                                    "DELLA); default 0, or the recipe's (--config)"),
     restarts: int | None = typer.Option(None, min=1, help=RESTARTS_HELP),
-    max_iter: int | None = typer.Option(None, min=1, help="Hugging Face directories: sweeps per run (default 100)"),
+    max_iter: int | None = typer.Option(None, min=1, help=MAX_ITER_HELP),
     overwrite: bool = typer.Option(False, help=OVERWRITE_HELP),
     device: str | None = typer.Option(None, help=DEVICE_HELP),
 ) -> None:

@@ -21,7 +21,9 @@ def sweep(
 ) -> None:
     """Run a grid of runs (seeds × widths × methods …) and aggregate the results into one table.
 
-    Every run's parameters are validated before the first run starts (a typo names the key). Each run
+    The whole grid is checked before the first run starts: a typo names the key, a value that is not a finite
+    number names the key and value, every grid point's data and model are checked (without training), and two grid
+    points that are the same run (seed = [0, 0]) are refused. Each run
     writes runs/<run-id>/result.json atomically; rerunning with the same --out skips finished runs.
     Writes results.json, results.csv and report.md (every run, and mean ± std with n over the grid's seed axis;
     the barrier task's seed s trains the independent pair of init seeds 2s, 2s + 1) and prints the table over

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 
+from .._util.digest import sha256_file as _sha256_file
 from ..errors import DataError
 
 #: (dataset, IDX file stem) -> SHA-256 of the decompressed file content.
@@ -33,14 +34,10 @@ KNOWN_SHA256: dict[tuple[str, str], str] = {
 
 def sha256_file(path: str | os.PathLike, chunk_size: int = 1 << 20) -> str:
     """Hex SHA-256 of the bytes of ``path`` as stored (no decompression). Raises DataError if unreadable."""
-    h = hashlib.sha256()
     try:
-        with open(path, "rb") as fh:
-            while chunk := fh.read(chunk_size):
-                h.update(chunk)
+        return _sha256_file(path, chunk_size=chunk_size)
     except OSError as exc:
         raise DataError(f"cannot read {path} to checksum it: {exc}") from exc
-    return h.hexdigest()
 
 
 def _mismatch(what: str, expected: str, actual: str, hint: str) -> DataError:

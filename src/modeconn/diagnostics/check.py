@@ -5,6 +5,13 @@ The relationship of two models, per-space identifiability and per-layer symmetry
 ``barrier_mean`` values by the stated predictor of :mod:`~modeconn.diagnostics.predictor` (docs/methods.md §1,
 "Prediction"). The relationship and the recommended method come from ordered rule tables
 (:data:`RELATIONSHIPS`, :data:`RECOMMENDATIONS`): the first entry whose test holds wins.
+
+Undefined numbers never become a verdict. A diagnostic whose formula has no value — no symmetry space at all (a linear
+probe), every unit of a model constant on the data, an all-zero weight tensor, a zero denominator, a NaN/Inf — is
+``None`` with the reason recorded (``features["undefined"]``, a layer's ``undefined``), a prediction from it is
+:func:`~modeconn.diagnostics.predictor.not_applicable`, and where the verdict rests on one the verdict is "not
+applicable": ``prediction["go"]`` None, ``prediction["not_applicable"]`` the reason, relationship "undetermined" and
+recommendation "not applicable" (measure the barrier instead).
 """
 
 from __future__ import annotations
@@ -18,11 +25,12 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..checks import check_finite
 from ..data import DatasetBundle, make_loader
 from ..errors import ConfigError
 from ..nn_utils import model_device
-from .pair import collect, space_statistics, weight_cosines
-from .predictor import GO_THRESHOLD, LogLinear
+from .pair import SPACE_STATISTICS, collect, space_statistics, weight_cosines
+from .predictor import GO_THRESHOLD, LogLinear, not_applicable
 from .structure import model_identifiability
 
 FINE_TUNE_COSINE = 0.8
@@ -32,6 +40,12 @@ IDENTIFIED_RATIO = 0.9
 PERMUTATION_SHARE = 0.5
 """Below this ``q̄(optimal permutation) / q̄(optimal orthogonal map)`` permutations explain too little of the
 correlation the best orthogonal map finds: the pair needs a continuous group."""
+NO_SPACES = ("the model has no symmetry space (no units that can be permuted): the mean unit correlation the "
+             "predictor reads is not defined, and there is nothing to align")
+NO_LAYERS = ("model A has no Linear / Conv2d layer whose outputs form a permutation space: no symmetry to break, "
+             "the twin predictor's relative swap cost is not defined")
+UNDETERMINED = "undetermined"
+NOT_APPLICABLE = "not applicable"
 
 
 @dataclass(frozen=True)
@@ -86,29 +100,78 @@ class CheckResult:
                 "prediction": self.prediction, "recommendation": self.recommendation, "seconds": self.seconds}
 
 
-def _mean(values) -> float:
-    vals = [float(v) for v in values if v is not None and np.isfinite(v)]
-    return float(np.mean(vals)) if vals else float("nan")
+def _mean(items: Mapping[str, tuple[float | None, str | None]], what: str, none: str) -> tuple[float | None, str | None]:
+    """``(mean, None)`` of ``items`` (name → (value, why it is undefined)), or ``(None, why)``: no items (``none``),
+    an undefined or non-finite item (named: ``what`` and the name). A value None without a reason is not part of
+    the mean (a statistic that does not apply there, e.g. ``q_weight`` of a non-permutation space)."""
+    if not items:
+        return None, none
+    vals = []
+    for name, (v, why) in items.items():
+        if why is not None or (v is not None and not np.isfinite(v)):
+            return None, f"{what} {name!r}: {why or f'the value is {v}'}"
+        if v is not None:
+            vals.append(float(v))
+    return (float(np.mean(vals)), None) if vals else (None, f"no {what} has a value")
 
 
 def pair_features(spaces: Mapping[str, Mapping[str, Any]], cosines: Mapping[str, Mapping[str, Any]],
-                  corr: Mapping[str, torch.Tensor]) -> dict[str, float]:
+                  corr: Mapping[str, torch.Tensor]) -> dict[str, Any]:
     """Space means of the per-space statistics, layer means of the weight cosines, and the permutation share
     ``q̄(optimal permutation) / q̄(orthogonal)`` with ``q(orthogonal) = ‖corr‖_* / n`` (nuclear norm: the best
-    orthogonal map's mean correlation, ≥ the best permutation's)."""
-    q_orth = _mean(float(torch.linalg.matrix_norm(c.double(), ord="nuc")) / c.shape[0] for c in corr.values())
-    f = {key: _mean(s[key] for s in spaces.values()) for key in ("identity_ratio", "q_identity", "q_weight", "q_optimal", "cka")}
-    f["q_orthogonal"] = q_orth
-    f["permutation_share"] = f["q_optimal"] / q_orth if q_orth > 0 else 1.0
-    f["weight_cosine_identity"] = _mean(c["identity"] for c in cosines.values())
-    f["weight_cosine_matched"] = _mean(c["weight_matched"] for c in cosines.values())
+    orthogonal map's mean correlation, ≥ the best permutation's).
+
+    A feature is None where it is undefined — no space (:data:`NO_SPACES`), a space or tensor where its statistic is
+    (their ``undefined``), no weight tensor, ``q̄(orthogonal) = 0`` — and ``features["undefined"]`` maps it to why."""
+    f: dict[str, Any] = {}
+    why: dict[str, str] = {}
+
+    def put(name: str, value_why: tuple[float | None, str | None]) -> None:
+        f[name] = value_why[0]
+        if value_why[1] is not None:
+            why[name] = value_why[1]
+
+    def per_space(key: str) -> dict[str, tuple[float | None, str | None]]:
+        return {s: (v[key], v.get("undefined", {}).get(key)) for s, v in spaces.items()}
+
+    for key in SPACE_STATISTICS:
+        put(key, _mean(per_space(key), "space", NO_SPACES))
+    nuclear = {s: (float(torch.linalg.matrix_norm(c.double(), ord="nuc")) / c.shape[0], per_space("q_optimal")[s][1])
+               for s, c in corr.items()}
+    put("q_orthogonal", _mean(nuclear, "space", NO_SPACES))
+    q_opt, q_orth = f["q_optimal"], f["q_orthogonal"]
+    put("permutation_share", (q_opt / q_orth, None) if q_opt is not None and q_orth is not None and q_orth > 0 else
+        (None, why.get("q_orthogonal") or why.get("q_optimal") or "q̄(orthogonal) is 0: the share is 0/0"))
+    no_tensor = "no weight tensor with ≥ 2 dimensions is bound to a space"
+    for name, key in (("weight_cosine_identity", "identity"), ("weight_cosine_matched", "weight_matched")):
+        put(name, _mean({k: (c[key], c.get("undefined")) for k, c in cosines.items()}, "tensor", no_tensor))
+    f["undefined"] = why
     return f
 
 
-def twin_feature(layers: Mapping[str, Mapping[str, Any]]) -> float:
-    """``min`` over layers of ``relative_swap_cost`` (0 for a network without broken symmetry)."""
-    vals = [v["relative_swap_cost"] for v in layers.values() if np.isfinite(v["relative_swap_cost"])]
-    return float(min(vals)) if vals else 0.0
+def twin_undefined(layers: Mapping[str, Mapping[str, Any]]) -> str | None:
+    """Why the twin feature (:func:`twin_feature`) is undefined: no candidate layer, or a layer whose relative swap
+    cost is undefined (named); None when it is defined."""
+    if not layers:
+        return NO_LAYERS
+    bad = next(((n, v) for n, v in layers.items() if v.get("undefined") or v["relative_swap_cost"] is None), None)
+    return None if bad is None else f"layer {bad[0]!r}: {bad[1].get('undefined') or 'no relative swap cost'}"
+
+
+def twin_feature(layers: Mapping[str, Mapping[str, Any]]) -> float | None:
+    """``min`` over layers of ``relative_swap_cost`` (0 for a network whose symmetry is unbroken); None where
+    :func:`twin_undefined` gives a reason."""
+    if twin_undefined(layers) is not None:
+        return None
+    return float(min(v["relative_swap_cost"] for v in layers.values()))
+
+
+def undefined_reason(undefined: Mapping[str, str]) -> str | None:
+    """One sentence for a map feature → why it is undefined (features sharing a reason grouped); None if empty."""
+    by_reason: dict[str, list[str]] = {}
+    for name, why in undefined.items():
+        by_reason.setdefault(why, []).append(name)
+    return "; ".join(f"{why} (undefined: {', '.join(names)})" for why, names in by_reason.items()) or None
 
 
 def first(rules, features: Mapping[str, Any]) -> Rule:
@@ -128,6 +191,9 @@ def _check_inputs(model_a: nn.Module, model_b: nn.Module | None, data: Any, max_
         bad = [k for k in sa if k not in sb or sb[k].shape != sa[k].shape] + [k for k in sb if k not in sa]
         if bad:
             raise ConfigError(f"model A and model B differ at {bad[:5]} (keys or shapes): check needs one architecture")
+    for m, name in ((model_a, "model A"), (model_b, "model B")):
+        if m is not None:  # NaN/Inf weights would make every diagnostic NaN: the input's fault, named
+            check_finite(m.state_dict(), name)
 
 
 def _endpoint(model: nn.Module, loader) -> dict[str, float]:
@@ -137,14 +203,28 @@ def _endpoint(model: nn.Module, loader) -> dict[str, float]:
     return {"test_loss": float(r["loss"]), "test_acc": float(r["acc"])}
 
 
-def _predict(pair: Mapping[str, float] | None, layers, calibration: Mapping[str, LogLinear]) -> dict:
-    out: dict[str, Any] = {"threshold": GO_THRESHOLD, "twin": calibration["twin"].predict(twin_feature(layers)),
-                           "twin_feature": twin_feature(layers), "calibration": {k: v.to_json() for k, v in calibration.items()}}
+def _line(model: LogLinear, x: float | None, why: str | None) -> dict[str, Any]:
+    """``model``'s prediction at ``x``, or :func:`not_applicable` for an undefined ``x`` (``why``)."""
+    if x is None or why is not None:
+        return not_applicable(why or f"{model.feature} is undefined")
+    return model.predict(x)
+
+
+def _predict(pair: Mapping[str, Any] | None, layers, calibration: Mapping[str, LogLinear]) -> dict:
+    """The predictions, ``go`` and ``not_applicable`` (the reason the verdict's own prediction — the pair's when
+    there is one, else the twin's — does not exist, or None)."""
+    twin = twin_feature(layers)
+    out: dict[str, Any] = {"threshold": GO_THRESHOLD, "twin": _line(calibration["twin"], twin, twin_undefined(layers)),
+                           "twin_feature": twin, "calibration": {k: v.to_json() for k, v in calibration.items()}}
     if pair is not None:
         model = calibration["pair"]
         for name, key in (("unaligned", "q_identity"), ("weight_matched", "q_weight"),
                           ("activation_matched", "q_optimal")):
-            out[name] = model.predict(1.0 - pair[key])
+            q = pair[key]
+            out[name] = _line(model, None if q is None else 1.0 - q, pair["undefined"].get(key))
+    why = undefined_reason(pair["undefined"]) if pair is not None else out["twin"].get("not_applicable")
+    out["not_applicable"] = why
+    out["go"] = None if why else out["unaligned" if pair is not None else "twin"]["barrier_mean"] < GO_THRESHOLD
     return out
 
 
@@ -167,12 +247,15 @@ def check(model_a: nn.Module, model_b: nn.Module | None = None, *, data: Dataset
             there; ``None``: the models' own device). ConfigError naming ``device`` if it is not available.
     Returns:
         :class:`CheckResult`: ``prediction["unaligned" | "weight_matched" | "activation_matched" | "twin"]`` each
-        ``{"barrier_mean", "low", "high"}`` (test loss, nats), ``prediction["go"]`` (unaligned, or the twin's, below
-        :data:`~modeconn.diagnostics.predictor.GO_THRESHOLD`), ``recommendation`` (method, advice) and the
-        diagnostics behind them.
+        ``{"barrier_mean", "low", "high"}`` (test loss, nats; ``low ≤ barrier_mean ≤ high``) or, where its diagnostic
+        is undefined, those None and ``not_applicable`` the reason; ``prediction["go"]`` (unaligned, or the twin's,
+        below :data:`~modeconn.diagnostics.predictor.GO_THRESHOLD`) — None, with ``prediction["not_applicable"]``
+        the reason, when any feature of the pair (of A alone: the twin feature) is undefined (module docstring);
+        ``recommendation`` (method, advice) and the diagnostics behind them.
     Raises:
         ConfigError: not modules, ``data`` not a DatasetBundle, models of different keys or shapes, a bad
             ``max_batches`` — before any forward pass.
+        NonFiniteError: a parameter or buffer with NaN/Inf entries (model and tensor named), before any forward pass.
     """
     from ..symmetry import symmetry_spec
     from ..match import weight_matching
@@ -193,16 +276,15 @@ def check(model_a: nn.Module, model_b: nn.Module | None = None, *, data: Dataset
     if model_b is not None:
         sa, sb = model_a.state_dict(), model_b.state_dict()
         wm = weight_matching(spec, sa, sb)
-        corr, samples, _ = collect(spec, model_a, model_b, train, max_batches, seed)
-        spaces = space_statistics(spec, corr, samples, wm.element)
+        corr, samples, _, constant = collect(spec, model_a, model_b, train, max_batches, seed)
+        spaces = space_statistics(spec, corr, samples, wm.element, constant)
         cosines = weight_cosines(spec, sa, sb, wm.apply(sb))
         features = pair_features(spaces, cosines, corr)
-        rel = first(RELATIONSHIPS, features)
+        why = undefined_reason(features["undefined"])
+        rel = first(RELATIONSHIPS, features) if why is None else Rule(UNDETERMINED, bool, f"{NOT_APPLICABLE}: {why}")
         pair = {"spaces": spaces, "weights": cosines, "features": features,
                 "relationship": {"name": rel.name, "advice": rel.advice}}
     prediction = _predict(features, layers, calibration)
-    key = "unaligned" if model_b is not None else "twin"
-    prediction["go"] = prediction[key]["barrier_mean"] < GO_THRESHOLD
     rec = _recommend(prediction, pair)
     return CheckResult(data.name, endpoints, layers, prediction, rec, pair, time.perf_counter() - start)
 
@@ -220,7 +302,11 @@ def _on_device(model_a: nn.Module, model_b: nn.Module | None, device) -> tuple[n
 
 
 def _recommend(prediction: Mapping[str, Any], pair: Mapping[str, Any]) -> dict[str, str]:
-    """The first :data:`RECOMMENDATIONS` rule for a pair; for a twin of A alone "none" or weight matching."""
+    """The first :data:`RECOMMENDATIONS` rule for a pair; for a twin of A alone "none" or weight matching; "not
+    applicable" (measure instead) when the verdict is."""
+    if prediction["not_applicable"]:
+        return {"method": NOT_APPLICABLE, "advice": "no barrier can be predicted for these models; measure it instead "
+                "(modeconn barrier A B)"}
     if pair:
         f: dict[str, Any] = {k: prediction[k]["barrier_mean"] for k in ("unaligned", "weight_matched", "activation_matched")}
         f["relationship"] = pair["relationship"]["name"]

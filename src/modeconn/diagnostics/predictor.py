@@ -17,6 +17,7 @@ activation matching's permutation.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
@@ -48,12 +49,22 @@ class LogLinear:
     n: int
 
     def predict(self, x: float) -> dict[str, float]:
-        """``{"barrier_mean", "low", "high"}`` in nats for diagnostic value ``x``."""
+        """``{"barrier_mean", "low", "high"}`` in nats for diagnostic value ``x`` (``low ≤ barrier_mean ≤ high``).
+        Raises ConfigError for an ``x`` that is not a finite number: an undefined diagnostic has no prediction
+        (:func:`not_applicable`)."""
+        if isinstance(x, bool) or not isinstance(x, numbers.Real) or not math.isfinite(x):
+            raise ConfigError(f"{self.feature} = {x!r}: a prediction needs a finite value of the diagnostic")
         mid = self.intercept + self.slope * math.log(max(float(x), X_FLOOR))
         return {"barrier_mean": math.exp(mid), "low": math.exp(mid + self.lo), "high": math.exp(mid + self.hi)}
 
     def to_json(self) -> dict:
         return asdict(self)
+
+
+def not_applicable(reason: str) -> dict[str, float | str | None]:
+    """The prediction of an undefined diagnostic: ``barrier_mean``, ``low`` and ``high`` None, ``not_applicable``
+    the reason (never a NaN standing in for a number)."""
+    return {"barrier_mean": None, "low": None, "high": None, "not_applicable": reason}
 
 
 def fit_loglinear(feature: str, x: Sequence[float], barrier: Sequence[float]) -> LogLinear:

@@ -15,10 +15,15 @@ For every Linear / Conv2d layer (``groups = 1``) whose output axis is a permutat
   (dimensionless; exactly 0 for a standard layer, where every neuron realises every feature at the same cost);
 * the separation of the projected fixed centers ``b_i = Uᵀ f_i`` (:func:`~modeconn.identifiability.center_separation`)
   where ``F ≠ 0``.
+
+A diagnostic that does not exist for a layer is ``None``, with ``undefined`` saying why: inputs constant on the data
+(no subspace), a median self cost of 0 (every neuron realises its own feature for free: ``relative_swap_cost`` is
+0/0), a single neuron (no swap).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -96,14 +101,27 @@ def _fixed(mod: nn.Module) -> tuple[torch.Tensor, torch.Tensor, bool]:
     return torch.zeros_like(w), torch.ones_like(w), False
 
 
+_DIAGNOSTICS = ("k", "k_used", "coherence", "self_cost_median", "swap_cost_median", "swap_positive_fraction",
+                "relative_swap_cost", "identity_optimal", "relative_margin", "center_nn_ratio", "center_mean_ratio")
+
+
+def _finite(x: float) -> float | None:
+    return float(x) if math.isfinite(x) else None
+
+
 def layer_identifiability(mod: nn.Module, x: torch.Tensor, seed: int = 0) -> dict[str, Any]:
-    """Realization-cost diagnostics of one layer on its inputs ``x`` ``(rows, fan_in)`` (module docstring)."""
+    """Realization-cost diagnostics of one layer on its inputs ``x`` ``(rows, fan_in)`` (module docstring);
+    ``undefined``: None, or why ``relative_swap_cost`` (and what else is None) does not exist for this layer."""
+    m = int(mod.weight.shape[0])
+    f, d, asymmetric = _fixed(mod)
+    if not bool((x != x[:1]).any()):  # all rows equal: zero variance, no input subspace
+        return {"fan_in": int(x.shape[1]), "neurons": m, "neurons_used": 0, "asymmetric": asymmetric,
+                **dict.fromkeys(_DIAGNOSTICS), "undefined": "the layer's inputs are constant on the data (zero "
+                "variance: no input subspace, no realization costs)"}
     basis, _ = estimate_subspace(x, explained_variance=EXPLAINED)   # one SVD; principal directions in order
     k_est = int(basis.shape[1])
     U = basis[:, :K_MAX].contiguous()
-    f, d, asymmetric = _fixed(mod)
     w_eff = f + d * mod.weight.detach().double().flatten(1)
-    m = w_eff.shape[0]
     sub = torch.sort(torch.randperm(m, generator=torch.Generator().manual_seed(seed))[:NEURONS]).values
     C = realization_cost(U, f[sub], d[sub], w_eff[sub] @ U)
     delta = swap_costs(C)
@@ -114,16 +132,23 @@ def layer_identifiability(mod: nn.Module, x: torch.Tensor, seed: int = 0) -> dic
     am = assignment_margin(C)
     has_f = asymmetric and bool(f.abs().max() > 0)
     sep = center_separation(U, f[sub]) if has_f else None
+    undefined = None
+    if not len(off):
+        undefined = "a single neuron: no swap"
+    elif not scale > 0:
+        undefined = (f"the median finite self cost is {scale:.3g}, not > 0: the relative swap cost is 0/0 (the "
+                     "neurons realise their own features for free)")
     return {
         "fan_in": int(x.shape[1]), "neurons": m, "neurons_used": len(sub), "asymmetric": asymmetric,
         "k": k_est, "k_used": int(U.shape[1]), "coherence": subspace_coherence(U),
-        "self_cost_median": scale, "swap_cost_median": float(off.median()) if len(off) else float("nan"),
-        "swap_positive_fraction": float((off > 0).double().mean()) if len(off) else float("nan"),
-        "relative_swap_cost": float(off.median()) / scale if len(off) and scale > 0 else 0.0,
+        "self_cost_median": _finite(scale), "swap_cost_median": float(off.median()) if len(off) else None,
+        "swap_positive_fraction": float((off > 0).double().mean()) if len(off) else None,
+        "relative_swap_cost": None if undefined else float(off.median()) / scale,
         "identity_optimal": bool(torch.equal(am.perm, torch.arange(len(sub)))),
         "relative_margin": am.margin / (len(sub) * scale) if scale > 0 and am.margin != float("inf") else None,
-        "center_nn_ratio": None if sep is None else sep["nn_mean_ratio"],
-        "center_mean_ratio": None if sep is None else sep["mean_ratio"],
+        "center_nn_ratio": None if sep is None else _finite(sep["nn_mean_ratio"]),
+        "center_mean_ratio": None if sep is None else _finite(sep["mean_ratio"]),
+        "undefined": undefined,
     }
 
 

@@ -28,6 +28,7 @@ import numpy as np
 
 from ..data import load_dataset, subspace_mixture
 from ..diagnostics.check import check
+from ..errors import ConfigError
 from ..diagnostics.predictor import GO_THRESHOLD, fit_loglinear
 from ..train import TrainConfig, fit
 from .identifiability import ADAMW, pair_metrics, train_pair
@@ -145,12 +146,17 @@ FAMILIES = {f.name: f for f in (
 
 
 def measure_pair(family: str, label: str, pair: int, a, b, bundle, lambdas: int) -> dict[str, Any]:
-    """Measured barriers (path evaluated) and ``check``'s diagnostics (path not evaluated) of one pair."""
+    """Measured barriers (path evaluated) and ``check``'s diagnostics (path not evaluated) of one pair; ConfigError
+    naming the pair when a diagnostic is undefined (its verdict "not applicable": nothing to fit)."""
     t0 = time.perf_counter()
     measured = pair_metrics(a, b, bundle, lambdas)
     t1 = time.perf_counter()
     res = check(a, b, data=bundle)
     t2 = time.perf_counter()
+    why = res.prediction["not_applicable"] or res.prediction["twin"].get("not_applicable")
+    if why:
+        raise ConfigError(f"{family} {label}, pair {pair}: check's diagnostics are undefined, so the pair cannot "
+                          f"calibrate the predictor: {why}")
     f = res.pair["features"]
     loss = float(np.mean([e["test_loss"] for e in res.endpoints]))
     return {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -86,18 +87,20 @@ def _jsonable(stats: dict) -> dict:
 
 def align(method: str, spec: SymmetrySpec, model: nn.Module, sd_a: StateDict, sd_b: StateDict,
           bundle: DatasetBundle, *, seed: int = 0, batch_size: int = 256, learned_steps: int = 300,
-          device: str | None = None) -> Alignment | None:
+          device: str | None = None, overrides: Mapping[str, Any] | None = None) -> Alignment | None:
     """Run one alignment method of :data:`METHODS` through its registry entry (``naive`` returns None).
 
     Methods that read activations get the training split in order (batches of ``batch_size``); methods that learn
     get it shuffled with ``seed`` (batches of 128) and ``learned_steps`` steps; ``seed`` goes to every method whose
     config has one; ``device`` (score products there) to a method whose config has that field — ConfigError naming
-    ``--device`` for any other method."""
+    ``--device`` for any other method. ``overrides``: further fields of the method's config class (a ``seed`` there
+    replaces ``seed``, data order included; ConfigError naming an unknown field)."""
     if method == "naive":
         return None
     entry = ALIGNMENT_METHODS.get(method)
     fields = entry.config.model_fields
-    options = {k: v for k, v in (("seed", seed), ("steps", learned_steps)) if k in fields}
+    options = {k: v for k, v in (("seed", seed), ("steps", learned_steps)) if k in fields} | dict(overrides or {})
+    seed = options.get("seed", seed)
     if device is not None:
         if "device" not in fields:
             raise ConfigError(f"--device applies to weight matching; --method {method} runs on the models' device")

@@ -383,7 +383,8 @@ def check_same_lm_configs(configs: list[dict], paths: list[Path]) -> None:
 def align_lm_checkpoints(ma: nn.Module, mb: nn.Module, bundle, out: Path, *, method: str, steps: int, lr: float,
                          lambda_schedule: str, lambda_value: float, parameterization: str, batch_size: int,
                          seed: int, overwrite: bool, progress=None, log: Log = print,
-                         device: str | torch.device = "cpu", shard: bool = False) -> dict[str, Any]:
+                         device: str | torch.device = "cpu", shard: bool = False, restarts: int | None = None,
+                         max_iter: int | None = None) -> dict[str, Any]:
     """Absorb both models, bind :data:`GROUPS`, weight-match, learn the transforms (``method``: ``"dual"`` or
     ``"learned"`` = one-sided) on the training split, and write ``out/a`` and ``out/b`` (the transformed,
     absorbed endpoints, :func:`~modeconn.symmetry.save_absorbed`), ``transforms.safetensors`` (``a.<space>``
@@ -396,7 +397,9 @@ def align_lm_checkpoints(ma: nn.Module, mb: nn.Module, bundle, out: Path, *, met
     data-parallel (each rank its share of every batch of ``batch_size`` blocks, see
     :func:`~modeconn.match.dual_matching`); only rank 0 checks and writes ``out`` and calls ``log``, and every rank
     returns the record once the files are in place. ``shard``: sharded storage over the processes
-    (:mod:`modeconn.match.sharded`). Raises what :func:`~modeconn.match.dual_matching` raises, and
+    (:mod:`modeconn.match.sharded`). ``restarts`` / ``max_iter``: of the weight matching that gives the discrete parts
+    and the start (None: :class:`~modeconn.match.WeightMatchingConfig`'s defaults). Raises what
+    :func:`~modeconn.match.dual_matching` raises, and
     ConfigError for a non-empty ``out`` without ``overwrite`` (rank 0, before any work)."""
     import json
     from contextlib import nullcontext
@@ -414,7 +417,8 @@ def align_lm_checkpoints(ma: nn.Module, mb: nn.Module, bundle, out: Path, *, met
         abs_a, abs_b = absorb_normalization(ma), absorb_normalization(mb)
         sa, sb = abs_a.state_dict(), abs_b.state_dict()
         spec = hf_symmetry_spec(abs_a, groups=GROUPS)
-        wm = weight_matching(spec, sa, sb, seed=seed)
+        wm_options = {k: v for k, v in (("restarts", restarts), ("max_iter", max_iter)) if v is not None}
+        wm = weight_matching(spec, sa, sb, seed=seed, **wm_options)
         log(f"weight matching: objective {wm.objective:.4f} ({len(spec.spaces)} spaces)")
         loader = make_loader(bundle.train, batch_size, shuffle=True, seed=seed)
         fn = dual_matching if method == "dual" else one_sided_matching
@@ -426,7 +430,8 @@ def align_lm_checkpoints(ma: nn.Module, mb: nn.Module, bundle, out: Path, *, met
         record = {"method": method, "one_sided": method != "dual", "groups": GROUPS, "spaces": list(spec.spaces),
                   "options": {"steps": steps, "lr": lr, "lambda_schedule": lambda_schedule,
                               "lambda_value": lambda_value, "parameterization": parameterization,
-                              "batch_size": batch_size, "seed": seed, "shard": shard},
+                              "batch_size": batch_size, "seed": seed, "shard": shard, "device": str(device),
+                              **wm_options},
                   "world_size": res.stats["world_size"], "wm_objective": wm.objective, "objective": res.objective,
                   "first_loss": float(res.history[0][0]) if res.history and res.history[0] else None,
                   "max_logit_change_after_reload": checks, "seconds": time.perf_counter() - t0,

@@ -24,12 +24,14 @@ ALIGN_CHOICES = ("weight", "activation", "none")
 def run_merge(paths: Sequence[Path], out: Path, *, weights: Sequence[float] | None = None, align_method: str = "weight",
               bn: str = "reset", dataset: str | None = None, data: Path | None = None, limit_train: int | None = None,
               seed: int = 0, overwrite: bool = False, normalize: bool = True, rule: str = "linear",
-              settings=None, log: Callable[[str], None] = print, device: str | None = None):
+              settings=None, log: Callable[[str], None] = print, device: str | None = None,
+              restarts: int | None = None, max_iter: int | None = None):
     """Merge checkpoint directories; returns (output path, test metrics or {}).
 
     ``weights``/``normalize``/``rule``/``settings`` as in :func:`modeconn.merge` (validated before any checkpoint is
-    read; the config records the weights used, rule and inputs); ``device``: where weight matching's score products
-    run (the averaging of these in-memory models stays on the CPU). Raises
+    read; the config records the weights used, rule and inputs); ``device``, ``restarts``, ``max_iter``: of weight
+    matching (None: :class:`~modeconn.match.WeightMatchingConfig`'s defaults; ``device`` is where its score products
+    run, the averaging of these in-memory models stays on the CPU). Raises
     NonFiniteError — and writes nothing to ``out`` — when the merged model has
     invalid BatchNorm statistics or a NaN/Inf logit or loss on the test split."""
     check_output_target(out, inputs=paths, overwrite=overwrite, error=CheckpointError)
@@ -49,13 +51,14 @@ def run_merge(paths: Sequence[Path], out: Path, *, weights: Sequence[float] | No
     x0 = bundle.train.tensors[0][:2] if bundle is not None else example_input(configs[0])
     spec = symmetry_spec(models[0], x0)
     sds = [models[0].state_dict()]
+    wm_options = {k: v for k, v in (("restarts", restarts), ("max_iter", max_iter)) if v is not None}
     for p, m in zip(paths[1:], models[1:], strict=False):
         if align_method == "none":
             sds.append(m.state_dict())
             continue
         log(f"aligning {p} to {paths[0]} ({align_method} matching)")
         if align_method == "weight":
-            res = weight_matching(spec, sds[0], m.state_dict(), seed=seed, device=device)
+            res = weight_matching(spec, sds[0], m.state_dict(), seed=seed, device=device, **wm_options)
         else:
             res = activation_matching(spec, models[0], m, make_loader(bundle.train, 512))
         sds.append(res.apply(m.state_dict()))
@@ -69,9 +72,18 @@ def run_merge(paths: Sequence[Path], out: Path, *, weights: Sequence[float] | No
     check_bn_statistics(result, "merged model")
     metrics = ({"test": evaluate_model(result, make_loader(bundle.test, 512), where="merged model, split 'test'")}
                if bundle is not None else {})
-    extra = {"merged_from": [str(p) for p in paths], "weights": weights, "rule": rule, "align": align_method, "bn": bn}
+    from ..path.merge_rules import MERGE_RULES, applied_weights
+    from ..stream import model_names
+
+    merge_rule = MERGE_RULES.get(rule)
+    extra = {"merged_from": model_names(paths), "rule": rule, "align": align_method, "bn": bn,
+             "weights": applied_weights(merge_rule, weights, settings.base if settings is not None else None)}
     if settings is not None:
         extra.update(base=settings.base, params=dict(settings.params))
+        if merge_rule.random:
+            extra["seed"] = settings.seed
+    if align_method == "weight":  # what a re-run of the alignment needs
+        extra["align_settings"] = {"seed": seed, **wm_options, **({"device": str(device)} if device else {})}
     if name:
         extra["dataset"] = name
     path = save_checkpoint(out, result, config=extra, metrics=metrics or None, overwrite=overwrite,

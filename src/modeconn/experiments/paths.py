@@ -37,7 +37,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from .._util.outdir import MARKER, is_modeconn_output, output_directory
+from .._util.outdir import MARKER, is_modeconn_output, output_directory, read_marker
 from ..data import DatasetBundle, make_loader
 from ..errors import ConfigError
 from ..registry import Registry
@@ -326,9 +326,10 @@ class SearchWorkDir:
         work = work_dir_for(out)
         if not os.path.lexists(work):
             return None
-        if work.is_symlink() or not is_modeconn_output(work):
+        record = None if work.is_symlink() else read_marker(work)  # a symlinked marker is never followed
+        if record is None:
             raise ConfigError(f"{work} exists but was not written by modeconn (no {MARKER}); remove it yourself")
-        return json.loads((work / MARKER).read_text())
+        return record
 
     @classmethod
     def open(cls, out: FsPath, method: str, *, resume: bool, overwrite: bool) -> SearchWorkDir:

@@ -98,14 +98,15 @@ def load_minilm(root: Path, layers: int | None = None) -> nn.Module:
     from transformers import AutoConfig, AutoModel
     from transformers.utils import logging as hf_logging
 
-    total = AutoConfig.from_pretrained(str(root), local_files_only=True).num_hidden_layers
+    total = AutoConfig.from_pretrained(str(root), local_files_only=True, trust_remote_code=False).num_hidden_layers
     if layers is not None and not 1 <= layers <= total:
         raise ConfigError(f"MiniLM has {total} layers; layers={layers} is out of range")
     verbosity, bar = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()  # cutting layers leaves checkpoint tensors unused: expected, not a warning
     hf_logging.disable_progress_bar()
     try:
-        return AutoModel.from_pretrained(str(root), local_files_only=True, num_hidden_layers=layers or total).eval()
+        return AutoModel.from_pretrained(str(root), local_files_only=True, trust_remote_code=False,
+                                         num_hidden_layers=layers or total).eval()
     finally:
         hf_logging.set_verbosity(verbosity)
         if bar:

@@ -13,8 +13,11 @@ A sweep config (TOML or JSON) names a *task* and gives its parameters: ``base`` 
     width = [32, 128]
     method = ["naive", "weight"]
 
-Every run's parameters are validated against the task's typed parameter model *before any run starts*:
-a typo names the key (and the valid keys), a bad value names the run. Each run writes
+The whole grid is validated *before any run starts*: a typo names the key (and the valid keys); a value that is not
+a finite number names the key and the value; a bad value names the run, whether the task's typed parameter model
+refuses it or the task's own check (:attr:`SweepTask.check`: the data located, the model built on the meta device —
+what a run would refuse, found without training); two grid points that are the same run (``seed = [0, 0]``, or
+``width = [8, 8.0]``) are refused, since they would count one run twice in the statistics over seeds. Each run writes
 ``runs/<run-id>/result.json`` atomically, ``run-id`` being a digest of its parameters, so a killed sweep
 resumes without recomputing finished runs. Results are aggregated into ``results.json``, ``results.csv``
 and ``report.md``: one row per run, and — over the grid's ``seed`` axis — mean ± sample std and n of every
@@ -36,6 +39,7 @@ import hashlib
 import io
 import itertools
 import json
+import math
 import time
 import tomllib
 from collections.abc import Callable, Mapping
@@ -67,6 +71,10 @@ class SweepTask:
     version: int = 1
     """Bumped when the meaning of the parameters changes; part of the run id, so finished runs of an older
     version are never reused for a newer one."""
+    check: Callable[[Any], None] | None = None
+    """Everything a run would refuse that the parameter model cannot see (data present, architecture buildable on
+    that data), checked without training; raises ConfigError / DataError. Called for every grid point before any
+    run starts."""
 
 
 TASKS: Registry[SweepTask] = Registry("sweep task")
@@ -93,10 +101,17 @@ class BarrierTask(StrictConfig):
 
 def _model_kwargs(p: BarrierTask) -> dict[str, Any]:
     if p.model == "mlp":
+        if p.width != int(p.width):
+            raise ConfigError(f"width {p.width}: the mlp's width is a whole number of units")
         return {"width": int(p.width), "depth": p.depth}
     if p.model == "resnet20":
         return {"width": p.width}
     return {}
+
+
+def _training(p: BarrierTask) -> dict[str, Any]:
+    """The training settings of a pair (:class:`~modeconn.train.TrainConfig` fields but the seed)."""
+    return {"epochs": p.epochs, "lr": p.lr, "batch_size": p.batch_size}
 
 
 def pair_seeds(seed: int) -> tuple[int, int]:
@@ -114,9 +129,37 @@ def _trained_pair(training: str) -> tuple[Any, tuple[nn.Module, nn.Module]]:
 
     p = BarrierTask(**json.loads(training))
     bundle = load_dataset(p.dataset, limit_train=p.limit_train)
-    a, b = train_models(p.model, bundle, pair_seeds(p.seed), dict(epochs=p.epochs, lr=p.lr, batch_size=p.batch_size),
+    a, b = train_models(p.model, bundle, pair_seeds(p.seed), _training(p),
                         **_model_kwargs(p))
     return bundle, (a, b)
+
+
+@functools.lru_cache(maxsize=8)
+def _data_shape(dataset: str) -> tuple[tuple[int, ...], int]:
+    """``(input shape, classes)`` of ``dataset``, read from its files (ConfigError / DataError as a run would)."""
+    from ..data import load_dataset
+
+    bundle = load_dataset(dataset, limit_train=1)
+    return tuple(bundle.input_shape), bundle.num_classes
+
+
+def check_barrier_task(p: BarrierTask) -> None:
+    """What a ``barrier`` run would refuse, without training: the dataset (its files read), the training settings of
+    both seeds, and the architecture built on the meta device and run on one batch of the data's shape."""
+    import torch
+
+    from ..models import build_model
+    from ..train import TrainConfig
+
+    shape, classes = _data_shape(p.dataset)
+    for seed in pair_seeds(p.seed):
+        TrainConfig(seed=seed, **_training(p))
+    with torch.random.fork_rng(devices=[]), torch.device("meta"):
+        model = build_model(p.model, in_shape=shape, num_classes=classes, **_model_kwargs(p))
+        try:
+            model(torch.empty(2, *shape))
+        except RuntimeError as err:
+            raise ConfigError(f"model {p.model!r} does not run on {p.dataset!r} inputs of shape {shape}: {err}") from None
 
 
 def run_barrier_task(p: BarrierTask) -> dict[str, Any]:
@@ -146,7 +189,8 @@ def run_barrier_task(p: BarrierTask) -> dict[str, Any]:
     }
 
 
-TASKS.register("barrier")(SweepTask(BarrierTask, run_barrier_task, version=2))  # 2: seeds (2s, 2s+1)
+TASKS.register("barrier")(SweepTask(BarrierTask, run_barrier_task, version=2,  # 2: seeds (2s, 2s+1)
+                                    check=check_barrier_task))
 
 
 # ------------------------------------------------------------------------------------------------ config
@@ -177,10 +221,43 @@ def read_sweep_config(path: str | Path) -> SweepConfig:
         raise ConfigError(f"{path}: {err}") from None
 
 
+def _check_finite(config: SweepConfig) -> None:
+    """ConfigError naming the key and value of a base or grid value that is not a finite number (``inf``, ``nan``):
+    no task parameter means anything by them, and JSON (run ids, results) cannot hold them."""
+    values = [("base", k, v) for k, v in config.base.items()]
+    values += [("grid", k, v) for k, vs in config.grid.items() for v in vs]
+    for where, key, value in values:
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"sweep {where} {key} = {value!r}: not a finite number")
+
+
+def _same_run(config: SweepConfig, first: dict[str, Any], second: dict[str, Any]) -> str:
+    """Which grid values make two grid points the same run, for the error message."""
+    differ = [k for k in config.grid if first[k] != second[k]]
+    if differ:
+        return "; ".join(f"grid {k} lists {first[k]!r} and {second[k]!r}, the same value" for k in differ)
+    return "; ".join(f"grid {k} lists {first[k]!r} twice" for k in config.grid if config.grid[k].count(first[k]) > 1)
+
+
+def _validated(task: SweepTask, params: dict[str, Any]) -> StrictConfig:
+    """The task's parameters of one grid point, checked as a run would check them; ConfigError naming the run."""
+    try:
+        p = task.params.model_validate(params)
+        if task.check is not None:
+            task.check(p)
+    except ValidationError as err:
+        raise validation_error_to_config_error(err, f"sweep run {params}") from None
+    except ModeconnError as err:
+        raise type(err)(f"sweep run {params}: {err}") from None
+    return p
+
+
 def expand(config: SweepConfig) -> list[dict[str, Any]]:
-    """Every run's full parameter dict (base + one grid combination), validated by the task's parameter
-    model first: a typo names the key and lists the valid ones; a bad value names the run."""
-    params_model = TASKS.get(config.task).params
+    """Every run's full parameter dict (base + one grid combination), each validated before any run starts: a typo
+    names the key and lists the valid ones; a value that is not a finite number names the key; a bad value names the
+    run (the task's parameter model and :attr:`SweepTask.check`); grid points that are the same run are refused."""
+    task = TASKS.get(config.task)
+    params_model = task.params
     valid = set(params_model.model_fields)
     for where, keys in (("base", config.base), ("grid", config.grid)):
         unknown = sorted(set(keys) - valid)
@@ -192,16 +269,16 @@ def expand(config: SweepConfig) -> list[dict[str, Any]]:
     empty = [k for k, v in config.grid.items() if not v]
     if empty:
         raise ConfigError(f"grid lists {empty} are empty")
+    _check_finite(config)
     names = list(config.grid)
-    runs = []
+    runs, seen = [], {}
     for combo in itertools.product(*(config.grid[k] for k in names)):
         params = {**config.base, **dict(zip(names, combo, strict=False))}
-        try:
-            params_model.model_validate(params)
-        except ValidationError as err:
-            raise validation_error_to_config_error(err, f"sweep run {params}") from None
-        except ConfigError as err:
-            raise ConfigError(f"sweep run {params}: {err}") from None
+        key = json.dumps(_validated(task, params).model_dump(mode="json"), sort_keys=True)
+        if key in seen:
+            raise ConfigError(f"sweep runs {seen[key]} and {params} are the same run ({_same_run(config, seen[key], params)}): "
+                              "it would be counted twice in the statistics over seeds; list each value once")
+        seen[key] = params
         runs.append(params)
     return runs
 

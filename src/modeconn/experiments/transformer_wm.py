@@ -117,7 +117,7 @@ def planted_minilm(root: Path, seed: int = 0) -> dict[str, Any]:
     from ..match import weight_matching
     from ..symmetry.hf import hf_symmetry_spec
 
-    model = AutoModel.from_pretrained(str(root), local_files_only=True).eval()
+    model = AutoModel.from_pretrained(str(root), local_files_only=True, trust_remote_code=False).eval()
     tok = Tokenizer.from_file(str(root / "tokenizer.json"))
     sentences = ["It is a truth universally acknowledged, that a single man in possession of a good fortune, "
                  "must be in want of a wife.", "Mode connectivity joins two minima by a low-loss path."]

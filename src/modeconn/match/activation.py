@@ -48,15 +48,27 @@ class CorrelationStats:
         self.sbb += (xb * xb).sum(0)
         self.sab += xa.T @ xb
 
-    def correlation(self) -> torch.Tensor:
-        """(n, n) Pearson correlation corr[i, j] of A's unit i with B's unit j; 0 where a unit is dead."""
+    def _moments(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(mean A, mean B, std A, std B)`` per unit."""
         c = max(self.count, 1)
         ma, mb = self.sa / c, self.sb / c
-        cov = self.sab / c - torch.outer(ma, mb)
         va = (self.saa / c - ma * ma).clamp_min(0)
         vb = (self.sbb / c - mb * mb).clamp_min(0)
-        sa, sb = va.sqrt(), vb.sqrt()
-        dead_a, dead_b = sa <= 1e-12 * (1 + ma.abs()), sb <= 1e-12 * (1 + mb.abs())
+        return ma, mb, va.sqrt(), vb.sqrt()
+
+    def constant_units(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(dead_a, dead_b)``: (n,) bool masks of the units that are constant over the samples (no variance: their
+        correlation with anything is 0/0)."""
+        ma, mb, sa, sb = self._moments()
+        return sa <= 1e-12 * (1 + ma.abs()), sb <= 1e-12 * (1 + mb.abs())
+
+    def correlation(self) -> torch.Tensor:
+        """(n, n) Pearson correlation corr[i, j] of A's unit i with B's unit j; 0 where a unit is dead
+        (:meth:`constant_units`)."""
+        c = max(self.count, 1)
+        ma, mb, sa, sb = self._moments()
+        cov = self.sab / c - torch.outer(ma, mb)
+        dead_a, dead_b = self.constant_units()
         corr = cov / (torch.outer(sa, sb).clamp_min(1e-300))
         corr[dead_a, :] = 0
         corr[:, dead_b] = 0

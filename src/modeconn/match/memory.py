@@ -132,13 +132,11 @@ class Shape:
 def _tensors(config: Any) -> tuple[tuple[str, int, int], ...]:
     """``(key, rows, other elements)`` of every tensor of the model ``config`` describes, built on the meta device (no
     memory), with the input embedding counted again as an untied LM head where tied (absorption unties)."""
-    import transformers
-
-    from ..symmetry.hf.config_check import build_meta_model
+    from ..symmetry.hf.config_check import build_meta_model, config_class
 
     if isinstance(config, Mapping):
         fields = {k: v for k, v in config.items() if k != "model_type"}
-        config = transformers.AutoConfig.for_model(config.get("model_type", "gpt_neox"), **fields)
+        config = config_class(config.get("model_type", "gpt_neox"), "config")(**fields)
     model = build_meta_model(config, "config")
     out = tuple((k, t.shape[0] if t.dim() else 1, math.prod(t.shape[1:]) if t.dim() else 1)
                 for k, t in model.state_dict().items() if t.is_floating_point())

@@ -60,6 +60,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..checks import check_finite_stored
 from ..errors import ConfigError, NonFiniteError
 
 Source = Mapping[str, torch.Tensor] | str | os.PathLike
@@ -81,7 +82,8 @@ class RowReader:
     only the requested rows are read, ``get_slice``) or a mapping of tensors (``sd[key][start:stop]``).
 
     ``meta``: key → meta tensor (dtype and shape, no data). Raises CheckpointError as
-    :class:`~modeconn.io_stream.LazyCheckpoint` for an unreadable directory."""
+    :class:`~modeconn.io_stream.LazyCheckpoint` for an unreadable directory; NonFiniteError naming the file and tensor
+    for rows read from it with NaN/Inf."""
 
     def __init__(self, source: Source) -> None:
         if isinstance(source, (str, os.PathLike)):
@@ -109,7 +111,8 @@ class RowReader:
             sl = f.get_slice(key)
             # copied out of the file's memory map: a view would keep the map, whose resident pages (the kernel maps
             # cached neighbours of every page touched) can be several times the rows' bytes
-            return (sl[:] if not info.shape else sl[index]).contiguous().clone()
+            t = (sl[:] if not info.shape else sl[index]).contiguous().clone()
+        return check_finite_stored(t, self.ckpt.path / info.shard, key, f" (entries {start}:{stop} of axis {dim})")
 
     def whole(self, key: str) -> torch.Tensor:
         return self.mapping[key].detach().cpu()

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import torch
 
 from ..checks import all_finite, check_compatible, check_one_device, is_interpolable
-from ..errors import ConfigError, NonFiniteError
+from ..errors import ConfigError, ModeconnError, NonFiniteError
 from .._util.statedict import with_metadata
 from ..io import check_dtype_kinds
 from .merge_rules import MERGE_RULES, MergeRule, RuleSettings
@@ -60,15 +60,21 @@ def _as_dtype(t: torch.Tensor, like: torch.Tensor, key: str) -> torch.Tensor:
 
 
 def checked_cast(t: torch.Tensor, dtype: torch.dtype, key: str) -> torch.Tensor:
-    """``t`` cast to ``dtype``; NonFiniteError naming ``key`` when the cast to float16 overflows a finite value."""
+    """``t`` cast to ``dtype``; NonFiniteError naming ``key`` when the cast overflows a finite value (float16's
+    ±65504, or a float64 / float32 value beyond the narrower dtype's range)."""
     if t.dtype == dtype:
         return t  # no cast, nothing can overflow (the scan below would find t's own NaN/Inf and raise nothing)
     out = t.to(dtype)
-    if dtype == torch.float16 and not all_finite(out) and all_finite(t):
-        raise NonFiniteError(
-            f"{key!r}: the result overflows float16 (the first model's dtype, max 65504); convert the models to one "
-            "wider dtype (e.g. float32) before interpolating/merging"
-        )
+    if dtype.is_floating_point and torch.finfo(dtype).max < torch.finfo(t.dtype).max and not all_finite(out) \
+            and all_finite(t):
+        if dtype == torch.float16:
+            raise NonFiniteError(
+                f"{key!r}: the result overflows float16 (the first model's dtype, max 65504); convert the models to "
+                "one wider dtype (e.g. float32) before interpolating/merging"
+            )
+        raise NonFiniteError(f"{key!r}: the result overflows {str(dtype).removeprefix('torch.')} (max "
+                             f"{torch.finfo(dtype).max:.4g}); the merge's weights or parameters scale it beyond the "
+                             "output dtype")
     return out
 
 
@@ -79,7 +85,8 @@ def merge_weights(weights: Sequence[float] | None, n: int, *, normalize: bool = 
     Each entry must be a finite number and there must be exactly one per model. With ``normalize`` (the default)
     each must also be ≥ 0, with a positive sum, and they are returned divided by their sum (so ``[0.7, 0.7]``
     gives ``[0.5, 0.5]``, an average, not a 1.4× scaled model); with ``normalize=False`` any finite weights are
-    returned as given (``Σ w_i θ_i`` as a sum: task arithmetic, extrapolation such as ``[2, -1]``).
+    returned as given (``Σ w_i θ_i`` as a sum: task arithmetic, extrapolation such as ``[2, -1]``). The weights used
+    must keep ``Σ |w_i|`` within float32's range (the accumulation dtype): larger ones overflow every nonzero tensor.
     Raises: ConfigError naming ``option``, the offending entry (index, model and value) or the count.
     """
     if weights is None:
@@ -88,12 +95,35 @@ def merge_weights(weights: Sequence[float] | None, n: int, *, normalize: bool = 
     if len(weights) != n:
         raise ConfigError(f"{option} has {len(weights)} entries for {n} models: give exactly one weight per model")
     values = [_weight(w, i, option, normalize) for i, w in enumerate(weights)]
-    if not normalize:
-        return values
-    total = math.fsum(values)
-    if total <= 0:
-        raise ConfigError(f"{option} {values} sum to 0: normalised weights need a positive sum")
-    return [w / total for w in values]
+    if normalize:
+        top = max(values)
+        total = _fsum(values, top)
+        if total <= 0:
+            raise ConfigError(f"{option} {values} sum to 0: normalised weights need a positive sum")
+        values = [w / total for w in values] if math.isfinite(total) else [(w / top) / (total / top) for w in values]
+    _check_scale(values, option)
+    return values
+
+
+def _fsum(values: list[float], top: float) -> float:
+    """``Σ values``, as ``inf`` when it overflows float64 (then the caller divides by ``top`` first)."""
+    try:
+        return math.fsum(values)
+    except OverflowError:
+        return math.inf if top > 0 else -math.inf
+
+
+def _check_scale(values: list[float], option: str) -> None:
+    """ConfigError naming the largest entry when the finite weights' magnitudes sum beyond float32 (entries that are
+    not finite are :func:`_weight`'s to name)."""
+    from .merge_rules import FLOAT32_MAX
+
+    finite = [abs(w) if math.isfinite(w) else 0.0 for w in values]
+    scale = math.fsum(finite) if max(finite) <= FLOAT32_MAX else math.inf
+    if scale > FLOAT32_MAX:
+        i = max(range(len(values)), key=finite.__getitem__)
+        raise ConfigError(f"{option}[{i}] (model {i}) is {values[i]:g}: the weights' magnitudes sum to more than "
+                          f"float32 holds ({FLOAT32_MAX:.4g}), so the weighted sum overflows every nonzero tensor")
 
 
 def _weight(w, i: int, option: str, normalize: bool) -> float:
@@ -142,8 +172,10 @@ def weighted_average(
             here unless ``settings.states`` has them.
         dtype: floating inputs are cast to it before the rule (mergekit's recipe ``dtype``); ``out_dtype``: the
             merged floating tensors' dtype (default: the first model's).
-    Raises: ConfigError (bad weights, see :func:`merge_weights`; bad rule settings), StateDictMismatchError /
-        DeviceMismatchError, NonFiniteError on fp16 overflow.
+    Raises: ConfigError (bad weights, see :func:`merge_weights`; bad rule settings; a parameter filter that selects
+        no tensor, :func:`~modeconn.path.merge_rules.check_filters`), StateDictMismatchError / DeviceMismatchError,
+        NonFiniteError naming the rule and tensor when the rule makes NaN/Inf from finite inputs or the result
+        overflows its dtype (:func:`merge_tensor`).
     """
     if not state_dicts:
         raise ConfigError("need at least one state dict to average")
@@ -175,7 +207,10 @@ def plan_settings(rule: MergeRule, inputs: Sequence[StateDict], weights: Sequenc
     """``settings`` (default: none) with the generator states of a randomised rule planned for ``keys``
     (:func:`~modeconn.path.merge_mergekit.plan_random_states`; ``inputs`` may hold meta tensors; ``dtype``: the
     dtype the inputs are cast to before the rule)."""
+    from .merge_rules import check_filters
+
     settings = settings if settings is not None else RuleSettings()
+    check_filters(settings, keys)
     if not rule.random or settings.states:
         return settings
     from .merge_mergekit import plan_random_states
@@ -188,10 +223,28 @@ def merge_tensor(rule: MergeRule, tensors: Sequence[torch.Tensor], weights: Sequ
                  out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """One merged floating tensor: inputs cast to ``dtype`` (if given; else, for inputs of different dtypes, to their
     promoted dtype, e.g. fp16 + bf16 → fp32, as mergekit does), combined by ``rule``, the result cast once to
-    ``out_dtype`` (default: the first input's dtype; NonFiniteError naming ``key`` on an fp16 overflow)."""
+    ``out_dtype`` (default: the first input's dtype; NonFiniteError naming ``key`` on an overflow of it).
+
+    The result is checked: NaN/Inf from finite inputs (an overflow of the rule's arithmetic, or parameters it cannot
+    use on this tensor) is a NonFiniteError naming ``key`` and the rule; an error the rule's own library raises for
+    this tensor is a ConfigError naming both. Non-finite inputs are returned as the rule made them, for the caller to
+    name the input."""
     target = out_dtype if out_dtype is not None else tensors[0].dtype
     if dtype is None and any(x.dtype != tensors[0].dtype for x in tensors):
         dtype = functools.reduce(torch.promote_types, (x.dtype for x in tensors))
     if dtype is not None:
         tensors = [x.to(dtype) for x in tensors]
-    return checked_cast(rule.apply(tensors, weights, key, settings), target, key)
+    try:
+        out = rule.apply(tensors, weights, key, settings)
+    except (ValueError, TypeError) as err:
+        if isinstance(err, ModeconnError):
+            raise
+        msg = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ConfigError(f"merge rule {rule.name!r} failed on tensor {key!r}: {msg}") from None
+    if out.is_floating_point() and not all_finite(out) and all(all_finite(x) for x in tensors):
+        raise NonFiniteError(f"merge rule {rule.name!r} made NaN/Inf in tensor {key!r} from finite inputs (its "
+                             f"weights {list(weights)} or parameters overflow; nothing is written)")
+    try:
+        return checked_cast(out, target, key)
+    except NonFiniteError as err:
+        raise NonFiniteError(f"merge rule {rule.name!r}: {err}") from None

@@ -25,9 +25,23 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError
-from .merge_rules import MergeRule, RuleSettings, register_rule
+from .merge_rules import MergeRule, ParamRange, RuleSettings, register_rule
 
 MERGEKIT = "mergekit 0.1.5"
+
+_BOOL, _UNIT = ParamRange("bool"), ParamRange(lo=0.0, hi=1.0)
+PARAM_RANGES: dict[str, ParamRange] = {
+    "int8_mask": _BOOL, "normalize": _BOOL, "rescale": _BOOL, "nuslerp_row_wise": _BOOL, "nuslerp_flatten": _BOOL,
+    "normalize_weights": _BOOL, "filter_wise": _BOOL,
+    "lambda": ParamRange(),  # a scale of the merged task vector: any finite factor float32 holds
+    "density": _UNIT, "gamma": _UNIT, "t": _UNIT,
+    "epsilon": ParamRange(lo=0.0, hi=0.5, hi_open=True),  # DELLA keeps density ± epsilon inside (0, 1)
+    "eps": ParamRange(lo=0.0, hi=1.0, lo_open=True, hi_open=True),  # a stability constant added to norms
+    "max_iter": ParamRange("int", lo=1, hi=10_000),
+    "tol": ParamRange(lo=0.0, hi=1.0, hi_open=True),
+}
+"""The values each mergekit parameter accepts (fractions in [0, 1], flags, finite factors): checked before any work
+(:func:`~modeconn.path.merge_rules.check_rule_settings`) for shared, per-model and filtered values alike."""
 
 # name: (summary, base, weights, params, random, reference) — params as mergekit's spec lists them, without `weight`
 _GTA = ("int8_mask", "normalize", "rescale", "lambda", "density")
@@ -164,21 +178,57 @@ def check_mergekit_settings(rule: MergeRule, settings: RuleSettings, n_models: i
 
     if settings.base is None and rule.base == "required":
         raise ConfigError(f"--base: merge rule {rule.name!r} needs a base model (task vectors are taken against it)")
-    probe = [torch.zeros(2) for _ in range(n_models)]
+    _check_per_model(rule, settings)
+    probe = probe_tensors(n_models)
     try:
         with torch.random.fork_rng(devices=[]):
-            _call(rule.name, probe, [1.0] * n_models, "", settings)
+            for key in _probe_keys(settings):
+                _call(rule.name, probe, [1.0] * n_models, key, settings)
     except (ValueError, TypeError, RuntimeError, ValidationError) as err:
         msg = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise ConfigError(f"--rule {rule.name} with {n_models} models, base {settings.base}, parameters "
                           f"{dict(settings.params)}: mergekit refuses: {msg}") from None
 
 
+def _check_per_model(rule: MergeRule, settings: RuleSettings) -> None:
+    """A per-model value mergekit would not apply is refused: a shared parameter (one value for every model), or a
+    task-vector parameter given to the base model."""
+    scopes = {p.name: p.scope.value for p in _method(rule.name).spec.parameters}
+    for i, own in enumerate(settings.model_params):
+        for name in own:
+            if scopes.get(name) == "shared":
+                raise ConfigError(f"models[{i}].parameters.{name}: merge rule {rule.name!r} takes one {name!r} for "
+                                  "all models; give it in the recipe's shared parameters")
+            if scopes.get(name) == "non_base" and i == settings.base:
+                raise ConfigError(f"models[{i}].parameters.{name}: merge rule {rule.name!r} does not apply {name!r} "
+                                  "to the base model (task vectors are taken against it); remove it")
+
+
+def probe_tensors(n: int, size: int = 8) -> list[torch.Tensor]:
+    """``n`` small tensors every rule accepts: pairwise distinct, neither zero nor parallel (zeros make multislerp's
+    weighted mean zero, which it refuses for three or more models — not a property of the settings)."""
+    size = max(size, n + 1)
+    return [torch.linspace(-1.0, 1.0, size) + torch.nn.functional.one_hot(torch.tensor(i), size).float()
+            for i in range(n)]
+
+
+def _probe_keys(settings: RuleSettings) -> list[str]:
+    """Tensor names that select every conditional entry of the parameters: each filter itself, and ``""`` (the
+    default entries)."""
+    keys = {""}
+    for params in (settings.params, *settings.model_params):
+        for setting in params.values():
+            if isinstance(setting, list):
+                keys.update(e["filter"] for e in setting if isinstance(e, Mapping) and isinstance(e.get("filter"), str))
+    return sorted(keys)
+
+
 def _register() -> None:
     for name, (summary, base, weights, params, random, ref) in MERGEKIT_RULES.items():
         register_rule(MergeRule(name, summary, f"{MERGEKIT} `{name}` ({ref})", _combine_for(name, random),
-                                affine=False, base=base, weights=weights, params=params, random=random,
-                                contextual=True, requires="mergekit"))
+                                affine=False, base=base, weights=weights, params=params,
+                                ranges={p: PARAM_RANGES[p] for p in params}, random=random, contextual=True,
+                                requires="mergekit"))
 
 
 _register()

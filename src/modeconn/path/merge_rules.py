@@ -8,13 +8,18 @@ rule is one entry here (``modeconn merge --rule`` lists the registered rules).
 
 Rules taking more than weights — a base model (task arithmetic, TIES, DARE, SLERP …), parameters (``density``,
 ``t`` …), a seed — declare them (``base``, ``params``, ``random``) and receive a :class:`RuleSettings` as a fourth
-argument (``contextual=True``). The rules of mergekit (``pip install 'modeconn[mergekit]'``) are registered from
+argument (``contextual=True``). Every parameter declares the values it accepts (``ranges``: a :class:`ParamRange`
+per name), and :func:`check_rule_settings` checks every value given — shared, per model, each filter's — against
+it before any work; :func:`check_filters` refuses a conditional value whose filter selects no tensor. Every rule's
+output is checked per tensor (:func:`~modeconn.path.interpolate.merge_tensor`: NaN/Inf from finite inputs is an
+error naming the rule and tensor). The rules of mergekit (``pip install 'modeconn[mergekit]'``) are registered from
 :mod:`modeconn.path.merge_mergekit`: their per-tensor functions are called on our tensors, so alignment, streaming
 and atomic output stay modeconn's.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +34,58 @@ Combine = Callable[..., torch.Tensor]
 
 WEIGHT_SCOPES = ("all", "non_base", "none")
 """Which models a rule's weights are for: every model (an average), the non-base models (task vectors), none."""
+
+
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+"""The largest float32: rules compute in float32 (or wider), so a factor beyond it overflows any tensor."""
+
+
+@dataclass(frozen=True)
+class ParamRange:
+    """The values a rule parameter accepts: ``kind`` ``"bool"``, ``"int"`` or ``"float"``; a number must be finite
+    and lie in ``[lo, hi]`` (``lo_open`` / ``hi_open``: that end excluded). The default range of a float is every
+    finite value float32 holds. Numbers written as strings (YAML reads ``1e-3`` as one) are read as numbers, as
+    mergekit reads them."""
+
+    kind: str = "float"
+    lo: float = -FLOAT32_MAX
+    hi: float = FLOAT32_MAX
+    lo_open: bool = False
+    hi_open: bool = False
+
+    def check(self, value: Any, where: str) -> None:
+        """ConfigError naming ``where`` (rule and parameter) and the accepted values when ``value`` is not one."""
+        if self.kind == "bool":
+            if not isinstance(value, bool):
+                raise ConfigError(f"{where} is {value!r}: {self.describe()}")
+            return
+        x = _number(value)
+        inside = x is not None and math.isfinite(x) and (x > self.lo if self.lo_open else x >= self.lo) \
+            and (x < self.hi if self.hi_open else x <= self.hi) and (self.kind != "int" or x.is_integer())
+        if not inside:
+            raise ConfigError(f"{where} is {value!r}: {self.describe()}")
+
+    def describe(self) -> str:
+        if self.kind == "bool":
+            return "must be true or false"
+        what = "an integer" if self.kind == "int" else "a finite number"
+        if (self.lo, self.hi) == (-FLOAT32_MAX, FLOAT32_MAX):
+            return f"must be {what} of magnitude at most {FLOAT32_MAX:.4g} (float32)"
+        return f"must be {what} in {'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}{')' if self.hi_open else ']'}"
+
+
+def _number(value: Any) -> float | None:
+    """``value`` as a float (numbers, and strings that spell one), else None (booleans are not numbers)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
 
 
 @dataclass(frozen=True)
@@ -56,6 +113,7 @@ class MergeRule:
 
     ``base``: ``"none"``, ``"optional"`` or ``"required"`` (a base model: task vectors are taken against it);
     ``weights``: one of :data:`WEIGHT_SCOPES`; ``params``: the names of the rule's parameters (``--param``);
+    ``ranges``: each parameter's accepted values (:class:`ParamRange`; every parameter has one);
     ``random``: the rule draws random numbers (seeded); ``contextual``: ``combine`` takes a :class:`RuleSettings`;
     ``requires``: the optional package it needs (checked before any work)."""
 
@@ -67,6 +125,7 @@ class MergeRule:
     base: str = "none"
     weights: str = "all"
     params: tuple[str, ...] = ()
+    ranges: Mapping[str, ParamRange] = field(default_factory=dict)
     random: bool = False
     contextual: bool = False
     requires: str | None = None
@@ -84,7 +143,11 @@ MERGE_RULES: Registry[MergeRule] = Registry("merge rule")
 
 
 def register_rule(rule: MergeRule) -> MergeRule:
-    """Add ``rule`` to :data:`MERGE_RULES` (ConfigError for a duplicate name); returns it."""
+    """Add ``rule`` to :data:`MERGE_RULES` (ConfigError for a duplicate name or a parameter without a range);
+    returns it."""
+    unranged = [p for p in rule.params if p not in rule.ranges]
+    if unranged:
+        raise ConfigError(f"merge rule {rule.name!r}: parameter {unranged[0]!r} has no range (ranges=...)")
     return MERGE_RULES.register(rule.name)(rule)
 
 
@@ -92,7 +155,8 @@ def check_rule_settings(rule: MergeRule | str, settings: RuleSettings | None, n_
                         weights_given: bool = False) -> MergeRule:
     """Check, before any work, that ``settings`` fit ``rule`` for ``n_models`` inputs; returns the rule.
 
-    Raises ConfigError naming the option: an unknown rule or parameter (``--param``), a base index out of range or a
+    Raises ConfigError naming the option: an unknown rule or parameter (``--param``), a value outside the
+    parameter's range (:attr:`MergeRule.ranges`; the rule, parameter and filter named), a base index out of range or a
     base given to a rule without one (``--base``), ``--weights`` for a rule that takes none, a missing optional
     package (``pip install 'modeconn[mergekit]'``), or what the rule's own library says about the parameters."""
     rule = MERGE_RULES.get(rule) if isinstance(rule, str) else rule
@@ -115,11 +179,65 @@ def check_rule_settings(rule: MergeRule | str, settings: RuleSettings | None, n_
                           f"parameters: {', '.join(rule.params) or 'none'}{hint}")
     if settings.model_params and len(settings.model_params) != n_models:
         raise ConfigError(f"per-model parameters: {len(settings.model_params)} entries for {n_models} models")
+    _check_ranges(rule, settings)
     if rule.requires == "mergekit":
         from .merge_mergekit import check_mergekit_settings
 
         check_mergekit_settings(rule, settings, n_models)
     return rule
+
+
+def _check_ranges(rule: MergeRule, settings: RuleSettings) -> None:
+    """Every value of every parameter (shared, per model, each conditional entry's) against the rule's range."""
+    sources = [("", settings.params)] + [(f"models[{i}] ", p) for i, p in enumerate(settings.model_params)]
+    for prefix, params in sources:
+        for name, setting in params.items():
+            for label, value in _values(setting):
+                rule.ranges[name].check(value, f"merge rule {rule.name!r}: {prefix}parameter {name!r}{label}")
+
+
+def _values(setting: Any) -> list[tuple[str, Any]]:
+    """``(label, value)`` for a scalar (label ``""``) or each entry of mergekit's ``[{filter, value}, …]`` form."""
+    if _conditional(setting):
+        return [(f" (filter {e.get('filter')!r})" if e.get("filter") is not None else " (default entry)",
+                 e.get("value")) for e in setting]
+    return [("", setting)]
+
+
+def _conditional(setting: Any) -> bool:
+    return isinstance(setting, list) and bool(setting) and all(isinstance(e, Mapping) for e in setting)
+
+
+def check_filters(settings: RuleSettings | None, keys: Sequence[str]) -> None:
+    """ConfigError naming the parameter and filter when an entry of a conditional parameter (``[{filter, value},
+    …]``, the first entry whose filter is contained in the tensor name applies, as in mergekit) applies to none of
+    ``keys``: a filter that matches no tensor (a typo such as ``mlpp``) or only tensors an earlier entry takes. A
+    default entry (no filter, or ``*``) that nothing reaches is allowed."""
+    if settings is None:
+        return
+    sources = [("parameters", settings.params)] + [(f"models[{i}].parameters", p)
+                                                   for i, p in enumerate(settings.model_params)]
+    for where, params in sources:
+        for name, setting in params.items():
+            if _conditional(setting):
+                _check_entries(setting, keys, f"{where}.{name}")
+
+
+def _check_entries(entries: Sequence[Mapping[str, Any]], keys: Sequence[str], where: str) -> None:
+    used = [False] * len(entries)
+    for key in keys:
+        for j, e in enumerate(entries):
+            f = e.get("filter")
+            if f is None or f == "*" or (key and f in key):
+                used[j] = True
+                break
+    for j, e in enumerate(entries):
+        f = e.get("filter")
+        if not used[j] and f is not None and f != "*":
+            shadow = any(f in k for k in keys)
+            raise ConfigError(f"{where}: filter {f!r} " + ("selects no tensor: every tensor it matches is taken by an "
+                              "earlier entry" if shadow else f"matches no tensor name of the {len(keys)} merged "
+                              "(a filter is a substring of the tensor name, e.g. 'mlp' or 'self_attn')"))
 
 
 def rule_weights(rule: MergeRule, weights: Sequence[float | str] | None, n: int, *, normalize: bool = True,
@@ -135,6 +253,14 @@ def rule_weights(rule: MergeRule, weights: Sequence[float | str] | None, n: int,
     if weights is None:
         return [1.0] * n
     return merge_weights(weights, n, normalize=False, option=option)
+
+
+def applied_weights(rule: MergeRule, weights: Sequence[float], base: int | None) -> list[float | None] | None:
+    """The weights ``rule`` applies, for records: ``None`` for a rule that takes none; the base's entry ``None`` for
+    task-vector weights (scope ``non_base``: the base is not weighted)."""
+    if rule.weights == "none":
+        return None
+    return [None if rule.weights == "non_base" and i == base else float(w) for i, w in enumerate(weights)]
 
 
 def _check_installed(rule: MergeRule) -> None:

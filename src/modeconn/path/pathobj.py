@@ -47,6 +47,7 @@ import torch
 import torch.nn as nn
 from safetensors import safe_open
 
+from .._util.digest import sha256_file
 from ..checks import check_compatible, check_one_device
 from ..errors import CheckpointError, ConfigError, StateDictMismatchError
 from ..io import _json_dumps, check_state_dict_compatible, read_json_object, save_state_dict
@@ -80,14 +81,6 @@ def keys_digest(keys: Mapping[str, Sequence[int]]) -> str:
     """sha256 over the sorted ``key:shape`` lines: which architecture a path belongs to."""
     text = "\n".join(f"{k}:{','.join(str(int(s)) for s in keys[k])}" for k in sorted(keys))
     return hashlib.sha256(text.encode()).hexdigest()
-
-
-def sha256_file(path: pathlib.Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def atomic_write_text(path: pathlib.Path, text: str) -> None:

@@ -5,6 +5,9 @@
 * modeconn language-model checkpoints: dual (LMC-DM) or one-sided learned matching after normalization absorption
   (:func:`modeconn.experiments.lmc_dm.align_lm_checkpoints`), data-parallel under ``torchrun``.
 * Hugging Face directories: streaming weight matching (:func:`modeconn.stream.align_hf_checkpoints`).
+
+Every option given is used by the path taken or refused naming it (:data:`ALIGN_SCOPES`, :mod:`.scope`); the
+in-memory methods get the options that are fields of their config class (:mod:`modeconn.match.methods`).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from .._util.outdir import check_output_target
 from ..checkpoints import Checkpoint, open_checkpoints
 from ..errors import ConfigError, ModeconnError
 from .outcome import Outcome
+from .scope import check_scope, method_options
 
 Log = Callable[[str], None]
 IN_MEMORY = ("weight", "activation", "learned")
@@ -29,25 +33,46 @@ LANGUAGE_MODEL = ("dual", "one-sided")
 
 @dataclass(frozen=True)
 class AlignOptions:
-    """The options of ``modeconn align`` (see its ``--help``); the defaults are the command line's."""
+    """The options of ``modeconn align`` (see its ``--help``); the defaults are the command line's. ``None`` (and
+    ``False``) mean "not given": the path taken uses its own default, and a path that does not use an option refuses
+    it when given (:data:`ALIGN_SCOPES`)."""
 
     method: str = "weight"
     dataset: str | None = None
     data: Path | None = None
+    download: bool = False
     limit_train: int | None = None
-    seed: int = 0
-    steps: int = 200
-    lr: float = 0.01
-    lambda_schedule: str = "uniform"
-    lambda_value: float = 0.5
-    parameterization: str = "cayley"
-    batch_size: int = 16
+    seed: int | None = None
+    steps: int | None = None
+    lr: float | None = None
+    lambda_schedule: str | None = None
+    lambda_value: float | None = None
+    parameterization: str | None = None
+    batch_size: int | None = None
     restarts: int | None = None
     max_iter: int | None = None
     groups: str = "permutation"
     overwrite: bool = False
     device: str | None = None
     shard: bool = False
+
+
+_DATA = "the methods that read data (--method activation, learned, dual, one-sided)"
+_LEARNED = "learned matching (--method learned, dual, one-sided)"
+_LM = "dual / one-sided learned matching of modeconn language-model checkpoints"
+_WM = "weight matching (--method weight, and the weight-matching start of dual / one-sided)"
+ALIGN_SCOPES = {
+    "dataset": _DATA, "data": _DATA, "download": _DATA, "limit_train": _DATA,
+    "seed": "the methods with random choices (--method weight, learned, dual, one-sided)",
+    "steps": _LEARNED, "lr": _LEARNED, "lambda_schedule": _LEARNED, "lambda_value": _LEARNED,
+    "parameterization": _LM, "batch_size": _LM, "shard": _LM + " (storage sharded over torchrun's processes)",
+    "restarts": _WM, "max_iter": _WM,
+    "groups": ("weight matching of Hugging Face checkpoint directories (modeconn language-model checkpoints get the "
+               "full group from --method dual / one-sided)"),
+    "device": "weight matching and dual / one-sided matching",
+}
+"""Every ``align`` option that some path does not use → where it applies (the other options apply everywhere)."""
+_DATA_OPTIONS = ("dataset", "data", "download", "limit_train")
 
 
 def align(a: Path, b: Path, out: Path, opts: AlignOptions = AlignOptions(), *, progress=None, log: Log = print,
@@ -77,15 +102,15 @@ def _align_hf(ckpts: list[Checkpoint], out: Path, opts: AlignOptions, progress, 
         raise ConfigError(f"Hugging Face checkpoint directories are aligned by streaming weight matching only "
                           f"(--method weight, got {opts.method!r}): activation, learned and dual matching need both "
                           "models in memory and data")
-    if opts.dataset is not None:
-        raise ConfigError("--dataset does not apply: weight matching of Hugging Face checkpoints reads no data")
+    check_scope(opts, ("seed", "restarts", "max_iter", "groups", "device"),
+                "streaming weight matching of Hugging Face checkpoint directories (it reads no data)", ALIGN_SCOPES)
     if opts.groups not in _HF_GROUPS:
         raise ConfigError(f"unknown --groups {opts.groups!r}; valid: {', '.join(_HF_GROUPS)}")
     from .. import stream
     from ..match.weight import DEFAULTS
 
     name, what = _HF_GROUPS[opts.groups]
-    res = getattr(stream, name)(ckpts[0].path, ckpts[1].path, out, seed=opts.seed,
+    res = getattr(stream, name)(ckpts[0].path, ckpts[1].path, out, seed=opts.seed or 0,
                                 restarts=opts.restarts or DEFAULTS.restarts, max_iter=opts.max_iter or DEFAULTS.max_iter,
                                 overwrite=opts.overwrite, progress=progress, device=opts.device)
     line = (f"streaming weight matching objective {res.objective:.4f} (upper bound {res.stats['upper_bound']:.4f}; "
@@ -110,15 +135,6 @@ def check_single_process() -> None:
                           "torchrun (multi-process runs are for --method dual / one-sided)")
 
 
-def no_streaming_options(opts) -> None:
-    if getattr(opts, "groups", "permutation") != "permutation":
-        raise ConfigError("--groups full applies to Hugging Face checkpoint directories (streaming absorption and "
-                          "weight matching); language models in modeconn checkpoints: --method dual / one-sided")
-    if opts.restarts is not None or opts.max_iter is not None:
-        raise ConfigError("--restarts / --max-iter apply to Hugging Face checkpoint directories (streaming weight "
-                          "matching) only")
-
-
 # ------------------------------------------------------------------------------------------------ modeconn
 
 
@@ -126,7 +142,6 @@ def _align_modeconn(ckpts: list[Checkpoint], out: Path, opts: AlignOptions, prog
                     note: Log) -> Outcome:
     from ..models import TOKEN_MODELS
 
-    no_streaming_options(opts)
     is_lm = any(c.config.get("architecture") in TOKEN_MODELS for c in ckpts)
     method = opts.method
     if is_lm and method == "learned":  # one name, one algorithm: learned is STE matching; on LMs it meant one-sided
@@ -142,7 +157,23 @@ def _align_modeconn(ckpts: list[Checkpoint], out: Path, opts: AlignOptions, prog
         return align_lm(ckpts, out, opts, method, progress, log)
     if method not in IN_MEMORY:
         raise ConfigError(f"--method {method} is not offered here; choose one of {', '.join(IN_MEMORY + LANGUAGE_MODEL)}")
-    return _align_in_memory(ckpts, out, opts, method)
+    overrides = _in_memory_options(opts, method)
+    return _align_in_memory(ckpts, out, opts, method, overrides)
+
+
+_METHOD_OPTIONS = ("seed", "steps", "lr", "lambda_schedule", "lambda_value", "restarts", "max_iter", "device")
+"""The ``align`` options an in-memory method takes where its config class has the field of that name."""
+
+
+def _in_memory_options(opts: AlignOptions, method: str) -> dict:
+    """The options given that ``method`` takes (fields of its config class), after refusing every other option given
+    (:func:`~.scope.check_scope`) — before any weights are read."""
+    from ..match.methods import ALIGNMENT_METHODS
+
+    entry = ALIGNMENT_METHODS.get(method)
+    used = [n for n in _METHOD_OPTIONS if n in entry.config.model_fields] + list(_DATA_OPTIONS if entry.needs_data else ())
+    check_scope(opts, used, f"{entry.display} of modeconn checkpoints (--method {method})", ALIGN_SCOPES)
+    return method_options(entry.config, opts, _METHOD_OPTIONS)
 
 
 def dataset_for(config: dict, dataset: str | None, data: Path | None, limit_train: int | None):
@@ -162,7 +193,7 @@ def dataset_for(config: dict, dataset: str | None, data: Path | None, limit_trai
     return bundle
 
 
-def _align_in_memory(ckpts: list[Checkpoint], out: Path, opts: AlignOptions, method: str) -> Outcome:
+def _align_in_memory(ckpts: list[Checkpoint], out: Path, opts: AlignOptions, method: str, overrides: dict) -> Outcome:
     from ..experiments.checkpoints import example_input, load_same_architecture
     from ..experiments.compare import align as run_align
     from ..io import save_checkpoint
@@ -172,14 +203,18 @@ def _align_in_memory(ckpts: list[Checkpoint], out: Path, opts: AlignOptions, met
     bundle = dataset_for(cfg, opts.dataset, opts.data, opts.limit_train) if method != "weight" else None
     x0 = bundle.train.tensors[0][:2] if bundle is not None else example_input(cfg)
     spec = symmetry_spec(ma, x0)
-    res = run_align(method, spec, ma, ma.state_dict(), mb.state_dict(), bundle, seed=opts.seed, device=opts.device)
+    res = run_align(method, spec, ma, ma.state_dict(), mb.state_dict(), bundle, overrides=overrides)
     mb_aligned = copy.deepcopy(mb)
     mb_aligned.load_state_dict(res.apply(mb.state_dict()))
     _check_same_function(mb, mb_aligned, x0)
     kept = {k: v for k, v in cfg.items() if k not in ("architecture", "kwargs", "modeconn_version", "format_version")}
-    path = save_checkpoint(out, mb_aligned, config=kept | {"aligned_to": str(ckpts[0].path), "alignment": method},
+    from ..stream import model_names
+
+    path = save_checkpoint(out, mb_aligned, config=kept | {"aligned_to": model_names([ckpts[0].path])[0],
+                                                           "alignment": method},
                            metrics={"alignment": {"method": method, "objective": res.objective, "stats": res.stats}},
-                           extra_json={"alignment.json": res.to_json()}, overwrite=opts.overwrite,
+                           extra_json={"alignment.json": {**res.to_json(), "options": overrides}},
+                           overwrite=opts.overwrite,
                            inputs=[c.path for c in ckpts], command="align")
     line = f"{method} matching objective {res.objective:.4f} ({len(spec.spaces)} spaces)"
     return Outcome(path, "config.json, model.safetensors, alignment.json", (line,), "aligned checkpoint")

@@ -8,15 +8,26 @@ CUDA is available, gloo on the CPU otherwise); only rank 0 writes ``--out``, log
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from ..checkpoints import Checkpoint
 from ..errors import ConfigError
 from .outcome import Outcome
 
+LM_DEFAULTS = {"seed": 0, "steps": 200, "lr": 0.01, "lambda_schedule": "uniform", "lambda_value": 0.5,
+               "parameterization": "cayley", "batch_size": 16}
+"""The learned-matching options of ``align`` not given on the command line take these values."""
+
+
+def with_lm_defaults(opts):
+    """``opts`` with every learned-matching option not given (None) set to :data:`LM_DEFAULTS`."""
+    return replace(opts, **{k: v for k, v in LM_DEFAULTS.items() if getattr(opts, k) is None})
+
 
 def check_lm_options(opts) -> None:
-    """ConfigError naming the first invalid learned-matching option (before any work)."""
+    """ConfigError naming the first invalid learned-matching option (before any work); ``opts`` with its defaults
+    filled in (:func:`with_lm_defaults`)."""
     from ..match.dual import LAMBDA_SCHEDULES, launched_world_size
     from ..match.parametrize import get_parameterization
 
@@ -36,14 +47,20 @@ def check_lm_options(opts) -> None:
 
 
 def align_lm(ckpts: list[Checkpoint], out: Path, opts, method: str, progress, log: Callable[[str], None]) -> Outcome:
-    """Dual / one-sided learned matching of two LM checkpoints into ``out`` (a/, b/, transforms, alignment.json)."""
+    """Dual / one-sided learned matching of two LM checkpoints into ``out`` (a/, b/, transforms, alignment.json).
+    Every option of ``align`` but ``--groups`` applies (:data:`~.align.ALIGN_SCOPES`); ``--restarts`` /
+    ``--max-iter`` to the weight matching that starts the learned matching, ``--device`` to where it runs."""
     from ..experiments.lmc_dm import align_lm_checkpoints, check_same_lm_configs
     from ..match.dual import init_distributed
-    from .align import dataset_for
+    from .align import ALIGN_SCOPES, dataset_for
+    from .scope import check_scope
 
+    check_scope(opts, set(ALIGN_SCOPES) - {"groups"}, f"{method} learned matching of modeconn language models",
+                ALIGN_SCOPES)
+    opts = with_lm_defaults(opts)
     check_lm_options(opts)
     check_same_lm_configs([c.config for c in ckpts], [c.path for c in ckpts])
-    info = init_distributed()
+    info = init_distributed(opts.device)
     try:
         ma, mb = (c.load() for c in ckpts)
         bundle = dataset_for(ckpts[0].config, opts.dataset, opts.data, opts.limit_train)
@@ -51,6 +68,7 @@ def align_lm(ckpts: list[Checkpoint], out: Path, opts, method: str, progress, lo
                                    lambda_schedule=opts.lambda_schedule, lambda_value=opts.lambda_value,
                                    parameterization=opts.parameterization, batch_size=opts.batch_size,
                                    seed=opts.seed, overwrite=opts.overwrite, shard=opts.shard,
+                                   restarts=opts.restarts, max_iter=opts.max_iter,
                                    progress=progress if info.rank == 0 else None,
                                    log=log if info.rank == 0 else (lambda s: None), device=info.device)
     finally:

@@ -20,11 +20,18 @@ def _f(x: Any, digits: int = 3) -> str:
     return f"{x:.{digits}f}" if isinstance(x, float) else str(x)
 
 
+def _yes_no(x: bool | None) -> str:
+    return "—" if x is None else "yes" if x else "no"
+
+
 def verdict(results: dict[str, Any]) -> str:
-    """One line: go / no-go and the recommended method."""
+    """One line: go / no-go (or not applicable, and why) and the recommended method."""
     p, rec = results["prediction"], results["recommendation"]
     key = "unaligned" if results["pair"] else "twin"
     what = "these two merge" if results["pair"] else "an independent twin of A merges"
+    if p["go"] is None:
+        return (f"NOT APPLICABLE: whether {what} without alignment cannot be predicted — {p['not_applicable']}; no "
+                f"barrier is predicted. Recommended: {rec['method']} — {rec['advice']}")
     go = "GO" if p["go"] else "NO-GO"
     return (f"{go}: {what} without alignment is predicted {'' if p['go'] else 'not '}to work (predicted barrier_mean "
             f"{p[key]['barrier_mean']:.3f} nats, interval {p[key]['low']:.3f}–{p[key]['high']:.3f}; go below "
@@ -32,7 +39,8 @@ def verdict(results: dict[str, Any]) -> str:
 
 
 def summary_lines(results: dict[str, Any]) -> list[str]:
-    """What the command prints: the verdict, the relationship, the predicted barriers (fits in 80 columns)."""
+    """What the command prints: the verdict, the relationship, the predicted barriers (a table row fits in 80
+    columns; a prediction that does not exist is "n/a" with its reason)."""
     lines = [verdict(results)]
     if results["pair"]:
         rel = results["pair"]["relationship"]
@@ -40,6 +48,9 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
     for key, label in _PREDICTIONS:
         if key in results["prediction"]:
             p = results["prediction"][key]
+            if p["barrier_mean"] is None:
+                lines.append(f"  {key:<19} B_mean     n/a  ({p['not_applicable']})")
+                continue
             lines.append(f"  {key:<19} B_mean {p['barrier_mean']:7.3f}  [{p['low']:.3f}, {p['high']:.3f}]")
     lines.append("B_mean: predicted test-loss barrier_mean (nats) [10 %–90 % interval of the calibration residuals]")
     return lines
@@ -47,9 +58,9 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
 
 def _pair_sections(pair: dict[str, Any]) -> list[str]:
     f = pair["features"]
-    spaces = [[s, v["n"], _f(v["identity_ratio"]), _f(v["q_identity"]), _f(v["q_weight"]), _f(v["q_optimal"]), _f(v["cka"])]
-              for s, v in pair["spaces"].items()]
-    weights = [[k, _f(v["identity"]), _f(v["weight_matched"])] for k, v in pair["weights"].items()]
+    spaces = [[s, v["n"], _f(v["identity_ratio"]), _f(v["q_identity"]), _f(v["q_weight"]), _f(v["q_optimal"]), _f(v["cka"]),
+               "; ".join(dict.fromkeys(v.get("undefined", {}).values()))] for s, v in pair["spaces"].items()]
+    weights = [[k, _f(v["identity"]), _f(v["weight_matched"]), v.get("undefined") or ""] for k, v in pair["weights"].items()]
     return [
         "## Relationship", "",
         f"**{pair['relationship']['name']}** — {pair['relationship']['advice']}. Mean identity weight cosine "
@@ -60,19 +71,22 @@ def _pair_sections(pair: dict[str, Any]) -> list[str]:
         "identity ratio: activation-matching objective of the identity / of the optimal permutation; q: mean "
         "correlation of matched units under the identity, weight matching's and the optimal permutation; CKA: "
         "linear CKA of the two representations.", "",
-        markdown_table(["space", "units", "identity ratio", "q identity", "q weight matching", "q optimal", "CKA"], spaces),
+        markdown_table(["space", "units", "identity ratio", "q identity", "q weight matching", "q optimal", "CKA",
+                        "undefined"], spaces),
         "", "## Per layer: weight cosine of A and B", "",
-        markdown_table(["tensor", "cosine at the identity", "cosine after weight matching"], weights), ""]
+        markdown_table(["tensor", "cosine at the identity", "cosine after weight matching", "undefined"], weights), ""]
 
 
 def report(results: dict[str, Any]) -> str:
     """The markdown report of one check."""
     p = results["prediction"]
-    preds = [[label, _f(p[k]["barrier_mean"]), f"{_f(p[k]['low'])}–{_f(p[k]['high'])}"] for k, label in _PREDICTIONS if k in p]
+    preds = [[label, "not applicable", p[k]["not_applicable"]] if p[k]["barrier_mean"] is None else
+             [label, _f(p[k]["barrier_mean"]), f"{_f(p[k]['low'])}–{_f(p[k]['high'])}"] for k, label in _PREDICTIONS if k in p]
     ends = [[i, _f(e["test_loss"]), _f(100 * e["test_acc"], 2)] for i, e in zip("AB", results["endpoints"], strict=False)]
-    layers = [[n, v["fan_in"], v["neurons"], "yes" if v["asymmetric"] else "no", v["k"], _f(v["coherence"], 2),
-               _f(v["relative_swap_cost"]), _f(v["swap_positive_fraction"]), "yes" if v["identity_optimal"] else "no",
-               _f(v["relative_margin"]), _f(v["center_nn_ratio"])] for n, v in results["layers"].items()]
+    layers = [[n, v["fan_in"], v["neurons"], "yes" if v["asymmetric"] else "no", _f(v["k"]), _f(v["coherence"], 2),
+               _f(v["relative_swap_cost"]), _f(v["swap_positive_fraction"]), _yes_no(v["identity_optimal"]),
+               _f(v["relative_margin"]), _f(v["center_nn_ratio"]), v.get("undefined") or ""]
+              for n, v in results["layers"].items()]
     lines = [
         "# modeconn check", "", f"Models: {', '.join(results['models'])}; dataset {results['dataset']}; "
         f"{results['seconds']:.1f} s. No point of the interpolation path was evaluated.", "",
@@ -93,7 +107,7 @@ def report(results: dict[str, Any]) -> str:
         "of features to neurons; margin: (second-best − best assignment cost) / (neurons · median self cost); centers: "
         "mean nearest-neighbour distance of projected fixed centers Uᵀf_i / their mean norm.", "",
         markdown_table(["layer", "fan-in", "neurons", "W-asymmetric", "k", "ν(U)", "relative swap cost", "fraction Δ > 0",
-                        "identity optimal", "margin", "centers"], layers), "", "![diagnostics](check.png)", ""]
+                        "identity optimal", "margin", "centers", "undefined"], layers), "", "![diagnostics](check.png)", ""]
     return "\n".join(lines)
 
 
@@ -106,7 +120,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
 
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
     p = results["prediction"]
-    keys = [k for k, _ in _PREDICTIONS if k in p]
+    keys = [k for k, _ in _PREDICTIONS if k in p and p[k]["barrier_mean"] is not None]
     mid = [p[k]["barrier_mean"] for k in keys]
     err = [[m - p[k]["low"] for k, m in zip(keys, mid, strict=True)], [p[k]["high"] - m for k, m in zip(keys, mid, strict=True)]]
     axes[0].errorbar(range(len(keys)), mid, yerr=err, fmt="o", capsize=4)
@@ -124,7 +138,8 @@ def plot(results: dict[str, Any], path: Path) -> None:
         axes[1].legend(fontsize=7)
     axes[1].set_title("per space: mean unit correlation q, CKA")
     lay = results["layers"]
-    axes[2].bar(range(len(lay)), [v["relative_swap_cost"] for v in lay.values()])
+    axes[2].bar(range(len(lay)), [np.nan if v["relative_swap_cost"] is None else v["relative_swap_cost"]
+                                  for v in lay.values()])
     axes[2].set_xticks(range(len(lay)), list(lay), rotation=30, fontsize=7)
     axes[2].set_title("per layer of A: relative swap cost")
     for ax in axes:

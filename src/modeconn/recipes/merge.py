@@ -22,8 +22,9 @@ from ..checkpoints import Checkpoint, open_checkpoints
 from ..errors import ConfigError
 from ..path.interpolate import weights_sum_to_one
 from ..path.merge_rules import MERGE_RULES, RuleSettings
-from .align import check_single_process, no_streaming_options
+from .align import check_single_process
 from .outcome import Outcome
+from .scope import check_scope
 
 Log = Callable[[str], None]
 
@@ -32,7 +33,8 @@ Log = Callable[[str], None]
 class MergeOptions:
     """The options of ``modeconn merge`` (see its ``--help``); ``weights`` as given (strings or numbers); ``base``: one
     of the models (as given); ``params``: ``name=value`` strings (``--param``); ``dtype``: output dtype name;
-    ``config``: a recipe file (:mod:`modeconn.recipes.merge_recipe`)."""
+    ``config``: a recipe file (:mod:`modeconn.recipes.merge_recipe`); ``seed``, ``restarts``, ``max_iter``: ``None``
+    where not given (a recipe's value, else the default: seed 0)."""
 
     weights: Sequence[str | float] | None = None
     normalize: bool = True
@@ -42,7 +44,7 @@ class MergeOptions:
     dataset: str | None = None
     data: Path | None = None
     limit_train: int | None = None
-    seed: int = 0
+    seed: int | None = None
     restarts: int | None = None
     max_iter: int | None = None
     overwrite: bool = False
@@ -74,6 +76,7 @@ def merge(models: Sequence[Path], out: Path, opts: MergeOptions = MergeOptions()
     ``note`` is told when the weights were normalised. Raises ConfigError / CheckpointError for a bad option, weight,
     rule parameter, recipe key, output target or checkpoint, before any work; NonFiniteError (nothing written) for a
     merged model that computes NaN/Inf."""
+    given = opts  # as given on the command line: what check_merge_scope refuses where it does not apply
     plan = _from_recipe(models, opts) if opts.config is not None else _from_options(models, opts)
     opts = plan.opts
     check_output_target(out, inputs=[p for p in (*plan.models, opts.data) if p is not None], overwrite=opts.overwrite)
@@ -87,7 +90,43 @@ def merge(models: Sequence[Path], out: Path, opts: MergeOptions = MergeOptions()
     handler = _BY_KIND.get(ckpts[0].kind.name)
     if handler is None:
         raise ConfigError(f"merge reads {', '.join(_BY_KIND)} checkpoints; {ckpts[0].describe()} is not one")
+    check_merge_scope(given, plan, ckpts[0])
     return handler(ckpts, Path(out), plan, progress, log)
+
+
+_WM = "weight matching (--align weight)"
+_DATA = "modeconn checkpoints (BatchNorm reset, REPAIR, activation matching and the evaluation read data)"
+MERGE_SCOPES = {
+    "bn": "modeconn checkpoints (BatchNorm statistics after averaging)",
+    "dataset": _DATA, "data": _DATA, "limit_train": _DATA,
+    "dtype": "Hugging Face checkpoints (modeconn checkpoints keep their dtype)",
+    "restarts": _WM, "max_iter": _WM,
+    "seed": (f"{_WM}, randomised rules (dare_*, della …) and the batches that re-estimate BatchNorm statistics or "
+             "REPAIR (modeconn checkpoints)"),
+    "device": f"{_WM} and the merge arithmetic of Hugging Face checkpoints",
+    "normalize": "--weights of a rule that averages all models (linear, slerp …)",
+}
+"""Every ``merge`` option that some path does not use → where it applies (the others apply everywhere)."""
+
+
+def check_merge_scope(given: MergeOptions, plan: _Plan, first: Checkpoint) -> None:
+    """ConfigError naming the first option given on the command line (``given``) that the merge ``plan`` of
+    checkpoints of ``first``'s kind does not use, and where it applies — before any weights are read."""
+    from .pair import config_has_batchnorm
+
+    opts, rule = plan.opts, MERGE_RULES.get(plan.opts.rule)
+    wm = opts.align == "weight"
+    used = ({"restarts", "max_iter"} if wm else set()) | ({"seed"} if wm or rule.random else set())
+    if rule.weights == "all" and opts.weights is not None:
+        used.add("normalize")
+    if first.kind.name == "huggingface":
+        used |= {"dtype", "device"}
+        path = f"merging Hugging Face checkpoints (--align {opts.align}, --rule {opts.rule}), done without data"
+    else:
+        batches = opts.bn == "repair" or (opts.bn == "reset" and config_has_batchnorm(first.config))
+        used |= {"bn", "dataset", "data", "limit_train"} | ({"device"} if wm else set()) | ({"seed"} if batches else set())
+        path = f"merging modeconn checkpoints (--align {opts.align}, --rule {opts.rule})"
+    check_scope(given, used, path, MERGE_SCOPES)
 
 
 def _from_options(models: Sequence[Path], opts: MergeOptions) -> _Plan:
@@ -100,6 +139,7 @@ def _from_options(models: Sequence[Path], opts: MergeOptions) -> _Plan:
         raise ConfigError(f"merge needs at least two checkpoints, got {len(models)}")
     base = _base_index(opts.base, models)
     params = dict(_param(p) for p in opts.params)
+    opts = replace(opts, seed=0 if opts.seed is None else opts.seed)
     return _checked(models, opts, opts.weights, RuleSettings(base=base, params=params, seed=opts.seed), None,
                     opts.dtype, "permutation")
 
@@ -118,13 +158,29 @@ def _from_recipe(models: Sequence[Path], opts: MergeOptions) -> _Plan:
         raise ConfigError(f"--config: {overridden[0]} comes from the recipe; give it there, not on the command line")
     r = load_recipe(opts.config)
     weights = None if all(w is None for w in r.weights) else [1.0 if w is None else w for w in r.weights]
-    normalize = bool(r.params.pop("normalize", opts.normalize)) if r.rule == "linear" else opts.normalize
-    opts = replace(opts, rule=r.rule, align=r.align, normalize=normalize,
-                   weights=weights, dtype=r.out_dtype or opts.dtype)
-    settings = RuleSettings(base=r.base, params=r.params, seed=opts.seed,
+    normalize = r.params.pop("normalize", opts.normalize) if r.rule == "linear" else opts.normalize
+    if not isinstance(normalize, bool):
+        raise ConfigError(f"{opts.config}: parameters.normalize must be true or false, got {normalize!r}")
+    seed = _one_value("seed", r.seed, opts.seed, opts.config)
+    align_seed = _one_value("seed", r.align_seed, opts.seed, opts.config, "align.")
+    seed = 0 if seed is None else seed
+    opts = replace(opts, rule=r.rule, align=r.align, normalize=normalize, weights=weights,
+                   dtype=r.out_dtype or opts.dtype, seed=seed if align_seed is None else align_seed,
+                   restarts=_one_value("restarts", r.restarts, opts.restarts, opts.config, "align."),
+                   max_iter=_one_value("max_iter", r.max_iter, opts.max_iter, opts.config, "align."))
+    settings = RuleSettings(base=r.base, params=r.params, seed=seed,
                             model_params=r.model_params if any(r.model_params) else ())
     return _checked([resolve_checkpoint_path(m) for m in r.models], opts, weights, settings, r.dtype,
                     opts.dtype, r.groups)
+
+
+def _one_value(key: str, recipe: int | None, option: int | None, file: Path, prefix: str = "") -> int | None:
+    """The recipe's ``key``, else the command line's option (None when neither gives one); ConfigError when both
+    give different values (one source of truth)."""
+    if recipe is not None and option is not None and recipe != option:
+        flag = "--" + key.replace("_", "-")
+        raise ConfigError(f"{flag} {option}: the recipe {file} gives {prefix}{key} {recipe}; give it in one place")
+    return recipe if recipe is not None else option
 
 
 def _checked(models, opts: MergeOptions, weights, settings: RuleSettings, dtype, out_dtype, groups) -> _Plan:
@@ -194,13 +250,13 @@ def _merge_modeconn(ckpts: list[Checkpoint], out: Path, plan: _Plan, progress, l
     from ..experiments.merge import run_merge
 
     opts = plan.opts
-    no_streaming_options(opts)
     if plan.dtype is not None or plan.out_dtype is not None:
         raise ConfigError("--dtype / dtype apply to Hugging Face checkpoints; modeconn checkpoints keep their dtype")
     path, metrics = run_merge([c.path for c in ckpts], out, weights=plan.weights, align_method=opts.align, bn=opts.bn,
                               dataset=opts.dataset, data=opts.data, limit_train=opts.limit_train, seed=opts.seed,
                               overwrite=opts.overwrite, normalize=False if plan.weights is not None else opts.normalize,
-                              rule=opts.rule, settings=plan.settings, log=log, device=opts.device)
+                              rule=opts.rule, settings=plan.settings, log=log, device=opts.device,
+                              restarts=opts.restarts, max_iter=opts.max_iter)
     lines = (f"merged model: test acc {100 * metrics['test']['acc']:.2f}%, test loss {metrics['test']['loss']:.4f}",
              ) if metrics else ()
     return Outcome(path, "config.json, model.safetensors, metrics.json", lines, "merged checkpoint")
@@ -209,16 +265,13 @@ def _merge_modeconn(ckpts: list[Checkpoint], out: Path, plan: _Plan, progress, l
 def _merge_hf(ckpts: list[Checkpoint], out: Path, plan: _Plan, progress, log: Log) -> Outcome:
     from ..match.weight import DEFAULTS
     from ..stream import merge_hf_checkpoints
-    from .merge_recipe import CARD_NAME, RECIPE_NAME, card_text, recipe_text
+    from .merge_recipe import CARD_NAME, RECIPE_NAME, card_text, recipe_refs, recipe_text
 
     opts = plan.opts
     check_single_process()
-    if opts.bn == "repair" or opts.dataset is not None or opts.data is not None or opts.limit_train is not None:
-        raise ConfigError("Hugging Face checkpoints are merged without data: --bn repair, --dataset, --data and "
-                          "--limit-train do not apply (transformer LMs have no BatchNorm statistics to reset)")
 
     def files(rec: dict) -> dict:
-        recipe = recipe_text(rec, plan.groups)
+        recipe = recipe_text(rec, plan.groups, recipe_refs(plan.models, out))
         return {RECIPE_NAME: recipe.encode(), CARD_NAME: card_text(Path(out).name, rec, recipe).encode()}
 
     rec = merge_hf_checkpoints([c.path for c in ckpts], out, weights=plan.weights, align=opts.align, seed=opts.seed,

@@ -13,19 +13,30 @@ Supported subset of mergekit's ``MergeConfiguration`` (anything else is refused,
     dtype: float32                          # inputs cast to it before the rule
     out_dtype: bfloat16                     # dtype written
     tokenizer_source: base                  # only `base` (tokenizer files come from the base, else the first model)
+    seed: 0                                 # modeconn's: seeds a randomised rule (DARE, DELLA) and the alignment
     align:                                  # modeconn's: not part of mergekit's schema
       method: weight                        # weight (streaming weight matching) or none
       groups: permutation                   # symmetry groups of the alignment
       reference: ./a                        # the model the others are aligned to (its layout is written)
+      restarts: 3                           # weight matching's restarts and sweeps per run (--restarts, --max-iter)
+      max_iter: 100
+      seed: 0                               # the alignment's seed where it differs from `seed`
 
 Relative model paths are taken relative to the recipe's directory (else the working directory). Parameter
 gradients (lists of numbers interpolated across layers), ``slices``, ``modules``, ``tokenizer``, ``chat_template``
 and ``tokenizer_source: union`` are not supported.
+
+The recipe a merge writes beside its output (:data:`RECIPE_NAME`, :func:`recipe_text`) records everything a re-run
+needs — the seed, the alignment's settings, the weights as applied — and names each model so that it resolves from
+the recipe's own directory (a path relative to it, or a hub id for a Hugging Face cache snapshot): ``modeconn merge
+--config OUT/merge_recipe.yml --out OTHER`` writes the same tensors.
 """
 
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,8 +45,9 @@ import yaml
 
 from ..errors import ConfigError
 
-KEYS = ("merge_method", "base_model", "models", "parameters", "dtype", "out_dtype", "tokenizer_source", "align")
-ALIGN_KEYS = ("method", "groups", "reference")
+KEYS = ("merge_method", "base_model", "models", "parameters", "dtype", "out_dtype", "tokenizer_source", "seed",
+        "align")
+ALIGN_KEYS = ("method", "groups", "reference", "restarts", "max_iter", "seed")
 DTYPES = ("float32", "float16", "bfloat16", "float64")
 RECIPE_NAME, CARD_NAME = "merge_recipe.yml", "README.md"
 
@@ -44,7 +56,8 @@ RECIPE_NAME, CARD_NAME = "merge_recipe.yml", "README.md"
 class Recipe:
     """A parsed recipe: ``models`` (paths, the alignment reference first), ``refs`` (as written), ``rule``, ``base``
     (index or None), ``weights`` (per model, None where not given), ``params`` (shared), ``model_params``,
-    ``dtype`` / ``out_dtype`` (names or None), ``align`` and ``groups``."""
+    ``dtype`` / ``out_dtype`` (names or None), ``align`` and ``groups``; ``seed`` (the run's), ``align_seed``,
+    ``restarts`` and ``max_iter`` (the alignment's; None where the recipe gives none)."""
 
     models: list[Path]
     refs: list[str]
@@ -57,6 +70,10 @@ class Recipe:
     out_dtype: str | None = None
     align: str = "weight"
     groups: Any = "permutation"
+    seed: int | None = None
+    align_seed: int | None = None
+    restarts: int | None = None
+    max_iter: int | None = None
 
 
 def load_recipe(file: Path) -> Recipe:
@@ -88,7 +105,9 @@ def load_recipe(file: Path) -> Recipe:
                   base=None if base is None else refs.index(base),
                   weights=[_weight(p, shared, i, file) for i, p in enumerate(per_model)], params=shared,
                   model_params=per_model, dtype=_dtype(raw, "dtype", file), out_dtype=_dtype(raw, "out_dtype", file),
-                  align=align.get("method", "weight"), groups=align.get("groups", "permutation"))
+                  align=align.get("method", "weight"), groups=align.get("groups", "permutation"),
+                  seed=_int(raw, "seed", file, 0), align_seed=_int(align, "seed", file, 0, "align."),
+                  restarts=_int(align, "restarts", file, 1, "align."), max_iter=_int(align, "max_iter", file, 1, "align."))
 
 
 def _read(file: Path) -> dict[str, Any]:
@@ -148,6 +167,13 @@ def _dtype(raw: dict[str, Any], key: str, file: Path) -> str | None:
     return value
 
 
+def _int(raw: dict[str, Any], key: str, file: Path, least: int, prefix: str = "") -> int | None:
+    value = raw.get(key)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not least <= value < 2**63):
+        raise ConfigError(f"{file}: {prefix}{key} must be an integer ≥ {least}, got {value!r}")
+    return value
+
+
 def _align_section(raw: Any, file: Path) -> dict[str, Any]:
     if raw is None:
         return {}
@@ -157,6 +183,10 @@ def _align_section(raw: Any, file: Path) -> dict[str, Any]:
                           f"{', '.join(ALIGN_KEYS)}")
     if raw.get("method", "weight") not in ("weight", "none"):
         raise ConfigError(f"{file}: align.method {raw['method']!r}; valid: weight, none")
+    unused = [k for k in ("groups", "restarts", "max_iter", "seed") if k in raw] if raw.get("method") == "none" else []
+    if unused:
+        raise ConfigError(f"{file}: align.{unused[0]} applies to align.method weight (weight matching); the recipe "
+                          "aligns nothing (method none)")
     return raw
 
 
@@ -195,25 +225,121 @@ def resolve_model_ref(ref: str, recipe: Path) -> Path:
                       f"Face cache {entry} (models are never downloaded)")
 
 
-def recipe_text(rec: dict[str, Any], groups: Any = "permutation") -> str:
-    """The recipe a merge ran, in the supported schema, from its ``merge.json`` record (model names, never paths)."""
+def recipe_refs(models: Sequence[Path], out: Path) -> list[str]:
+    """How the recipe written into ``out`` names each model so that it resolves from there
+    (:func:`resolve_model_ref`): a snapshot of the local Hugging Face cache by its hub id ``ORG/NAME@REVISION`` (where
+    that id finds it), any other directory by its path relative to ``out`` (never an absolute path; the bare name
+    where no relative path exists, e.g. another drive)."""
+    from ..stream import hub_id
+
+    refs = []
+    for m in models:
+        ref = hub_id(m)
+        if ref is None or not _resolves_to(ref, Path(out) / RECIPE_NAME, Path(m)):
+            try:
+                ref = Path(os.path.relpath(Path(m).resolve(), Path(out).resolve())).as_posix()
+            except ValueError:
+                ref = Path(m).resolve().name
+        refs.append(ref)
+    return refs
+
+
+def _resolves_to(ref: str, recipe: Path, target: Path) -> bool:
+    try:
+        return resolve_model_ref(ref, recipe).resolve() == target.resolve()
+    except ConfigError:
+        return False
+
+
+def recipe_text(rec: dict[str, Any], groups: Any = "permutation", refs: Sequence[str] | None = None) -> str:
+    """The recipe a merge ran, in the supported schema, from its ``merge.json`` record: ``refs`` name the models
+    (:func:`recipe_refs`; default: the record's names — never paths), with the weights as applied (a linear merge's
+    with ``normalize: false``: they are the normalised ones), the seed and the alignment's settings, so that it re-runs
+    to the same tensors."""
     names, base = rec["merged_from"], rec.get("base")
+    refs = list(refs) if refs is not None else list(names)
+    weights = rec["weights"]
     models = []
-    for i, name in enumerate(names):
+    for i, ref in enumerate(refs):
         params = dict(rec["model_params"][i]) if rec.get("model_params") else {}
-        if rec["weights"] is not None and (base is None or name != base):
-            params["weight"] = rec["weights"][i]
-        models.append({"model": name, **({"parameters": params} if params else {})})
-    out: dict[str, Any] = {"merge_method": rec["rule"], **({"base_model": base} if base else {}), "models": models}
+        if weights is not None and weights[i] is not None:
+            params["weight"] = weights[i]
+        models.append({"model": ref, **({"parameters": params} if params else {})})
+    out: dict[str, Any] = {"merge_method": rec["rule"],
+                           **({"base_model": refs[names.index(base)]} if base is not None else {}), "models": models}
     out.update({k: rec[k] for k in ("dtype", "out_dtype") if rec.get(k)})
-    if rec.get("params"):
-        out["parameters"] = rec["params"]
-    out["align"] = {"method": rec["align"], "reference": names[0], **({"groups": groups} if rec["align"] != "none" else {})}
-    return yaml.safe_dump(out, sort_keys=False, allow_unicode=True)
+    params = dict(rec.get("params") or {})
+    if rec["rule"] == "linear" and weights is not None:
+        params["normalize"] = False
+    if params:
+        out["parameters"] = params
+    aligned = rec.get("align_settings") or {}
+    seed = rec["seed"] if rec.get("seed") is not None else aligned.get("seed")
+    if seed is not None:
+        out["seed"] = seed
+    out["align"] = {"method": rec["align"], "reference": refs[0]}
+    if rec["align"] != "none":
+        out["align"]["groups"] = aligned.get("groups", groups)
+        out["align"].update({k: aligned[k] for k in ("restarts", "max_iter") if aligned.get(k) is not None})
+        if aligned.get("seed") is not None and aligned["seed"] != seed:
+            out["align"]["seed"] = aligned["seed"]
+    return _dump(out)
+
+
+class _OneLineDumper(yaml.SafeDumper):
+    """A safe dumper writing strings with line breaks double-quoted on one line (escaped), so that no value starts a
+    line of its own (a ``---`` or a key)."""
+
+
+def _represent_str(dumper: yaml.SafeDumper, data: str):
+    style = '"' if any(c in data for c in "\n\r\x85\u2028\u2029") else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
+
+
+_OneLineDumper.add_representer(str, _represent_str)
+
+
+def _dump(data: dict[str, Any]) -> str:
+    return yaml.dump(data, Dumper=_OneLineDumper, sort_keys=False, allow_unicode=True, width=2**31 - 1)
+
+
+def front_matter(fields: dict[str, Any]) -> str:
+    """``fields`` as a model card's YAML front matter (between ``---`` lines), emitted by a YAML dumper: names with
+    ``#``, ``:``, ``[`` or line breaks are quoted, never keys of their own."""
+    return f"---\n{_dump(fields)}---\n"
+
+
+_MARKDOWN_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~])")
+
+
+def markdown_escape(text: str) -> str:
+    """``text`` as literal markdown inline text: characters markdown gives a meaning backslash-escaped, line breaks
+    and other control characters shown as escapes (a name cannot start a heading, list, fence or HTML block)."""
+    shown = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+    return _MARKDOWN_SPECIAL.sub(r"\\\1", shown)
+
+
+def _fence(text: str, least: int) -> str:
+    """Backticks delimiting ``text`` as code: more than any run of backticks inside it."""
+    return "`" * max(least, 1 + max((len(r) for r in re.findall("`+", text)), default=0))
+
+
+def _fenced(text: str, info: str) -> list[str]:
+    fence = _fence(text, 3)
+    return [fence + info, text, fence]
+
+
+def _code(value: Any) -> str:
+    """``value``'s repr as an inline code span (reprs escape line breaks; the delimiters outnumber its backticks)."""
+    text = str(value)
+    fence = _fence(text, 1)
+    return f"{fence} {text} {fence}"
 
 
 def card_text(title: str, rec: dict[str, Any], recipe: str) -> str:
-    """A model card (README.md) for a merged model: what was merged, how, and the recipe (names, never paths)."""
+    """A model card (README.md) for a merged model: what was merged, how, and the recipe (names, never absolute
+    paths). The front matter is emitted by a YAML dumper and names in the body are escaped, so a model or output name
+    cannot break the card or add metadata."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -221,16 +347,18 @@ def card_text(title: str, rec: dict[str, Any], recipe: str) -> str:
     except PackageNotFoundError:  # pragma: no cover - source checkout without metadata
         ver = "(source)"
     names = rec["merged_from"]
-    tags = "merge, modeconn" + (", mergekit" if "mergekit" in rec["source"] else "")
-    aligned = "none (merged as stored)" if rec["align"] == "none" else f"streaming weight matching to `{names[0]}`"
+    tags = ["merge", "modeconn", *(["mergekit"] if "mergekit" in rec["source"] else [])]
+    aligned = ("none (merged as stored)" if rec["align"] == "none"
+               else f"streaming weight matching to {markdown_escape(names[0])}")
     lines = [
-        "---", "library_name: transformers", f"tags: [{tags}]", "base_model:", *[f"- {n}" for n in names], "---", "",
-        f"# {title}", "", f"Merged with modeconn {ver}: merge rule `{rec['rule']}` ({rec['source']}).", "",
-        "## Inputs", "", *[f"- `{n}`" + (" (base)" if n == rec.get("base") else "") for n in names], "",
-        "## Method", "", f"- alignment: {aligned}", f"- weights: {rec['weights']}",
-        f"- parameters: {rec.get('params') or {}}",
+        front_matter({"library_name": "transformers", "tags": tags, "base_model": list(names)}).rstrip("\n"), "",
+        f"# {markdown_escape(title)}", "",
+        f"Merged with modeconn {ver}: merge rule `{rec['rule']}` ({rec['source']}).", "",
+        "## Inputs", "", *[f"- {markdown_escape(n)}" + (" (base)" if n == rec.get("base") else "") for n in names], "",
+        "## Method", "", f"- alignment: {aligned}", f"- weights: {_code(rec['weights'])}",
+        f"- parameters: {_code(rec.get('params') or {})}",
     ]
     if rec.get("seed") is not None:
         lines.append(f"- seed: {rec['seed']}")
-    lines += ["", "## Recipe", "", "```yaml", recipe.rstrip(), "```", ""]
+    lines += ["", "## Recipe", "", *_fenced(recipe.rstrip(), "yaml"), ""]
     return "\n".join(lines)

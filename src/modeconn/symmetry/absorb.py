@@ -31,8 +31,19 @@ What the result is: the same Hugging Face class and config (``tie_word_embedding
 ``modeconn_absorbed``: paths of the replaced norms and of linears that gained a bias), with every norm module
 replaced by a parameter-free ``ScaleFreeRMSNorm`` and some linears given a bias. It does **not** round-trip
 through ``save_pretrained``/``from_pretrained`` (which would rebuild affine LayerNorms and drop the new
-biases); use :func:`save_absorbed` / :func:`load_absorbed` (``config.json`` + ``model.safetensors``, the
-module swaps replayed from ``modeconn_absorbed`` before a strict load).
+biases); use :func:`save_absorbed` / :func:`load_absorbed` (the module swaps replayed from ``modeconn_absorbed``
+before a strict load).
+
+Absorbed checkpoints on disk (format :data:`ABSORBED_FORMAT`, written by :func:`save_absorbed`,
+:func:`~modeconn.symmetry.absorb_stream.stream_absorb` and ``align --groups full``) are marked so that stock
+transformers refuses them instead of loading a stock model that computes another function: ``config.json`` has
+``model_type`` :data:`ABSORBED_MODEL_TYPE` (``AutoConfig`` / ``AutoModel*`` / ``pipeline`` raise; the original
+model type is ``modeconn_absorbed.original_model_type``) and the weights are ``modeconn-absorbed.safetensors`` or
+shards listed by ``modeconn-absorbed.safetensors.index.json`` (:data:`~modeconn.io_stream.ABSORBED_STEM`: a model
+class's own ``from_pretrained``, e.g. ``LlamaForCausalLM``, finds no weights). :func:`read_absorbed_config` is the
+one reader of such a ``config.json`` (:func:`load_absorbed`, :func:`modeconn.stream.hf_checkpoint_spec`,
+:func:`modeconn.checkpoints.open_checkpoint`): every field it reads is checked, a malformed one is a ConfigError
+naming the file and the field, and the record must be what absorption writes for the model the config describes.
 
 Tolerance: each check computes, per output tensor (``logits``; else ``last_hidden_state``/``pooler_output``),
 ``max|y − y_ref| ≤ atol · max(1, max|y_ref|)`` in fp32 with ``atol = 1e-5`` by default. Folding is done in
@@ -43,8 +54,10 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import os
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +71,14 @@ from .hf.registry import _require_hf, adapter_for, describe, example_inputs
 from .hf.structure import LinearRef, Structure
 
 ABSORBED_KEY = "modeconn_absorbed"
-ABSORBED_FORMAT = 1
+"""The config field holding the absorption record (``format``, ``original_model_type``, ``norms``: module path →
+``[size, eps]``, ``biased``: linears that gained a bias, ``untied``: tied tensors given their own copies, ``atol``,
+optionally ``streamed``)."""
+ABSORBED_FORMAT = 2
+"""The absorbed-checkpoint format written and the only one read (module docstring). Format 1 kept the stock
+``model_type`` and ``model.safetensors``, so stock transformers loaded it as a stock model; it is refused by name."""
+ABSORBED_MODEL_TYPE = "modeconn-absorbed"
+"""``model_type`` of an absorbed checkpoint's ``config.json``: a type transformers does not know."""
 
 
 # ------------------------------------------------------------------------------------------ helpers
@@ -246,26 +266,193 @@ def _to_rms(root: nn.Module, st: Structure, note: dict) -> None:
 
 # ------------------------------------------------------------------------------------------ save / load
 def save_absorbed(model: nn.Module, directory: str | os.PathLike, *, overwrite: bool = False) -> Path:
-    """Write an absorbed HF model as ``config.json`` (its HF config incl. ``modeconn_absorbed`` and
-    ``architectures``) + ``model.safetensors``, assembled atomically (:func:`modeconn.io.atomic_directory`: an
-    existing non-empty ``directory`` is replaced only with ``overwrite`` and only if modeconn wrote it). Returns the
-    directory.
+    """Write an absorbed HF model as an absorbed checkpoint (format :data:`ABSORBED_FORMAT`, module docstring):
+    ``config.json`` (its HF config marked with ``model_type`` :data:`ABSORBED_MODEL_TYPE`, the record, the class in
+    ``architectures``, ``_name_or_path`` a name, never a machine path) + ``modeconn-absorbed.safetensors``, assembled
+    atomically (:func:`modeconn.io.atomic_directory`: an existing non-empty ``directory`` is replaced only with
+    ``overwrite`` and only if modeconn wrote it). Returns the directory.
 
     Raises ConfigError if the model was not produced by :func:`absorb_normalization`; CheckpointError for a target
     that may not be written.
     """
     from ..io import atomic_directory, save_state_dict
+    from ..io_stream import ABSORBED_STEM, weight_names
 
     _, hf = _require_hf(model)
-    if not getattr(hf.config, ABSORBED_KEY, None):
+    note = getattr(hf.config, ABSORBED_KEY, None)
+    if not note:
         raise ConfigError(f"{type(hf).__name__} is not an absorbed model (config has no {ABSORBED_KEY!r}); "
                           "use save_pretrained for ordinary models")
-    cfg = hf.config.to_dict()
-    cfg["architectures"] = [type(hf).__name__]
+    cfg = absorbed_config_json(hf.config.to_dict(), note, type(hf).__name__, recorded_name(hf.config.name_or_path))
     with atomic_directory(directory, overwrite, "absorbed checkpoint", command="save_absorbed") as tmp:
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True, default=str))
-        save_state_dict(tmp / "model.safetensors", hf.state_dict(), {"modeconn": ABSORBED_KEY})
+        save_state_dict(tmp / weight_names(ABSORBED_STEM)[0], hf.state_dict(), {"modeconn": ABSORBED_KEY})
     return Path(directory)
+
+
+def absorption_record(st: Structure) -> dict[str, Any]:
+    """The module swaps absorption makes on a model of structure ``st`` (before absorption): ``norms`` (path →
+    ``[size, eps]``), ``biased`` (linears reading a norm with a shift ``β`` and without a bias of their own) and
+    ``untied`` (tied aliases)."""
+    norms = st.stream.norms
+    return {"norms": {n.path: [n.size, n.eps] for n in norms},
+            "biased": [r.path for n in norms if n.bias is not None for r in n.readers if r.bias is None],
+            "untied": list(st.aliases)}
+
+
+def absorbed_config_json(config: Mapping[str, Any], note: Mapping[str, Any], architecture: str,
+                         name: str) -> dict[str, Any]:
+    """The ``config.json`` object of an absorbed checkpoint (format :data:`ABSORBED_FORMAT`) from the stock config
+    dict of the model (``config.to_dict()``), its absorption record ``note`` and model class name: ``model_type``
+    :data:`ABSORBED_MODEL_TYPE` (the original kept in the record as ``original_model_type``), untied, and
+    ``_name_or_path`` ``name`` (:func:`recorded_name`)."""
+    record = {**note, "format": ABSORBED_FORMAT, "original_model_type": config["model_type"]}
+    return {**config, "model_type": ABSORBED_MODEL_TYPE, "architectures": [architecture], "tie_word_embeddings": False,
+            "_name_or_path": name, ABSORBED_KEY: record}
+
+
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
+
+
+def recorded_name(name_or_path: Any) -> str:
+    """What an absorbed ``config.json`` records as ``_name_or_path``: a Hub id (``org/name``) as given, a local
+    directory by its name (:func:`modeconn.stream.model_names`: ``ORG/NAME@REV`` for a Hub cache snapshot) — never a
+    machine path."""
+    from ..stream import model_names
+
+    if not isinstance(name_or_path, str) or not name_or_path:
+        return ""
+    if _HUB_ID.fullmatch(name_or_path) and not Path(name_or_path).exists():
+        return name_or_path
+    return model_names([name_or_path])[0]
+
+
+def is_absorbed_config(raw: Mapping[str, Any]) -> bool:
+    """Whether a parsed ``config.json`` claims to be an absorbed checkpoint's (either mark: ``model_type``
+    :data:`ABSORBED_MODEL_TYPE` or a ``modeconn_absorbed`` field); :func:`read_absorbed_config` checks the rest."""
+    return raw.get("model_type") == ABSORBED_MODEL_TYPE or ABSORBED_KEY in raw
+
+
+def _is_int(value: Any, minimum: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+
+def _is_positive(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+def _is_names(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) and v for v in value)
+
+
+_RECORD_FIELDS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
+    ("format", lambda v: _is_int(v, 0) and v == ABSORBED_FORMAT,
+     f"unknown format version: this modeconn reads absorbed checkpoints of format {ABSORBED_FORMAT} (format 1 was "
+     "loaded by stock transformers as a stock model; re-create it with this version)"),
+    ("original_model_type", lambda v: isinstance(v, str) and bool(v), "the model type before absorption (a string)"),
+    ("norms", lambda v: isinstance(v, dict) and bool(v), "must map each replaced norm's module path to [size, eps]"),
+    ("biased", _is_names, "must be a list of module paths (linears that gained a bias)"),
+    ("untied", _is_names, "must be a list of tensor names (tied tensors given their own copies)"),
+    ("atol", lambda v: v is None or _is_positive(v), "must be null or the positive tolerance of the output checks"),
+    ("streamed", lambda v: isinstance(v, bool), "must be true or false"),
+)
+_OPTIONAL_FIELDS = {"streamed": False}
+
+
+def _checked_record(raw: Mapping[str, Any], file: str | os.PathLike) -> dict[str, Any]:
+    """The absorption record of an absorbed ``config.json`` object, every field checked (:data:`_RECORD_FIELDS`)."""
+    from .hf.config_check import invalid_field
+
+    if raw.get("model_type") != ABSORBED_MODEL_TYPE:
+        raise invalid_field(file, "model_type", raw.get("model_type"),
+                            f"an absorbed checkpoint ({ABSORBED_KEY}) has model_type {ABSORBED_MODEL_TYPE!r} (format "
+                            f"{ABSORBED_FORMAT}; format 1 kept the stock type: re-create it with this version)")
+    note = raw.get(ABSORBED_KEY)
+    if not isinstance(note, dict):
+        raise invalid_field(file, ABSORBED_KEY, note, "must be the absorption record (an object)")
+    for field, ok, what in _RECORD_FIELDS:
+        if field not in note and field not in _OPTIONAL_FIELDS:
+            raise ConfigError(f"{file}: config.{ABSORBED_KEY}.{field} is missing ({what})")
+        if not ok(note.get(field, _OPTIONAL_FIELDS.get(field))):
+            raise invalid_field(file, f"{ABSORBED_KEY}.{field}", note[field], what)
+    for path, entry in note["norms"].items():
+        if not (isinstance(entry, list) and len(entry) == 2 and _is_int(entry[0], 1) and _is_positive(entry[1])):
+            raise invalid_field(file, f"{ABSORBED_KEY}.norms[{path!r}]", entry, "must be [size ≥ 1, eps > 0]")
+    return note
+
+
+def read_absorbed_config(raw: Mapping[str, Any], file: str | os.PathLike) -> Any:
+    """The transformers config of an absorbed checkpoint from its parsed ``config.json`` ``raw``: the config class of
+    ``original_model_type`` (transformers' own, :func:`~modeconn.symmetry.hf.config_check.config_class`) built from
+    the other fields, with the checked record as ``config.modeconn_absorbed``. The one reader of the format (module
+    docstring): :func:`load_absorbed`, :func:`modeconn.stream.hf_checkpoint_spec` and
+    :func:`modeconn.checkpoints.open_checkpoint` read absorbed checkpoints through it.
+
+    Raises:
+        ConfigError: naming ``file`` and the field — no ``model_type`` :data:`ABSORBED_MODEL_TYPE`, a record that is
+            not an object, a missing or ill-typed record field (``format`` other than :data:`ABSORBED_FORMAT`,
+            ``original_model_type`` transformers does not implement, ``norms``, ``biased``, ``untied``, ``atol``,
+            ``streamed``), ``tie_word_embeddings`` not false, ``architectures`` not a list naming one of
+            transformers' classes for the model type, a size field or a value transformers refuses.
+    """
+    from .hf.config_check import config_class, config_value_errors, invalid_field, model_class, validate_hf_config
+
+    note = _checked_record(raw, file)
+    original = note["original_model_type"]
+    cls = config_class(original, file, f"{ABSORBED_KEY}.original_model_type", raw.get("auto_map"))
+    if raw.get("tie_word_embeddings") is not False:
+        raise invalid_field(file, "tie_word_embeddings", raw.get("tie_word_embeddings"),
+                            "an absorbed checkpoint stores every tensor untied (false)")
+    if not (_is_names(raw.get("architectures")) and raw["architectures"]):
+        raise invalid_field(file, "architectures", raw.get("architectures"), "must name the model class (a list of "
+                                                                             "class names)")
+    fields = {k: v for k, v in raw.items() if k not in ("model_type", ABSORBED_KEY, "transformers_version")}
+    validate_hf_config(fields, file)
+    try:
+        config = cls.from_dict(fields)
+    except config_value_errors() as err:
+        raise ConfigError(f"{file}: transformers cannot read this config (original model_type {original!r}): "
+                          f"{err}") from None
+    model_class(config, file, required=True)
+    setattr(config, ABSORBED_KEY, note)
+    return config
+
+
+def check_absorbed_weights(ckpt: Any, absorbed: bool, file: str | os.PathLike) -> None:
+    """CheckpointError unless the weights' file names (``ckpt``: a :class:`~modeconn.io_stream.LazyCheckpoint`) agree
+    with ``config.json`` (``file``): an absorbed config's weights are named after
+    :data:`~modeconn.io_stream.ABSORBED_STEM` (stock transformers would load ``model.safetensors`` as a stock model),
+    a stock config's are not."""
+    from ..errors import CheckpointError
+    from ..io_stream import ABSORBED_STEM, weight_names
+
+    if (ckpt.stem == ABSORBED_STEM) != absorbed:
+        want = f"{weight_names(ABSORBED_STEM)[0]} (or its index)" if absorbed else "model.safetensors (or its index)"
+        raise CheckpointError(f"{ckpt.path}: the weights are stored as {ckpt.stem}.safetensors but {file} describes "
+                              f"{'an absorbed' if absorbed else 'a stock'} checkpoint, whose weights are {want}")
+
+
+def rebuild_absorbed(config: Any, file: str | os.PathLike, device: str = "meta") -> nn.Module:
+    """The model of an absorbed checkpoint's config (:func:`read_absorbed_config`) on ``device`` (``"meta"``: no
+    memory): its class built, the record checked against the model's structure (it must be the one absorption writes
+    for this model: ``norms`` and ``biased`` exactly), then the module swaps replayed (:func:`replay_absorption`).
+    Raises ConfigError naming ``file`` and the record field that does not match; as
+    :func:`~modeconn.symmetry.hf.config_check.build_model`."""
+    from .hf.config_check import build_model
+
+    note = getattr(config, ABSORBED_KEY)
+    model = build_model(config, file, device)
+    expected = absorption_record(describe(model))
+    for field in ("norms", "biased"):
+        got, want = (dict.fromkeys(x, "listed") if isinstance(x, list) else x for x in (note[field], expected[field]))
+        wrong = sorted(k for k in got.keys() | want.keys() if got.get(k, "absent") != want.get(k, "absent"))
+        if wrong:
+            raise ConfigError(f"{file}: config.{ABSORBED_KEY}.{field} is not what absorption records for the model "
+                              f"config.json describes: at {wrong[:5]} it has "
+                              f"{[got.get(k, 'nothing') for k in wrong[:5]]}, absorption records "
+                              f"{[want.get(k, 'nothing') for k in wrong[:5]]}")
+    replay_absorption(model, note)
+    return model
 
 
 def replay_absorption(model: nn.Module, note: dict[str, Any]) -> None:
@@ -280,36 +467,33 @@ def replay_absorption(model: nn.Module, note: dict[str, Any]) -> None:
 
 
 def load_absorbed(directory: str | os.PathLike) -> nn.Module:
-    """Rebuild a model written by :func:`save_absorbed`: the HF class from ``architectures``, the module swaps
-    from ``modeconn_absorbed``, then a strict load of ``model.safetensors`` (never unpickles).
+    """Rebuild a model written by :func:`save_absorbed` (or :func:`~modeconn.symmetry.absorb_stream.stream_absorb`,
+    ``align --groups full``): the config read by :func:`read_absorbed_config`, the model rebuilt
+    (:func:`rebuild_absorbed`), then a strict load of its ``modeconn-absorbed`` safetensors weights (single file or
+    shards; never unpickles).
 
-    Raises CheckpointError (missing/corrupt file), ConfigError (not an absorbed checkpoint, unknown class).
+    Raises CheckpointError (missing/corrupt/symlinked-out file, weights not named as an absorbed checkpoint's, weights
+    that do not fit the model), ConfigError (not an absorbed checkpoint; a malformed config or record, naming the file
+    and the field), NonFiniteError (a NaN/Inf weight).
     """
-    import transformers
-
-    from ..io import check_in_checkpoint, load_state_dict, read_json_object
+    from ..errors import CheckpointError
+    from ..io import check_in_checkpoint, read_json_object
+    from ..io_stream import LazyCheckpoint
 
     d = Path(directory)
-    for name in ("config.json", "model.safetensors"):  # neither may be a symlink leaving the checkpoint
-        if (d / name).is_file():
-            check_in_checkpoint(d / name, d)
-    raw = read_json_object(d / "config.json", "absorbed model config")
-    note = raw.get(ABSORBED_KEY)
-    if not note or note.get("format") != ABSORBED_FORMAT:
-        raise ConfigError(f"{d / 'config.json'}: not an absorbed-model config (no {ABSORBED_KEY!r} of format {ABSORBED_FORMAT})")
-    arch = (raw.get("architectures") or [None])[0]
-    cls = getattr(transformers, arch, None) if arch else None
-    if cls is None:
-        raise ConfigError(f"{d / 'config.json'}: unknown architecture {arch!r}")
-    cfg = transformers.AutoConfig.for_model(**{k: v for k, v in raw.items() if k != "transformers_version"})
-    model = cls(cfg)
-    replay_absorption(model, note)
-    if (d / "model.safetensors").is_file():
-        sd = load_state_dict(d / "model.safetensors")
-    else:  # sharded (stream_absorb of a large model): safetensors shards + index, read without unpickling
-        from ..io_stream import LazyCheckpoint
-
-        sd = {k: t.clone() for k, t in LazyCheckpoint(d).items()}
-    model.load_state_dict(sd, strict=True)
-    setattr(model.config, ABSORBED_KEY, note)
+    file = d / "config.json"
+    if file.is_file():  # not a symlink leaving the checkpoint (the weights: checked by LazyCheckpoint)
+        check_in_checkpoint(file, d)
+    raw = read_json_object(file, "absorbed model config")
+    if not is_absorbed_config(raw):
+        raise ConfigError(f"{file}: not an absorbed-model config (model_type {raw.get('model_type')!r}, no "
+                          f"{ABSORBED_KEY!r})")
+    config = read_absorbed_config(raw, file)
+    ckpt = LazyCheckpoint(d)
+    check_absorbed_weights(ckpt, True, file)
+    model = rebuild_absorbed(config, file, "cpu")
+    try:
+        model.load_state_dict({k: t.clone() for k, t in ckpt.items()}, strict=True)
+    except RuntimeError as err:
+        raise CheckpointError(f"{d}: the weights do not fit the model {file} describes: {err}") from None
     return model.eval()

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from ..errors import UnsupportedOperationError
-from .absorb import ABSORBED_FORMAT, ABSORBED_KEY, check_absorbable
+from .absorb import ABSORBED_FORMAT, ABSORBED_KEY, absorbed_config_json, absorption_record, check_absorbable, recorded_name
 from .hf.registry import adapter_for, describe
 from .hf.structure import LinearRef, NormRef, Structure
 
@@ -42,7 +42,8 @@ class AbsorbedView(Mapping[str, torch.Tensor]):
     Attributes: ``note`` (the ``modeconn_absorbed`` record of the config), ``model`` (the absorbed model on the
     meta device: the module swaps replayed), ``shapes`` (key → (dtype, shape)).
     Raises (on construction): UnsupportedOperationError for a family or model absorption does not apply to (the
-    reason named), CheckpointError / ConfigError as :func:`modeconn.stream.hf_checkpoint_spec`.
+    reason named) and for a checkpoint that is already absorbed, CheckpointError / ConfigError as
+    :func:`modeconn.stream.hf_checkpoint_spec`.
     """
 
     def __init__(self, path: PathLike) -> None:
@@ -52,6 +53,8 @@ class AbsorbedView(Mapping[str, torch.Tensor]):
 
         self.path = Path(path)
         self.config = hf_config(self.path)
+        if getattr(self.config, ABSORBED_KEY, None) is not None:
+            raise UnsupportedOperationError(f"{self.path} is already an absorbed checkpoint")
         self.ckpt = LazyCheckpoint(self.path)
         meta = build_meta_model(self.config, self.path / "config.json")
         adapter = adapter_for(meta)
@@ -73,17 +76,13 @@ class AbsorbedView(Mapping[str, torch.Tensor]):
         self.centered = {s.key: s.axis for s in st.stream.writers} if layer_norm else {}
         self.readers: dict[str, tuple[LinearRef, NormRef]] = {}
         self.biases: dict[str, tuple[LinearRef, NormRef]] = {}
-        biased = []
         for n in norms:
             for r in n.readers:
                 self.readers[r.weight] = (r, n)
                 if n.bias is not None:
-                    key = r.bias or f"{r.path}.bias"
-                    self.biases[key] = (r, n)
-                    biased += [] if r.bias else [r.path]
+                    self.biases[r.bias or f"{r.path}.bias"] = (r, n)
         self.aliases = dict(st.aliases)
-        self.note = {"format": ABSORBED_FORMAT, "norms": {n.path: [n.size, n.eps] for n in norms}, "biased": biased,
-                     "untied": list(st.aliases), "atol": None, "streamed": True}
+        self.note = {"format": ABSORBED_FORMAT, **absorption_record(st), "atol": None, "streamed": True}
 
     def _dtype(self, key: str) -> torch.dtype:
         src = self._source_key(key)
@@ -136,11 +135,10 @@ class AbsorbedView(Mapping[str, torch.Tensor]):
         return len(self.shapes)
 
     def absorbed_config(self) -> dict[str, Any]:
-        """The config JSON object of the absorbed checkpoint (``modeconn_absorbed``, untied, its class)."""
-        cfg = self.config.to_dict()
-        cfg.update({ABSORBED_KEY: self.note, "tie_word_embeddings": False,
-                    "architectures": [type(self.model).__name__]})
-        return cfg
+        """The config JSON object of the absorbed checkpoint (:func:`~modeconn.symmetry.absorb.absorbed_config_json`:
+        marked, ``modeconn_absorbed``, untied, its class, the source's name — not its path)."""
+        return absorbed_config_json(self.config.to_dict(), self.note, type(self.model).__name__,
+                                    recorded_name(str(self.path)))
 
 
 def absorbed_meta_model(config: Any, note: Mapping[str, Any]) -> torch.nn.Module:
@@ -162,17 +160,18 @@ def absorbed_meta_model(config: Any, note: Mapping[str, Any]) -> torch.nn.Module
 def stream_absorb(src: PathLike, out: PathLike, *, overwrite: bool = False, max_shard_bytes: int = 2 << 30,
                   progress: Callable[[int, int], None] | None = None) -> Path:
     """Write the normalization-absorbed checkpoint of the Hugging Face directory ``src`` to ``out``, tensor by tensor
-    (module docstring): ``config.json`` with ``modeconn_absorbed``, safetensors shards of at most
-    ``max_shard_bytes``, and ``src``'s tokenizer and generation files. Peak memory: a few tensors.
+    (module docstring): ``config.json`` marked as absorbed (:mod:`modeconn.symmetry.absorb`: stock transformers
+    refuses it), ``modeconn-absorbed`` safetensors shards of at most ``max_shard_bytes``, and ``src``'s tokenizer and
+    generation files. Peak memory: a few tensors.
 
     Returns ``out`` (written atomically, never replacing what modeconn did not write). Raises: as
     :class:`AbsorbedView`; CheckpointError for an ``out`` that may not be written.
     """
-    from ..io_stream import ShardLayout, write_like
+    from ..io_stream import ABSORBED_STEM, ShardLayout, write_like
     from ..stream import side_files
 
     view = AbsorbedView(src)
-    layout = ShardLayout.plan(view.shapes, max_shard_bytes)
+    layout = ShardLayout.plan(view.shapes, max_shard_bytes, stem=ABSORBED_STEM)
     files = {k: v for k, v in side_files(src).items() if k != "config.json"}
     files["config.json"] = view.absorbed_config()
     return write_like(out, layout, view.__getitem__, files=files, overwrite=overwrite, progress=progress,

@@ -46,7 +46,7 @@ from torch import nn
 
 from .._util.modes import eval_mode
 from ..errors import ConfigError, SpecError, TraceError, UnsupportedOperationError
-from .selfcheck import EXAMPLES, check_function_preserved, first_examples, perturbed_state, propagate_shapes
+from .selfcheck import check_examples, check_function_preserved, perturbed_state, propagate_shapes
 from .spec import AxisBinding, Probe, Space, SymmetrySpec
 
 OnUnsupported = Literal["error", "freeze"]
@@ -349,6 +349,9 @@ class _Tracer:
 
     def unsupported(self, node: torch.fx.Node, why: str) -> _Val | None:
         msg = f"unsupported operation at node {node.name!r} ({node.op} {_target_name(node)}{_module_of(node)}): {why}"
+        layer = _layer_in_stack(node)
+        if layer is not None and self.on_unsupported == "error":
+            raise _untraceable_layer(*layer, msg)
         if self.on_unsupported == "error":
             raise UnsupportedOperationError(
                 msg + ". Pass on_unsupported='freeze' to leave the spaces touching it unpermuted."
@@ -395,7 +398,7 @@ class _Tracer:
             return self.unsupported(node, "module input is not a tensor" if x is None else "module reads a fused q/k/v value")
         if isinstance(mod, (nn.Softmax, nn.LogSoftmax)):
             return self.softmax_over(node, x, mod.dim)
-        if isinstance(mod, _ELEMENTWISE_MODULES) or type(mod) in ELEMENTWISE_RULES:
+        if isinstance(mod, _ELEMENTWISE_MODULES) or _registered(type(mod)) == "elementwise":
             return x
         if isinstance(mod, nn.Flatten):
             return self.reshape(node, x)
@@ -1334,20 +1337,23 @@ def symmetry_spec(
 
     Args:
         model: any nn.Module built from the supported layers (see module docstring). Not modified: its
-            train/eval flags are restored and shape propagation runs under ``no_grad`` in eval mode, on the first
-            :data:`~modeconn.symmetry.selfcheck.EXAMPLES` rows of ``example_input`` when it is one batch.
+            train/eval flags are restored and shape propagation runs under ``no_grad`` in eval mode, on
+            :func:`~modeconn.symmetry.selfcheck.check_examples` of ``example_input`` (its first rows when it is one
+            batch).
         example_input: a tensor (or tuple of tensors) of the shape the model takes, e.g. (N, C, H, W);
             required unless ``model`` is a Hugging Face model.
         on_unsupported: ``"error"`` (default) raises :class:`UnsupportedOperationError` naming the node and the
             module whose forward holds it; ``"freeze"`` leaves every space touching such a node unpermuted.
         check: verify the traced spec on a perturbed copy before returning it
             (:func:`modeconn.symmetry.selfcheck.check_function_preserved`: random norm affines, BN statistics and
-            biases, a random group element, outputs compared on ``example_input``). ``False`` skips it.
+            biases, a random group element, outputs compared on ``example_input`` and on a larger copy of it, in eval
+            and train mode; what it can and cannot prove is in that module's docstring). ``False`` skips it.
     Returns: a validated :class:`SymmetrySpec` (every state-dict tensor listed exactly once; input and
         output spaces never permuted) that keeps the model's function.
     Raises: :class:`ConfigError` for a bad option, :class:`TraceError` if fx cannot trace the model,
         :class:`SpecError` if the traced spec changes the function of the perturbed copy (naming the spaces and the
-        tensors that do not follow them).
+        tensors that do not follow them), if a forward keeps changing the model's Python state, or if a subclass of a
+        stock layer with its own ``forward`` cannot be traced into and is not registered (naming its path and class).
     """
     from .hf.registry import find_hf_model, hf_symmetry_spec  # lazy: never imports transformers itself
 
@@ -1362,10 +1368,10 @@ def symmetry_spec(
     # the self-check's perturbed state: shape propagation runs with it, so its outputs are the check's reference
     state = perturbed_state(model, torch.Generator().manual_seed(0)) if check else None
     with eval_mode(model):  # traced in eval mode: train-only branches (BatchNorm counters, dropout paths) stay out
-        gm = _fx_trace(model, leaf_modules)
+        gm = _fx_trace(model, leaf_modules, trust_layer_subclasses=False)
         try:
             with torch.no_grad():  # shapes need no more than the examples the self-check runs on
-                outputs = propagate_shapes(gm, first_examples(inputs, EXAMPLES), state)
+                outputs = propagate_shapes(gm, check_examples(inputs), state)
         except Exception as exc:  # any failure of the example forward is a user-facing trace error
             raise TraceError(f"running {type(model).__name__} on the example input failed: {exc}") from exc
     tracer = _Tracer(gm, on_unsupported, frozenset(model.state_dict()))
@@ -1393,8 +1399,9 @@ def register_rule(target: Any, rule: str | type[nn.Module] = "elementwise") -> N
         rule: ``"elementwise"`` — the output is the input transformed alike, channel by channel (activations,
             stochastic depth, dropout-like ops; parameters of such a module stay unbound, so it must have none that
             vary along channels); or a stock layer type (``nn.Linear``, ``nn.Conv2d``, ``nn.LayerNorm`` …) whose rule
-            applies to ``target``, a subclass of it whose own ``forward`` computes the same function of the same
-            parameters (without registration such a subclass is traced into).
+            applies to ``target``, a subclass of it whose own ``forward`` keeps that layer's symmetry with the same
+            parameters (without registration such a subclass is traced into, and refused with a SpecError where the
+            tracer cannot follow it). The self-check still verifies what the rule binds, in eval and train mode.
     Raises: ConfigError for another rule, or a stock-layer rule for a type that does not subclass it.
     """
     if rule == "elementwise":
@@ -1409,6 +1416,9 @@ def register_rule(target: Any, rule: str | type[nn.Module] = "elementwise") -> N
 
 MODULE_RULES: dict[type, type] = {}
 """Module types registered with the rule of a stock layer (:func:`register_rule`)."""
+LIBRARY_MODULES: dict[type, type | str] = {}
+"""Layer types of libraries with the rule of a stock layer or ``"elementwise"``
+(:func:`modeconn.symmetry.trace_library.library_modules`), filled when tracing."""
 
 
 def _freeze_cost(gm: torch.fx.GraphModule, model: nn.Module) -> str:
@@ -1432,43 +1442,108 @@ LIBRARY_RULES: dict[Callable, Callable[[_Tracer, torch.fx.Node], Any]] = {}
 
 def _register_known_rules() -> None:
     """The rules of :mod:`~modeconn.symmetry.trace_library` for the libraries imported by now."""
-    from .trace_library import library_rules
+    from .trace_library import library_modules, library_rules
 
     LIBRARY_RULES.update(library_rules())
+    LIBRARY_MODULES.update(library_modules())
 
 
 def _rule_leaf(m: nn.Module) -> bool:
-    """Whether ``m`` is one node with the rule of a stock layer: the layer itself; a Linear / Conv / activation
-    subclass (its forward may transform the weight — timm's ``StdConv2d`` standardises it per output row — but keeps
-    rows as outputs and columns as inputs; the self-check verifies it); a norm subclass that keeps its ``forward`` or
-    is registered with its base's rule (:func:`register_rule`). A norm subclass with a forward of its own is traced
-    into: torchvision's ConvNeXt ``LayerNorm2d`` subclasses ``nn.LayerNorm`` but normalises channels-last, so the
-    ``nn.LayerNorm`` rule would bind its parameters wrongly; timm's ``BatchNormAct2d`` adds an activation."""
-    if type(m) in MODULE_RULES or type(m) in ELEMENTWISE_RULES:
+    """Whether ``m`` is one node with the rule of a stock layer: the layer itself, a subclass that keeps its base's
+    ``forward``, or a type registered with a rule (:func:`register_rule`, the library layers of
+    :func:`~modeconn.symmetry.trace_library.library_modules`). A subclass with a ``forward`` of its own is traced into
+    (never trusted to keep its base's symmetry: it may transform its input or output, or act differently in training
+    or on large inputs): torchvision's ConvNeXt ``LayerNorm2d`` subclasses ``nn.LayerNorm`` but normalises
+    channels-last, timm's ``Linear`` calls ``F.linear``; where the tracer cannot follow it, a SpecError names it
+    (:func:`_own_forward_layer`)."""
+    if _registered(type(m)) is not None:
         return True
-    base = next((b for b in _RULE_MODULES if isinstance(m, b)), None)
-    if base is None:
-        return False
-    if base not in _NORM_MODULES:  # Linear / Conv subclasses (timm's Linear, StdConv2d): rows out, columns in
-        return True
-    return type(m).forward is base.forward
+    base = _rule_base(type(m))
+    return base is not None and type(m).forward is base.forward
 
 
-def _fx_trace(model: nn.Module, leaf_modules: tuple[type[nn.Module], ...]) -> torch.fx.GraphModule:
+def _layer_leaf(m: nn.Module) -> bool:
+    """:func:`_rule_leaf`, and every Linear / Conv / activation subclass one node: where only the data flow between
+    layers matters, not their symmetry (LLPF's parameter groups)."""
+    base = _rule_base(type(m))
+    return (base is not None and base not in _NORM_MODULES) or _rule_leaf(m)
+
+
+def _rule_base(cls: type) -> type | None:
+    """The stock layer of :data:`_RULE_MODULES` that ``cls`` subclasses, if any."""
+    return next((b for b in _RULE_MODULES if isinstance(cls, type) and issubclass(cls, b)), None)
+
+
+def _registered(cls: type) -> type | str | None:
+    """The rule ``cls`` is registered with (a stock layer type or ``"elementwise"``), by the user or for a library."""
+    if cls in MODULE_RULES:
+        return MODULE_RULES[cls]
+    if cls in ELEMENTWISE_RULES:
+        return "elementwise"
+    return LIBRARY_MODULES.get(cls)
+
+
+def _own_forward_layer(cls: Any) -> type | None:
+    """The stock layer ``cls`` subclasses when it overrides its ``forward`` and is not registered (traced into)."""
+    base = _rule_base(cls) if isinstance(cls, type) else None
+    if base is None or cls.forward is base.forward or _registered(cls) is not None:
+        return None
+    return base
+
+
+def _untraceable_layer(path: str, cls: type, base: type, why: str) -> SpecError:
+    return SpecError(
+        f"module {path!r} ({cls.__name__}) subclasses torch.nn.{base.__name__} with a forward of its own, which the "
+        f"tracer cannot follow ({why}); a layer subclass is never trusted to keep its base's symmetry. If its forward "
+        f"keeps {base.__name__}'s symmetry, register it: modeconn.symmetry.register_rule({cls.__name__}, "
+        f"torch.nn.{base.__name__}) (the self-check then verifies it in eval and train mode, at two input scales); "
+        "else write the spec by hand (SymmetrySpec.from_axes)"
+    )
+
+
+def _layer_in_stack(node: torch.fx.Node) -> tuple[str, type, type] | None:
+    """``(path, class, stock layer)`` of the outermost unregistered layer subclass with its own forward that holds
+    ``node`` (fx's ``nn_module_stack``)."""
+    for path, cls in (node.meta.get("nn_module_stack") or {}).values():
+        base = _own_forward_layer(cls)
+        if base is not None:
+            return path, cls, base
+    return None
+
+
+def _fx_trace(model: nn.Module, leaf_modules: tuple[type[nn.Module], ...],
+              trust_layer_subclasses: bool = True) -> torch.fx.GraphModule:
+    """``model`` traced by torch.fx with the stock layers we have rules for as leaves (:func:`_rule_leaf`, or
+    :func:`_layer_leaf` with ``trust_layer_subclasses``; fx alone would trace through any module defined outside
+    torch.nn)."""
     class _Tr(torch.fx.Tracer):
-        # Subclasses of the layers we have rules for (e.g. W-asymmetric Linear/Conv2d) stay one node, like
-        # the stock layer; fx alone would trace through any module defined outside torch.nn.
         def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
-            return isinstance(m, leaf_modules) or _rule_leaf(m) or super().is_leaf_module(m, qualname)
+            leaf = _layer_leaf(m) if trust_layer_subclasses else _rule_leaf(m)
+            return isinstance(m, leaf_modules) or leaf or super().is_leaf_module(m, qualname)
 
     try:
         graph = _Tr().trace(model)
     except Exception as exc:
+        if not trust_layer_subclasses:
+            _blame_layer_subclass(_Tr, model, exc)
         raise TraceError(
             f"torch.fx could not trace {type(model).__name__}: {exc}. Models with data-dependent control flow "
             "need a hand-written spec (SymmetrySpec.from_axes) or an adapter."
         ) from exc
     return torch.fx.GraphModule(model, graph)
+
+
+def _blame_layer_subclass(tracer: type[torch.fx.Tracer], model: nn.Module, exc: Exception) -> None:
+    """SpecError naming the first unregistered layer subclass with its own forward that fx cannot trace alone, when
+    tracing ``model`` failed with ``exc``; nothing when there is none (the failure is elsewhere)."""
+    for path, m in model.named_modules():
+        base = _own_forward_layer(type(m))
+        if base is None:
+            continue
+        try:
+            tracer().trace(m)
+        except Exception as inner:  # the layer's own forward is what fx cannot follow
+            raise _untraceable_layer(path, type(m), base, f"torch.fx: {inner}") from exc
 
 
 # -------------------------------------------------------------------- small helpers

@@ -10,6 +10,16 @@ output; :func:`library_rules` lists the rules of the libraries already imported 
   head leave it unchanged (``_get_relative_position_bias``: a constant of the model).
 - torchvision Swin ``_patch_merging_pad``: four strided 2×2 sub-grids concatenated along channels (channels-last),
   so the output carries the input's spaces four times.
+
+Layer subclasses with a ``forward`` of their own that keep their base layer's symmetry (:func:`library_modules`; any
+other such subclass is traced into, see :func:`modeconn.symmetry.trace._rule_leaf`):
+
+- timm's weight-standardised convolutions (``StdConv2d``, ``ScaledStdConv2d`` and their ``Same`` variants) normalise
+  each output row of the kernel over its inputs (a function of the row's entries that any permutation of the inputs
+  leaves alike), timm's ``Conv2dSame`` pads by the input size: ``nn.Conv2d``'s rule;
+- modeconn's W-asymmetric ``AsymLinear`` / ``AsymConv2d`` (kernel ``F + D ⊙ W``) and the fixed gate ``FiGLU``: their
+  base's rule (``nn.Linear``, ``nn.Conv2d``, elementwise) at their symmetric fixed structure, at which the self-check
+  runs them (``symmetric_fixed_structure``).
 """
 
 from __future__ import annotations
@@ -19,6 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch.fx
+from torch import nn
 
 from .trace import _Attr, _Tracer, _Val
 
@@ -82,6 +93,22 @@ _LIBRARY: dict[str, dict[str, Rule]] = {
                                             "_get_relative_position_bias": constant,
                                             "_patch_merging_pad": patch_merging_pad},
 }
+
+
+_LIBRARY_MODULES: dict[str, dict[str, type | str]] = {
+    "timm.layers.std_conv": {"StdConv2d": nn.Conv2d, "StdConv2dSame": nn.Conv2d, "ScaledStdConv2d": nn.Conv2d,
+                             "ScaledStdConv2dSame": nn.Conv2d},
+    "timm.layers.conv2d_same": {"Conv2dSame": nn.Conv2d},
+    "modeconn.models.asymmetric": {"AsymLinear": nn.Linear, "AsymConv2d": nn.Conv2d},
+    "modeconn.models.gating": {"FiGLU": "elementwise"},
+}
+
+
+def library_modules() -> dict[type, type | str]:
+    """The layer types above of the library modules already imported (class → stock layer type or ``"elementwise"``)."""
+    return {cls: rule for module, classes in _LIBRARY_MODULES.items()
+            for name, rule in classes.items()
+            if isinstance(cls := getattr(sys.modules.get(module), name, None), type)}
 
 
 def library_rules() -> dict[Callable, Rule]:

@@ -16,11 +16,17 @@ any model is built:
 * :func:`build_meta_model` — the model class of the config built on the meta device, any error of transformers or
   torch turned into a ConfigError naming the file.
 
+No remote code: a model type, config class or model class named in a file resolves only to what transformers itself
+implements (:func:`config_class`, :func:`model_class`), every transformers call passes ``trust_remote_code=False``,
+and a config whose ``model_type`` transformers does not implement is refused before transformers sees it (which would
+otherwise offer, on stdin, to import the Python file its ``auto_map`` names).
+
 Every failure is a :class:`~modeconn.errors.ConfigError` naming the file and the field.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -54,8 +60,19 @@ def _positive_int(value: Any, minimum: int = 1) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
 
 
-def _bad(file: str | os.PathLike, field: str, value: Any, what: str) -> ConfigError:
+def invalid_field(file: str | os.PathLike, field: str, value: Any, what: str) -> ConfigError:
+    """The ConfigError of a config field: ``"<file>: config.<field>=<value> is invalid: <what>"``."""
     return ConfigError(f"{file}: config.{field}={value!r} is invalid: {what}")
+
+
+def config_value_errors() -> tuple[type[Exception], ...]:
+    """The exceptions transformers raises for a config value it refuses (huggingface_hub's field validation error
+    in transformers ≥ 5, plain ValueError / TypeError / KeyError before)."""
+    try:
+        from huggingface_hub.errors import StrictDataclassError
+    except ImportError:  # older huggingface_hub
+        return ValueError, TypeError, KeyError
+    return ValueError, TypeError, KeyError, StrictDataclassError
 
 
 def _first(cfg: Mapping[str, Any], fields: tuple[str, ...]) -> tuple[str, Any]:
@@ -80,16 +97,16 @@ def validate_hf_config(cfg: Mapping[str, Any], file: str | os.PathLike) -> None:
         value, minimum = cfg[field], 0 if field in NONNEGATIVE_FIELDS else 1
         items = value if field in ("image_size", "patch_size") and isinstance(value, list) and value else [value]
         if not all(_positive_int(v, minimum) for v in items):
-            raise _bad(file, field, value, f"a size must be an integer ≥ {minimum} (not a string, float or bool)")
+            raise invalid_field(file, field, value, f"a size must be an integer ≥ {minimum} (not a string, float or bool)")
     hidden_field, hidden = _first(cfg, HIDDEN_FIELDS)
     heads_field, heads = _first(cfg, HEAD_FIELDS)
     kv = cfg.get("num_key_value_heads")
     if hidden is not None and heads is not None and cfg.get("head_dim") is None and hidden % heads:
-        raise _bad(file, hidden_field, hidden, f"not divisible by config.{heads_field}={heads} (the head size would "
-                                               "not be an integer)")
+        raise invalid_field(file, hidden_field, hidden, f"not divisible by config.{heads_field}={heads} (the head size "
+                                                        "would not be an integer)")
     if heads is not None and kv is not None and heads % kv:
-        raise _bad(file, "num_key_value_heads", kv, f"config.{heads_field}={heads} is not a multiple of it (every "
-                                                    "key/value head serves the same number of query heads)")
+        raise invalid_field(file, "num_key_value_heads", kv, f"config.{heads_field}={heads} is not a multiple of it "
+                                                             "(every key/value head serves the same number of query heads)")
     n = estimate_parameters(cfg)
     if n > MAX_PARAMETERS:
         sizes = ", ".join(f"{f}={cfg[f]!r}" for f in SIZE_FIELDS if isinstance(cfg.get(f), int))
@@ -132,31 +149,97 @@ def check_fits_checkpoint(config: Any, file: str | os.PathLike, n_tensors: int) 
                           f"layer stores at least {MIN_TENSORS_PER_LAYER}); the config does not describe these weights")
 
 
-def build_meta_model(config: Any, file: str | os.PathLike):
-    """The model a transformers ``config`` describes, built on the meta device (no memory is allocated): the class
-    named by ``config.architectures`` (else the causal-LM, else the base auto class).
+def config_class(model_type: Any, file: str | os.PathLike, field: str = "model_type", auto_map: Any = None) -> type:
+    """transformers' own config class for ``model_type`` (``CONFIG_MAPPING``: the built-in model types and those
+    registered in this process) — never a class a checkpoint's ``auto_map`` points at.
 
     Raises:
-        ConfigError: naming ``file`` when transformers or torch cannot build a model from the config (a value it
-            refuses: the original error is quoted).
+        ConfigError: naming ``file`` and ``field`` when ``model_type`` is not a string or not a model type
+            transformers implements; with ``auto_map`` (the config's, if any) the message says that the checkpoint
+            ships custom code, which modeconn never imports.
     """
+    import transformers
+
+    if isinstance(model_type, str) and model_type in transformers.CONFIG_MAPPING:
+        return transformers.CONFIG_MAPPING[model_type]
+    custom = (f"; its config.auto_map={auto_map!r} names Python code shipped with the checkpoint, which modeconn never "
+              "imports (trust_remote_code=False)") if auto_map else ""
+    raise ConfigError(f"{file}: config.{field}={model_type!r} is not a model type transformers implements{custom}")
+
+
+def check_model_type(raw: Mapping[str, Any], file: str | os.PathLike) -> None:
+    """ConfigError naming ``file``, ``model_type`` and ``auto_map`` unless the raw config's ``model_type`` is one
+    transformers implements (:func:`config_class`): run before transformers reads the file, which would ask on stdin
+    whether to run the code ``auto_map`` names."""
+    config_class(raw.get("model_type"), file, auto_map=raw.get("auto_map"))
+
+
+@functools.cache
+def _own_model_classes(model_type: str) -> frozenset[str]:
+    """The names of transformers' model classes for ``model_type`` in its auto mappings (base, causal LM,
+    classification …)."""
+    from transformers.models.auto import modeling_auto
+
+    names: set[str] = set()
+    for attr, mapping in vars(modeling_auto).items():
+        if attr.endswith("_MAPPING_NAMES") and isinstance(mapping, Mapping):
+            value = mapping.get(model_type)
+            names.update((value,) if isinstance(value, str) else value or ())
+    return frozenset(names)
+
+
+def model_class(config: Any, file: str | os.PathLike, *, required: bool = False) -> type | None:
+    """The model class ``config.architectures[0]`` names, resolved only among transformers' own classes for
+    ``config.model_type`` (:func:`_own_model_classes`): a name read from a file never reaches a custom class or any
+    other object. ``None`` when the config names no architecture (and ``required`` is false).
+
+    Raises:
+        ConfigError: naming ``file`` and ``architectures`` when it is not a list of class names, names a class that
+            is not one of transformers' for the model type, or is absent while ``required``.
+    """
+    import transformers
+
+    names = getattr(config, "architectures", None)
+    if names is None or names == []:
+        if required:
+            raise ConfigError(f"{file}: config.architectures is missing: the model class cannot be told")
+        return None
+    if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
+        raise invalid_field(file, "architectures", names, "must be a list of model class names")
+    model_type = getattr(config, "model_type", None)
+    cls = getattr(transformers, names[0], None) if names[0] in _own_model_classes(str(model_type)) else None
+    if not (isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel)):
+        raise invalid_field(file, "architectures", names, f"{names[0]!r} is not one of transformers' model classes "
+                                                          f"for model_type {model_type!r} (modeconn never loads custom code)")
+    return cls
+
+
+def build_meta_model(config: Any, file: str | os.PathLike):
+    """The model a transformers ``config`` describes, built on the meta device (no memory is allocated): the class
+    named by ``config.architectures`` (:func:`model_class`; else the causal-LM, else the base auto class).
+
+    Raises:
+        ConfigError: naming ``file`` when ``architectures`` names no transformers class for the model type, or
+            transformers or torch cannot build a model from the config (a value it refuses: the original error is
+            quoted).
+    """
+    return build_model(config, file, "meta")
+
+
+def build_model(config: Any, file: str | os.PathLike, device: str = "meta"):
+    """:func:`build_meta_model` on ``device`` (``"cpu"``: a model with initialised weights, to load weights into)."""
     import torch
     import transformers
 
-    cls = None
-    for name in getattr(config, "architectures", None) or ():
-        cand = getattr(transformers, name, None)
-        if isinstance(cand, type) and issubclass(cand, transformers.PreTrainedModel):
-            cls = cand
-            break
+    cls = model_class(config, file)
     try:
-        with torch.device("meta"):
+        with torch.device(device):
             if cls is not None:
                 return cls(config)
             try:
-                return transformers.AutoModelForCausalLM.from_config(config)
+                return transformers.AutoModelForCausalLM.from_config(config, trust_remote_code=False)
             except ValueError:
-                return transformers.AutoModel.from_config(config)
+                return transformers.AutoModel.from_config(config, trust_remote_code=False)
     except (TypeError, ValueError, ZeroDivisionError, RuntimeError, OverflowError, IndexError, KeyError,
             AttributeError) as err:
         raise ConfigError(f"{file}: transformers cannot build a model from this config "

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -12,7 +12,7 @@ from torch import nn
 
 from ...errors import ConfigError, SpecError, UnsupportedOperationError
 from ...registry import Registry
-from .builder import Groups, HFSymmetrySpec, build_spec, storage_key
+from .builder import Groups, HFSymmetrySpec, build_spec, resolve_groups, storage_key
 from .structure import Structure
 
 
@@ -23,7 +23,9 @@ class Adapter:
     ``describe(hf_model, prefix)`` walks the model and returns its :class:`Structure` (keys prefixed by
     ``prefix``); ``example(hf_model, generator)`` gives keyword inputs for a cheap forward;
     ``classes`` lists the supported model classes; ``absorb`` is ``None`` if
-    :func:`modeconn.absorb_normalization` supports the family, else the reason it does not.
+    :func:`modeconn.absorb_normalization` supports the family, else the reason it does not; ``groups``: the groups
+    per role shown to keep the model's function (an inferred layout, :mod:`.infer`), ``None`` for every group the
+    builder supports (a registered adapter).
     """
 
     family: str
@@ -31,6 +33,7 @@ class Adapter:
     example: Callable[[nn.Module, torch.Generator], dict[str, torch.Tensor]]
     classes: tuple[str, ...]
     absorb: str | None = None
+    groups: Mapping[str, tuple[str, ...]] | None = None
 
 
 ADAPTERS: Registry[Adapter] = Registry("Hugging Face adapter")
@@ -149,9 +152,24 @@ def hf_symmetry_spec(
             :mod:`modeconn.symmetry.hf.builder`.
         permute_outputs: also act on a residual stream that is the model's output (base models).
     Returns: a validated :class:`HFSymmetrySpec` (with activation probes; no REPAIR points).
-    Raises: see :func:`describe` and :func:`~modeconn.symmetry.hf.builder.build_spec`.
+    Raises: see :func:`describe` and :func:`~modeconn.symmetry.hf.builder.build_spec`; SpecError naming the role and
+        group when the model's layout was inferred (:mod:`.infer`) and that group was not shown to keep its function.
     """
-    return build_spec(describe(model), model.state_dict(), groups, permute_outputs=permute_outputs)
+    st = describe(model)
+    _require_verified(adapter_for(_require_hf(model)[1]), resolve_groups(groups))
+    return build_spec(st, model.state_dict(), groups, permute_outputs=permute_outputs)
+
+
+def _require_verified(adapter: Adapter, chosen: Mapping[str, str | None]) -> None:
+    if adapter.groups is None:
+        return
+    bad = [f"{role}={g}" for role, g in chosen.items() if g is not None and g not in adapter.groups.get(role, ())]
+    if bad:
+        raise SpecError(
+            f"{adapter.family}: the groups {bad} were not shown to keep this model's function (its layout is inferred "
+            f"and only these were verified on a random instance: {dict(adapter.groups)}); request only those, or add "
+            "an adapter for its model_type"
+        )
 
 
 def example_inputs(model: nn.Module, generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
