@@ -46,13 +46,14 @@ RECORDED = {
 ``out_dtype``)."""
 RECORD_KEYS = {"dtype": "out_dtype"}
 UNIVERSAL = {
-    "align": {"a", "b", "out", "method", "overwrite"},
-    "merge": {"models", "out", "config", "weights", "rule", "base", "param", "align_method", "overwrite"},
-    "barrier": {"a", "b", "method", "out", "overwrite", "lambdas", "eval_limit"},
-    "path": {"a", "b", "method", "option", "out", "overwrite", "sub_points", "eval_limit"},
+    "align": {"a", "b", "out", "method", "overwrite", "seed"},
+    "merge": {"models", "out", "config", "weights", "rule", "base", "param", "align_method", "overwrite", "seed"},
+    "barrier": {"a", "b", "method", "out", "overwrite", "lambdas", "eval_limit", "seed"},
+    "path": {"a", "b", "method", "option", "out", "overwrite", "sub_points", "eval_limit", "seed"},
     "check": {"a", "b", "out", "overwrite"},
 }
-"""Parameters that apply to every path of the command (inputs, outputs, the method itself)."""
+"""Parameters that apply to every path of the command (inputs, outputs, the method itself; ``--seed`` seeds every
+random choice of a run, and a run that makes none gives its one result for any seed)."""
 
 SCENARIOS = {
     # (command, kind, method): (arguments after the two inputs, options that apply)

@@ -52,7 +52,7 @@ def barrier(
         check_methods(method)
         check_bn_policy(bn)
         ma, mb, _, bundle = load_pair_and_data(a, b, "barrier", dataset, data, limit_train)
-        check_pair_options(ma, bundle, bn=bn, seed=seed, methods=method)  # --bn / --seed that would do nothing
+        check_pair_options(ma, bundle, bn=bn)  # a --bn that would do nothing
         with progress_bar() as progress:
             comparison = run_barrier(out, ma, mb, bundle, method, bn=bn, lambdas=lambdas, eval_limit=eval_limit,
                                      seed=seed, overwrite=overwrite, names=(str(a), str(b)), inputs=[a, b],

@@ -51,7 +51,7 @@ def path_command(
     """
     from ..experiments.output import default_out
     from ..experiments.paths import INCOMPLETE_EXIT_CODE, check_path_options, run_path
-    from ..recipes.pair import check_pair_options, load_pair_and_data
+    from ..recipes.pair import load_pair_and_data
 
     out = out or default_out("path")
     with errors_exit(download):
@@ -59,7 +59,6 @@ def path_command(
         options = parse_kv(option, "--option")
         check_path_options(method, options)  # typos fail before anything is loaded
         ma, mb, _, bundle = load_pair_and_data(a, b, "path", dataset, data, limit_train)
-        check_pair_options(ma, bundle, seed=seed)  # a --seed no BatchNorm batch uses
         with progress_bar() as progress:
             results = run_path(out, method, ma, mb, bundle, options, budget=budget, eval_limit=eval_limit,
                                sub_points=sub_points, seed=seed, resume=resume, overwrite=overwrite,

@@ -63,7 +63,6 @@ _LM = "dual / one-sided learned matching of modeconn language-model checkpoints"
 _WM = "weight matching (--method weight, and the weight-matching start of dual / one-sided)"
 ALIGN_SCOPES = {
     "dataset": _DATA, "data": _DATA, "download": _DATA, "limit_train": _DATA,
-    "seed": "the methods with random choices (--method weight, learned, dual, one-sided)",
     "steps": _LEARNED, "lr": _LEARNED, "lambda_schedule": _LEARNED, "lambda_value": _LEARNED,
     "parameterization": _LM, "batch_size": _LM, "shard": _LM + " (storage sharded over torchrun's processes)",
     "restarts": _WM, "max_iter": _WM,

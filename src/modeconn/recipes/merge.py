@@ -101,30 +101,27 @@ MERGE_SCOPES = {
     "dataset": _DATA, "data": _DATA, "limit_train": _DATA,
     "dtype": "Hugging Face checkpoints (modeconn checkpoints keep their dtype)",
     "restarts": _WM, "max_iter": _WM,
-    "seed": (f"{_WM}, randomised rules (dare_*, della …) and the batches that re-estimate BatchNorm statistics or "
-             "REPAIR (modeconn checkpoints)"),
     "device": f"{_WM} and the merge arithmetic of Hugging Face checkpoints",
     "normalize": "--weights of a rule that averages all models (linear, slerp …)",
 }
-"""Every ``merge`` option that some path does not use → where it applies (the others apply everywhere)."""
+"""Every ``merge`` option that some path does not use → where it applies (the others apply everywhere). ``--seed``
+applies everywhere: it seeds every random choice of the run (alignment, randomised rules, BatchNorm batches), and a
+path that makes none is deterministic, so any seed gives its one result."""
 
 
 def check_merge_scope(given: MergeOptions, plan: _Plan, first: Checkpoint) -> None:
     """ConfigError naming the first option given on the command line (``given``) that the merge ``plan`` of
     checkpoints of ``first``'s kind does not use, and where it applies — before any weights are read."""
-    from .pair import config_has_batchnorm
-
     opts, rule = plan.opts, MERGE_RULES.get(plan.opts.rule)
     wm = opts.align == "weight"
-    used = ({"restarts", "max_iter"} if wm else set()) | ({"seed"} if wm or rule.random else set())
+    used = {"restarts", "max_iter"} if wm else set()
     if rule.weights == "all" and opts.weights is not None:
         used.add("normalize")
     if first.kind.name == "huggingface":
         used |= {"dtype", "device"}
         path = f"merging Hugging Face checkpoints (--align {opts.align}, --rule {opts.rule}), done without data"
     else:
-        batches = opts.bn == "repair" or (opts.bn == "reset" and config_has_batchnorm(first.config))
-        used |= {"bn", "dataset", "data", "limit_train"} | ({"device"} if wm else set()) | ({"seed"} if batches else set())
+        used |= {"bn", "dataset", "data", "limit_train"} | ({"device"} if wm else set())
         path = f"merging modeconn checkpoints (--align {opts.align}, --rule {opts.rule})"
     check_scope(given, used, path, MERGE_SCOPES)
 

@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 
 from ..checkpoints import open_checkpoints
@@ -74,12 +73,11 @@ def config_has_batchnorm(config: dict) -> bool:
         return bool(batchnorm_modules(build_model(config["architecture"], **config.get("kwargs", {}))))
 
 
-def check_pair_options(model, bundle, *, bn: str = "reset", seed: int = 0, methods: Sequence[str] = ()) -> None:
-    """ConfigError, before any work, for ``--bn`` or ``--seed`` given where they do nothing for ``model`` (an endpoint
-    as loaded; ``bundle``: its data): a BatchNorm policy other than the default (reset) on a model without BatchNorm
-    layers, REPAIR on a model without REPAIR points (Hugging Face causal LMs), a seed that neither an alignment method
-    among ``methods`` nor the BatchNorm / REPAIR batches use."""
-    from ..match.methods import ALIGNMENT_METHODS
+def check_pair_options(model, bundle, *, bn: str = "reset") -> None:
+    """ConfigError, before any work, for a ``--bn`` given where it does nothing for ``model`` (an endpoint as loaded;
+    ``bundle``: its data): a BatchNorm policy other than the default (reset) on a model without BatchNorm layers, REPAIR
+    on a model without REPAIR points (Hugging Face causal LMs). (``--seed`` applies everywhere: a run that makes no
+    random choice gives its one result for any seed.)"""
     from ..nn_utils import batchnorm_modules
     from ..symmetry import symmetry_spec
 
@@ -90,9 +88,3 @@ def check_pair_options(model, bundle, *, bn: str = "reset", seed: int = 0, metho
     if bn not in ("reset", "repair") and not has_bn:
         raise ConfigError(f"--bn {bn} does not apply to these models: they have no BatchNorm layers, and the policies "
                           "reset, interpolate and keep differ only in BatchNorm statistics; leave it out")
-    seeded = [m for m in methods if m != "naive" and "seed" in ALIGNMENT_METHODS.get(m).config.model_fields]
-    if seed != 0 and not seeded and not (has_bn and bn == "reset") and bn != "repair":
-        seeds = "the alignment methods with random choices (weight, learned matching) and " if methods else ""
-        raise ConfigError(f"--seed does not apply here: it seeds {seeds}the batches that re-estimate BatchNorm "
-                          f"statistics or REPAIR, and {'these methods are deterministic and ' if methods else ''}the "
-                          "models have no BatchNorm layers; leave it out")
