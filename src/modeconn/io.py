@@ -30,7 +30,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -41,6 +40,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
+from ._util.atomic import atomic_path, atomic_write_bytes
 from ._util.outdir import check_output_target, output_directory
 from .checks import check_dtype_kinds, dtype_kind, dtype_kind_mismatches  # noqa: F401  (re-exported)
 from .checks import check_finite_stored
@@ -95,13 +95,6 @@ def _json_dumps(obj: Any, what: str) -> str:
         return json.dumps(clean(obj), indent=2, sort_keys=False, allow_nan=False) + "\n"
     except (TypeError, ValueError) as err:
         raise ConfigError(f"{what} is not JSON-serialisable: {err}") from None
-
-
-def _fsync_write(path: Path, data: bytes) -> None:
-    with open(path, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
 
 
 def _prepare_state_dict(state_dict: Mapping[str, Any], where: str) -> dict[str, torch.Tensor]:
@@ -225,17 +218,11 @@ def save_state_dict(
             raise ConfigError(f"safetensors metadata must map str to str; got {k!r}: {v!r}")
         meta[k] = v
     tensors = _prepare_state_dict(state_dict, str(path))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
     try:
-        save_file(tensors, tmp, metadata=meta)
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException as err:
-        Path(tmp).unlink(missing_ok=True)
-        if isinstance(err, Exception) and not isinstance(err, CheckpointError):
+        with atomic_path(path) as tmp:
+            save_file(tensors, tmp, metadata=meta)
+    except Exception as err:
+        if not isinstance(err, CheckpointError):
             raise CheckpointError(f"{path}: writing safetensors failed: {err}") from err
         raise
     return path
@@ -356,13 +343,13 @@ def save_checkpoint(
                               f"{CONFIG_NAME} / {METRICS_NAME}")
         extra_text[name] = _json_dumps(payload, f"{path / name}")
     with atomic_directory(path, overwrite, inputs=inputs, command=command) as tmp:
-        _fsync_write(tmp / CONFIG_NAME, config_text.encode())
+        atomic_write_bytes(tmp / CONFIG_NAME, config_text.encode())
         meta = {"modeconn_format_version": str(FORMAT_VERSION)}
         save_state_dict(tmp / WEIGHTS_NAME, model.state_dict(), metadata=meta)
         if metrics_text is not None:
-            _fsync_write(tmp / METRICS_NAME, metrics_text.encode())
+            atomic_write_bytes(tmp / METRICS_NAME, metrics_text.encode())
         for name, text in extra_text.items():
-            _fsync_write(tmp / name, text.encode())
+            atomic_write_bytes(tmp / name, text.encode())
     return path
 
 

@@ -50,13 +50,13 @@ from typing import Any, Generic, TypeVar
 import torch
 from safetensors import SafetensorError, safe_open
 
+from ._util.atomic import atomic_write_bytes
 from .checks import check_finite_stored
 from .errors import CheckpointError, ConfigError, StateDictMismatchError
 from .io import (
     PICKLE_SUFFIXES,
     SAFETENSORS_DTYPES,
     WEIGHTS_NAME,
-    _fsync_write,
     _json_dumps,
     atomic_directory,
     check_in_checkpoint,
@@ -561,10 +561,10 @@ def write_like(
             future.result()
         if like.index is not None:
             index = {**like.index, "weight_map": {k: i.shard for k, i in like.infos.items()}}
-            _fsync_write(tmp / like.index_name, (json.dumps(index, indent=2) + "\n").encode())
+            atomic_write_bytes(tmp / like.index_name, (json.dumps(index, indent=2) + "\n").encode())
         for name, payload in payloads.items():
             if isinstance(payload, bytes):
-                _fsync_write(tmp / name, payload)
+                atomic_write_bytes(tmp / name, payload)
             else:
                 shutil.copyfile(payload, tmp / name)
     return Path(out)

@@ -54,7 +54,7 @@ from ..config import StrictConfig
 from ..errors import ConfigError, ModeconnError
 from ..io import _json_dumps
 from ..models._validation import unknown_names_error, validation_error_to_config_error
-from ..path.pathobj import atomic_write_text
+from .._util.atomic import atomic_write_text
 from ..registry import Registry
 from ..report import markdown_table
 
