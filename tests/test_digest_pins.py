@@ -13,7 +13,8 @@ import modeconn as mc
 from modeconn.io import _json_dumps
 from modeconn.match.dual import _fingerprint
 from modeconn.models import build_model, fixed_structure_digest
-from modeconn.path._stream import dataset_sha256, tensors_sha256
+from modeconn._util.digest import tensors_sha256
+from modeconn.path._stream import dataset_sha256
 from modeconn.path.pathobj import keys_digest
 
 

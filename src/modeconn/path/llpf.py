@@ -97,13 +97,14 @@ import torch.nn as nn
 from pydantic import Field, model_validator
 from safetensors import safe_open
 
+from .._util.digest import tensors_sha256
 from ..checks import check_compatible, check_finite
 from ..config import StrictConfig
 from ..errors import CheckpointError, ConfigError, NonFiniteError
 from ..io import _json_dumps, save_state_dict
 from ..nn_utils import mean_cross_entropy
 from ..symmetry.trace import _fx_trace
-from ._stream import BatchStream, data_fingerprint, resolve_dataset, tensors_sha256
+from ._stream import BatchStream, data_fingerprint, resolve_dataset
 from .curves import check_endpoints
 from .pathobj import MANIFEST, Path, cpu_clone, distance, model_keys, param_names, sha256_file, write_shard
 
