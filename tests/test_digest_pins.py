@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 import modeconn as mc
-from modeconn.io import _json_dumps
+from modeconn._util.jsonio import to_json
 from modeconn.match.dual import _fingerprint
 from modeconn.models import build_model, fixed_structure_digest
 from modeconn._util.digest import tensors_sha256
@@ -68,6 +68,6 @@ def test_json_text_hashed_by_llpf_pinned():
     """LLPF's fingerprint is the sha256 of this JSON text (NaN written as null)."""
     parts = {"mode": "bezier", "settings": {"lr": 0.05, "steps": 3, "x": float("nan")}, "A": "ab",
              "data": {"examples": 2}}
-    text = _json_dumps(parts, "LLPF fingerprint")
+    text = to_json(parts, "LLPF fingerprint", nan="null")
     assert hashlib.sha256(text.encode()).hexdigest() == \
         "00421f202a061c742d1472d3c74c053cc57a1a786c3e9b13d4a9455e623d8a48"

@@ -28,7 +28,6 @@ import ``io``.
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -41,6 +40,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from ._util.atomic import atomic_path, atomic_write_bytes
+from ._util.jsonio import to_json
 from ._util.outdir import check_output_target, output_directory
 from .checks import check_dtype_kinds, dtype_kind, dtype_kind_mismatches  # noqa: F401  (re-exported)
 from .checks import check_finite_stored
@@ -70,31 +70,6 @@ def _version() -> str:
 
 
 # --------------------------------------------------------------------------------------------- helpers
-
-
-def _json_dumps(obj: Any, what: str) -> str:
-    """JSON text of ``obj``; NaN/Inf floats become ``null`` (strict JSON), 1-element tensors become numbers,
-    numpy arrays lists."""
-
-    def clean(x: Any) -> Any:
-        if isinstance(x, float) and not math.isfinite(x):
-            return None
-        if isinstance(x, Mapping):
-            return {str(k): clean(v) for k, v in x.items()}
-        if isinstance(x, (list, tuple)):
-            return [clean(v) for v in x]
-        if isinstance(x, torch.Tensor) and x.numel() == 1:
-            return clean(x.item())
-        if isinstance(x, Path):
-            return str(x)
-        if hasattr(x, "tolist") and not isinstance(x, torch.Tensor):  # numpy arrays and scalars
-            return clean(x.tolist())
-        return x
-
-    try:
-        return json.dumps(clean(obj), indent=2, sort_keys=False, allow_nan=False) + "\n"
-    except (TypeError, ValueError) as err:
-        raise ConfigError(f"{what} is not JSON-serialisable: {err}") from None
 
 
 def _prepare_state_dict(state_dict: Mapping[str, Any], where: str) -> dict[str, torch.Tensor]:
@@ -334,14 +309,14 @@ def save_checkpoint(
         cfg[key] = value
     if fixed_structure_keys(model):
         cfg[DIGEST_KEY] = fixed_structure_digest(model)
-    config_text = _json_dumps(cfg, f"{path / CONFIG_NAME}")
-    metrics_text = _json_dumps(metrics, f"{path / METRICS_NAME}") if metrics is not None else None
+    config_text = to_json(cfg, f"{path / CONFIG_NAME}", nan="null")
+    metrics_text = to_json(metrics, f"{path / METRICS_NAME}", nan="null") if metrics is not None else None
     extra_text = {}
     for name, payload in (extra_json or {}).items():
         if Path(name).name != name or name in (CONFIG_NAME, METRICS_NAME, WEIGHTS_NAME) or not name.endswith(".json"):
             raise ConfigError(f"save_checkpoint: extra_json file name {name!r} must be a plain *.json name other than "
                               f"{CONFIG_NAME} / {METRICS_NAME}")
-        extra_text[name] = _json_dumps(payload, f"{path / name}")
+        extra_text[name] = to_json(payload, f"{path / name}", nan="null")
     with atomic_directory(path, overwrite, inputs=inputs, command=command) as tmp:
         atomic_write_bytes(tmp / CONFIG_NAME, config_text.encode())
         meta = {"modeconn_format_version": str(FORMAT_VERSION)}

@@ -47,9 +47,10 @@ from typing import Any
 import torch
 
 from ._util.device import is_cpu, resolve_device
+from ._util.jsonio import write_json
 from .checks import all_finite, check_compatible, check_finite
 from .errors import CheckpointError, ConfigError, UnsupportedOperationError
-from .io import CONFIG_NAME, PICKLE_SUFFIXES, _check_target, _json_dumps, check_dtype_kinds, check_in_checkpoint, read_json_object
+from .io import CONFIG_NAME, PICKLE_SUFFIXES, _check_target, check_dtype_kinds, check_in_checkpoint, read_json_object
 from .io_stream import READ_AHEAD, INDEX_SUFFIX, LazyCheckpoint, ReadAhead, ShardLayout, write_like, write_order
 from .match.result import Alignment
 from .match.weight import DEFAULTS, weight_matching
@@ -637,7 +638,7 @@ def align_hf_full_group(a: PathLike, b: PathLike, out: PathLike, *, seed: int = 
                    files={**_side(b), CONFIG_NAME: vb.absorbed_config()}, inputs=[b])
         record = {**res.to_json(), "groups": FULL_GROUPS, "aligned_to": model_names([a])[0],
                   "source": model_names([b])[0]}
-        (tmp / "alignment.json").write_text(_json_dumps(record, str(tmp / "alignment.json")))
+        write_json(tmp / "alignment.json", record, nan="null")
     return res
 
 

@@ -28,7 +28,7 @@ from modeconn._util import outdir as outdir_mod
 from modeconn.experiments.output import output_directory, write_json
 from modeconn.io import load_checkpoint, load_state_dict, save_checkpoint, save_state_dict
 from modeconn.models import build_model
-from modeconn.path.pathobj import atomic_write_text
+from modeconn._util.atomic import atomic_write_text
 
 io_mod = importlib.import_module("modeconn.io")
 pathobj_mod = importlib.import_module("modeconn.path.pathobj")

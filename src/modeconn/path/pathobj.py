@@ -45,11 +45,12 @@ import torch
 import torch.nn as nn
 from safetensors import safe_open
 
-from .._util.atomic import atomic_path, atomic_write_text
+from .._util.atomic import atomic_path
 from .._util.digest import sha256_file
+from .._util.jsonio import write_json
 from ..checks import check_compatible, check_one_device
 from ..errors import CheckpointError, ConfigError, StateDictMismatchError
-from ..io import _json_dumps, check_state_dict_compatible, read_json_object, save_state_dict
+from ..io import check_state_dict_compatible, read_json_object, save_state_dict
 from ..nn_utils import batchnorm_modules
 from .batchnorm import fixed_batches, reset_bn_stats
 from .curve import Curve
@@ -402,7 +403,7 @@ class Path:
                 if f.name not in keep:
                     f.unlink()
             self._shards, self._dir, self._mem = shards, d, None
-        atomic_write_text(d / MANIFEST, _json_dumps(self.manifest(), str(d / MANIFEST)))
+        write_json(d / MANIFEST, self.manifest(), nan="null")
         return d
 
     @classmethod
