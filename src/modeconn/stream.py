@@ -57,6 +57,7 @@ from .match.weight import DEFAULTS, weight_matching
 from .path.interpolate import merge_weights, plan_settings, weighted_average
 from .path.merge_rules import MERGE_RULES, RuleSettings, applied_weights, check_filters, check_rule_settings, rule_weights
 from .symmetry import Element, SymmetrySpec
+from .symmetry.hf import FULL_GROUPS
 from .vocabulary import check_vocabularies
 
 PathLike = str | os.PathLike
@@ -600,18 +601,13 @@ __all__ = [
 ]
 
 
-FULL_GROUPS = {"residual": "orthogonal", "heads": "permutation", "qk": "head_orthogonal", "vo": "head_orthogonal"}
-"""The transformer group weight matching solves after normalization absorption (``--groups full``): an orthogonal
-residual rotation, head permutations with per-head orthogonal QK / OV maps, FFN permutations."""
-
-
 def align_hf_full_group(a: PathLike, b: PathLike, out: PathLike, *, seed: int = 0,
                         restarts: int = DEFAULTS.restarts, max_iter: int = DEFAULTS.max_iter, chunk: int = 1 << 20, overwrite: bool = False,
                         progress: Progress | None = None, max_shard_bytes: int = 2 << 30,
                         device: str | torch.device | None = None) -> Alignment:
     """Full-group weight matching of Hugging Face checkpoint B to A, out of core: both are normalization-absorbed
     tensor by tensor (:class:`~modeconn.symmetry.absorb_stream.AbsorbedView`, no intermediate copy), matched with
-    :data:`FULL_GROUPS` streaming, and written to ``out`` as ``a/`` (A absorbed) and ``b/`` (B absorbed and
+    :data:`~modeconn.symmetry.hf.FULL_GROUPS` streaming, and written to ``out`` as ``a/`` (A absorbed) and ``b/`` (B absorbed and
     aligned) — absorbed checkpoints :func:`~modeconn.symmetry.absorb.load_absorbed` and the CLI read — plus
     ``alignment.json``. The aligned B computes B's function (up to fp rounding of the rotation).
 
