@@ -607,7 +607,7 @@ def align_hf_full_group(a: PathLike, b: PathLike, out: PathLike, *, seed: int = 
                         device: str | torch.device | None = None) -> Alignment:
     """Full-group weight matching of Hugging Face checkpoint B to A, out of core: both are normalization-absorbed
     tensor by tensor (:class:`~modeconn.symmetry.absorb_stream.AbsorbedView`, no intermediate copy), matched with
-    :data:`~modeconn.symmetry.hf.FULL_GROUPS` streaming, and written to ``out`` as ``a/`` (A absorbed) and ``b/`` (B absorbed and
+    :data:`FULL_GROUPS` streaming, and written to ``out`` as ``a/`` (A absorbed) and ``b/`` (B absorbed and
     aligned) — absorbed checkpoints :func:`~modeconn.symmetry.absorb.load_absorbed` and the CLI read — plus
     ``alignment.json``. The aligned B computes B's function (up to fp rounding of the rotation).
 
