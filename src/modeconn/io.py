@@ -28,9 +28,7 @@ import ``io``.
 from __future__ import annotations
 
 import json
-import math
 import os
-import tempfile
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -41,6 +39,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
+from ._util.atomic import atomic_path, atomic_write_bytes
+from ._util.jsonio import to_json
 from ._util.outdir import check_output_target, output_directory
 from .checks import check_dtype_kinds, dtype_kind, dtype_kind_mismatches  # noqa: F401  (re-exported)
 from .checks import check_finite_stored
@@ -70,38 +70,6 @@ def _version() -> str:
 
 
 # --------------------------------------------------------------------------------------------- helpers
-
-
-def _json_dumps(obj: Any, what: str) -> str:
-    """JSON text of ``obj``; NaN/Inf floats become ``null`` (strict JSON), 1-element tensors become numbers,
-    numpy arrays lists."""
-
-    def clean(x: Any) -> Any:
-        if isinstance(x, float) and not math.isfinite(x):
-            return None
-        if isinstance(x, Mapping):
-            return {str(k): clean(v) for k, v in x.items()}
-        if isinstance(x, (list, tuple)):
-            return [clean(v) for v in x]
-        if isinstance(x, torch.Tensor) and x.numel() == 1:
-            return clean(x.item())
-        if isinstance(x, Path):
-            return str(x)
-        if hasattr(x, "tolist") and not isinstance(x, torch.Tensor):  # numpy arrays and scalars
-            return clean(x.tolist())
-        return x
-
-    try:
-        return json.dumps(clean(obj), indent=2, sort_keys=False, allow_nan=False) + "\n"
-    except (TypeError, ValueError) as err:
-        raise ConfigError(f"{what} is not JSON-serialisable: {err}") from None
-
-
-def _fsync_write(path: Path, data: bytes) -> None:
-    with open(path, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
 
 
 def _prepare_state_dict(state_dict: Mapping[str, Any], where: str) -> dict[str, torch.Tensor]:
@@ -225,17 +193,11 @@ def save_state_dict(
             raise ConfigError(f"safetensors metadata must map str to str; got {k!r}: {v!r}")
         meta[k] = v
     tensors = _prepare_state_dict(state_dict, str(path))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
     try:
-        save_file(tensors, tmp, metadata=meta)
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException as err:
-        Path(tmp).unlink(missing_ok=True)
-        if isinstance(err, Exception) and not isinstance(err, CheckpointError):
+        with atomic_path(path) as tmp:
+            save_file(tensors, tmp, metadata=meta)
+    except Exception as err:
+        if not isinstance(err, CheckpointError):
             raise CheckpointError(f"{path}: writing safetensors failed: {err}") from err
         raise
     return path
@@ -347,22 +309,22 @@ def save_checkpoint(
         cfg[key] = value
     if fixed_structure_keys(model):
         cfg[DIGEST_KEY] = fixed_structure_digest(model)
-    config_text = _json_dumps(cfg, f"{path / CONFIG_NAME}")
-    metrics_text = _json_dumps(metrics, f"{path / METRICS_NAME}") if metrics is not None else None
+    config_text = to_json(cfg, f"{path / CONFIG_NAME}", nan="null")
+    metrics_text = to_json(metrics, f"{path / METRICS_NAME}", nan="null") if metrics is not None else None
     extra_text = {}
     for name, payload in (extra_json or {}).items():
         if Path(name).name != name or name in (CONFIG_NAME, METRICS_NAME, WEIGHTS_NAME) or not name.endswith(".json"):
             raise ConfigError(f"save_checkpoint: extra_json file name {name!r} must be a plain *.json name other than "
                               f"{CONFIG_NAME} / {METRICS_NAME}")
-        extra_text[name] = _json_dumps(payload, f"{path / name}")
+        extra_text[name] = to_json(payload, f"{path / name}", nan="null")
     with atomic_directory(path, overwrite, inputs=inputs, command=command) as tmp:
-        _fsync_write(tmp / CONFIG_NAME, config_text.encode())
+        atomic_write_bytes(tmp / CONFIG_NAME, config_text.encode())
         meta = {"modeconn_format_version": str(FORMAT_VERSION)}
         save_state_dict(tmp / WEIGHTS_NAME, model.state_dict(), metadata=meta)
         if metrics_text is not None:
-            _fsync_write(tmp / METRICS_NAME, metrics_text.encode())
+            atomic_write_bytes(tmp / METRICS_NAME, metrics_text.encode())
         for name, text in extra_text.items():
-            _fsync_write(tmp / name, text.encode())
+            atomic_write_bytes(tmp / name, text.encode())
     return path
 
 

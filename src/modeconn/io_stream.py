@@ -50,14 +50,14 @@ from typing import Any, Generic, TypeVar
 import torch
 from safetensors import SafetensorError, safe_open
 
+from ._util.atomic import atomic_write_bytes
+from ._util.jsonio import to_json
 from .checks import check_finite_stored
 from .errors import CheckpointError, ConfigError, StateDictMismatchError
 from .io import (
     PICKLE_SUFFIXES,
     SAFETENSORS_DTYPES,
     WEIGHTS_NAME,
-    _fsync_write,
-    _json_dumps,
     atomic_directory,
     check_in_checkpoint,
     read_json_object,
@@ -532,7 +532,7 @@ def write_like(
     # before anything is written; the real path checked is the one copied
     files = {n: check_in_checkpoint(v, Path(v).parent) if isinstance(v, (str, os.PathLike)) else v
              for n, v in files.items()}
-    payloads = {n: _json_dumps(v, f"{out}/{n}").encode() if isinstance(v, Mapping) else v for n, v in files.items()}
+    payloads = {n: to_json(v, f"{out}/{n}", nan="null").encode() if isinstance(v, Mapping) else v for n, v in files.items()}
     total, done = len(like.infos), 0
 
     def checked(key: str) -> torch.Tensor:  # runs on the producing thread, WRITE_BEHIND tensors ahead
@@ -561,10 +561,10 @@ def write_like(
             future.result()
         if like.index is not None:
             index = {**like.index, "weight_map": {k: i.shard for k, i in like.infos.items()}}
-            _fsync_write(tmp / like.index_name, (json.dumps(index, indent=2) + "\n").encode())
+            atomic_write_bytes(tmp / like.index_name, to_json(index, str(tmp / like.index_name)).encode())
         for name, payload in payloads.items():
             if isinstance(payload, bytes):
-                _fsync_write(tmp / name, payload)
+                atomic_write_bytes(tmp / name, payload)
             else:
                 shutil.copyfile(payload, tmp / name)
     return Path(out)

@@ -47,15 +47,17 @@ from typing import Any
 import torch
 
 from ._util.device import is_cpu, resolve_device
+from ._util.jsonio import write_json
 from .checks import all_finite, check_compatible, check_finite
 from .errors import CheckpointError, ConfigError, UnsupportedOperationError
-from .io import CONFIG_NAME, PICKLE_SUFFIXES, _check_target, _json_dumps, check_dtype_kinds, check_in_checkpoint, read_json_object
+from .io import CONFIG_NAME, PICKLE_SUFFIXES, _check_target, check_dtype_kinds, check_in_checkpoint, read_json_object
 from .io_stream import READ_AHEAD, INDEX_SUFFIX, LazyCheckpoint, ReadAhead, ShardLayout, write_like, write_order
 from .match.result import Alignment
 from .match.weight import DEFAULTS, weight_matching
 from .path.interpolate import merge_weights, plan_settings, weighted_average
 from .path.merge_rules import MERGE_RULES, RuleSettings, applied_weights, check_filters, check_rule_settings, rule_weights
 from .symmetry import Element, SymmetrySpec
+from .symmetry.hf import FULL_GROUPS
 from .vocabulary import check_vocabularies
 
 PathLike = str | os.PathLike
@@ -599,11 +601,6 @@ __all__ = [
 ]
 
 
-FULL_GROUPS = {"residual": "orthogonal", "heads": "permutation", "qk": "head_orthogonal", "vo": "head_orthogonal"}
-"""The transformer group weight matching solves after normalization absorption (``--groups full``): an orthogonal
-residual rotation, head permutations with per-head orthogonal QK / OV maps, FFN permutations."""
-
-
 def align_hf_full_group(a: PathLike, b: PathLike, out: PathLike, *, seed: int = 0,
                         restarts: int = DEFAULTS.restarts, max_iter: int = DEFAULTS.max_iter, chunk: int = 1 << 20, overwrite: bool = False,
                         progress: Progress | None = None, max_shard_bytes: int = 2 << 30,
@@ -637,7 +634,7 @@ def align_hf_full_group(a: PathLike, b: PathLike, out: PathLike, *, seed: int = 
                    files={**_side(b), CONFIG_NAME: vb.absorbed_config()}, inputs=[b])
         record = {**res.to_json(), "groups": FULL_GROUPS, "aligned_to": model_names([a])[0],
                   "source": model_names([b])[0]}
-        (tmp / "alignment.json").write_text(_json_dumps(record, str(tmp / "alignment.json")))
+        write_json(tmp / "alignment.json", record, nan="null")
     return res
 
 

@@ -28,7 +28,8 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from .config import StrictConfig
 from .errors import ConfigError, NonFiniteError
-from .io import _check_target, _json_dumps, save_checkpoint
+from ._util.jsonio import to_json
+from .io import _check_target, save_checkpoint
 from .models import build_model, validate_model_kwargs
 from .nn_utils import flatten_sequence_logits
 from .path.evaluate import evaluate_model
@@ -439,11 +440,11 @@ def train_checkpoint(
     if extra_config is not None and "training" in extra_config:
         raise ConfigError("train_checkpoint: extra_config must not contain 'training' (it is filled from config)")
     extra = {"training": config.model_dump(mode="json"), **dict(extra_config or {})}
-    _json_dumps(extra, "extra_config")
+    to_json(extra, "extra_config", nan="null")
     for name, payload in (extra_json or {}).items():
         if not isinstance(name, str) or Path(name).name != name or not name.endswith(".json"):
             raise ConfigError(f"train_checkpoint: extra_json file name {name!r} must be a plain *.json name")
-        _json_dumps(payload, name)
+        to_json(payload, name, nan="null")
     out_dir = Path(out_dir)
     _check_target(out_dir, overwrite)
 

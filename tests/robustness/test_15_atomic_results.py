@@ -28,7 +28,7 @@ from modeconn._util import outdir as outdir_mod
 from modeconn.experiments.output import output_directory, write_json
 from modeconn.io import load_checkpoint, load_state_dict, save_checkpoint, save_state_dict
 from modeconn.models import build_model
-from modeconn.path.pathobj import atomic_write_text
+from modeconn._util.atomic import atomic_write_text
 
 io_mod = importlib.import_module("modeconn.io")
 pathobj_mod = importlib.import_module("modeconn.path.pathobj")
@@ -233,14 +233,14 @@ def test_cli_align_result_is_complete_or_absent(tmp_path, monkeypatch):
     b = save_checkpoint(tmp_path / "b", _model(1))
     ok = CliRunner().invoke(app, ["align", str(a), str(b), "--out", str(tmp_path / "fine"), "--method", "weight"])
     assert ok.exit_code == 0 and (tmp_path / "fine" / "alignment.json").is_file()
-    real = mio._fsync_write
+    real = mio.atomic_write_bytes
 
     def crash_on_alignment(path, data):
         if Path(path).name == "alignment.json":
             raise OSError("killed while writing alignment.json")
         return real(path, data)
 
-    monkeypatch.setattr(mio, "_fsync_write", crash_on_alignment)
+    monkeypatch.setattr(mio, "atomic_write_bytes", crash_on_alignment)
     out = tmp_path / "aligned"
     CliRunner().invoke(app, ["align", str(a), str(b), "--out", str(out), "--method", "weight"])
     assert not out.exists(), "a checkpoint without its alignment.json is in place"

@@ -5,9 +5,31 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
+
+
+@contextmanager
+def atomic_path(path: str | os.PathLike, *, suffix: str = ".tmp") -> Iterator[Path]:
+    """Yield the name of a new, empty temporary sibling of ``path`` for the block to fill (by name: a library that
+    writes to a file name, a copy, a download); when the block ends it is fsync'd and renamed onto ``path``.
+
+    On any exception (KeyboardInterrupt included) the temporary file is removed and ``path`` is left as it was."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        yield tmp
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> Path:
@@ -15,19 +37,9 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> 
 
     On any exception the temporary file is removed and ``path`` is left as it was. Returns ``path``.
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            write(fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    with atomic_path(path) as tmp, open(tmp, "wb") as fh:
+        write(fh)
+    return Path(path)
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:

@@ -45,6 +45,7 @@ from typing import Any
 
 from ..errors import ConfigError, ModeconnError
 from .digest import sha256_file
+from .jsonio import to_json
 
 MARKER = ".modeconn-output.json"
 """File name of the ownership marker inside every directory modeconn assembles."""
@@ -101,7 +102,7 @@ def _marker(command: str, listing: dict[str, Any] | None = None) -> str:
               "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "host": _host(), "pid": os.getpid()}
     if listing is not None:
         record |= {"marker_format": MARKER_FORMAT, **listing}
-    return json.dumps(record, indent=2) + "\n"
+    return to_json(record, MARKER)
 
 
 # ------------------------------------------------------------------------------------- what the marker proves

@@ -10,9 +10,9 @@ a DataError raised, so unverified bytes are never kept.
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
+from .._util.atomic import atomic_path
 from ..errors import DataError
 from .checksums import KNOWN_SHA256, verify_content_sha256
 from .idx import read_idx_bytes
@@ -33,6 +33,16 @@ def _fetch(url: str, output: Path) -> None:
     pooch.HTTPDownloader(progressbar=False, timeout=60)(url, str(output), None)
 
 
+def _download_verified(url: str, tmp: Path, expected: str) -> None:
+    """Download ``url`` to ``tmp`` and check its content; DataError naming the URL on a network error or a
+    wrong hash."""
+    try:
+        _fetch(url, tmp)
+    except Exception as exc:  # network errors of any kind
+        raise DataError(f"{url}: {type(exc).__name__}: {exc}") from exc
+    verify_content_sha256(read_idx_bytes(tmp), expected, url)
+
+
 def download_idx(name: str, dest: str | os.PathLike) -> Path:
     """Download the four IDX files of ``name`` ("mnist" or "fashion-mnist") into ``dest``.
 
@@ -49,25 +59,12 @@ def download_idx(name: str, dest: str | os.PathLike) -> Path:
             continue
         errors = []
         for base in MIRRORS[name]:
-            url = f"{base}{stem}.gz"
-            fd, tmp_name = tempfile.mkstemp(prefix=f".{stem}.", suffix=".part", dir=dest)
-            os.close(fd)
-            tmp = Path(tmp_name)
             try:
-                try:
-                    _fetch(url, tmp)
-                except Exception as exc:  # network errors of any kind: try the next mirror
-                    errors.append(f"  {url}: {type(exc).__name__}: {exc}")
-                    continue
-                try:
-                    verify_content_sha256(read_idx_bytes(tmp), KNOWN_SHA256[name, stem], url)
-                except DataError as exc:  # corrupt or substituted file: discard, try the next mirror
-                    errors.append(f"  {exc}")
-                    continue
-                os.replace(tmp, dest / f"{stem}.gz")
+                with atomic_path(dest / f"{stem}.gz", suffix=".part") as tmp:
+                    _download_verified(f"{base}{stem}.gz", tmp, KNOWN_SHA256[name, stem])
                 break
-            finally:
-                tmp.unlink(missing_ok=True)
+            except DataError as exc:  # network error, corrupt or substituted file: discarded, try the next mirror
+                errors.append(f"  {exc}")
         else:
             raise DataError(f"could not download {stem}.gz of {name!r}:\n" + "\n".join(errors))
     return dest

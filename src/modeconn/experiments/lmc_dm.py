@@ -44,6 +44,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from .._util.jsonio import write_json
 from ..data import load_dataset, make_loader
 from ..errors import ConfigError
 from ..path import Curve, evaluate_path
@@ -401,7 +402,6 @@ def align_lm_checkpoints(ma: nn.Module, mb: nn.Module, bundle, out: Path, *, met
     and the start (None: :class:`~modeconn.match.WeightMatchingConfig`'s defaults). Raises what
     :func:`~modeconn.match.dual_matching` raises, and
     ConfigError for a non-empty ``out`` without ``overwrite`` (rank 0, before any work)."""
-    import json
     from contextlib import nullcontext
 
     from ..match import dual_matching, one_sided_matching, weight_matching
@@ -437,7 +437,7 @@ def align_lm_checkpoints(ma: nn.Module, mb: nn.Module, bundle, out: Path, *, met
                   "max_logit_change_after_reload": checks, "seconds": time.perf_counter() - t0,
                   "files": {"a": "a/", "b": "b/", "transforms": "transforms.safetensors"}}
         if writer:
-            (tmp / "alignment.json").write_text(json.dumps(record, indent=2, default=str))
+            write_json(tmp / "alignment.json", record, nan="null", default=str)
     barrier()
     return record
 

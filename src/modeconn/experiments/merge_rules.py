@@ -28,7 +28,8 @@ from ..path.merge_rules import RuleSettings, check_rule_settings
 from ..report import markdown_table
 from .output import output_directory, write_results
 from .registry import Experiment, register_experiment
-from .transformer_wm import FULL_GROUPS, SIZES, LMSize, train_pair
+from ..symmetry.hf import FULL_GROUPS
+from .transformer_wm import SIZES, LMSize, train_pair
 
 Log = Callable[[str], None]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from .._util.outdir import output_directory as _owned_output_directory
-from ..io import _json_dumps
+from .._util.jsonio import to_json
 
 
 def default_out(kind: str) -> Path:
@@ -32,8 +32,9 @@ def output_directory(out: str | os.PathLike, overwrite: bool = False, *, inputs:
 
 
 def write_json(path: Path, payload: Any) -> Path:
-    """Strict JSON (NaN/Inf → null, numpy → lists, paths → strings) written to ``path``."""
-    path.write_text(_json_dumps(payload, str(path)))
+    """Results as strict JSON (measured NaN/Inf, a diverged run's, → null; numpy → lists, paths → strings) written
+    to ``path`` — a file inside the directory :func:`output_directory` assembles, which is what makes it atomic."""
+    path.write_text(to_json(payload, str(path), nan="null"))
     return path
 
 

@@ -22,7 +22,6 @@ recomputed per point, plus the continuity check between consecutive points.
 from __future__ import annotations
 
 import glob
-import json
 import math
 import os
 import shutil
@@ -371,7 +370,7 @@ class SearchWorkDir:
         new = FsPath(tempfile.mkdtemp(prefix=f".{out.name}.{WORK_SUFFIX}-new-", dir=out.parent))
         record = {"tool": "modeconn", "command": "path (search work directory)", "method": method,
                   "out": str(out), "overwrite": bool(overwrite), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-        (new / MARKER).write_text(json.dumps(record, indent=2) + "\n")
+        write_json(new / MARKER, record)
         fd = _lock(new)
         try:
             os.rename(new, work_dir_for(out))

@@ -52,9 +52,9 @@ from torch import nn
 
 from ..config import StrictConfig
 from ..errors import ConfigError, ModeconnError
-from ..io import _json_dumps
+from .._util.jsonio import write_json
 from ..models._validation import unknown_names_error, validation_error_to_config_error
-from ..path.pathobj import atomic_write_text
+from .._util.atomic import atomic_write_text
 from ..registry import Registry
 from ..report import markdown_table
 
@@ -369,7 +369,7 @@ def run_sweep(config: SweepConfig | str | Path, out: str | Path, *, backend: str
             raise ConfigError(f"{out} holds another sweep ({old.get('name')!r}, task {old.get('task')!r}); "
                               "choose another --out")
     else:
-        atomic_write_text(mf, _json_dumps(manifest, str(mf)))
+        write_json(mf, manifest, nan="null")
     ids = [run_id(config.task, p, TASKS.get(config.task).version) for p in runs]
     todo = [(rid, p) for rid, p in zip(ids, runs, strict=False) if not (out / "runs" / rid / "result.json").is_file()]
     log(f"{len(runs)} runs, {len(runs) - len(todo)} already finished, backend {backend}")
@@ -377,8 +377,7 @@ def run_sweep(config: SweepConfig | str | Path, out: str | Path, *, backend: str
     def save(rid: str, params: dict, metrics: dict) -> None:
         d = out / "runs" / rid
         d.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(d / "result.json", _json_dumps({"run_id": rid, "params": params, "metrics": metrics},
-                                                         str(d / "result.json")))
+        write_json(d / "result.json", {"run_id": rid, "params": params, "metrics": metrics}, nan="null")
 
     if todo:
         if backend == "ray":
@@ -453,7 +452,7 @@ def aggregate(out: Path, config: SweepConfig, ids: list[str]) -> dict[str, Any]:
     agg = over_seeds(rows, params)
     results = {"name": config.name, "task": config.task, "grid": config.grid, "base": config.base, "rows": rows,
                "over_seeds": agg}
-    atomic_write_text(out / "results.json", _json_dumps(results, str(out / "results.json")))
+    write_json(out / "results.json", results, nan="null")
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=columns)
     writer.writeheader()

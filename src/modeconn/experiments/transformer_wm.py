@@ -33,12 +33,12 @@ import torch.nn as nn
 from ..data import load_dataset, make_loader
 from ..path import Curve, evaluate_path
 from ..report import markdown_table, plot_curves
+from ..symmetry.hf import FULL_GROUPS
 from .output import output_directory, write_results
 from .training import train_models
 from .registry import Experiment, register_experiment
 
 Log = Callable[[str], None]
-FULL_GROUPS = {"residual": "orthogonal", "heads": "permutation", "qk": "head_orthogonal", "vo": "head_orthogonal"}
 BERT_GROUPS = {"heads": "permutation", "qk": "head_orthogonal", "vo": "head_orthogonal"}
 
 

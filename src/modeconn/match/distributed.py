@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from .._util.digest import update_tensor
 from ..errors import ConfigError, DistributedError
 
 #: the device types each plain backend name communicates (a "cpu:gloo,cuda:nccl" string names them itself)
@@ -192,9 +193,7 @@ class Ranks:
             return
         h = hashlib.sha256(extra)
         for t in tensors:
-            t = t.detach().cpu().contiguous()
-            h.update(f"{t.dtype}/{tuple(t.shape)}".encode())
-            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+            update_tensor(h, t, f"{t.dtype}/{tuple(t.shape)}")
         digest = torch.tensor([int.from_bytes(h.digest()[:7], "big")], dtype=torch.int64)
         got = self.gather(digest)[:, 0].tolist()
         if len(set(got)) > 1:

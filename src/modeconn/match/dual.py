@@ -96,6 +96,7 @@ from torch.func import functional_call
 
 from .._util.atomic import atomic_write
 from .._util.batches import endless
+from .._util.digest import update_tensor
 from ..checks import check_compatible, check_finite, check_one_device
 from ..errors import CheckpointError, ConfigError, DistributedError, NonFiniteError, SpecError
 from ..symmetry import Element, SymmetrySpec
@@ -854,9 +855,7 @@ def _fingerprint(spec: SymmetrySpec, sd_a: StateDict, sd_b: StateDict, opts: dic
     h.update(json.dumps(meta, sort_keys=True, default=str).encode())
     for name, sd in (("A", sd_a), ("B", sd_b)):
         for k in sorted(sd):
-            t = sd[k].detach()
-            h.update(f"{name}/{k}/{t.dtype}/{tuple(t.shape)}".encode())
-            h.update(t.cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+            update_tensor(h, sd[k], f"{name}/{k}/{sd[k].dtype}/{tuple(sd[k].shape)}")
     return h.hexdigest()
 
 

@@ -59,6 +59,7 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, model_serializer, model_validator
 from torch import nn
 
+from .._util.digest import tensor_bytes
 from ..errors import ConfigError, StateDictMismatchError
 
 DEFAULT_SIGMA_F = 1.0
@@ -471,11 +472,11 @@ def fixed_structure_digest(
     for key in sorted(keys):
         if key not in sd:
             raise StateDictMismatchError(f"fixed_structure_digest: key {key!r} is not in the state dict")
-        t = sd[key].detach().to("cpu").contiguous()
+        t = sd[key]
         header = f"{key}\x00{str(t.dtype).removeprefix('torch.')}\x00{tuple(t.shape)}\x00".encode()
         h.update(len(header).to_bytes(8, "little"))
         h.update(header)
-        data = t.reshape(-1).view(torch.uint8).numpy().tobytes()
+        data = tensor_bytes(t)
         h.update(len(data).to_bytes(8, "little"))
         h.update(data)
     return h.hexdigest()

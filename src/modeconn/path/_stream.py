@@ -7,7 +7,7 @@ batches from a permutation made with the run's own ``torch.Generator``. Each epo
 ``drop_last=True``, so BatchNorm never sees a tiny batch), except when the dataset is smaller than one batch
 (then every batch is the whole dataset, in permuted order).
 
-The digests here identify what a resumable search depends on: :func:`tensors_sha256` (a state dict's content)
+The digests a resumable search depends on: :func:`~modeconn._util.digest.tensors_sha256` (a state dict's content)
 and :func:`data_fingerprint` (the training data a search draws its batches from).
 """
 
@@ -21,6 +21,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 from torch.utils.data.dataloader import default_collate
 
+from .._util.digest import update_named_tensor
 from ..errors import ConfigError
 
 DEFAULT_BATCH_SIZE = 128
@@ -86,24 +87,6 @@ class BatchStream:
 # ------------------------------------------------------------------------------------------ digests
 
 
-def _update_with_tensor(h: Any, name: str, t: torch.Tensor) -> None:
-    t = t.detach().to("cpu").contiguous()
-    h.update(f"{name}:{tuple(t.shape)}:{t.dtype}".encode())
-    if t.numel():
-        h.update(t.view(-1).view(torch.uint8).numpy().tobytes())
-
-
-def tensors_sha256(tensors: Mapping[str, torch.Tensor] | None) -> str:
-    """sha256 over ``key:shape:dtype`` and the raw bytes of every tensor, keys sorted (``"none"`` for None):
-    the content digest of a state dict (LLPF's resume fingerprint and its state-file check)."""
-    if tensors is None:
-        return "none"
-    h = hashlib.sha256()
-    for k in sorted(tensors):
-        _update_with_tensor(h, k, tensors[k])
-    return h.hexdigest()
-
-
 def dataset_sha256(dataset: Dataset) -> str:
     """sha256 of every example of ``dataset`` — the data every minibatch of a search is drawn from. A
     ``TensorDataset`` is hashed through its tensors (one pass over their bytes); any other dataset item by
@@ -112,13 +95,13 @@ def dataset_sha256(dataset: Dataset) -> str:
     h.update(f"n={len(dataset)}".encode())
     if isinstance(dataset, TensorDataset):
         for j, t in enumerate(dataset.tensors):
-            _update_with_tensor(h, str(j), t)
+            update_named_tensor(h, str(j), t)
         return h.hexdigest()
     for i in range(len(dataset)):
         item = dataset[i]
         for j, field in enumerate(item if isinstance(item, (tuple, list)) else (item,)):
             if isinstance(field, torch.Tensor):
-                _update_with_tensor(h, f"{i}.{j}", field)
+                update_named_tensor(h, f"{i}.{j}", field)
             else:
                 h.update(f"{i}.{j}={field!r}".encode())
     return h.hexdigest()

@@ -97,13 +97,15 @@ import torch.nn as nn
 from pydantic import Field, model_validator
 from safetensors import safe_open
 
+from .._util.digest import tensors_sha256
+from .._util.jsonio import to_json
 from ..checks import check_compatible, check_finite
 from ..config import StrictConfig
 from ..errors import CheckpointError, ConfigError, NonFiniteError
-from ..io import _json_dumps, save_state_dict
+from ..io import save_state_dict
 from ..nn_utils import mean_cross_entropy
 from ..symmetry.trace import _fx_trace
-from ._stream import BatchStream, data_fingerprint, resolve_dataset, tensors_sha256
+from ._stream import BatchStream, data_fingerprint, resolve_dataset
 from .curves import check_endpoints
 from .pathobj import MANIFEST, Path, cpu_clone, distance, model_keys, param_names, sha256_file, write_shard
 
@@ -514,10 +516,10 @@ class _Run:
         self.fingerprint_parts: dict[str, Any] = {}
         if self.out_dir is not None:  # only a checkpointed run needs it (the data digest reads every example)
             self.fingerprint_parts = {
-                "mode": self.mode, "settings": json.loads(_json_dumps(self.cfg, "LLPF settings")),
+                "mode": self.mode, "settings": json.loads(to_json(self.cfg, "LLPF settings", nan="null")),
                 "A": tensors_sha256(sd_a), "B": tensors_sha256(sd_b), "data": data_fingerprint(self.ds, data_info),
             }
-        self.fingerprint = hashlib.sha256(_json_dumps(self.fingerprint_parts, "LLPF fingerprint").encode()).hexdigest()
+        self.fingerprint = hashlib.sha256(to_json(self.fingerprint_parts, "LLPF fingerprint", nan="null").encode()).hexdigest()
 
     def _initial_state(self, sd_a: StateDict) -> dict[str, Any]:
         """The mutable state of a fresh run (what a checkpoint stores as ``state``)."""
@@ -671,11 +673,11 @@ class _Run:
         tensors["rng/gen"] = self.gen.get_state()
         st = self.stream.state_dict()
         tensors["stream/perm"] = st["perm"]
-        meta = {"llpf_state": _json_dumps({
+        meta = {"llpf_state": to_json({
             "version": STATE_VERSION, "fingerprint": self.fingerprint, "fingerprint_parts": self.fingerprint_parts,
             "mode": self.mode, "tensors_sha256": tensors_sha256(tensors),
             "stream": {"pos": st["pos"], "epoch": st["epoch"]}, "state": self.s,
-        }, "LLPF state")}
+        }, "LLPF state", nan="null")}
         save_state_dict(self._state_path(), tensors, metadata=meta)
 
     def _try_resume(self) -> bool:

@@ -36,8 +36,6 @@ import hashlib
 import os
 import pathlib
 import shutil
-import tempfile
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -47,10 +45,12 @@ import torch
 import torch.nn as nn
 from safetensors import safe_open
 
+from .._util.atomic import atomic_path
 from .._util.digest import sha256_file
+from .._util.jsonio import write_json
 from ..checks import check_compatible, check_one_device
 from ..errors import CheckpointError, ConfigError, StateDictMismatchError
-from ..io import _json_dumps, check_state_dict_compatible, read_json_object, save_state_dict
+from ..io import check_state_dict_compatible, read_json_object, save_state_dict
 from ..nn_utils import batchnorm_modules
 from .batchnorm import fixed_batches, reset_bn_stats
 from .curve import Curve
@@ -83,34 +83,15 @@ def keys_digest(keys: Mapping[str, Sequence[int]]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def atomic_write_text(path: pathlib.Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temporary sibling + ``os.replace`` (readers never see half a file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(text.encode())
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        pathlib.Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def link_or_copy(src: pathlib.Path, dst: pathlib.Path) -> None:
     """Make ``dst`` hold ``src``'s bytes: a hard link where the file system allows, else a copy — either way
-    through a temporary sibling and ``os.replace``, so ``dst`` is never half-written."""
-    tmp = dst.with_name(f".{dst.name}.{uuid.uuid4().hex}.tmp")
-    try:
+    through a temporary sibling (:func:`~modeconn._util.atomic.atomic_path`), so ``dst`` is never half-written."""
+    with atomic_path(dst) as tmp:
+        tmp.unlink()  # os.link makes the name itself
         try:
             os.link(src, tmp)
         except OSError:
             shutil.copyfile(src, tmp)
-        os.replace(tmp, dst)
-    except BaseException:
-        pathlib.Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def cpu_clone(sd: StateDict) -> dict[str, torch.Tensor]:
@@ -422,7 +403,7 @@ class Path:
                 if f.name not in keep:
                     f.unlink()
             self._shards, self._dir, self._mem = shards, d, None
-        atomic_write_text(d / MANIFEST, _json_dumps(self.manifest(), str(d / MANIFEST)))
+        write_json(d / MANIFEST, self.manifest(), nan="null")
         return d
 
     @classmethod

@@ -53,7 +53,6 @@ float64; a bf16/fp16 model is absorbed in fp32 and cast back once at the end (th
 from __future__ import annotations
 
 import copy
-import json
 import math
 import os
 import re
@@ -64,6 +63,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._util.jsonio import write_json
 from .._util.modes import eval_mode
 from ..errors import AbsorptionError, ConfigError, UnsupportedOperationError
 from .hf._common import ScaleFreeRMSNorm
@@ -285,7 +285,7 @@ def save_absorbed(model: nn.Module, directory: str | os.PathLike, *, overwrite: 
                           "use save_pretrained for ordinary models")
     cfg = absorbed_config_json(hf.config.to_dict(), note, type(hf).__name__, recorded_name(hf.config.name_or_path))
     with atomic_directory(directory, overwrite, "absorbed checkpoint", command="save_absorbed") as tmp:
-        (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True, default=str))
+        write_json(tmp / "config.json", cfg, sort_keys=True, default=str)
         save_state_dict(tmp / weight_names(ABSORBED_STEM)[0], hf.state_dict(), {"modeconn": ABSORBED_KEY})
     return Path(directory)
 

@@ -13,7 +13,7 @@ tied tensors) without choosing a group; :func:`build_spec` turns that descriptio
 
 from . import bert, families, gpt2, vit  # noqa: F401  (register the adapters)
 from ._common import ScaleFreeRMSNorm
-from .builder import ROLES, SUPPORTED, HFSymmetrySpec, build_spec, resolve_groups
+from .builder import FULL_GROUPS, ROLES, SUPPORTED, HFSymmetrySpec, build_spec, resolve_groups
 from .registry import (
     ADAPTERS,
     Adapter,
@@ -33,6 +33,7 @@ from .structure import FFN, Attention, Hidden, KVHead, LinearRef, NormRef, Query
 __all__ = [
     "ADAPTERS",
     "FFN",
+    "FULL_GROUPS",
     "ROLES",
     "SUPPORTED",
     "Adapter",

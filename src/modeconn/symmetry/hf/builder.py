@@ -71,6 +71,11 @@ DEFAULTS: dict[str, str | None] = {
     "residual": "permutation", "heads": None, "qk": "permutation", "vo": "permutation", "ffn": "permutation",
     "ffn_scale": None, "hidden": "permutation",
 }
+FULL_GROUPS: dict[str, str | None] = {
+    "residual": "orthogonal", "heads": "permutation", "qk": "head_orthogonal", "vo": "head_orthogonal",
+}
+"""The full transformer group preset (``--groups full``), solved after normalization absorption: an orthogonal
+residual rotation, head permutations with per-head orthogonal QK / OV maps, FFN permutations."""
 _SELF_DUAL = {g for g in GROUPS if GROUPS.get(g).isometric}  # g^{-T} = g: both sides act alike
 _HEAD_GROUPS = {g for g in GROUPS if GROUPS.get(g).per_head}
 # positively homogeneous activations (f(s·x) = s·f(x) for s > 0): a non-GLU FFN can be rescaled per unit
