@@ -55,7 +55,7 @@ from .leaves import (
 from .registry import module_op, module_types, node_op
 from .tracer import OnUnsupported, Tracer
 
-# the leaf policy as read at trace time (:func:`.leaves.tables`), and the names tests reach the tracer by
+# the leaf policy and the fx trace as the driver reads them (:func:`.leaves.tables`), and the tracer by its old name
 _rule_leaf = rule_leaf
 _fx_trace = fx_trace
 _Tracer = Tracer

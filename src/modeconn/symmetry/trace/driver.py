@@ -11,7 +11,7 @@ from ..._util.modes import eval_mode
 from ...errors import ConfigError, SpecError, TraceError, UnsupportedOperationError
 from ..selfcheck import check_examples, check_function_preserved, perturbed_state, propagate_shapes
 from ..spec import SymmetrySpec
-from .leaves import fx_trace, tables
+from .leaves import tables
 from .library import library_modules, library_rules
 from .tracer import OnUnsupported, Tracer
 
@@ -63,7 +63,7 @@ def symmetry_spec(
     # the self-check's perturbed state: shape propagation runs with it, so its outputs are the check's reference
     state = perturbed_state(model, torch.Generator().manual_seed(0)) if check else None
     with eval_mode(model):  # traced in eval mode: train-only branches (BatchNorm counters, dropout paths) stay out
-        gm = fx_trace(model, leaf_modules, trust_layer_subclasses=False)
+        gm = tables()._fx_trace(model, leaf_modules, trust_layer_subclasses=False)
         try:
             with torch.no_grad():  # shapes need no more than the examples the self-check runs on
                 outputs = propagate_shapes(gm, check_examples(inputs), state)

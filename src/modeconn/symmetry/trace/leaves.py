@@ -1,9 +1,10 @@
 """Which modules the tracer keeps as one node (the leaf policy), the rules users register for their own functions
 and layer types (:func:`register_rule`), and the torch.fx trace itself.
 
-The registration tables and :func:`rule_leaf` are read through the package namespace at call time
-(:func:`tables`): replacing one on :mod:`modeconn.symmetry.trace` (a test isolating what it registers, or
-substituting a broken leaf policy) takes effect everywhere.
+The registration tables, :func:`rule_leaf` and :func:`fx_trace` are read through the package namespace at call
+time (:func:`tables`): replacing one on :mod:`modeconn.symmetry.trace` (a test isolating what it registers,
+substituting a broken leaf policy, or making sure no trace starts before the options are checked) takes effect
+everywhere.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ LIBRARY_RULES: dict[Callable, Callable[..., Any]] = {}
 
 
 def tables() -> ModuleType:
-    """The package :mod:`modeconn.symmetry.trace`, whose attributes hold the tables above and :func:`rule_leaf`."""
+    """The package :mod:`modeconn.symmetry.trace`, whose attributes hold the tables above, :func:`rule_leaf` (as
+    ``_rule_leaf``) and :func:`fx_trace` (as ``_fx_trace``)."""
     return sys.modules[__package__]
 
 
