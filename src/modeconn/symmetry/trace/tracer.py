@@ -22,7 +22,20 @@ from .ops.elementwise import elementwise, softmax_module
 from .ops.indexing import index
 from .ops.reshape import parameter_view
 from .registry import module_op_for, node_op_for
-from .values import NON_TENSOR_METHODS, Attr, AttrCat, Parts, Seg, Val, flat_args, matches, module_of, offsets, shape_of, target_name
+from .values import (
+    NON_TENSOR_METHODS,
+    Attr,
+    AttrCat,
+    Parts,
+    Seg,
+    Val,
+    flat_args,
+    matches,
+    module_of,
+    offsets,
+    shape_of,
+    target_name,
+)
 
 OnUnsupported = Literal["error", "freeze"]
 
@@ -135,7 +148,7 @@ class Tracer(Axes):
 
     def value(self, a: Any) -> Val | None:
         """The traced value of argument ``a``. A parameter read here (anywhere but as an elementwise operand
-        of activations, see :meth:`parameter_operand`) is never permuted: it becomes a frozen value."""
+        of activations, see :func:`.ops.binary.parameter_operand`) is never permuted: it becomes a frozen value."""
         v = self.vals.get(a) if isinstance(a, torch.fx.Node) else None
         if isinstance(v, (Attr, AttrCat)):
             self.freeze(v)

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 @module_op(nn.MultiheadAttention, per_head=True)
 def multihead_attention(tr: Tracer, node: torch.fx.Node, name: str, mod: nn.MultiheadAttention, x: Val) -> tuple | None:
-    """``nn.MultiheadAttention`` used for tr-attention (query, key and value one tensor): the input's spaces
+    """``nn.MultiheadAttention`` used for self-attention (query, key and value one tensor): the input's spaces
     on ``in_proj_weight``'s columns; per head, one space for the query/key dims (Q and K rows of the head, so
     ``q·k`` is invariant) and one for the value dims (V rows, ``out_proj`` columns); ``out_proj`` writes a new
     space. Returns ``(output, attention weights: no symmetry)`` like the module."""
@@ -46,7 +46,7 @@ def fused_self_attention(tr: Tracer, node: torch.fx.Node, name: str, x: Val, h: 
     rows (so ``q·k`` is invariant) and one for the value rows and proj's columns; proj writes a new space."""
     x = tr.require_dim(node, x, x.ndim - 1)
     if x.outer is not None:
-        return tr.unsupported(node, "tr-attention on a value with per-head spaces")
+        return tr.unsupported(node, "self-attention on a value with per-head spaces")
     e = x.width
     tr.bind(qkv[0], 1, x, "in")
     qk, vo = tr.new_space(e, f"{name}.qk"), tr.new_space(e, f"{name}.vo")

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
          methods=("add", "add_", "sub", "mul", "mul_", "div", "maximum", "minimum"))
 def binary(tr: Tracer, node: torch.fx.Node) -> Val | None:
     """``a ∘ b`` elementwise (add, mul, …, broadcasting): a parameter operand is bound like a bias
-    (:meth:`parameter_operand`); two activations with the same layout union their spaces."""
+    (:func:`parameter_operand`); two activations with the same layout union their spaces."""
     operands = [a for a in node.args[:2] if isinstance(a, torch.fx.Node)]
     raw = [tr.vals.get(a) for a in operands]
     if len(raw) == 2 and sum(isinstance(v, Attr) for v in raw) == 1 and sum(isinstance(v, Val) for v in raw) == 1:
@@ -41,7 +41,7 @@ def binary(tr: Tracer, node: torch.fx.Node) -> Val | None:
 
 
 def binary_values(tr: Tracer, node: torch.fx.Node, first: tuple, second: tuple) -> Val | None:
-    """:meth:`binary` of two traced activations ``(node, value)``."""
+    """:func:`binary` of two traced activations ``(node, value)``."""
     (_, a), (_, b) = first, second
     if tr.all_frozen(a) and tr.all_frozen(b):
         return tr.frozen_val(node)
@@ -101,7 +101,7 @@ def parameter_operand(tr: Tracer, node: torch.fx.Node, x_node, x: Val, p_node, p
 @node_op(torch.addcmul, methods=("addcmul",))
 def addcmul(tr: Tracer, node: torch.fx.Node) -> Val | None:
     """``torch.addcmul(beta, alpha, x)`` = ``beta + alpha·x`` with per-feature parameters (ResMLP's ``Affine``):
-    both bound to x's spaces like biases (:meth:`parameter_operand`)."""
+    both bound to x's spaces like biases (:func:`parameter_operand`)."""
     operands = [a for a in node.args[:3] if isinstance(a, torch.fx.Node)]
     raw = [tr.vals.get(a) for a in operands]
     acts = [(a, v) for a, v in zip(operands, raw, strict=True) if isinstance(v, Val)]

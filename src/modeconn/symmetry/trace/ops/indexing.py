@@ -128,7 +128,7 @@ def chunk(tr: Tracer, node: torch.fx.Node, x: Val | None) -> tuple | None:
 
 @node_op(torch.split, methods=("split",), first=True)
 def split_sizes(tr: Tracer, node: torch.fx.Node, x: Val | None) -> tuple | None:
-    """``torch.split(x, size or sizes, dim)`` (Res2Net's scales): as :meth:`chunk`."""
+    """``torch.split(x, size or sizes, dim)`` (Res2Net's scales): as :func:`chunk`."""
     size = node.kwargs.get("split_size_or_sections", node.kwargs.get("split_size", node.args[1] if len(node.args) > 1 else None))
     dim = node.kwargs.get("dim", node.args[2] if len(node.args) > 2 else 0)
     shape = shape_of(node.args[0])

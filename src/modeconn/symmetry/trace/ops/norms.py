@@ -51,7 +51,7 @@ def norm(tr: Tracer, node: torch.fx.Node, name: str, mod: nn.Module, x: Val) -> 
 def functional_layer_norm(tr: Tracer, node: torch.fx.Node) -> Val | None:
     """``F.layer_norm(x, normalized_shape, weight, bias, eps)`` (e.g. inside a channels-last norm's forward):
     normalising over the permuted dim commutes with its permutation when ``weight``/``bias`` move with it
-    (bound like :meth:`norm`'s); over other dims they are constant along it."""
+    (bound like :func:`norm`'s); over other dims they are constant along it."""
     names = ("input", "normalized_shape", "weight", "bias", "eps")
     args = dict(zip(names, node.args, strict=False)) | {k: v for k, v in node.kwargs.items() if k in names}
     x = tr.value(args["input"])
