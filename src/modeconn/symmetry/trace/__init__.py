@@ -11,7 +11,7 @@ Frozen spaces are dropped at the end: their axes stay unbound (never permuted).
 Per-head spaces (attention): a reshape that splits the permuted dim into (groups, width), e.g.
 ``q.unflatten(-1, (heads, head_dim))``, *splits* each space into ``heads`` child spaces of size ``head_dim``
 (the group is restricted to permutations within each head) and the value records the axis indexing the
-children (``_Val.outer``). Bindings made before or after the split are expanded to one partial binding per
+children (``Val.outer``). Bindings made before or after the split are expanded to one partial binding per
 child at offset ``i · head_dim`` when the spec is built. ``q @ kᵀ`` contracts the per-head dims, so it unions
 q's and k's child spaces head by head (QKᵀ is invariant under a joint permutation) and its result carries no
 symmetry; ``attn @ v`` keeps v's per-head spaces, and merging the heads again (``flatten``) lays them out
