@@ -104,7 +104,7 @@ from ..config import StrictConfig
 from ..errors import CheckpointError, ConfigError, NonFiniteError
 from ..io import save_state_dict
 from ..nn_utils import mean_cross_entropy
-from ..symmetry.trace import _fx_trace
+from ..symmetry.trace import fx_trace
 from ._stream import BatchStream, data_fingerprint, resolve_dataset
 from .curves import check_endpoints
 from .pathobj import MANIFEST, Path, cpu_clone, distance, model_keys, param_names, sha256_file, write_shard
@@ -200,7 +200,7 @@ def fdf_groups(model: nn.Module, level: int | None = None) -> list[list[str]]:
     """
     if level is not None and (isinstance(level, bool) or not isinstance(level, int) or level < 1):
         raise ConfigError(f"level must be None or an integer ≥ 1, got {level!r}")
-    gm = _fx_trace(model, ())
+    gm = fx_trace(model, ())
     params = param_names(model)
     owners = param_owners(model)
     grouping = _FDFGrouping(gm, params)

@@ -33,7 +33,7 @@ show: behaviour on inputs it does not try (a branch above ×:data:`SCALE`, or hi
 that scale; units inactive on both examples), behaviour that depends on state outside the model (globals, the
 clock, a closure), a per-feature random draw in training (refused only when the comparison fails), and a subclass of
 a stock layer with its own ``forward`` is never trusted to keep its base's rule: the tracer follows its ``forward``
-(:func:`modeconn.symmetry.trace._rule_leaf`) or refuses it, unless it is registered
+(:func:`modeconn.symmetry.trace.leaves.rule_leaf`) or refuses it, unless it is registered
 (:func:`modeconn.symmetry.trace.register_rule`), in which case only this check stands behind it.
 
 The model runs with the perturbed state through ``torch.func.functional_call`` (it is never written, and never copied

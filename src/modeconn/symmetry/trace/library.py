@@ -5,14 +5,14 @@ output; :func:`library_rules` lists the rules of the libraries already imported 
 
 - torchvision ``stochastic_depth``: elementwise (a per-sample Bernoulli scale in training, the identity in eval).
 - torchvision Swin ``shifted_window_attention``: windowed self-attention with a fused qkv projection — the
-  rule of :meth:`~modeconn.symmetry.trace._Tracer.fused_self_attention` (per-head query/key and value spaces).
+  rule of :func:`~modeconn.symmetry.trace.ops.attention.fused_self_attention` (per-head query/key and value spaces).
   The relative-position bias is indexed by head and token pair, never by a feature, so permutations within a
   head leave it unchanged (``_get_relative_position_bias``: a constant of the model).
 - torchvision Swin ``_patch_merging_pad``: four strided 2×2 sub-grids concatenated along channels (channels-last),
   so the output carries the input's spaces four times.
 
 Layer subclasses with a ``forward`` of their own that keep their base layer's symmetry (:func:`library_modules`; any
-other such subclass is traced into, see :func:`modeconn.symmetry.trace._rule_leaf`):
+other such subclass is traced into, see :func:`modeconn.symmetry.trace.leaves.rule_leaf`):
 
 - timm's weight-standardised convolutions (``StdConv2d``, ``ScaledStdConv2d`` and their ``Same`` variants) normalise
   each output row of the kernel over its inputs (a function of the row's entries that any permutation of the inputs
@@ -31,9 +31,11 @@ from typing import Any
 import torch.fx
 from torch import nn
 
-from .trace import _Attr, _Tracer, _Val
+from .ops.elementwise import elementwise
+from .tracer import Tracer
+from .values import Attr, Val
 
-Rule = Callable[[_Tracer, torch.fx.Node], Any]
+Rule = Callable[[Tracer, torch.fx.Node], Any]
 
 _SWIN_ARGS = ("input", "qkv_weight", "proj_weight", "relative_position_bias", "window_size", "num_heads", "shift_size",
               "attention_dropout", "dropout", "qkv_bias", "proj_bias", "logit_scale", "training")
@@ -43,12 +45,12 @@ def _arguments(node: torch.fx.Node, names: tuple[str, ...]) -> dict[str, Any]:
     return dict(zip(names, node.args, strict=False)) | {k: v for k, v in node.kwargs.items() if k in names}
 
 
-def _key(tr: _Tracer, arg: Any) -> str | None:
+def _key(tr: Tracer, arg: Any) -> str | None:
     a = tr.vals.get(arg) if isinstance(arg, torch.fx.Node) else None
-    return a.key if isinstance(a, _Attr) else None
+    return a.key if isinstance(a, Attr) else None
 
 
-def swin_attention(tr: _Tracer, node: torch.fx.Node) -> _Val | None:
+def swin_attention(tr: Tracer, node: torch.fx.Node) -> Val | None:
     """``shifted_window_attention(x (B, H, W, C), qkv_weight (3C, C), proj_weight (C, C), bias, …)``."""
     args = _arguments(node, _SWIN_ARGS)
     x = tr.value(args["input"])
@@ -63,7 +65,7 @@ def swin_attention(tr: _Tracer, node: torch.fx.Node) -> _Val | None:
                                    (keys["proj_weight"], keys["proj_bias"]))
 
 
-def constant(tr: _Tracer, node: torch.fx.Node) -> _Val | None:
+def constant(tr: Tracer, node: torch.fx.Node) -> Val | None:
     """A function of the model's parameters and buffers that no permutation acts on (Swin's relative-position bias
     gathered from its table; Swin V2's computed by a small MLP first): an unpermuted value; what it reads is never
     permuted."""
@@ -73,22 +75,22 @@ def constant(tr: _Tracer, node: torch.fx.Node) -> _Val | None:
     return tr.frozen_val(node)
 
 
-def patch_merging_pad(tr: _Tracer, node: torch.fx.Node) -> _Val | None:
+def patch_merging_pad(tr: Tracer, node: torch.fx.Node) -> Val | None:
     """``cat([x[..., 0::2, 0::2, :], x[..., 1::2, 0::2, :], …], -1)`` of a channels-last ``x``."""
     x = tr.value(node.args[0])
     if x is None or tr.all_frozen(x):
         return tr.frozen_val(node)
     if x.dim != x.ndim - 1 or x.outer is not None:
         return tr.unsupported(node, "patch merging of a value whose symmetry is not on its last (channel) dim")
-    return _Val(x.dim, x.ndim, x.segs * 4)
+    return Val(x.dim, x.ndim, x.segs * 4)
 
 
-def elementwise(tr: _Tracer, node: torch.fx.Node) -> _Val | None:
-    return tr.elementwise(node, tr.arg_val(node))
+def first_elementwise(tr: Tracer, node: torch.fx.Node) -> Val | None:
+    return elementwise(tr, node, tr.arg_val(node))
 
 
 _LIBRARY: dict[str, dict[str, Rule]] = {
-    "torchvision.ops.stochastic_depth": {"stochastic_depth": elementwise},
+    "torchvision.ops.stochastic_depth": {"stochastic_depth": first_elementwise},
     "torchvision.models.swin_transformer": {"shifted_window_attention": swin_attention,
                                             "_get_relative_position_bias": constant,
                                             "_patch_merging_pad": patch_merging_pad},

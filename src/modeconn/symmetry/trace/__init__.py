@@ -1,0 +1,78 @@
+"""Automatic symmetry specs from a torch.fx trace.
+
+One pass over the fx graph in topological order. Every tensor value carries the dimension on which a
+symmetry acts (``dim``) and its layout along that dimension: a list of segments, each a union-find
+space id with a size and a ``block`` (entries per unit; > 1 after conv → flatten). Writers (Linear,
+Conv) create a space per module; readers bind their input axis to the spaces of their input value;
+residual additions and other elementwise binary ops *union* the spaces of their operands; the model's
+inputs and outputs are *frozen* spaces, and anything unioned with a frozen space is frozen too.
+Frozen spaces are dropped at the end: their axes stay unbound (never permuted).
+
+Per-head spaces (attention): a reshape that splits the permuted dim into (groups, width), e.g.
+``q.unflatten(-1, (heads, head_dim))``, *splits* each space into ``heads`` child spaces of size ``head_dim``
+(the group is restricted to permutations within each head) and the value records the axis indexing the
+children (``Val.outer``). Bindings made before or after the split are expanded to one partial binding per
+child at offset ``i · head_dim`` when the spec is built. ``q @ kᵀ`` contracts the per-head dims, so it unions
+q's and k's child spaces head by head (QKᵀ is invariant under a joint permutation) and its result carries no
+symmetry; ``attn @ v`` keeps v's per-head spaces, and merging the heads again (``flatten``) lays them out
+along the feature dim for ``o_proj``. Permutations of whole heads are not modelled (a later head-permutation
+group); every space here is a plain permutation space.
+
+Parameters read by ``get_attr`` and combined elementwise with activations (a positional embedding added to
+tokens, a per-feature scale) are bound, on the axis broadcast against the permuted dim, to the activations'
+spaces (output side, like a bias); read anywhere else they stay unbound and, if also bound somewhere, their
+spaces are frozen.
+
+Supported: Linear, Conv1d/2d/3d (groups=1 or depthwise), BatchNorm1d/2d/3d, LayerNorm, GroupNorm
+(1 group or one per channel), PReLU, elementwise activations, softmax, dropout, pooling, flatten / view /
+reshape that merges adjacent dimensions or splits the permuted one into (groups, width), unflatten,
+permute / transpose, mean/sum/amax reductions, residual additions and products, parameters added to
+activations, matmul / bmm, concatenation. Anything else raises :class:`UnsupportedOperationError` naming
+the node, or with ``on_unsupported="freeze"`` freezes every space touching it.
+
+The package: :mod:`.values` (what a node's value carries), :mod:`.axes` (the union-find of spaces),
+:mod:`.registry` and :mod:`.ops` (the op rules, one registered function each, one module per kind of
+operation), :mod:`.tracer` (the pass over the graph), :mod:`.assembly` (the spec built from it), :mod:`.leaves`
+(which modules stay one node, :func:`register_rule`), :mod:`.library` (rules for libraries' fx-wrapped functions
+and layers) and :mod:`.driver` (:func:`symmetry_spec`). A new op is one function in the module of its kind,
+registered with :func:`~.registry.module_op` or :func:`~.registry.node_op`.
+"""
+
+from __future__ import annotations
+
+from . import ops  # noqa: F401  (registers the op rules)
+from .driver import symmetry_spec
+from .leaves import (
+    ELEMENTWISE_RULES,
+    LIBRARY_MODULES,
+    LIBRARY_RULES,
+    MODULE_RULES,
+    fx_trace,
+    layer_leaf,
+    register_rule,
+    rule_leaf,
+)
+from .registry import module_op, module_types, node_op
+from .tracer import OnUnsupported, Tracer
+
+# the leaf policy and the fx trace as the driver reads them (:func:`.leaves.tables`), and the tracer by its old name
+_rule_leaf = rule_leaf
+_fx_trace = fx_trace
+_Tracer = Tracer
+_RULE_MODULES = module_types()  # the stock layers with a rule
+
+__all__ = [
+    "ELEMENTWISE_RULES",
+    "LIBRARY_MODULES",
+    "LIBRARY_RULES",
+    "MODULE_RULES",
+    "OnUnsupported",
+    "Tracer",
+    "fx_trace",
+    "layer_leaf",
+    "module_op",
+    "node_op",
+    "register_rule",
+    "rule_leaf",
+    "symmetry_spec",
+]

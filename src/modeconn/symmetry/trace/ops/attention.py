@@ -1,0 +1,165 @@
+"""Attention and products: ``nn.MultiheadAttention`` and fused self-attention, ``matmul`` / ``bmm`` / ``@``,
+``F.scaled_dot_product_attention``, and what keeps a fused q/k/v value (:class:`~..values.Parts`) together."""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.fx
+import torch.nn.functional as F
+from torch import nn
+
+from ...spec import AxisBinding
+from ..registry import module_op, node_op
+from ..values import Parts, Seg, Val, matches, same_layout, shape_len, shape_of
+from .elementwise import ELEMENTWISE_METHODS
+from .reshape import permute
+
+if TYPE_CHECKING:
+    from ..tracer import Tracer
+
+
+@module_op(nn.MultiheadAttention, per_head=True)
+def multihead_attention(tr: Tracer, node: torch.fx.Node, name: str, mod: nn.MultiheadAttention, x: Val) -> tuple | None:
+    """``nn.MultiheadAttention`` used for self-attention (query, key and value one tensor): the input's spaces
+    on ``in_proj_weight``'s columns; per head, one space for the query/key dims (Q and K rows of the head, so
+    ``q·k`` is invariant) and one for the value dims (V rows, ``out_proj`` columns); ``out_proj`` writes a new
+    space. Returns ``(output, attention weights: no symmetry)`` like the module."""
+    args = list(node.args) + [node.kwargs.get(k) for k in ("query", "key", "value") if k in node.kwargs]
+    if len(args) < 3 or not (args[0] is args[1] is args[2]):
+        return tr.unsupported(node, "MultiheadAttention with different query, key and value (cross-attention)")
+    if not mod._qkv_same_embed_dim or mod.bias_k is not None or mod.add_zero_attn:
+        return tr.unsupported(node, "MultiheadAttention with kdim/vdim, bias_k/bias_v or add_zero_attn")
+    bias = mod.in_proj_bias is not None
+    out = tr.fused_self_attention(node, name, x, mod.num_heads, (f"{name}.in_proj_weight", f"{name}.in_proj_bias" if bias else None),
+                                    (f"{name}.out_proj.weight", f"{name}.out_proj.bias" if mod.out_proj.bias is not None else None))
+    return out if out is None else (out, None)
+
+
+def fused_self_attention(tr: Tracer, node: torch.fx.Node, name: str, x: Val, h: int, qkv: tuple[str, str | None],
+                         proj: tuple[str, str | None]) -> Val | None:
+    """Self-attention with a fused input projection ``qkv`` = (weight (3e, e), bias (3e,) or None) and an output
+    projection ``proj`` (weight (e, e), bias): x's spaces on qkv's columns; per head, one space for the query/key
+    rows (so ``q·k`` is invariant) and one for the value rows and proj's columns; proj writes a new space."""
+    x = tr.require_dim(node, x, x.ndim - 1)
+    if x.outer is not None:
+        return tr.unsupported(node, "self-attention on a value with per-head spaces")
+    e = x.width
+    tr.bind(qkv[0], 1, x, "in")
+    qk, vo = tr.new_space(e, f"{name}.qk"), tr.new_space(e, f"{name}.vo")
+    tr.split(qk, h)
+    tr.split(vo, h)
+    for key in filter(None, qkv):
+        for offset, space in ((0, qk), (e, qk), (2 * e, vo)):
+            tr.bindings.append((key, AxisBinding(0, "", "out", 1, offset, True), space))
+    tr.bindings.append((proj[0], AxisBinding(1, "", "in", 1, 0, False), vo))
+    out = Val(x.dim, x.ndim, (Seg(tr.module_out_space(name, e), e),))
+    for key in filter(None, proj):
+        tr.bind(key, 0, out, "out")
+    return out
+
+
+@node_op(operator.matmul, torch.matmul, torch.bmm, methods=("matmul", "bmm"))
+def matmul(tr: Tracer, node: torch.fx.Node) -> Val | None:
+    """``a @ b`` (matmul / bmm; batch dims broadcast). A permuted dim contracted on both sides with the same
+    spaces (``q @ kᵀ`` per head) unions them and leaves an invariant result; a permuted dim of one operand
+    that is not contracted (rows of a, columns of b, per-head spaces on a batch axis) carries over when the
+    other operand is not permuted (``attn @ v``), and so does a batch axis both permute with the same spaces.
+    Everything else mixes along a permuted dim: unsupported."""
+    operands = list(node.args[:2])
+    a, b = (tr.value(o) for o in operands)
+    out_shape = shape_of(node)
+    if a is None or b is None or out_shape is None:
+        return tr.unsupported(node, "matmul of non-tensor operands")
+    nd = len(out_shape)
+    # frozen or size-1 spaces (e.g. a Linear(D, 1) attention-pooling score): only the identity acts on them
+    live_a, live_b = not tr.inactive(a), not tr.inactive(b)
+    if not (live_a or live_b):
+        return tr.frozen_val(node)
+    if a.ndim < 2 or b.ndim < 2:
+        return tr.unsupported(node, "matrix-vector product with a permuted operand")
+    con_a, con_b = live_a and a.dim == a.ndim - 1, live_b and b.dim == b.ndim - 2
+    if con_a or con_b:
+        if not (con_a and con_b and contractible(tr, a, b, nd)):
+            return tr.unsupported(node, "contracts a permuted dim with one that does not carry the same spaces")
+        tr.union_segs(a, b, node)
+        return tr.frozen_val(node)  # (a P)(Pᵀ b) = a b
+    if live_a and live_b:
+        return matmul_joint_batch(tr, node, a, b, nd)
+    if live_a:
+        return matmul_one_sided(tr, node, a, operands[1], a.ndim - 1, nd)
+    return matmul_one_sided(tr, node, b, operands[0], b.ndim - 2, nd)
+
+
+def matmul_joint_batch(tr: Tracer, node: torch.fx.Node, a: Val, b: Val, nd: int) -> Val | None:
+    """Both operands permuted on the same batch axis (heads of width 1): permuted jointly."""
+    if a.dim < a.ndim - 2 and b.dim < b.ndim - 2 and a.dim + nd - a.ndim == b.dim + nd - b.ndim and same_layout(
+        replace(a, ndim=nd, dim=0), replace(b, ndim=nd, dim=0)
+    ):
+        tr.union_segs(a, b, node)
+        return a.remap(lambda d: d + nd - a.ndim, nd)
+    return tr.unsupported(node, "both operands carry permuted dims: the product would carry two")
+
+
+def matmul_one_sided(tr: Tracer, node: torch.fx.Node, v: Val, o_node: Any, contracted: int, nd: int) -> Val | None:
+    """Only ``v`` is permuted, on a dim that is not contracted (``contracted``: its contracted axis); the other
+    operand ``o_node`` is not permuted."""
+    shift = nd - v.ndim
+    if v.outer == contracted:
+        return tr.unsupported(node, "sums over the axis indexing per-head spaces")
+    if v.dim < v.ndim - 2:  # permuting a batch axis: the other operand must not vary along it
+        o_shape = shape_of(o_node) or ()
+        o_axis = v.dim + shift - (nd - len(o_shape))
+        if 0 <= o_axis < len(o_shape) - 2 and o_shape[o_axis] != 1:
+            return tr.unsupported(node, "permutes a batch axis the other operand varies along")
+    return v.remap(lambda d: d + shift, nd)
+
+
+def contractible(tr: Tracer, a: Val, b: Val, nd: int) -> bool:
+    """Whether a's last dim and b's second-to-last carry the same layout (per head on one batch axis)."""
+    if len(a.segs) != len(b.segs) or any((sa.n, sa.block) != (sb.n, sb.block) for sa, sb in zip(a.segs, b.segs, strict=False)):
+        return False
+    if a.outer is None or b.outer is None:
+        return a.outer is None and b.outer is None
+    return a.outer < a.ndim - 2 and b.outer < b.ndim - 2 and a.outer + nd - a.ndim == b.outer + nd - b.ndim
+
+
+@node_op(F.scaled_dot_product_attention)
+def attention_function(tr: Tracer, node: torch.fx.Node) -> Val | None:
+    """``F.scaled_dot_product_attention(q, k, v)``: like ``softmax(q kᵀ) v`` — q's and k's spaces joined per
+    head (the scores are invariant), the output carries v's."""
+    q, k, v = (tr.value(a) for a in node.args[:3])
+    if q is None or k is None or v is None:
+        return tr.unsupported(node, "attention of non-tensor operands")
+    if tr.inactive(q) and tr.inactive(k):
+        return v
+    if not (q.dim == q.ndim - 1 and k.dim == k.ndim - 1 and same_layout(q, k)):
+        return tr.unsupported(node, "query and key carry their symmetry on different dims or layouts")
+    tr.union_segs(q, k, node)
+    return v
+
+
+def parts_op(tr: Tracer, node: torch.fx.Node, x: Parts) -> Any:
+    """What keeps a fused q/k/v value (:class:`Parts`): moving axes, ``unbind`` / ``x[i]`` on its part axis
+    (the slices' values), dtype/contiguity methods."""
+    t, nd = node.target, shape_len(node, x.vals[0].ndim)
+    if matches(node, {"permute", "transpose"}, {torch.permute, torch.transpose}):
+        probe = permute(tr, node, Val(x.axis, nd, ()))
+        moved = [permute(tr, node, v) for v in x.vals]
+        return Parts(probe.dim, tuple(moved))
+    if matches(node, {"unbind"}, {torch.unbind}):
+        dim = node.kwargs.get("dim", node.args[1] if len(node.args) > 1 else 0) % (x.vals[0].ndim)
+        if dim == x.axis:
+            return tuple(x.take(i) for i in range(len(x.vals)))
+    if t is operator.getitem:
+        idx = node.args[1] if isinstance(node.args[1], tuple) else (node.args[1],)
+        if len(idx) > x.axis and isinstance(idx[x.axis], int) and all(i == slice(None) for i in idx[: x.axis]) and all(
+            i == slice(None) for i in idx[x.axis + 1 :]
+        ):
+            return x.take(idx[x.axis])
+    if matches(node, ELEMENTWISE_METHODS, set()):
+        return x
+    return tr.unsupported(node, "takes a fused q/k/v value apart other than along its part axis")

@@ -1,0 +1,110 @@
+"""Norms: BatchNorm, LayerNorm, GroupNorm (one group or one per channel) and their functional forms. A norm over
+the permuted dim commutes with its permutation when its affine and statistics move with it (bound output side)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch.fx
+import torch.nn.functional as F
+from torch import nn
+
+from ..registry import module_op, node_op
+from ..values import Attr, Val, shape_of, target_name
+
+if TYPE_CHECKING:
+    from ..tracer import Tracer
+
+NORM_MODULES = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.LayerNorm, nn.GroupNorm)
+FUNCTIONAL_NORM_WEIGHT = {F.batch_norm: (3, "weight"), F.layer_norm: (2, "weight")}
+"""Functional norms: the position and name of their affine ``weight`` argument."""
+
+
+@module_op(*NORM_MODULES)
+def norm_module(tr: Tracer, node: torch.fx.Node, name: str, mod: nn.Module, x: Val) -> Val | None:
+    return tr.norm(node, name, mod, x)  # the tracer's method (:func:`norm`): a test may substitute a broken rule
+
+
+def norm(tr: Tracer, node: torch.fx.Node, name: str, mod: nn.Module, x: Val) -> Val | None:
+    if isinstance(mod, nn.LayerNorm):
+        first = x.ndim - len(mod.normalized_shape)
+        axis = x.dim - first if x.dim >= first else None
+    elif isinstance(mod, nn.GroupNorm):
+        x = tr.require_dim(node, x, 1)
+        if mod.num_groups not in (1, mod.num_channels):
+            return tr.unsupported(node, f"GroupNorm with {mod.num_groups} groups of a {mod.num_channels}-channel "
+                                    "input only admits group-preserving permutations")
+        axis = 0
+    else:
+        x = tr.require_dim(node, x, 1)
+        axis = 0
+    if axis is not None:
+        keys = [k for k, _ in mod.named_parameters(recurse=False)] + [
+            k for k, b in mod.named_buffers(recurse=False) if b is not None and b.is_floating_point()
+        ]
+        for k in keys:
+            tr.bind(f"{name}.{k}", axis, x, "out")
+    return x
+
+
+@node_op(F.layer_norm)
+def functional_layer_norm(tr: Tracer, node: torch.fx.Node) -> Val | None:
+    """``F.layer_norm(x, normalized_shape, weight, bias, eps)`` (e.g. inside a channels-last norm's forward):
+    normalising over the permuted dim commutes with its permutation when ``weight``/``bias`` move with it
+    (bound like :func:`norm`'s); over other dims they are constant along it."""
+    names = ("input", "normalized_shape", "weight", "bias", "eps")
+    args = dict(zip(names, node.args, strict=False)) | {k: v for k, v in node.kwargs.items() if k in names}
+    x = tr.value(args["input"])
+    if x is None or tr.all_frozen(x):
+        for k in ("weight", "bias"):
+            tr.value(args.get(k))
+        return x if x is not None else tr.frozen_val(node)
+    shape = args["normalized_shape"]
+    n = len(shape) if isinstance(shape, (tuple, list, torch.Size)) else 1
+    first = x.ndim - n
+    if x.dim < first:
+        return x
+    for k in ("weight", "bias"):
+        a = tr.vals.get(args.get(k)) if isinstance(args.get(k), torch.fx.Node) else None
+        if isinstance(a, Attr) and a.key is not None:
+            tr.bind(a.key, a.stored_axis(x.dim - first), x, "out")
+        elif args.get(k) is not None:
+            return tr.unsupported(node, f"layer_norm {k} is not a parameter of the model")
+    return x
+
+
+@node_op(F.batch_norm)
+def functional_batch_norm(tr: Tracer, node: torch.fx.Node) -> Val | None:
+    """``F.batch_norm(x, running_mean, running_var, weight, bias, …)`` (timm's ``BatchNormAct2d`` forward): per
+    channel (dim 1), so its statistics and affine move with the channels' permutation."""
+    return channel_norm(tr, node, ("input", "running_mean", "running_var", "weight", "bias"))
+
+
+@node_op(F.group_norm)
+def functional_group_norm(tr: Tracer, node: torch.fx.Node) -> Val | None:
+    """``F.group_norm(x, num_groups, weight, bias, eps)`` (timm's ``GroupNorm1``): with one group (statistics over
+    all channels) or one per channel it commutes with channel permutations; its affine moves with them."""
+    names = ("input", "num_groups", "weight", "bias")
+    groups = dict(zip(names, node.args, strict=False)).get("num_groups", node.kwargs.get("num_groups"))
+    shape = shape_of(node)
+    if shape is None or groups not in (1, shape[1]):
+        return tr.unsupported(node, f"group_norm with {groups} groups only admits group-preserving permutations")
+    return channel_norm(tr, node, names)
+
+
+def channel_norm(tr: Tracer, node: torch.fx.Node, names: tuple[str, ...]) -> Val | None:
+    """A functional per-channel (dim 1) norm whose tensor arguments ``names[1:]`` (parameters or buffers, or
+    non-tensors) move with the channels."""
+    args = dict(zip(names, node.args, strict=False)) | {k: v for k, v in node.kwargs.items() if k in names}
+    x = tr.value(args["input"])
+    if x is None:
+        return tr.frozen_val(node)
+    x = tr.require_dim(node, x, 1)
+    for k in names[1:]:
+        arg = args.get(k)
+        a = tr.vals.get(arg) if isinstance(arg, torch.fx.Node) else None
+        if isinstance(a, Attr) and a.key is not None:
+            tr.bind(a.key, a.stored_axis(0), x, "out")
+        elif isinstance(arg, torch.fx.Node):
+            return tr.unsupported(node, f"{target_name(node)} {k} is not a parameter or buffer of the model")
+    return x
