@@ -48,7 +48,7 @@ def _load_modeconn(path: Path) -> nn.Module:
 
 def _load_hf(path: Path) -> nn.Module:
     from .io_stream import LazyCheckpoint
-    from .stream import hf_config
+    from .symmetry.hf.directory import hf_config
     from .symmetry.hf.config_check import model_class
 
     cfg = hf_config(path)  # first: refuses a model type transformers does not implement (auto_map: never run)

@@ -17,7 +17,7 @@ import pytest
 import modeconn.experiments.merge as merge_mod
 import modeconn.io as io_mod
 import modeconn.recipes.merge as merge_recipe_mod
-import modeconn.stream as stream_mod
+import modeconn.recipes.hf_stream as stream_mod
 from cli_runner import run_cli
 from hf_tiny import make
 from modeconn.errors import CheckpointError, ConfigError
@@ -25,7 +25,7 @@ from modeconn.experiments.merge import run_merge
 from modeconn.io import save_checkpoint
 from modeconn.match.methods import ALIGNMENT_METHODS
 from modeconn.models import build_model
-from modeconn.stream import align_hf_checkpoints, merge_hf_checkpoints
+from modeconn.recipes.hf_stream import align_hf_checkpoints, merge_hf_checkpoints
 
 
 class HeavyWork(RuntimeError):

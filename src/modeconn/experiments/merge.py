@@ -73,7 +73,7 @@ def run_merge(paths: Sequence[Path], out: Path, *, weights: Sequence[float] | No
     metrics = ({"test": evaluate_model(result, make_loader(bundle.test, 512), where="merged model, split 'test'")}
                if bundle is not None else {})
     from ..path.merge_rules import MERGE_RULES, applied_weights
-    from ..stream import model_names
+    from ..io_hf import model_names
 
     merge_rule = MERGE_RULES.get(rule)
     extra = {"merged_from": model_names(paths), "rule": rule, "align": align_method, "bn": bn,

@@ -4,7 +4,7 @@
   checked to compute B's function and saved as a checkpoint with ``alignment.json``.
 * modeconn language-model checkpoints: dual (LMC-DM) or one-sided learned matching after normalization absorption
   (:func:`modeconn.experiments.lmc_dm.align_lm_checkpoints`), data-parallel under ``torchrun``.
-* Hugging Face directories: streaming weight matching (:func:`modeconn.stream.align_hf_checkpoints`).
+* Hugging Face directories: streaming weight matching (:func:`modeconn.recipes.hf_stream.align_hf_checkpoints`).
 
 Every option given is used by the path taken or refused naming it (:data:`ALIGN_SCOPES`, :mod:`.scope`); the
 in-memory methods get the options that are fields of their config class (:mod:`modeconn.match.methods`).
@@ -106,13 +106,13 @@ def _align_hf(ckpts: list[Checkpoint], out: Path, opts: AlignOptions, progress, 
                 "streaming weight matching of Hugging Face checkpoint directories (it reads no data)", ALIGN_SCOPES)
     if opts.groups not in _HF_GROUPS:
         raise ConfigError(f"unknown --groups {opts.groups!r}; valid: {', '.join(_HF_GROUPS)}")
-    from .. import stream
+    from . import hf_stream
     from ..match.weight import DEFAULTS
 
     name, what = _HF_GROUPS[opts.groups]
-    res = getattr(stream, name)(ckpts[0].path, ckpts[1].path, out, seed=opts.seed or 0,
-                                restarts=opts.restarts or DEFAULTS.restarts, max_iter=opts.max_iter or DEFAULTS.max_iter,
-                                overwrite=opts.overwrite, progress=progress, device=opts.device)
+    res = getattr(hf_stream, name)(ckpts[0].path, ckpts[1].path, out, seed=opts.seed or 0,
+                                   restarts=opts.restarts or DEFAULTS.restarts, max_iter=opts.max_iter or DEFAULTS.max_iter,
+                                   overwrite=opts.overwrite, progress=progress, device=opts.device)
     line = (f"streaming weight matching objective {res.objective:.4f} (upper bound {res.stats['upper_bound']:.4f}; "
             f"{len(res.element)} spaces, {res.stats['seconds']:.1f} s)")
     return Outcome(out, what, (line,), "aligned checkpoint")
@@ -208,7 +208,7 @@ def _align_in_memory(ckpts: list[Checkpoint], out: Path, opts: AlignOptions, met
     mb_aligned.load_state_dict(res.apply(mb.state_dict()))
     _check_same_function(mb, mb_aligned, x0)
     kept = {k: v for k, v in cfg.items() if k not in ("architecture", "kwargs", "modeconn_version", "format_version")}
-    from ..stream import model_names
+    from ..io_hf import model_names
 
     path = save_checkpoint(out, mb_aligned, config=kept | {"aligned_to": model_names([ckpts[0].path])[0],
                                                            "alignment": method},

@@ -3,7 +3,7 @@
 * modeconn checkpoints: in memory, BatchNorm statistics reset / interpolated / REPAIRed, evaluated on the test split
   (:func:`modeconn.experiments.merge.run_merge`).
 * Hugging Face directories (or cache entries): streamed shard by shard in the first model's layout, no data read
-  (:func:`modeconn.stream.merge_hf_checkpoints`), with the recipe it ran and a model card beside the weights.
+  (:func:`modeconn.recipes.hf_stream.merge_hf_checkpoints`), with the recipe it ran and a model card beside the weights.
 
 Options come from the command line or from a recipe (``--config``, mergekit's schema plus ``align:``,
 :mod:`modeconn.recipes.merge_recipe`); every check runs before any checkpoint is read.
@@ -132,7 +132,7 @@ def check_merge_scope(given: MergeOptions, plan: _Plan, first: Checkpoint) -> No
 def _from_options(models: Sequence[Path], opts: MergeOptions) -> _Plan:
     """The plan of a command line: Hugging Face cache entries resolved, --base found among the models, --param
     parsed, weights and rule settings checked."""
-    from ..stream import resolve_checkpoint_path
+    from ..io_hf import resolve_checkpoint_path
 
     models = [resolve_checkpoint_path(m) for m in models]
     if len(models) < 2:
@@ -147,7 +147,7 @@ def _from_options(models: Sequence[Path], opts: MergeOptions) -> _Plan:
 def _from_recipe(models: Sequence[Path], opts: MergeOptions) -> _Plan:
     """The plan of a recipe (``--config``): models, rule, base, weights, parameters, dtypes and alignment from the
     file; the rule's own options on the command line are refused (one source of truth)."""
-    from ..stream import resolve_checkpoint_path
+    from ..io_hf import resolve_checkpoint_path
     from .merge_recipe import load_recipe
 
     if models:
@@ -198,7 +198,7 @@ def _checked(models, opts: MergeOptions, weights, settings: RuleSettings, dtype,
 def _base_index(base: str | None, models: list[Path]) -> int | None:
     if base is None:
         return None
-    from ..stream import resolve_checkpoint_path
+    from ..io_hf import resolve_checkpoint_path
 
     target = resolve_checkpoint_path(Path(base)).resolve()
     for i, m in enumerate(models):
@@ -264,7 +264,7 @@ def _merge_modeconn(ckpts: list[Checkpoint], out: Path, plan: _Plan, progress, l
 
 def _merge_hf(ckpts: list[Checkpoint], out: Path, plan: _Plan, progress, log: Log) -> Outcome:
     from ..match.weight import DEFAULTS
-    from ..stream import merge_hf_checkpoints
+    from .hf_stream import merge_hf_checkpoints
     from .merge_recipe import CARD_NAME, RECIPE_NAME, card_text, recipe_refs, recipe_text
 
     opts = plan.opts
