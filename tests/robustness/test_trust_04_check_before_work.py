@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
-import modeconn.experiments.merge as merge_mod
+import modeconn.recipes.merge_modeconn as merge_mod
 import modeconn.io as io_mod
 import modeconn.recipes.merge as merge_recipe_mod
 import modeconn.recipes.hf_stream as stream_mod
 from cli_runner import run_cli
 from hf_tiny import make
 from modeconn.errors import CheckpointError, ConfigError
-from modeconn.experiments.merge import run_merge
+from modeconn.recipes.merge_modeconn import run_merge
 from modeconn.io import save_checkpoint
 from modeconn.match.methods import ALIGNMENT_METHODS
 from modeconn.models import build_model

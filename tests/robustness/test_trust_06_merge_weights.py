@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 
 import modeconn as mc
 from modeconn.errors import ConfigError
-from modeconn.experiments.merge import run_merge
+from modeconn.recipes.merge_modeconn import run_merge
 from modeconn.io import load_checkpoint, save_checkpoint
 from modeconn.models import build_model
 from modeconn.path import evaluate as evaluate_mod

@@ -11,7 +11,7 @@ from .tables import comparison_table
 
 
 def _method_help() -> str:
-    from ..experiments.compare import METHOD_LABELS
+    from ..diagnostics.compare import METHOD_LABELS
 
     return "alignment method (repeatable): " + ", ".join(f"{k} ({v})" for k, v in METHOD_LABELS.items())
 
@@ -40,8 +40,8 @@ def barrier(
     barrier_mean, barrier_interp and peak (loss) and the error barriers, merges at λ=½, and writes
     results.json, report.md and barrier.png.
     """
-    from ..experiments.barrier import run_barrier
-    from ..experiments.compare import check_methods
+    from ..recipes.barrier import run_barrier
+    from ..diagnostics.compare import check_methods
     from ..experiments.output import default_out
     from ..path.batchnorm import check_bn_policy
     from ..recipes.pair import check_pair_options, load_pair_and_data

@@ -11,7 +11,7 @@ from .tables import report_text
 
 
 def _method_help() -> str:
-    from ..experiments.paths import PATH_METHODS
+    from ..path.methods import PATH_METHODS
 
     return "path method: " + "; ".join(f"{m.name} — {m.summary}" for m in map(PATH_METHODS.get, PATH_METHODS))
 
@@ -50,7 +50,8 @@ def path_command(
     incomplete one (all outputs are still written; report.md and results.json say why), 2 for an error.
     """
     from ..experiments.output import default_out
-    from ..experiments.paths import INCOMPLETE_EXIT_CODE, check_path_options, run_path
+    from ..path.methods import check_path_options
+    from ..recipes.path import INCOMPLETE_EXIT_CODE, run_path
     from ..recipes.pair import check_pair_options, load_pair_and_data
 
     out = out or default_out("path")

@@ -3,7 +3,7 @@
 * modeconn checkpoints, vision models: weight / activation / learned (STE) matching in memory; the aligned B is
   checked to compute B's function and saved as a checkpoint with ``alignment.json``.
 * modeconn language-model checkpoints: dual (LMC-DM) or one-sided learned matching after normalization absorption
-  (:func:`modeconn.experiments.lmc_dm.align_lm_checkpoints`), data-parallel under ``torchrun``.
+  (:func:`modeconn.recipes.align_lm.align_lm_checkpoints`), data-parallel under ``torchrun``.
 * Hugging Face directories: streaming weight matching (:func:`modeconn.recipes.hf_stream.align_hf_checkpoints`).
 
 Every option given is used by the path taken or refused naming it (:data:`ALIGN_SCOPES`, :mod:`.scope`); the
@@ -181,7 +181,7 @@ def dataset_for(config: dict, dataset: str | None, data: Path | None, limit_trai
     examples do not have the shape the model was built for — checked before anything is traced)."""
     from ..data import load_dataset
 
-    from ..experiments.checkpoints import check_input_shape
+    from ..io_models import check_input_shape
 
     name = dataset or config.get("dataset")
     if name is None:
@@ -194,8 +194,8 @@ def dataset_for(config: dict, dataset: str | None, data: Path | None, limit_trai
 
 
 def _align_in_memory(ckpts: list[Checkpoint], out: Path, opts: AlignOptions, method: str, overrides: dict) -> Outcome:
-    from ..experiments.checkpoints import example_input, load_same_architecture
-    from ..experiments.compare import align as run_align
+    from ..io_models import example_input, load_same_architecture
+    from ..diagnostics.compare import align as run_align
     from ..io import save_checkpoint
     from ..symmetry import symmetry_spec
 

@@ -34,7 +34,7 @@ def load_models(a: Path, b: Path | None, opts: CheckOptions):
     """``([model A(, model B)], A's config, dataset bundle)``; ConfigError for a checkpoint that is not a modeconn
     checkpoint, two architectures, or no (fitting) dataset — before any weights are used."""
     from ..checkpoints import open_checkpoints
-    from ..experiments.checkpoints import load_same_architecture
+    from ..io_models import load_same_architecture
     from .align import dataset_for
 
     paths = [a] if b is None else [a, b]

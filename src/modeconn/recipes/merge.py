@@ -1,7 +1,7 @@
 """Recipe ``merge``: align every model to the first, merge by a rule, write it — for every checkpoint kind.
 
 * modeconn checkpoints: in memory, BatchNorm statistics reset / interpolated / REPAIRed, evaluated on the test split
-  (:func:`modeconn.experiments.merge.run_merge`).
+  (:func:`modeconn.recipes.merge_modeconn.run_merge`).
 * Hugging Face directories (or cache entries): streamed shard by shard in the first model's layout, no data read
   (:func:`modeconn.recipes.hf_stream.merge_hf_checkpoints`), with the recipe it ran and a model card beside the weights.
 
@@ -237,7 +237,7 @@ def _torch_dtype(name: str | None, option: str = "--dtype"):
 
 def _check_options(opts: MergeOptions) -> None:
     """Typos in --align, --bn or --rule fail before any checkpoint is opened."""
-    from ..experiments.merge import ALIGN_CHOICES
+    from .merge_modeconn import ALIGN_CHOICES
     from ..path.batchnorm import check_bn_policy
 
     if opts.align not in ALIGN_CHOICES:
@@ -247,7 +247,7 @@ def _check_options(opts: MergeOptions) -> None:
 
 
 def _merge_modeconn(ckpts: list[Checkpoint], out: Path, plan: _Plan, progress, log: Log) -> Outcome:
-    from ..experiments.merge import run_merge
+    from .merge_modeconn import run_merge
 
     opts = plan.opts
     if plan.dtype is not None or plan.out_dtype is not None:

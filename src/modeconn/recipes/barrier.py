@@ -9,8 +9,8 @@ from collections.abc import Callable, Sequence
 import torch.nn as nn
 
 from ..data import DatasetBundle
-from .compare import Comparison, compare_alignments
-from .output import output_directory
+from ..diagnostics.compare import Comparison, compare_alignments
+from ..experiments.output import output_directory
 from .reporting import write_comparison
 
 

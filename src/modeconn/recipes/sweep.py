@@ -125,7 +125,7 @@ def _trained_pair(training: str) -> tuple[Any, tuple[nn.Module, nn.Module]]:
     evaluation-only fields). Cached per process: grid points that differ only in ``method`` / ``lambdas``
     reuse the pair instead of training it again (alignment and evaluation never mutate the models)."""
     from ..data import load_dataset
-    from .training import train_models
+    from ..experiments.training import train_models
 
     p = BarrierTask(**json.loads(training))
     bundle = load_dataset(p.dataset, limit_train=p.limit_train)
@@ -168,7 +168,7 @@ def run_barrier_task(p: BarrierTask) -> dict[str, Any]:
     from ..data import make_loader
     from ..path import evaluate_model, evaluate_path
     from ..symmetry import symmetry_spec
-    from .compare import align
+    from ..diagnostics.compare import align
 
     start = time.perf_counter()
     bundle, (a, b) = _trained_pair(p.model_copy(update={"method": "naive", "lambdas": 3}).model_dump_json())

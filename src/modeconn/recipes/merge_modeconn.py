@@ -16,7 +16,7 @@ from ..path.merge_rules import check_rule_settings
 from ..path.interpolate import merge_weights
 from ..symmetry import symmetry_spec
 from .._util.outdir import check_output_target
-from .checkpoints import example_input, load_same_architecture
+from ..io_models import example_input, load_same_architecture
 
 ALIGN_CHOICES = ("weight", "activation", "none")
 
