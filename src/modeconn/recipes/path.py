@@ -343,3 +343,18 @@ def run_path(out: str | FsPath, method: str, model_a: nn.Module, model_b: nn.Mod
     if work is not None:
         work.close(remove=True)
     return results
+
+
+def path(a: FsPath, b: FsPath, method: str, options: Mapping[str, Any], out: FsPath, *, dataset: str | None = None,
+         data: FsPath | None = None, limit_train: int | None = None, **run: Any) -> dict[str, Any]:
+    """The back-end of ``modeconn path``: the method and its options checked before anything is loaded, the pair and
+    its data loaded (:func:`~modeconn.recipes.pair.load_pair_and_data`), a ``seed`` no BatchNorm batch uses refused,
+    then :func:`run_path` with ``run`` (budget, eval_limit, sub_points, continuity_tol, seed, resume, overwrite, log,
+    progress). Returns its results."""
+    from .pair import check_pair_options, load_pair_and_data
+
+    check_path_options(method, options)  # typos fail before anything is loaded
+    ma, mb, _, bundle = load_pair_and_data(a, b, "path", dataset, data, limit_train)
+    check_pair_options(ma, bundle, seed=run.get("seed", 0))  # a --seed no BatchNorm batch uses
+    return run_path(out, method, ma, mb, bundle, options, names=(str(a), str(b)),
+                    inputs=[p for p in (a, b, data) if p is not None], limit_train=limit_train, **run)
