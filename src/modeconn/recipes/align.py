@@ -21,7 +21,7 @@ import torch
 
 from .._util.device import resolve_device
 from .._util.outdir import check_output_target
-from ..checkpoints import Checkpoint, open_checkpoints
+from ..checkpoints import CHECKPOINT_KINDS, Checkpoint, kinds_supporting, open_checkpoints
 from ..errors import ConfigError, ModeconnError
 from .outcome import Outcome
 from .scope import check_scope, method_options
@@ -87,9 +87,10 @@ def align(a: Path, b: Path, out: Path, opts: AlignOptions = AlignOptions(), *, p
     ALIGNMENT_METHODS.get(opts.method)  # a typo names the valid methods
     resolve_device(opts.device, "--device")  # an accelerator this machine lacks fails here, before any work
     ckpts = open_checkpoints([a, b])
-    handler = _BY_KIND.get(ckpts[0].kind.name)
+    handler = ckpts[0].kind.operation("align")
     if handler is None:
-        raise ConfigError(f"align reads {', '.join(_BY_KIND)} checkpoints; {ckpts[0].describe()} is not one")
+        raise ConfigError(f"align reads {', '.join(kinds_supporting('align'))} checkpoints; {ckpts[0].describe()} "
+                          "is not one")
     return handler(ckpts, Path(out), opts, progress, log, note)
 
 
@@ -227,4 +228,5 @@ def _check_same_function(m1, m2, x) -> None:
         raise ModeconnError(f"internal error: alignment changed the function (max |Δlogit| = {(y1 - y2).abs().max():.3g})")
 
 
-_BY_KIND = {"modeconn": _align_modeconn, "huggingface": _align_hf}
+CHECKPOINT_KINDS["modeconn"].supports("align", _align_modeconn)
+CHECKPOINT_KINDS["huggingface"].supports("align", _align_hf)

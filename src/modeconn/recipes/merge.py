@@ -18,7 +18,7 @@ from typing import Any
 
 from .._util.device import resolve_device
 from .._util.outdir import check_output_target
-from ..checkpoints import Checkpoint, open_checkpoints
+from ..checkpoints import CHECKPOINT_KINDS, Checkpoint, kinds_supporting, open_checkpoints
 from ..errors import ConfigError
 from ..path.interpolate import weights_sum_to_one
 from ..path.merge_rules import MERGE_RULES, RuleSettings
@@ -87,9 +87,10 @@ def merge(models: Sequence[Path], out: Path, opts: MergeOptions = MergeOptions()
     _check_options(opts)
     resolve_device(opts.device, "--device")  # an accelerator this machine lacks fails here, before any work
     ckpts = open_checkpoints(plan.models)
-    handler = _BY_KIND.get(ckpts[0].kind.name)
+    handler = ckpts[0].kind.operation("merge")
     if handler is None:
-        raise ConfigError(f"merge reads {', '.join(_BY_KIND)} checkpoints; {ckpts[0].describe()} is not one")
+        raise ConfigError(f"merge reads {', '.join(kinds_supporting('merge'))} checkpoints; {ckpts[0].describe()} "
+                          "is not one")
     check_merge_scope(given, plan, ckpts[0])
     return handler(ckpts, Path(out), plan, progress, log)
 
@@ -111,22 +112,30 @@ MERGE_SCOPES = {
 
 def check_merge_scope(given: MergeOptions, plan: _Plan, first: Checkpoint) -> None:
     """ConfigError naming the first option given on the command line (``given``) that the merge ``plan`` of
-    checkpoints of ``first``'s kind does not use, and where it applies — before any weights are read."""
-    from .pair import config_has_batchnorm
-
+    checkpoints of ``first``'s kind does not use (the kind's ``merge_scope`` operation adds its own), and where it
+    applies — before any weights are read."""
     opts, rule = plan.opts, MERGE_RULES.get(plan.opts.rule)
     wm = opts.align == "weight"
     used = ({"restarts", "max_iter"} if wm else set()) | ({"seed"} if wm or rule.random else set())
     if rule.weights == "all" and opts.weights is not None:
         used.add("normalize")
-    if first.kind.name == "huggingface":
-        used |= {"dtype", "device"}
-        path = f"merging Hugging Face checkpoints (--align {opts.align}, --rule {opts.rule}), done without data"
-    else:
-        batches = opts.bn == "repair" or (opts.bn == "reset" and config_has_batchnorm(first.config))
-        used |= {"bn", "dataset", "data", "limit_train"} | ({"device"} if wm else set()) | ({"seed"} if batches else set())
-        path = f"merging modeconn checkpoints (--align {opts.align}, --rule {opts.rule})"
-    check_scope(given, used, path, MERGE_SCOPES)
+    scope = first.kind.operation("merge_scope")
+    extra, path = (scope(opts, first) if scope is not None
+                   else (set(), f"merging {first.kind.label} checkpoints (--align {opts.align}, --rule {opts.rule})"))
+    check_scope(given, used | extra, path, MERGE_SCOPES)
+
+
+def _hf_scope(opts: MergeOptions, first: Checkpoint) -> tuple[set[str], str]:
+    return {"dtype", "device"}, f"merging Hugging Face checkpoints (--align {opts.align}, --rule {opts.rule}), done without data"
+
+
+def _modeconn_scope(opts: MergeOptions, first: Checkpoint) -> tuple[set[str], str]:
+    from .pair import config_has_batchnorm
+
+    wm = opts.align == "weight"
+    batches = opts.bn == "repair" or (opts.bn == "reset" and config_has_batchnorm(first.config))
+    used = {"bn", "dataset", "data", "limit_train"} | ({"device"} if wm else set()) | ({"seed"} if batches else set())
+    return used, f"merging modeconn checkpoints (--align {opts.align}, --rule {opts.rule})"
 
 
 def _from_options(models: Sequence[Path], opts: MergeOptions) -> _Plan:
@@ -286,4 +295,7 @@ def _merge_hf(ckpts: list[Checkpoint], out: Path, plan: _Plan, progress, log: Lo
                    f"{CARD_NAME}", lines, "merged checkpoint")
 
 
-_BY_KIND = {"modeconn": _merge_modeconn, "huggingface": _merge_hf}
+CHECKPOINT_KINDS["modeconn"].supports("merge", _merge_modeconn)
+CHECKPOINT_KINDS["modeconn"].supports("merge_scope", _modeconn_scope)
+CHECKPOINT_KINDS["huggingface"].supports("merge", _merge_hf)
+CHECKPOINT_KINDS["huggingface"].supports("merge_scope", _hf_scope)
