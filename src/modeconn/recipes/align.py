@@ -23,12 +23,13 @@ from .._util.device import resolve_device
 from .._util.outdir import check_output_target
 from ..checkpoints import CHECKPOINT_KINDS, Checkpoint, kinds_supporting, open_checkpoints
 from ..errors import ConfigError, ModeconnError
+from ..match.methods import command_line_methods
 from .outcome import Outcome
 from .scope import check_scope, method_options
 
 Log = Callable[[str], None]
-IN_MEMORY = ("weight", "activation", "learned")
-LANGUAGE_MODEL = ("dual", "one-sided")
+IN_MEMORY = command_line_methods()
+LANGUAGE_MODEL = command_line_methods(continuous=True)
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from ..data import load_dataset, make_loader
 from ..errors import CheckpointError, ConfigError
 from ..io import read_config, save_checkpoint
 from ..match import activation_matching, weight_matching
+from ..match.methods import command_line_methods
 from ..path import evaluate_model, merge
 from ..path.batchnorm import check_bn_policy, check_bn_statistics
 from ..path.merge_rules import check_rule_settings
@@ -18,7 +19,7 @@ from ..symmetry import symmetry_spec
 from .._util.outdir import check_output_target
 from ..io_models import example_input, load_same_architecture
 
-ALIGN_CHOICES = ("weight", "activation", "none")
+ALIGN_CHOICES = (*command_line_methods(learns=False), "none")
 
 
 def run_merge(paths: Sequence[Path], out: Path, *, weights: Sequence[float] | None = None, align_method: str = "weight",

@@ -53,6 +53,7 @@ from torch import nn
 from ..config import StrictConfig
 from ..errors import ConfigError, ModeconnError
 from ..io import _json_dumps
+from ..match.methods import command_line_methods
 from ..models._validation import unknown_names_error, validation_error_to_config_error
 from ..path.pathobj import atomic_write_text
 from ..registry import Registry
@@ -94,7 +95,7 @@ class BarrierTask(StrictConfig):
     lr: float = Field(0.05, gt=0)
     batch_size: int = Field(64, ge=1)
     limit_train: int | None = Field(None, ge=1)
-    method: Literal["naive", "weight", "activation"] = "weight"
+    method: Literal[("naive", *command_line_methods(learns=False))] = "weight"
     lambdas: int = Field(11, ge=3)
     seed: int = Field(0, ge=0)
 
