@@ -64,7 +64,7 @@ def make_checkpoint(out: Path, layers: int, seed: int, shard_bytes: int) -> dict
     import transformers
 
     from modeconn.io_stream import ShardLayout, write_like
-    from modeconn.stream import checkpoint_tensor_names
+    from modeconn.io_hf import checkpoint_tensor_names
 
     cfg = transformers.GPTNeoXConfig(**{**PYTHIA_1B, "num_hidden_layers": layers})
     cfg.architectures = ["GPTNeoXForCausalLM"]

@@ -240,7 +240,7 @@ def test_mismatched_checkpoints_name_the_differing_keys(digits_pair, tmp_path):
     assert config_differences({"a": 1, "k": {"w": 2, "d": 1}}, {"a": 1, "k": {"w": 3, "d": 1}, "x": 0}) == [
         ("k.w", 2, 3), ("x", "<absent>", 0)]
     with pytest.raises(ConfigError, match=r"dataset 'mnist' gives inputs of shape \(1, 28, 28\)"):
-        from modeconn.experiments.checkpoints import check_input_shape
+        from modeconn.io_models import check_input_shape
 
         check_input_shape([1, 8, 8], (1, 28, 28), "the model", "dataset 'mnist'")
 
@@ -319,8 +319,8 @@ def test_error_messages_keep_their_square_brackets(capsys):
 
 
 def test_the_report_says_when_an_aligned_barrier_mean_is_only_half_the_endpoint_difference():
-    from modeconn.experiments.compare import Comparison
-    from modeconn.experiments.reporting import comparison_report
+    from modeconn.diagnostics.compare import Comparison
+    from modeconn.recipes.reporting import comparison_report
 
     def curve(loss):
         metrics = {s: {"loss": np.asarray(loss, float), "acc": np.full(len(loss), 0.9)} for s in ("test", "train")}

@@ -15,7 +15,8 @@ from hf_tiny import loaded, make, max_diff, outputs
 
 import modeconn as mc
 from modeconn.errors import AbsorptionError, UnsupportedOperationError
-from modeconn.stream import hf_checkpoint_spec, side_files, stream_apply, stream_merge, stream_weight_matching
+from modeconn.io_hf import side_files
+from modeconn.stream import hf_checkpoint_spec, stream_apply, stream_merge, stream_weight_matching
 from modeconn.symmetry import hf
 from modeconn.symmetry.hf import prenorm
 from modeconn.path.interpolate import weighted_average
@@ -364,7 +365,7 @@ def test_streamed_absorption_equals_in_memory_bit_for_bit(name, tmp_path):
 def test_full_group_streaming_alignment_equals_in_memory_and_keeps_b(tmp_path):
     """`modeconn align A B --groups full` on Hugging Face directories: absorbed tensor by tensor, the full group
     matched streaming (the same element as in memory), a/ and b/ written as absorbed checkpoints; b/ computes B."""
-    from modeconn.stream import FULL_GROUPS
+    from modeconn.symmetry.hf import FULL_GROUPS
     from modeconn.symmetry.absorb import load_absorbed
 
     ma, mb = make("llama", 0), make("llama", 1)

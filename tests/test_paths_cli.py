@@ -1,4 +1,4 @@
-"""`modeconn path` and the path-finding dispatch (experiments.paths): every method through the CLI on real data,
+"""`modeconn path` and the path-finding dispatch (recipes.path, path.methods): every method through the CLI on real data,
 options validated before anything is loaded, resume of a killed LLPF search, and LLPFConfig's rules."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from cli_runner import run_cli as _run
 
 from modeconn.data import load_dataset
 from modeconn.errors import ConfigError
-from modeconn.experiments.paths import PATH_METHODS, check_path_options, find_path, run_path
+from modeconn.path.methods import PATH_METHODS, check_path_options, find_path
+from modeconn.recipes.path import run_path
 from modeconn.io import load_checkpoint
 from modeconn.models import build_model
 from modeconn.path import LLPFConfig, Path, fdf_groups, llpf_m2m

@@ -14,7 +14,8 @@ from safetensors.torch import load_file, save_file
 
 from modeconn.errors import CheckpointError, ConfigError, NonFiniteError
 from modeconn.io_stream import READ_AHEAD, WRITE_BEHIND, LazyCheckpoint, ReadAhead, ShardLayout, write_like, write_order
-from modeconn.stream import hf_checkpoint_spec, side_files, stream_merge
+from modeconn.io_hf import side_files
+from modeconn.stream import hf_checkpoint_spec, stream_merge
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

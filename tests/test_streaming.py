@@ -28,15 +28,9 @@ from modeconn.io_stream import INDEX_NAME, LazyCheckpoint, ShardLayout, write_li
 from modeconn.match.lap import solve_lap
 from modeconn.match.weight import _Problem, _Stream
 from modeconn.path.interpolate import weighted_average
-from modeconn.stream import (
-    check_same_hf_configs,
-    hf_checkpoint_spec,
-    is_hf_checkpoint,
-    side_files,
-    stream_apply,
-    stream_merge,
-    stream_weight_matching,
-)
+from modeconn.io_hf import is_hf_checkpoint, side_files
+from modeconn.stream import hf_checkpoint_spec, stream_apply, stream_merge, stream_weight_matching
+from modeconn.symmetry.hf.directory import check_same_hf_configs
 from modeconn.symmetry.hf import hf_symmetry_spec
 
 pytestmark = pytest.mark.usefixtures("one_thread")

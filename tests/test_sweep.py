@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from modeconn.cli import app
 from modeconn.config import StrictConfig
 from modeconn.errors import ConfigError
-from modeconn.experiments import sweep as sw
+from modeconn.recipes import sweep as sw
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

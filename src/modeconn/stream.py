@@ -30,9 +30,10 @@ absorption (:func:`modeconn.absorb_normalization`), which the orthogonal residua
 in memory and is not available here. Tied tensors (GPT-2's ``wte`` / ``lm_head``) are transformed once and stay
 equal; a checkpoint that stores only one of them (as ``save_pretrained`` does) is supported.
 
-:func:`align_hf_checkpoints` and :func:`merge_hf_checkpoints` are the recipes behind ``modeconn align`` /
-``modeconn merge`` on Hugging Face directories. Merging here is the weighted average only: transformer LMs carry no
-BatchNorm statistics to re-estimate, and nothing is evaluated (no data is read).
+:func:`modeconn.recipes.hf_stream.align_hf_checkpoints` and :func:`~modeconn.recipes.hf_stream.merge_hf_checkpoints`
+are the recipes behind ``modeconn align`` / ``modeconn merge`` on Hugging Face directories. Merging here is the
+weighted average only: transformer LMs carry no BatchNorm statistics to re-estimate, and nothing is evaluated (no
+data is read).
 """
 
 from __future__ import annotations
@@ -47,17 +48,17 @@ from typing import Any
 import torch
 
 from ._util.device import is_cpu, resolve_device
-from ._util.jsonio import write_json
 from .checks import all_finite, check_compatible, check_finite
-from .errors import CheckpointError, ConfigError, UnsupportedOperationError
-from .io import CONFIG_NAME, PICKLE_SUFFIXES, _check_target, check_dtype_kinds, check_in_checkpoint, read_json_object
-from .io_stream import READ_AHEAD, INDEX_SUFFIX, LazyCheckpoint, ReadAhead, ShardLayout, write_like, write_order
+from .errors import CheckpointError, ConfigError
+from .io import CONFIG_NAME, _check_target, check_dtype_kinds, read_json_object
+from .io_hf import checkpoint_tensor_names, is_hf_checkpoint, side_files
+from .io_stream import READ_AHEAD, LazyCheckpoint, ReadAhead, ShardLayout, write_like, write_order
 from .match.result import Alignment
-from .match.weight import DEFAULTS, weight_matching
+from .match.weight import weight_matching
 from .path.interpolate import merge_weights, plan_settings, weighted_average
-from .path.merge_rules import MERGE_RULES, RuleSettings, applied_weights, check_filters, check_rule_settings, rule_weights
+from .path.merge_rules import RuleSettings, check_rule_settings
 from .symmetry import Element, SymmetrySpec
-from .symmetry.hf import FULL_GROUPS
+from .symmetry.hf.directory import check_same_hf_configs, hf_config
 from .vocabulary import check_vocabularies
 
 PathLike = str | os.PathLike
@@ -65,67 +66,9 @@ Checkpoint = PathLike | LazyCheckpoint
 Progress = Callable[[str, int, int], None]
 """``progress(stage, done, total)``: the stage (``"run 1/1 sweep 2"``, ``"writing"``), units done and their total."""
 
-WEIGHT_SUFFIXES = (".safetensors", ".msgpack", ".h5", ".gguf", ".onnx", *PICKLE_SUFFIXES)
-"""Files never copied next to streamed weights (the weights are rewritten, other formats would be stale)."""
-RECORDS = ("alignment.json", "merge.json")
-
 
 def _lazy(ckpt: Checkpoint) -> LazyCheckpoint:
     return ckpt if isinstance(ckpt, LazyCheckpoint) else LazyCheckpoint(ckpt)
-
-
-# ------------------------------------------------------------------------------ Hugging Face directories
-def is_hf_checkpoint(path: PathLike) -> bool:
-    """Whether ``path`` is a Hugging Face checkpoint directory: its ``config.json`` is a JSON object with a
-    ``model_type`` and no modeconn ``architecture``. False when there is no readable config.json."""
-    file = Path(path) / CONFIG_NAME
-    try:
-        cfg = read_json_object(file, "config file")
-    except CheckpointError:
-        return False
-    return isinstance(cfg.get("model_type"), str) and "architecture" not in cfg
-
-
-def hf_config(path: PathLike):
-    """The ``transformers`` config of a Hugging Face checkpoint directory (read locally; never runs remote code: a
-    ``model_type`` transformers does not implement is refused before transformers reads the file, and it is read with
-    ``trust_remote_code=False``). For an absorbed checkpoint, the config of its original model type with the
-    ``modeconn_absorbed`` record (:func:`~modeconn.symmetry.absorb.read_absorbed_config`).
-    Raises CheckpointError (no/invalid config.json), ConfigError (no ``model_type``, one transformers does not
-    implement — with ``auto_map``, named as custom code never run —, a malformed absorbed record: the file and the
-    field are named)."""
-    from .symmetry.absorb import is_absorbed_config, read_absorbed_config
-    from .symmetry.hf.config_check import check_model_type, config_value_errors, validate_hf_config
-
-    path = Path(path)
-    raw = read_json_object(path / CONFIG_NAME, "config file")
-    if is_absorbed_config(raw):
-        return read_absorbed_config(raw, path / CONFIG_NAME)
-    if not isinstance(raw.get("model_type"), str):
-        raise ConfigError(f"{path / CONFIG_NAME}: no 'model_type'; not a Hugging Face checkpoint directory")
-    check_model_type(raw, path / CONFIG_NAME)  # before transformers, which would offer to run auto_map's code
-    validate_hf_config(raw, path / CONFIG_NAME)  # sizes: positive ints, divisible, bounded (before transformers)
-    import transformers
-
-    try:
-        return transformers.AutoConfig.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
-    except (OSError, *config_value_errors()) as err:
-        raise ConfigError(f"{path / CONFIG_NAME}: transformers cannot read this config "
-                          f"(model_type {raw['model_type']!r}): {err}") from None
-
-
-def check_same_hf_configs(paths: Sequence[PathLike]) -> list:
-    """The configs of ``paths`` (see :func:`hf_config`); ConfigError naming every field that differs from the first
-    (fields that do not change the computed function — names, dtype, attention backend … — are ignored)."""
-    from .symmetry.hf import config_differences
-
-    configs = [hf_config(p) for p in paths]
-    problems = []
-    for p, cfg in zip(paths[1:], configs[1:], strict=False):
-        problems += [f"{p}: {d}" for d in config_differences(configs[0], cfg)]
-    if problems:
-        raise ConfigError(f"the checkpoints are not the same architecture as {paths[0]}:\n  " + "\n  ".join(problems))
-    return configs
 
 
 def hf_checkpoint_spec(path: PathLike, groups: str | Mapping[str, str | None] = "permutation", *,
@@ -180,28 +123,6 @@ def hf_checkpoint_spec(path: PathLike, groups: str | Mapping[str, str | None] = 
     spec = _renamed(spec, names, {k: ckpt.infos[k].shape for k in ckpt if k not in stored})
     spec.check_state_dict(ckpt.meta(), f"checkpoint {path}")
     return spec
-
-
-def checkpoint_tensor_names(model: torch.nn.Module) -> dict[str, str]:
-    """Model state-dict key → the name ``save_pretrained`` stores the tensor under (transformers ≥ 5 renames a few,
-    e.g. GPT-NeoX's ``lm_head.weight`` is stored as ``embed_out.weight``; the identity before transformers 5).
-    Works on a model built on the meta device. Raises UnsupportedOperationError if saving converts (fuses/splits)
-    tensors instead of renaming them."""
-    sd = model.state_dict()
-    try:
-        from transformers.core_model_loading import revert_weight_conversion
-    except ImportError:  # transformers < 5: keys are stored as named
-        return {k: k for k in sd}
-    saved = revert_weight_conversion(model, dict(sd))
-    ids = {id(t): k for k, t in sd.items()}
-    names = {ids[id(t)]: k for k, t in saved.items() if id(t) in ids}
-    if len(names) != len(sd) or len(saved) != len(sd):
-        raise UnsupportedOperationError(
-            f"{type(model).__name__}: transformers converts (fuses/splits) some tensors between the checkpoint and "
-            f"the model ({sorted(set(sd) - set(names))[:5]}); streaming needs checkpoint tensors that map one to one "
-            "to model tensors"
-        )
-    return names
 
 
 def _renamed(spec, names: Mapping[str, str], passengers: Mapping[str, tuple[int, ...]]):
@@ -335,7 +256,7 @@ def stream_merge(spec: SymmetrySpec | None, srcs: Sequence[Checkpoint], out: Pat
         raise ConfigError(f"elements must have one entry (or None) per checkpoint: {len(elements)} for {len(ckpts)}")
     _check_inputs(spec, ckpts, elements)
     metas = [c.meta() for c in ckpts]
-    keys = _merged_keys(metas[0])
+    keys = merged_keys(metas[0])
     settings = plan_settings(merge_rule, metas, weights, settings, keys, dtype=dtype)
     names = [str(c.path) for c in ckpts]
     caches: list[dict] = [{} for _ in ckpts]
@@ -353,7 +274,7 @@ def stream_merge(spec: SymmetrySpec | None, srcs: Sequence[Checkpoint], out: Pat
                           overwrite=overwrite, progress=tick, inputs=[c.path for c in ckpts], command="merge")
 
 
-def _merged_keys(meta: Mapping[str, torch.Tensor]) -> list[str]:
+def merged_keys(meta: Mapping[str, torch.Tensor]) -> list[str]:
     """The tensors a merge rule combines: the floating (and complex) ones; the rest are the first model's."""
     return [k for k, t in meta.items() if t.is_floating_point() or t.is_complex()]
 
@@ -412,22 +333,7 @@ def with_config(src: PathLike, files: Mapping[str, Any] | None, dtype: torch.dty
     return files
 
 
-# ---------------------------------------------------------------------------------------------- recipes
-def side_files(path: PathLike) -> dict[str, Path]:
-    """The files of a checkpoint directory that travel with its weights (config.json, generation config, tokenizer
-    files …): every top-level regular file except weights (safetensors, index, pickles, other weight formats) and
-    modeconn's own alignment/merge records. CheckpointError naming the file and its target if one is a symlink
-    leaving the checkpoint's tree (:func:`modeconn.io.check_in_checkpoint`; Hugging Face cache blobs are allowed)."""
-    path = Path(path)
-    files = {p.name: p for p in sorted(path.iterdir())
-             if p.is_file() and not p.name.startswith(".") and p.suffix.lower() not in WEIGHT_SUFFIXES
-             and not p.name.endswith(INDEX_SUFFIX) and p.name not in RECORDS}
-    for p in files.values():
-        check_in_checkpoint(p, path)
-    return files
-
-
-def _open_pair(paths: Sequence[PathLike], out: PathLike, overwrite: bool,
+def open_hf_checkpoints(paths: Sequence[PathLike], out: PathLike, overwrite: bool,
                groups: str | Mapping[str, str | None] | None = "permutation"):
     """Every cheap check before heavy work: one vocabulary, configs agree, weights complete, spec fits (``groups``
     ``None``: no spec, names/shapes/dtype kinds only), ``out`` writable. Returns ``(spec or None, lazy ckpts)``."""
@@ -445,198 +351,7 @@ def _open_pair(paths: Sequence[PathLike], out: PathLike, overwrite: bool,
     return spec, ckpts
 
 
-def resolve_checkpoint_path(path: PathLike) -> Path:
-    """``path`` itself, or for a Hugging Face hub cache entry (``…/models--ORG--NAME`` with ``snapshots/``) its
-    snapshot: the revision ``refs/main`` names, else the only one. CheckpointError naming the entry and its
-    revisions when that is ambiguous or the named snapshot is missing."""
-    p = Path(path)
-    snaps = p / "snapshots"
-    if not (p.name.startswith("models--") and snaps.is_dir()):
-        return p
-    revs = sorted(d.name for d in snaps.iterdir() if d.is_dir())
-    ref = p / "refs" / "main"
-    if ref.is_file():
-        rev = ref.read_text().strip()
-        if (snaps / rev).is_dir():
-            return snaps / rev
-        raise CheckpointError(f"{p}: refs/main names revision {rev!r}, which is not among its snapshots {revs}")
-    if len(revs) == 1:
-        return snaps / revs[0]
-    raise CheckpointError(f"{p}: Hugging Face cache entry with snapshots {revs} and no refs/main; pass one snapshot "
-                          f"directory ({snaps}/<revision>)")
-
-
-def model_names(paths: Sequence[PathLike]) -> list[str]:
-    """Names of checkpoint directories for records and model cards, never machine paths: ``ORG/NAME@REVISION`` for
-    a Hugging Face cache snapshot, else the directory's name (with its parent's where two names would collide)."""
-    def name(p: Path, depth: int) -> str:
-        return hub_id(p) or "/".join(p.resolve().parts[-depth:])
-
-    names = [name(Path(p), 1) for p in paths]
-    if len(set(names)) < len(names):
-        names = [name(Path(p), 2) for p in paths]
-    return names
-
-
-def hub_id(path: PathLike) -> str | None:
-    """``ORG/NAME@REVISION`` for a directory inside a Hugging Face hub cache snapshot
-    (``…/models--ORG--NAME/snapshots/REVISION``), else None."""
-    parts = Path(path).resolve().parts
-    for i, part in enumerate(parts[:-2]):
-        if part.startswith("models--") and parts[i + 1] == "snapshots":
-            return part.removeprefix("models--").replace("--", "/") + "@" + parts[i + 2]
-    return None
-
-
-def align_hf_checkpoints(a: PathLike, b: PathLike, out: PathLike, *, seed: int = 0,
-                         restarts: int = DEFAULTS.restarts, max_iter: int = DEFAULTS.max_iter, chunk: int = 1 << 20,
-                         overwrite: bool = False, progress: Progress | None = None, device: str | torch.device | None = None) -> Alignment:
-    """Streaming weight matching of Hugging Face checkpoint B to A, and B aligned written to ``out``.
-
-    ``out`` gets B's layout (same shards and index), B's side files (config.json …) and ``alignment.json`` (the
-    element, objective, history and stats of :func:`modeconn.weight_matching`, plus ``aligned_to`` and ``source``).
-    The aligned B computes the same function as B (permutations are exact). Every check (configs field by field,
-    shards, spec, ``out``, ``device``) runs before the matching; ``device``: where the score products run
-    (:class:`~modeconn.match.weight.WeightMatchingConfig`). Returns the :class:`~modeconn.match.Alignment`.
-    Raises: see :func:`hf_checkpoint_spec`, :func:`modeconn.weight_matching`, :func:`stream_apply`.
-    """
-    device = resolve_device(device, "device")
-    spec, (ca, cb) = _open_pair([a, b], out, overwrite)
-    res = weight_matching(spec, ca, cb, restarts=restarts, max_iter=max_iter, seed=seed, chunk=chunk,
-                          progress=progress, device=device)
-    record = {**res.to_json(), "aligned_to": model_names([a])[0], "source": model_names([b])[0],
-              "settings": {"restarts": restarts, "max_iter": max_iter, "seed": seed}}
-    stream_apply(spec, cb, res.element, out, files={**side_files(b), "alignment.json": record},
-                 overwrite=overwrite, progress=progress)
-    return res
-
-
-def merge_hf_checkpoints(paths: Sequence[PathLike], out: PathLike, *, weights: Sequence[float] | None = None,
-                         align: str = "weight", seed: int = 0, restarts: int = DEFAULTS.restarts,
-                         max_iter: int = DEFAULTS.max_iter, chunk: int = 1 << 20, overwrite: bool = False,
-                         progress: Progress | None = None, normalize: bool = True,
-                         rule: str = "linear", settings: RuleSettings | None = None,
-                         dtype: torch.dtype | None = None, out_dtype: torch.dtype | None = None,
-                         groups: str | Mapping[str, str | None] = "permutation",
-                         files: Mapping[str, Any] | Callable[[dict], Mapping[str, Any]] | None = None,
-                         device: str | torch.device | None = None) -> dict[str, Any]:
-    """Merge Hugging Face checkpoints: align every one to the first (``align="weight"``: streaming weight matching
-    with ``groups``; ``"none"``: as stored — then any architecture with matching tensor names, shapes and dtype
-    kinds, no symmetry adapter needed), then write the merge to ``out`` in the first one's layout.
-
-    ``out`` also gets the side files (config.json, tokenizer files …) of the base model (``settings.base``) or else
-    the first, ``files`` (e.g. a model card; or a function of the record returning them) and ``merge.json``: the
-    inputs' names (:func:`model_names`, never machine paths), weights as applied (``None`` where the rule uses
-    none: the base of a task-vector rule, every model of a rule without weights), rule, parameters, base, the seed of
-    a randomised rule, the alignment's settings (groups, restarts, max_iter, seed) and its objectives and stats.
-    ``paths`` may be Hugging Face
-    cache entries (:func:`resolve_checkpoint_path`). ``weights``/``normalize``/``rule``/``settings``/``dtype``/
-    ``out_dtype`` as in :func:`stream_merge`; a rule weighting task vectors (``non_base``) takes the weights as given
-    (default 1 each); ``seed`` also seeds a randomised rule unless ``settings.seed`` is set; ``device``: where the
-    score products and the merge arithmetic run (checked before any work). Returns the record.
-    Raises: ConfigError (align not weight/none, fewer than two models, bad weights or rule settings, a parameter
-    filter that selects no tensor, different vocabularies — the first differing token named) and as
-    :func:`align_hf_checkpoints`; NonFiniteError (nothing written) when the rule makes NaN/Inf from finite inputs.
-    """
-    if align not in ("weight", "none"):
-        raise ConfigError(f"Hugging Face checkpoints are aligned by streaming weight matching: align must be "
-                          f"'weight' or 'none', got {align!r}")
-    if len(paths) < 2:
-        raise ConfigError(f"merging needs at least two checkpoints, got {len(paths)}")
-    paths = [resolve_checkpoint_path(p) for p in paths]
-    merge_rule = MERGE_RULES.get(rule)
-    w = rule_weights(merge_rule, weights, len(paths), normalize=normalize)  # checked before heavy work
-    settings = settings or RuleSettings()
-    if merge_rule.random and settings.seed is None:
-        settings = dataclasses.replace(settings, seed=seed)
-    check_rule_settings(merge_rule, settings, len(paths), weights_given=weights is not None)
-    device = resolve_device(device, "device")
-    spec, ckpts = _open_pair(paths, out, overwrite, None if align == "none" else groups)
-    check_filters(settings, _merged_keys(ckpts[0].meta()))  # a filter that selects nothing: before the alignment
-    names = model_names(paths)
-    elements, alignments = _align_to_first(spec, ckpts, names, align, dict(seed=seed, restarts=restarts,
-                                                                          max_iter=max_iter, chunk=chunk,
-                                                                          device=device), progress)
-    record = {"merged_from": names, "weights": applied_weights(merge_rule, w, settings.base), "rule": rule,
-              "source": merge_rule.source, "align": align,
-              "align_settings": {"groups": groups, "restarts": restarts, "max_iter": max_iter, "seed": seed}
-              if align == "weight" else None,
-              "base": None if settings.base is None else names[settings.base], "params": dict(settings.params),
-              "model_params": [dict(p) for p in settings.model_params], "seed": settings.seed if merge_rule.random else None,
-              "dtype": _dtype_name(dtype), "out_dtype": _dtype_name(out_dtype), "alignments": alignments,
-              "input_dtypes": sorted({_dtype_name(i.dtype) for c in ckpts for i in c.infos.values()
-                                      if i.dtype.is_floating_point})}
-    src = paths[settings.base if settings.base is not None else 0]
-    extra = files(record) if callable(files) else (files or {})
-    stream_merge(spec, ckpts, out, weights=w, normalize=False, elements=elements, rule=rule, settings=settings,
-                 dtype=dtype, out_dtype=out_dtype, files={**side_files(src), **extra, "merge.json": record},
-                 overwrite=overwrite, progress=progress, device=device)
-    return record
-
-
-def _dtype_name(dtype: torch.dtype | None) -> str | None:
-    return None if dtype is None else str(dtype).removeprefix("torch.")
-
-
-def _align_to_first(spec, ckpts: list[LazyCheckpoint], names: list[str], align: str, wm: dict, progress):
-    """Per model the element aligning it to the first (``None`` for the first and for ``align="none"``) and the
-    alignment records (name, objective, stats)."""
-    elements: list[Element | None] = [None]
-    alignments = []
-    for i, c in enumerate(ckpts[1:], 1):
-        if align == "none":
-            elements.append(None)
-            continue
-        tick = (lambda s, d, t, i=i: progress(f"model {i + 1}: {s}", d, t)) if progress is not None else None
-        res = weight_matching(spec, ckpts[0], c, progress=tick, **wm)
-        elements.append(res.element)
-        alignments.append({"model": names[i], "objective": res.objective, "stats": res.stats})
-    return elements, alignments
-
-
 __all__ = [
-    "align_hf_checkpoints", "check_same_hf_configs", "check_vocabularies", "checkpoint_tensor_names",
-    "hf_checkpoint_spec", "hf_config", "is_hf_checkpoint", "merge_hf_checkpoints", "model_names",
-    "resolve_checkpoint_path", "side_files", "stream_apply", "stream_merge", "stream_weight_matching",
+    "PROPAGATING_RULES", "hf_checkpoint_spec", "merged_keys", "open_hf_checkpoints", "stream_apply", "stream_merge",
+    "stream_weight_matching", "with_config",
 ]
-
-
-def align_hf_full_group(a: PathLike, b: PathLike, out: PathLike, *, seed: int = 0,
-                        restarts: int = DEFAULTS.restarts, max_iter: int = DEFAULTS.max_iter, chunk: int = 1 << 20, overwrite: bool = False,
-                        progress: Progress | None = None, max_shard_bytes: int = 2 << 30,
-                        device: str | torch.device | None = None) -> Alignment:
-    """Full-group weight matching of Hugging Face checkpoint B to A, out of core: both are normalization-absorbed
-    tensor by tensor (:class:`~modeconn.symmetry.absorb_stream.AbsorbedView`, no intermediate copy), matched with
-    :data:`FULL_GROUPS` streaming, and written to ``out`` as ``a/`` (A absorbed) and ``b/`` (B absorbed and
-    aligned) — absorbed checkpoints :func:`~modeconn.symmetry.absorb.load_absorbed` and the CLI read — plus
-    ``alignment.json``. The aligned B computes B's function (up to fp rounding of the rotation).
-
-    Returns the :class:`~modeconn.match.Alignment`. Raises: UnsupportedOperationError for a family absorption does
-    not apply to (the reason named), and as :func:`align_hf_checkpoints`; every check runs before the matching.
-    """
-    from ._util.outdir import output_directory
-    from .io_stream import ABSORBED_STEM
-    from .symmetry.absorb_stream import AbsorbedView
-    from .symmetry.hf import hf_symmetry_spec
-
-    device = resolve_device(device, "device")
-    _open_pair([a, b], out, overwrite, groups=None)  # configs, vocabularies, weights, out: before any work
-    va, vb = AbsorbedView(a), AbsorbedView(b)
-    spec = hf_symmetry_spec(va.model, FULL_GROUPS)
-    res = weight_matching(spec, va, vb, restarts=restarts, max_iter=max_iter, seed=seed, chunk=chunk,
-                          progress=progress, device=device)
-    layout = ShardLayout.plan(va.shapes, max_shard_bytes, stem=ABSORBED_STEM)
-    cache: dict = {}
-    with output_directory(out, inputs=[a, b], overwrite=overwrite, command="align") as tmp:
-        write_like(tmp / "a", layout, va.__getitem__, files={**_side(a), CONFIG_NAME: va.absorbed_config()},
-                   inputs=[a])
-        write_like(tmp / "b", layout, lambda k: spec.apply_tensor(k, vb[k], res.element, cache=cache),
-                   files={**_side(b), CONFIG_NAME: vb.absorbed_config()}, inputs=[b])
-        record = {**res.to_json(), "groups": FULL_GROUPS, "aligned_to": model_names([a])[0],
-                  "source": model_names([b])[0]}
-        write_json(tmp / "alignment.json", record, nan="null")
-    return res
-
-
-def _side(path: PathLike) -> dict[str, Path]:
-    return {k: v for k, v in side_files(path).items() if k != CONFIG_NAME}

@@ -18,8 +18,8 @@ from torch import nn
 
 import modeconn as mc
 from modeconn.errors import ConfigError, StateDictMismatchError
-from modeconn.experiments import checkpoints as ckpt_mod
-from modeconn.experiments.merge import run_merge
+from modeconn import io_models as ckpt_mod
+from modeconn.recipes.merge_modeconn import run_merge
 from modeconn.io import load_checkpoint, save_checkpoint, save_state_dict
 from modeconn.models import build_model
 from modeconn.path import evaluate as evaluate_mod

@@ -19,9 +19,9 @@ from typer.testing import CliRunner
 
 import modeconn as mc
 from modeconn.errors import ConfigError
-from modeconn.experiments import compare as compare_mod
+from modeconn.diagnostics import compare as compare_mod
 from modeconn.experiments import identifiability as ident_mod
-from modeconn.experiments import merge as merge_mod
+from modeconn.recipes import merge_modeconn as merge_mod
 from modeconn.io import save_checkpoint
 from modeconn.models import build_model
 from modeconn.path import evaluate as evaluate_mod

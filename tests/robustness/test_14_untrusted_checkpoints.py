@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 
 from modeconn.data import safe_unpickle
 from modeconn.errors import CheckpointError, DataError
-from modeconn.experiments.checkpoints import load_same_architecture
+from modeconn.io_models import load_same_architecture
 from modeconn.io import load_checkpoint, load_state_dict, save_checkpoint
 from modeconn.models import build_model
 

@@ -91,7 +91,9 @@ API_CALLS = '''
 import json, sys, traceback
 from pathlib import Path
 from modeconn.checkpoints import open_checkpoint
-from modeconn.stream import align_hf_checkpoints, align_hf_full_group, hf_checkpoint_spec, hf_config, merge_hf_checkpoints
+from modeconn.recipes.hf_stream import align_hf_checkpoints, align_hf_full_group, merge_hf_checkpoints
+from modeconn.stream import hf_checkpoint_spec
+from modeconn.symmetry.hf.directory import hf_config
 from modeconn.symmetry.absorb import load_absorbed
 from modeconn.symmetry.absorb_stream import stream_absorb
 from modeconn.match.memory import Shape

@@ -32,7 +32,7 @@ from modeconn.models import build_model
 
 merge_rules_mod = importlib.import_module("modeconn.path.merge_rules")
 interp_mod = importlib.import_module("modeconn.path.interpolate")
-stream_mod = importlib.import_module("modeconn.stream")
+stream_mod = importlib.import_module("modeconn.recipes.hf_stream")
 
 
 @pytest.fixture(scope="module")

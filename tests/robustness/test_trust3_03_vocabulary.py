@@ -24,7 +24,7 @@ from modeconn.models import build_model
 from modeconn.vocabulary import check_vocabularies, read_vocabulary
 
 vocab_mod = importlib.import_module("modeconn.vocabulary")
-stream_mod = importlib.import_module("modeconn.stream")
+stream_mod = importlib.import_module("modeconn.recipes.hf_stream")
 
 TOKENS = [f"t{i}" for i in range(50)]  # the tiny models' vocab_size
 

@@ -23,10 +23,11 @@ from modeconn.checkpoints import open_checkpoint
 from modeconn.errors import CheckpointError
 from modeconn.io import check_in_checkpoint
 from modeconn.io_stream import LazyCheckpoint
-from modeconn.stream import align_hf_checkpoints, merge_hf_checkpoints, side_files
+from modeconn.io_hf import side_files
+from modeconn.recipes.hf_stream import align_hf_checkpoints, merge_hf_checkpoints
 
 io_mod = importlib.import_module("modeconn.io")
-stream_mod = importlib.import_module("modeconn.stream")
+stream_mod = importlib.import_module("modeconn.recipes.hf_stream")
 
 SECRET = '{"private": "do not copy me"}'
 SIDE = "special_tokens_map.json"  # a side file copied to outputs (not a tokenizer vocabulary)

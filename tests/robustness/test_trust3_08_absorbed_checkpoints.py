@@ -27,7 +27,9 @@ import modeconn as mc
 from modeconn.checkpoints import open_checkpoint
 from modeconn.errors import CheckpointError, ConfigError
 from modeconn.io_stream import ABSORBED_STEM, LazyCheckpoint
-from modeconn.stream import FULL_GROUPS, align_hf_full_group, hf_checkpoint_spec, merge_hf_checkpoints
+from modeconn.recipes.hf_stream import align_hf_full_group, merge_hf_checkpoints
+from modeconn.stream import hf_checkpoint_spec
+from modeconn.symmetry.hf import FULL_GROUPS
 from modeconn.symmetry.absorb import ABSORBED_FORMAT, ABSORBED_KEY, ABSORBED_MODEL_TYPE, load_absorbed, save_absorbed
 from modeconn.symmetry.absorb_stream import stream_absorb
 

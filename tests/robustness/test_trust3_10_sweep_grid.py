@@ -14,7 +14,7 @@ import dataclasses
 import pytest
 
 from modeconn.errors import ConfigError
-from modeconn.experiments import sweep as sw
+from modeconn.recipes import sweep as sw
 from modeconn.experiments import training
 
 from cli_runner import run_cli

@@ -25,8 +25,8 @@ import pytest
 from trust_helpers import FAST_LLPF, digits, quick_run, results, save_pair, snapshot, trained_pair
 
 from modeconn.errors import CheckpointError, ConfigError
-from modeconn.experiments import paths as paths_mod
-from modeconn.experiments.paths import work_dir_for
+from modeconn.recipes import path as paths_mod
+from modeconn.recipes.path import work_dir_for
 from modeconn.io import load_checkpoint
 from modeconn.path import Path, llpf_m2m
 from modeconn.path.pathobj import MANIFEST
@@ -170,7 +170,7 @@ _KILLED_SEARCH = textwrap.dedent(
     import json, sys, time
     from pathlib import Path
     from modeconn.data import load_dataset
-    from modeconn.experiments.paths import run_path
+    from modeconn.recipes.path import run_path
     from modeconn.io import load_checkpoint
 
     a, b, out, ready, options = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4]), json.loads(sys.argv[5])

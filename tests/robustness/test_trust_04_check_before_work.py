@@ -14,18 +14,18 @@ from pathlib import Path
 
 import pytest
 
-import modeconn.experiments.merge as merge_mod
+import modeconn.recipes.merge_modeconn as merge_mod
 import modeconn.io as io_mod
 import modeconn.recipes.merge as merge_recipe_mod
-import modeconn.stream as stream_mod
+import modeconn.recipes.hf_stream as stream_mod
 from cli_runner import run_cli
 from hf_tiny import make
 from modeconn.errors import CheckpointError, ConfigError
-from modeconn.experiments.merge import run_merge
+from modeconn.recipes.merge_modeconn import run_merge
 from modeconn.io import save_checkpoint
 from modeconn.match.methods import ALIGNMENT_METHODS
 from modeconn.models import build_model
-from modeconn.stream import align_hf_checkpoints, merge_hf_checkpoints
+from modeconn.recipes.hf_stream import align_hf_checkpoints, merge_hf_checkpoints
 
 
 class HeavyWork(RuntimeError):
@@ -44,7 +44,7 @@ def armed(monkeypatch):
     """The check of this class: any heavy step raises HeavyWork."""
     for mod, attr in ((io_mod, "load_state_dict"), (merge_mod, "weight_matching"), (stream_mod, "weight_matching")):
         monkeypatch.setattr(mod, attr, _heavy(f"{mod.__name__}.{attr}"))
-    # barrier/demo comparisons run alignment methods through the registry (experiments.compare → ALIGNMENT_METHODS)
+    # barrier/demo comparisons run alignment methods through the registry (diagnostics.compare → ALIGNMENT_METHODS)
     entry = ALIGNMENT_METHODS.get("weight")
     monkeypatch.setitem(ALIGNMENT_METHODS._items, "weight", dataclasses.replace(entry, fn=_heavy("weight matching")))
     return monkeypatch

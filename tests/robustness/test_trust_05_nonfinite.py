@@ -21,7 +21,7 @@ from torch import nn
 
 import modeconn as mc
 from modeconn.errors import NonFiniteError
-from modeconn.experiments import merge as merge_mod
+from modeconn.recipes import merge_modeconn as merge_mod
 from modeconn.io import save_checkpoint
 from modeconn.models import build_model
 from modeconn.path import Curve, evaluate_model

@@ -22,12 +22,13 @@ from safetensors.torch import load_file
 
 import modeconn as mc
 from modeconn.errors import ConfigError
-from modeconn.experiments.merge import run_merge
+from modeconn.recipes.merge_modeconn import run_merge
 from modeconn.io import load_checkpoint, save_checkpoint
 from modeconn.models import build_model
 from modeconn.path import evaluate as evaluate_mod
 from modeconn.path.interpolate import merge_weights, weighted_average
-from modeconn.stream import hf_checkpoint_spec, merge_hf_checkpoints, stream_merge
+from modeconn.recipes.hf_stream import merge_hf_checkpoints
+from modeconn.stream import hf_checkpoint_spec, stream_merge
 
 interp_mod = importlib.import_module("modeconn.path.interpolate")
 

@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from trust_helpers import TRUNCATED_LLPF, digits, quick_run, results, save_pair, trained_pair
 
 from modeconn.errors import ConfigError
-from modeconn.experiments.paths import INCOMPLETE_EXIT_CODE
+from modeconn.recipes.path import INCOMPLETE_EXIT_CODE
 from modeconn.path.autoneb import autoneb
 from modeconn.path.pathobj import PathCurve
 

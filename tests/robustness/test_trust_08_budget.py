@@ -15,7 +15,7 @@ from trust_helpers import digits, quick_run, trained_pair
 
 from modeconn.cli import _app as cli_app
 from modeconn.errors import ConfigError
-from modeconn.experiments.paths import find_path
+from modeconn.path.methods import find_path
 from modeconn.path import llpf as llpf_mod
 
 

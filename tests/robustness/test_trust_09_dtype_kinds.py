@@ -29,7 +29,8 @@ from modeconn.errors import StateDictMismatchError
 from modeconn.io import check_dtype_kinds, check_state_dict_compatible, dtype_kind, load_checkpoint, save_checkpoint
 from modeconn.models import build_model
 from modeconn.path.interpolate import interpolate, weighted_average
-from modeconn.stream import align_hf_checkpoints, hf_checkpoint_spec, stream_merge, stream_weight_matching
+from modeconn.recipes.hf_stream import align_hf_checkpoints
+from modeconn.stream import hf_checkpoint_spec, stream_merge, stream_weight_matching
 
 io_mod = importlib.import_module("modeconn.io")
 checks_mod = importlib.import_module("modeconn.checks")

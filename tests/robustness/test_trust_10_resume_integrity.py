@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 from trust_helpers import FAST_LLPF, has_nan, mlp, quick_run, with_train_limit
 
 from modeconn.errors import CheckpointError, ConfigError
-from modeconn.experiments.paths import work_dir_for
+from modeconn.recipes.path import work_dir_for
 from modeconn.path import Path, llpf_m2m
 from modeconn.path import llpf as llpf_mod
 from modeconn.path.llpf import STATE_FILE

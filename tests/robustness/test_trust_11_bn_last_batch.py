@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import modeconn as mc
 from modeconn.data import DatasetBundle
 from modeconn.errors import ConfigError
-from modeconn.experiments import compare as compare_mod
+from modeconn.diagnostics import compare as compare_mod
 from modeconn.path import batchnorm as bn_mod
 from modeconn.path import channel_stats, evaluate_model, reset_bn_stats
 

@@ -32,7 +32,8 @@ from hf_tiny import make
 from modeconn.errors import ConfigError
 from modeconn.io import FORMAT_VERSION, load_checkpoint, read_config, save_checkpoint
 from modeconn.models import build_model
-from modeconn.stream import hf_checkpoint_spec, hf_config
+from modeconn.stream import hf_checkpoint_spec
+from modeconn.symmetry.hf.directory import hf_config
 
 config_check_mod = importlib.import_module("modeconn.symmetry.hf.config_check")
 build_mod = importlib.import_module("modeconn.models._build")

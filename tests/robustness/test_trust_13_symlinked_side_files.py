@@ -2,7 +2,7 @@
 
 A ``tokenizer.json`` in checkpoint B that is a symlink to a private file outside the checkpoint had its content
 copied into the output of a streaming align/merge. Every file modeconn reads from a checkpoint and may carry into an
-output — side files (:func:`modeconn.stream.side_files`), files copied by :func:`modeconn.io_stream.write_like`,
+output — side files (:func:`modeconn.io_hf.side_files`), files copied by :func:`modeconn.io_stream.write_like`,
 weights files, shards and the index (:class:`~modeconn.io_stream.LazyCheckpoint`), ``config.json`` and weights of
 modeconn checkpoints (:func:`~modeconn.io.load_checkpoint`) — must resolve inside the checkpoint's directory tree
 (:func:`modeconn.io.check_in_checkpoint`): else a CheckpointError names the file and its target, before any heavy
@@ -24,11 +24,13 @@ from modeconn.errors import CheckpointError
 from modeconn.io import check_in_checkpoint, load_checkpoint, save_checkpoint
 from modeconn.io_stream import LazyCheckpoint, write_like
 from modeconn.models import build_model
-from modeconn.stream import align_hf_checkpoints, merge_hf_checkpoints, side_files
+from modeconn.io_hf import side_files
+from modeconn.recipes.hf_stream import align_hf_checkpoints, merge_hf_checkpoints
 
 io_mod = importlib.import_module("modeconn.io")
 io_stream_mod = importlib.import_module("modeconn.io_stream")
-stream_mod = importlib.import_module("modeconn.stream")
+io_hf_mod = importlib.import_module("modeconn.io_hf")
+stream_mod = importlib.import_module("modeconn.recipes.hf_stream")
 
 SECRET = '{"private": "do not copy me"}'
 
@@ -163,7 +165,7 @@ def test_negative_control_without_the_check_the_private_file_is_copied(pair, sec
     """With the containment check disabled, the private file a side file links to ends up in the output: the
     refusal above is what keeps it out."""
     resolve_only = lambda file, root: Path(file).resolve()  # noqa: E731
-    for mod in (io_mod, io_stream_mod, stream_mod):
+    for mod in (io_mod, io_stream_mod, io_hf_mod):
         monkeypatch.setattr(mod, "check_in_checkpoint", resolve_only)
     a, b = pair
     bad = linked_copy(b, tmp_path / "b", "tokenizer.json", secret)

@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 from modeconn.data import load_dataset
-from modeconn.experiments.paths import run_path
+from modeconn.recipes.path import run_path
 from modeconn.io import save_checkpoint
 from modeconn.models import build_model
 from modeconn.train import TrainConfig, fit

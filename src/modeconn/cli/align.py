@@ -20,9 +20,16 @@ def _method_help() -> str:
             + " (one-sided and dual: language models only; learned on language models: deprecated name of one-sided)")
 
 
+def _model_help() -> str:
+    from ..symmetry.hf.registry import ADAPTERS
+
+    return ("checkpoint directory of the reference model A: a modeconn checkpoint, or a Hugging Face one of model type "
+            + ", ".join(ADAPTERS))
+
+
 @app.command()
 def align(
-    a: Path = typer.Argument(..., help="checkpoint directory of the reference model A"),
+    a: Path = typer.Argument(..., help=_model_help()),
     b: Path = typer.Argument(..., help="checkpoint directory of model B (to be permuted into A's basin)"),
     out: Path = typer.Option(..., help="checkpoint directory for the aligned B (plus alignment.json)"),
     method: str = typer.Option("weight", help=_method_help()),

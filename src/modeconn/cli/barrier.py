@@ -11,7 +11,7 @@ from .tables import comparison_table
 
 
 def _method_help() -> str:
-    from ..experiments.compare import METHOD_LABELS
+    from ..diagnostics.compare import METHOD_LABELS
 
     return "alignment method (repeatable): " + ", ".join(f"{k} ({v})" for k, v in METHOD_LABELS.items())
 
@@ -40,22 +40,15 @@ def barrier(
     barrier_mean, barrier_interp and peak (loss) and the error barriers, merges at λ=½, and writes
     results.json, report.md and barrier.png.
     """
-    from ..experiments.barrier import run_barrier
-    from ..experiments.compare import check_methods
     from ..experiments.output import default_out
-    from ..path.batchnorm import check_bn_policy
-    from ..recipes.pair import check_pair_options, load_pair_and_data
+    from ..recipes.barrier import barrier as run_barrier
 
     out = out or default_out("barrier")
     with errors_exit(download):
         check_out(out, [a, b, data], overwrite)
-        check_methods(method)
-        check_bn_policy(bn)
-        ma, mb, _, bundle = load_pair_and_data(a, b, "barrier", dataset, data, limit_train)
-        check_pair_options(ma, bundle, bn=bn)  # a --bn that would do nothing
         with progress_bar() as progress:
-            comparison = run_barrier(out, ma, mb, bundle, method, bn=bn, lambdas=lambdas, eval_limit=eval_limit,
-                                     seed=seed, overwrite=overwrite, names=(str(a), str(b)), inputs=[a, b],
-                                     log=log, progress=two_arg(progress, "path points"))
+            comparison = run_barrier(a, b, method, out, dataset=dataset, data=data, limit_train=limit_train, bn=bn,
+                                     lambdas=lambdas, eval_limit=eval_limit, seed=seed, overwrite=overwrite, log=log,
+                                     progress=two_arg(progress, "path points"))
     console.print(comparison_table(comparison.to_json(), "test"))
     written(out, "report.md, results.json, barrier.png")

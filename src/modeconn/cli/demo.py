@@ -24,7 +24,7 @@ def demo(
     aligns B to A with weight matching and with activation matching, measures again and merges at the
     midpoint. Writes results.json, report.md, barrier.png and both checkpoints (models/A, models/B).
     """
-    from ..experiments import run_demo
+    from ..recipes.demo import run_demo
     from ..experiments.output import default_out
 
     out = out or default_out("demo")

@@ -11,7 +11,7 @@ from .tables import report_text
 
 
 def _method_help() -> str:
-    from ..experiments.paths import PATH_METHODS
+    from ..path.methods import PATH_METHODS
 
     return "path method: " + "; ".join(f"{m.name} — {m.summary}" for m in map(PATH_METHODS.get, PATH_METHODS))
 
@@ -50,20 +50,16 @@ def path_command(
     incomplete one (all outputs are still written; report.md and results.json say why), 2 for an error.
     """
     from ..experiments.output import default_out
-    from ..experiments.paths import INCOMPLETE_EXIT_CODE, check_path_options, run_path
-    from ..recipes.pair import load_pair_and_data
+    from ..recipes.path import INCOMPLETE_EXIT_CODE, path as run_path
 
     out = out or default_out("path")
     with errors_exit(download):
         check_out(out, [a, b, data], overwrite or resume)  # --resume continues modeconn's own run there
         options = parse_kv(option, "--option")
-        check_path_options(method, options)  # typos fail before anything is loaded
-        ma, mb, _, bundle = load_pair_and_data(a, b, "path", dataset, data, limit_train)
         with progress_bar() as progress:
-            results = run_path(out, method, ma, mb, bundle, options, budget=budget, eval_limit=eval_limit,
-                               sub_points=sub_points, seed=seed, resume=resume, overwrite=overwrite,
-                               names=(str(a), str(b)), inputs=[p for p in (a, b, data) if p is not None],
-                               limit_train=limit_train, continuity_tol=continuity_tol, log=log,
+            results = run_path(a, b, method, options, out, dataset=dataset, data=data, limit_train=limit_train,
+                               budget=budget, eval_limit=eval_limit, sub_points=sub_points, seed=seed, resume=resume,
+                               overwrite=overwrite, continuity_tol=continuity_tol, log=log,
                                progress=two_arg(progress, "search / evaluation"))
     console.print(report_text(results["headline"]), style=None if results["complete"] else "bold red", markup=False)
     written(out, "path/, results.json, report.md, path_loss.png")

@@ -29,7 +29,7 @@ def sweep(
     the barrier task's seed s trains the independent pair of init seeds 2s, 2s + 1) and prints the table over
     seeds. Ray is optional: pip install 'modeconn\\[ray]'.
     """
-    from ..experiments.sweep import aggregated_table, read_sweep_config, run_sweep
+    from ..recipes.sweep import aggregated_table, read_sweep_config, run_sweep
 
     with errors_exit():
         cfg = read_sweep_config(config)

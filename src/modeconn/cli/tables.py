@@ -26,7 +26,7 @@ def barrier_table(summaries: Mapping[str, Mapping], merged: Mapping[str, Mapping
     """Barriers of every method on ``split``: ``summaries`` method → :meth:`Curve.summary` (all splits),
     ``merged`` method → split → metrics of the midpoint merge; ``examples`` says what was evaluated (e.g. "all 360
     test examples"). Abbreviated headers and method names, with a legend; fits 80 columns."""
-    from ..experiments.compare import METHOD_LABELS
+    from ..diagnostics.compare import METHOD_LABELS
 
     title = f"barriers on the {split} split" + (f" ({examples})" if examples else "")
     table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False)

@@ -1,4 +1,5 @@
-"""Recipes: configs → runs → reports (the only layer that knows about files and plots).
+"""The registered experiments: each a size, a run and a report (:mod:`.registry`); command back-ends live in
+:mod:`modeconn.recipes`, which this package never imports.
 
 Importing this package registers every named experiment in :data:`EXPERIMENTS` (one name each in the import below).
 """
@@ -7,8 +8,6 @@ from . import (  # noqa: F401  (registration)
     check_calibration, identifiability, llpf_experiment, llpf_zoo, lmc_dm, lmc_dm_vit, merge_rules, symmetry_breaking,
     transformer_wm, zoo,
 )
-from .compare import METHODS, Comparison, compare_alignments
-from .demo import run_demo
 from .registry import EXPERIMENTS, Experiment, register_experiment
 
-__all__ = ["EXPERIMENTS", "METHODS", "Comparison", "Experiment", "compare_alignments", "register_experiment", "run_demo"]
+__all__ = ["EXPERIMENTS", "Experiment", "register_experiment"]

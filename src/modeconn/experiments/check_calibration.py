@@ -17,7 +17,6 @@ weight and activation matching, 25 λ) on the first pair.
 from __future__ import annotations
 
 import copy
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -234,14 +233,14 @@ def replicate_agreement(rows: list[dict]) -> dict[str, float]:
 
 
 def time_cost(a, b, bundle, log: Log) -> dict[str, float]:
-    """Wall seconds of ``check`` and of ``modeconn barrier``'s recipe (naive, weight, activation; 25 λ) on one pair."""
-    from .barrier import run_barrier
+    """Wall seconds of ``check`` and of ``modeconn barrier``'s work (its comparison: naive, weight, activation;
+    25 λ) on one pair."""
+    from ..diagnostics.compare import compare_alignments
 
     t0 = time.perf_counter()
     check(a, b, data=bundle)
     t1 = time.perf_counter()
-    with tempfile.TemporaryDirectory() as tmp:
-        run_barrier(Path(tmp) / "barrier", a, b, bundle, ["naive", "weight", "activation"], log=lambda _m: None)
+    compare_alignments(a, a.state_dict(), b.state_dict(), bundle, ["naive", "weight", "activation"])
     t2 = time.perf_counter()
     log(f"cost: check {t1 - t0:.1f} s, barrier {t2 - t1:.1f} s")
     return {"check_seconds": t1 - t0, "barrier_seconds": t2 - t1, "ratio": (t1 - t0) / (t2 - t1)}

@@ -38,7 +38,8 @@ from ..path import LLPFConfig, Path, PathCurve
 from ..report import plot_path_losses, plot_path_pca
 from ..train import TrainConfig, fit
 from .output import output_directory, write_json
-from .paths import evaluate_found_path, find_path, path_row, rows_table
+from ..path.methods import evaluate_found_path, find_path, path_row
+from ..report.path_rows import rows_table
 from .registry import Experiment, register_experiment
 
 Log = Callable[[str], None]

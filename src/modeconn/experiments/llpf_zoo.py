@@ -54,7 +54,8 @@ from ..report.stats import format_mean_std, mean_std
 from ..train import TrainConfig, fit
 from .llpf_experiment import TRAIN, PathSet, SearchSize, m2m_config
 from .output import output_directory, write_results
-from .paths import path_row, rows_table
+from ..path.methods import path_row
+from ..report.path_rows import rows_table
 from .registry import Experiment, register_experiment, size_label
 
 Log = Callable[[str], None]

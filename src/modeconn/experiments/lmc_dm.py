@@ -33,7 +33,6 @@ methods).
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, replace
@@ -44,7 +43,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from .._util.jsonio import write_json
 from ..data import load_dataset, make_loader
 from ..errors import ConfigError
 from ..path import Curve, evaluate_path
@@ -359,117 +357,6 @@ def dm_report_sections(r: Mapping[str, Any], batch_unit: str, accuracy: bool = F
         + f"; total {r['seconds']:.0f} s.",
         "",
     ]
-
-
-# ------------------------------------------------------------------------------------------ checkpoints (CLI align)
-def check_same_lm_configs(configs: list[dict], paths: list[Path]) -> None:
-    """ConfigError naming every differing architecture / kwargs field of two checkpoint configs (before any
-    weights are read)."""
-    ca, cb = configs
-    problems = []
-    if ca.get("architecture") != cb.get("architecture"):
-        problems.append(f"architecture: {ca.get('architecture')!r} vs {cb.get('architecture')!r}")
-    ka, kb = ca.get("kwargs", {}) or {}, cb.get("kwargs", {}) or {}
-    for k in sorted(set(ka) | set(kb)):
-        va, vb = ka.get(k, "<absent>"), kb.get(k, "<absent>")
-        if va != vb:
-            problems.append(f"kwargs.{k}: {va!r} vs {vb!r}")
-    da, db = ca.get("dataset_options"), cb.get("dataset_options")
-    if da != db:
-        problems.append(f"dataset_options (tokenizer/context): {da!r} vs {db!r}")
-    if problems:
-        raise ConfigError(f"{paths[0]} and {paths[1]} differ:\n  " + "\n  ".join(problems))
-
-
-def align_lm_checkpoints(ma: nn.Module, mb: nn.Module, bundle, out: Path, *, method: str, steps: int, lr: float,
-                         lambda_schedule: str, lambda_value: float, parameterization: str, batch_size: int,
-                         seed: int, overwrite: bool, progress=None, log: Log = print,
-                         device: str | torch.device = "cpu", shard: bool = False, restarts: int | None = None,
-                         max_iter: int | None = None) -> dict[str, Any]:
-    """Absorb both models, bind :data:`GROUPS`, weight-match, learn the transforms (``method``: ``"dual"`` or
-    ``"learned"`` = one-sided) on the training split, and write ``out/a`` and ``out/b`` (the transformed,
-    absorbed endpoints, :func:`~modeconn.symmetry.save_absorbed`), ``transforms.safetensors`` (``a.<space>``
-    and ``b.<space>``) and ``alignment.json``. Every saved endpoint is reloaded and checked against its
-    checkpoint's logits. Returns the alignment record.
-
-    ``device``: where the learned matching runs (absorption, weight matching and the written files stay on the
-    CPU). Multi-process (a ``torch.distributed`` default group exists, e.g. under ``torchrun`` after
-    :func:`~modeconn.match.dual.init_distributed`): every rank runs the same steps, the learned matching
-    data-parallel (each rank its share of every batch of ``batch_size`` blocks, see
-    :func:`~modeconn.match.dual_matching`); only rank 0 checks and writes ``out`` and calls ``log``, and every rank
-    returns the record once the files are in place. ``shard``: sharded storage over the processes
-    (:mod:`modeconn.match.sharded`). ``restarts`` / ``max_iter``: of the weight matching that gives the discrete parts
-    and the start (None: :class:`~modeconn.match.WeightMatchingConfig`'s defaults). Raises what
-    :func:`~modeconn.match.dual_matching` raises, and
-    ConfigError for a non-empty ``out`` without ``overwrite`` (rank 0, before any work)."""
-    from contextlib import nullcontext
-
-    from ..match import dual_matching, one_sided_matching, weight_matching
-    from ..match.distributed import barrier, current_rank
-    from ..symmetry import absorb_normalization
-    from ..symmetry.hf import check_same_config, hf_symmetry_spec
-
-    check_same_config(ma, mb)
-    writer = current_rank() == 0
-    log = log if writer else _silent
-    with output_directory(out, overwrite) if writer else nullcontext() as tmp:
-        t0 = time.perf_counter()
-        abs_a, abs_b = absorb_normalization(ma), absorb_normalization(mb)
-        sa, sb = abs_a.state_dict(), abs_b.state_dict()
-        spec = hf_symmetry_spec(abs_a, groups=GROUPS)
-        wm_options = {k: v for k, v in (("restarts", restarts), ("max_iter", max_iter)) if v is not None}
-        wm = weight_matching(spec, sa, sb, seed=seed, **wm_options)
-        log(f"weight matching: objective {wm.objective:.4f} ({len(spec.spaces)} spaces)")
-        loader = make_loader(bundle.train, batch_size, shuffle=True, seed=seed)
-        fn = dual_matching if method == "dual" else one_sided_matching
-        on_device = [{k: v.to(device) for k, v in sd.items()} for sd in (sa, sb)]
-        res = fn(spec, abs_a, *on_device, loader, steps=steps, lr=lr, lambda_schedule=lambda_schedule,
-                 lambda_value=lambda_value, parameterization=parameterization, seed=seed, weight_alignment=wm,
-                 progress=progress, shard=shard)
-        checks = _write_aligned(tmp, res, (ma, mb), (abs_a, abs_b), (sa, sb), bundle.train.tensors[0][:2]) if writer else {}
-        record = {"method": method, "one_sided": method != "dual", "groups": GROUPS, "spaces": list(spec.spaces),
-                  "options": {"steps": steps, "lr": lr, "lambda_schedule": lambda_schedule,
-                              "lambda_value": lambda_value, "parameterization": parameterization,
-                              "batch_size": batch_size, "seed": seed, "shard": shard, "device": str(device),
-                              **wm_options},
-                  "world_size": res.stats["world_size"], "wm_objective": wm.objective, "objective": res.objective,
-                  "first_loss": float(res.history[0][0]) if res.history and res.history[0] else None,
-                  "max_logit_change_after_reload": checks, "seconds": time.perf_counter() - t0,
-                  "files": {"a": "a/", "b": "b/", "transforms": "transforms.safetensors"}}
-        if writer:
-            write_json(tmp / "alignment.json", record, nan="null", default=str)
-    barrier()
-    return record
-
-
-def _silent(_: str) -> None:
-    """The ``log`` of ranks other than 0."""
-
-
-def _write_aligned(tmp: Path, res, models, absorbed, state_dicts, x: torch.Tensor) -> dict[str, float]:
-    """Write the transformed absorbed endpoints ``tmp/a``, ``tmp/b`` and ``tmp/transforms.safetensors``; reload each
-    endpoint and compare its logits on ``x`` with its original model's (ConfigError beyond 1e-3 relative).
-    Returns the max |Δlogit| per side."""
-    from ..io import save_state_dict
-    from ..symmetry import load_absorbed, save_absorbed
-
-    checks = {}
-    for side, model, base, sd, apply in zip("ab", models, absorbed, state_dicts, (res.apply_a, res.apply_b), strict=False):
-        m = copy.deepcopy(base)
-        m.load_state_dict(apply(sd))
-        save_absorbed(m, tmp / side)
-        reloaded = load_absorbed(tmp / side).eval()
-        with torch.no_grad():
-            ref = model.eval()(x)
-            got = reloaded(input_ids=x).logits
-        diff = float((got - ref).abs().max())
-        if diff > 1e-3 * max(1.0, float(ref.abs().max())):
-            raise ConfigError(f"internal error: the saved endpoint {side} changed the function "
-                              f"(max |Δlogit| = {diff:.3g})")
-        checks[side] = diff
-    flat = {f"{side}.{space}": t for side, el in res.export_transforms().items() for space, t in el.items()}
-    save_state_dict(tmp / "transforms.safetensors", flat, {"modeconn": "lmc-dm transforms"})
-    return checks
 
 
 register_experiment(Experiment("lmc-dm", __doc__, SIZES, run_lmc_dm, report,

@@ -56,6 +56,8 @@ class AlignmentMethod:
         objective_sense: ``"maximize"`` (a score) or ``"minimize"`` (a loss), as in :attr:`Alignment.objective_sense`.
         needs_continuous: the spec must have a continuous space (dual / one-sided matching learn those).
         label: a short display name for tables and figure legends (default: ``name``).
+        command_line: offered by ``modeconn align`` / ``merge`` and the sweep's barrier task (the readable reference
+            implementation is not).
     """
 
     name: str
@@ -70,6 +72,7 @@ class AlignmentMethod:
     inputs: Inputs = "state_dicts"
     needs_continuous: bool = False
     label: str = ""
+    command_line: bool = True
 
     @property
     def display(self) -> str:
@@ -117,6 +120,15 @@ ALIGNMENT_METHODS: Registry[AlignmentMethod] = Registry("alignment method")
 """Every alignment method by name (``ALIGNMENT_METHODS.get(name)``: ConfigError listing the names for a typo)."""
 
 
+def command_line_methods(*, continuous: bool = False, learns: bool | None = None) -> tuple[str, ...]:
+    """The names of the methods the command line offers, in registration order: those that learn continuous
+    transforms (``continuous``) or not; with ``learns`` given, only those that do (or do not) train on the models
+    (``inputs == "model_and_state_dicts"``)."""
+    return tuple(e.name for e in ALIGNMENT_METHODS.entries()
+                 if e.command_line and e.needs_continuous == continuous
+                 and (learns is None or (e.inputs == "model_and_state_dicts") == learns))
+
+
 def register(method: AlignmentMethod) -> AlignmentMethod:
     """Add ``method`` to :data:`ALIGNMENT_METHODS` (ConfigError for a duplicate name)."""
     return ALIGNMENT_METHODS.register(method.name)(method)
@@ -135,7 +147,7 @@ register(AlignmentMethod(
     "reference", "plain git-re-basin weight matching (permutations, one run): the readable reference",
     reference_weight_matching, ReferenceMatchingConfig, f"{GIT_RE_BASIN}, Alg. 1",
     needs_data=False, streams=False, groups=("permutation",), objective_sense="maximize",
-    label="reference weight matching"))
+    label="reference weight matching", command_line=False))
 register(AlignmentMethod(
     "activation", "activation matching: LAP on Pearson correlations of unit activations (permutations)",
     activation_matching, ActivationMatchingConfig,

@@ -3,8 +3,8 @@
 * modeconn checkpoints, vision models: weight / activation / learned (STE) matching in memory; the aligned B is
   checked to compute B's function and saved as a checkpoint with ``alignment.json``.
 * modeconn language-model checkpoints: dual (LMC-DM) or one-sided learned matching after normalization absorption
-  (:func:`modeconn.experiments.lmc_dm.align_lm_checkpoints`), data-parallel under ``torchrun``.
-* Hugging Face directories: streaming weight matching (:func:`modeconn.stream.align_hf_checkpoints`).
+  (:func:`modeconn.recipes.align_lm.align_lm_checkpoints`), data-parallel under ``torchrun``.
+* Hugging Face directories: streaming weight matching (:func:`modeconn.recipes.hf_stream.align_hf_checkpoints`).
 
 Every option given is used by the path taken or refused naming it (:data:`ALIGN_SCOPES`, :mod:`.scope`); the
 in-memory methods get the options that are fields of their config class (:mod:`modeconn.match.methods`).
@@ -21,14 +21,15 @@ import torch
 
 from .._util.device import resolve_device
 from .._util.outdir import check_output_target
-from ..checkpoints import Checkpoint, open_checkpoints
+from ..checkpoints import CHECKPOINT_KINDS, Checkpoint, kinds_supporting, open_checkpoints
 from ..errors import ConfigError, ModeconnError
+from ..match.methods import command_line_methods
 from .outcome import Outcome
 from .scope import check_scope, method_options
 
 Log = Callable[[str], None]
-IN_MEMORY = ("weight", "activation", "learned")
-LANGUAGE_MODEL = ("dual", "one-sided")
+IN_MEMORY = command_line_methods()
+LANGUAGE_MODEL = command_line_methods(continuous=True)
 
 
 @dataclass(frozen=True)
@@ -86,9 +87,10 @@ def align(a: Path, b: Path, out: Path, opts: AlignOptions = AlignOptions(), *, p
     ALIGNMENT_METHODS.get(opts.method)  # a typo names the valid methods
     resolve_device(opts.device, "--device")  # an accelerator this machine lacks fails here, before any work
     ckpts = open_checkpoints([a, b])
-    handler = _BY_KIND.get(ckpts[0].kind.name)
+    handler = ckpts[0].kind.operation("align")
     if handler is None:
-        raise ConfigError(f"align reads {', '.join(_BY_KIND)} checkpoints; {ckpts[0].describe()} is not one")
+        raise ConfigError(f"align reads {', '.join(kinds_supporting('align'))} checkpoints; {ckpts[0].describe()} "
+                          "is not one")
     return handler(ckpts, Path(out), opts, progress, log, note)
 
 
@@ -105,13 +107,13 @@ def _align_hf(ckpts: list[Checkpoint], out: Path, opts: AlignOptions, progress, 
                 "streaming weight matching of Hugging Face checkpoint directories (it reads no data)", ALIGN_SCOPES)
     if opts.groups not in _HF_GROUPS:
         raise ConfigError(f"unknown --groups {opts.groups!r}; valid: {', '.join(_HF_GROUPS)}")
-    from .. import stream
+    from . import hf_stream
     from ..match.weight import DEFAULTS
 
     name, what = _HF_GROUPS[opts.groups]
-    res = getattr(stream, name)(ckpts[0].path, ckpts[1].path, out, seed=opts.seed or 0,
-                                restarts=opts.restarts or DEFAULTS.restarts, max_iter=opts.max_iter or DEFAULTS.max_iter,
-                                overwrite=opts.overwrite, progress=progress, device=opts.device)
+    res = getattr(hf_stream, name)(ckpts[0].path, ckpts[1].path, out, seed=opts.seed or 0,
+                                   restarts=opts.restarts or DEFAULTS.restarts, max_iter=opts.max_iter or DEFAULTS.max_iter,
+                                   overwrite=opts.overwrite, progress=progress, device=opts.device)
     line = (f"streaming weight matching objective {res.objective:.4f} (upper bound {res.stats['upper_bound']:.4f}; "
             f"{len(res.element)} spaces, {res.stats['seconds']:.1f} s)")
     return Outcome(out, what, (line,), "aligned checkpoint")
@@ -180,7 +182,7 @@ def dataset_for(config: dict, dataset: str | None, data: Path | None, limit_trai
     examples do not have the shape the model was built for — checked before anything is traced)."""
     from ..data import load_dataset
 
-    from ..experiments.checkpoints import check_input_shape
+    from ..io_models import check_input_shape
 
     name = dataset or config.get("dataset")
     if name is None:
@@ -193,8 +195,8 @@ def dataset_for(config: dict, dataset: str | None, data: Path | None, limit_trai
 
 
 def _align_in_memory(ckpts: list[Checkpoint], out: Path, opts: AlignOptions, method: str, overrides: dict) -> Outcome:
-    from ..experiments.checkpoints import example_input, load_same_architecture
-    from ..experiments.compare import align as run_align
+    from ..io_models import example_input, load_same_architecture
+    from ..diagnostics.compare import align as run_align
     from ..io import save_checkpoint
     from ..symmetry import symmetry_spec
 
@@ -207,7 +209,7 @@ def _align_in_memory(ckpts: list[Checkpoint], out: Path, opts: AlignOptions, met
     mb_aligned.load_state_dict(res.apply(mb.state_dict()))
     _check_same_function(mb, mb_aligned, x0)
     kept = {k: v for k, v in cfg.items() if k not in ("architecture", "kwargs", "modeconn_version", "format_version")}
-    from ..stream import model_names
+    from ..io_hf import model_names
 
     path = save_checkpoint(out, mb_aligned, config=kept | {"aligned_to": model_names([ckpts[0].path])[0],
                                                            "alignment": method},
@@ -226,4 +228,5 @@ def _check_same_function(m1, m2, x) -> None:
         raise ModeconnError(f"internal error: alignment changed the function (max |Δlogit| = {(y1 - y2).abs().max():.3g})")
 
 
-_BY_KIND = {"modeconn": _align_modeconn, "huggingface": _align_hf}
+CHECKPOINT_KINDS["modeconn"].supports("align", _align_modeconn)
+CHECKPOINT_KINDS["huggingface"].supports("align", _align_hf)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..checkpoints import CHECKPOINT_KINDS
 from ..errors import ConfigError
 from .outcome import Outcome
 
@@ -34,16 +35,24 @@ def load_models(a: Path, b: Path | None, opts: CheckOptions):
     """``([model A(, model B)], A's config, dataset bundle)``; ConfigError for a checkpoint that is not a modeconn
     checkpoint, two architectures, or no (fitting) dataset — before any weights are used."""
     from ..checkpoints import open_checkpoints
-    from ..experiments.checkpoints import load_same_architecture
-    from .align import dataset_for
 
-    paths = [a] if b is None else [a, b]
-    ckpts = open_checkpoints(paths)
-    if ckpts[0].kind.name != "modeconn":
+    ckpts = open_checkpoints([a] if b is None else [a, b])
+    load = ckpts[0].kind.operation("check")
+    if load is None:
         raise ConfigError(f"check reads modeconn checkpoints (config.json + model.safetensors from modeconn train); "
                           f"{ckpts[0].describe()} is not one")
-    models, configs = load_same_architecture(paths)
+    return load(ckpts, opts)
+
+
+def _load_modeconn(ckpts, opts: CheckOptions):
+    from ..io_models import load_same_architecture
+    from .align import dataset_for
+
+    models, configs = load_same_architecture([c.path for c in ckpts])
     return models, configs[0], dataset_for(configs[0], opts.dataset, opts.data, opts.limit_train)
+
+
+CHECKPOINT_KINDS["modeconn"].supports("check", _load_modeconn)
 
 
 def run_check(a: Path, b: Path | None, out: Path, opts: CheckOptions, log=print) -> Outcome:

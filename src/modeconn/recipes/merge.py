@@ -1,9 +1,9 @@
 """Recipe ``merge``: align every model to the first, merge by a rule, write it — for every checkpoint kind.
 
 * modeconn checkpoints: in memory, BatchNorm statistics reset / interpolated / REPAIRed, evaluated on the test split
-  (:func:`modeconn.experiments.merge.run_merge`).
+  (:func:`modeconn.recipes.merge_modeconn.run_merge`).
 * Hugging Face directories (or cache entries): streamed shard by shard in the first model's layout, no data read
-  (:func:`modeconn.stream.merge_hf_checkpoints`), with the recipe it ran and a model card beside the weights.
+  (:func:`modeconn.recipes.hf_stream.merge_hf_checkpoints`), with the recipe it ran and a model card beside the weights.
 
 Options come from the command line or from a recipe (``--config``, mergekit's schema plus ``align:``,
 :mod:`modeconn.recipes.merge_recipe`); every check runs before any checkpoint is read.
@@ -18,7 +18,7 @@ from typing import Any
 
 from .._util.device import resolve_device
 from .._util.outdir import check_output_target
-from ..checkpoints import Checkpoint, open_checkpoints
+from ..checkpoints import CHECKPOINT_KINDS, Checkpoint, kinds_supporting, open_checkpoints
 from ..errors import ConfigError
 from ..path.interpolate import weights_sum_to_one
 from ..path.merge_rules import MERGE_RULES, RuleSettings
@@ -87,9 +87,10 @@ def merge(models: Sequence[Path], out: Path, opts: MergeOptions = MergeOptions()
     _check_options(opts)
     resolve_device(opts.device, "--device")  # an accelerator this machine lacks fails here, before any work
     ckpts = open_checkpoints(plan.models)
-    handler = _BY_KIND.get(ckpts[0].kind.name)
+    handler = ckpts[0].kind.operation("merge")
     if handler is None:
-        raise ConfigError(f"merge reads {', '.join(_BY_KIND)} checkpoints; {ckpts[0].describe()} is not one")
+        raise ConfigError(f"merge reads {', '.join(kinds_supporting('merge'))} checkpoints; {ckpts[0].describe()} "
+                          "is not one")
     check_merge_scope(given, plan, ckpts[0])
     return handler(ckpts, Path(out), plan, progress, log)
 
@@ -111,25 +112,32 @@ path that makes none is deterministic, so any seed gives its one result."""
 
 def check_merge_scope(given: MergeOptions, plan: _Plan, first: Checkpoint) -> None:
     """ConfigError naming the first option given on the command line (``given``) that the merge ``plan`` of
-    checkpoints of ``first``'s kind does not use, and where it applies — before any weights are read."""
+    checkpoints of ``first``'s kind does not use (the kind's ``merge_scope`` operation adds its own), and where it
+    applies — before any weights are read."""
     opts, rule = plan.opts, MERGE_RULES.get(plan.opts.rule)
     wm = opts.align == "weight"
     used = {"restarts", "max_iter"} if wm else set()
     if rule.weights == "all" and opts.weights is not None:
         used.add("normalize")
-    if first.kind.name == "huggingface":
-        used |= {"dtype", "device"}
-        path = f"merging Hugging Face checkpoints (--align {opts.align}, --rule {opts.rule}), done without data"
-    else:
-        used |= {"bn", "dataset", "data", "limit_train"} | ({"device"} if wm else set())
-        path = f"merging modeconn checkpoints (--align {opts.align}, --rule {opts.rule})"
-    check_scope(given, used, path, MERGE_SCOPES)
+    scope = first.kind.operation("merge_scope")
+    extra, path = (scope(opts, first) if scope is not None
+                   else (set(), f"merging {first.kind.label} checkpoints (--align {opts.align}, --rule {opts.rule})"))
+    check_scope(given, used | extra, path, MERGE_SCOPES)
+
+
+def _hf_scope(opts: MergeOptions, first: Checkpoint) -> tuple[set[str], str]:
+    return {"dtype", "device"}, f"merging Hugging Face checkpoints (--align {opts.align}, --rule {opts.rule}), done without data"
+
+
+def _modeconn_scope(opts: MergeOptions, first: Checkpoint) -> tuple[set[str], str]:
+    used = {"bn", "dataset", "data", "limit_train"} | ({"device"} if opts.align == "weight" else set())
+    return used, f"merging modeconn checkpoints (--align {opts.align}, --rule {opts.rule})"
 
 
 def _from_options(models: Sequence[Path], opts: MergeOptions) -> _Plan:
     """The plan of a command line: Hugging Face cache entries resolved, --base found among the models, --param
     parsed, weights and rule settings checked."""
-    from ..stream import resolve_checkpoint_path
+    from ..io_hf import resolve_checkpoint_path
 
     models = [resolve_checkpoint_path(m) for m in models]
     if len(models) < 2:
@@ -144,7 +152,7 @@ def _from_options(models: Sequence[Path], opts: MergeOptions) -> _Plan:
 def _from_recipe(models: Sequence[Path], opts: MergeOptions) -> _Plan:
     """The plan of a recipe (``--config``): models, rule, base, weights, parameters, dtypes and alignment from the
     file; the rule's own options on the command line are refused (one source of truth)."""
-    from ..stream import resolve_checkpoint_path
+    from ..io_hf import resolve_checkpoint_path
     from .merge_recipe import load_recipe
 
     if models:
@@ -195,7 +203,7 @@ def _checked(models, opts: MergeOptions, weights, settings: RuleSettings, dtype,
 def _base_index(base: str | None, models: list[Path]) -> int | None:
     if base is None:
         return None
-    from ..stream import resolve_checkpoint_path
+    from ..io_hf import resolve_checkpoint_path
 
     target = resolve_checkpoint_path(Path(base)).resolve()
     for i, m in enumerate(models):
@@ -234,7 +242,7 @@ def _torch_dtype(name: str | None, option: str = "--dtype"):
 
 def _check_options(opts: MergeOptions) -> None:
     """Typos in --align, --bn or --rule fail before any checkpoint is opened."""
-    from ..experiments.merge import ALIGN_CHOICES
+    from .merge_modeconn import ALIGN_CHOICES
     from ..path.batchnorm import check_bn_policy
 
     if opts.align not in ALIGN_CHOICES:
@@ -244,7 +252,7 @@ def _check_options(opts: MergeOptions) -> None:
 
 
 def _merge_modeconn(ckpts: list[Checkpoint], out: Path, plan: _Plan, progress, log: Log) -> Outcome:
-    from ..experiments.merge import run_merge
+    from .merge_modeconn import run_merge
 
     opts = plan.opts
     if plan.dtype is not None or plan.out_dtype is not None:
@@ -261,7 +269,7 @@ def _merge_modeconn(ckpts: list[Checkpoint], out: Path, plan: _Plan, progress, l
 
 def _merge_hf(ckpts: list[Checkpoint], out: Path, plan: _Plan, progress, log: Log) -> Outcome:
     from ..match.weight import DEFAULTS
-    from ..stream import merge_hf_checkpoints
+    from .hf_stream import merge_hf_checkpoints
     from .merge_recipe import CARD_NAME, RECIPE_NAME, card_text, recipe_refs, recipe_text
 
     opts = plan.opts
@@ -283,4 +291,7 @@ def _merge_hf(ckpts: list[Checkpoint], out: Path, plan: _Plan, progress, log: Lo
                    f"{CARD_NAME}", lines, "merged checkpoint")
 
 
-_BY_KIND = {"modeconn": _merge_modeconn, "huggingface": _merge_hf}
+CHECKPOINT_KINDS["modeconn"].supports("merge", _merge_modeconn)
+CHECKPOINT_KINDS["modeconn"].supports("merge_scope", _modeconn_scope)
+CHECKPOINT_KINDS["huggingface"].supports("merge", _merge_hf)
+CHECKPOINT_KINDS["huggingface"].supports("merge_scope", _hf_scope)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..checkpoints import open_checkpoints
+from ..checkpoints import CHECKPOINT_KINDS, open_checkpoints
 from ..errors import ConfigError
 from .align import dataset_for
 
@@ -22,7 +22,7 @@ def load_pair_and_data(a: Path, b: Path, command: str, dataset: str | None, data
     ``command`` cannot evaluate or of two architectures, and when no (fitting) dataset is named or recorded;
     DataError for a Hugging Face checkpoint without ``tokenizer.json``."""
     ckpts = open_checkpoints([a, b])
-    load = _BY_KIND.get(ckpts[0].kind.name)
+    load = ckpts[0].kind.operation("pair")
     if load is None:
         raise ConfigError(f"{command} evaluates modeconn checkpoints or Hugging Face causal LMs; {ckpts[0].describe()} "
                           "is neither")
@@ -30,7 +30,7 @@ def load_pair_and_data(a: Path, b: Path, command: str, dataset: str | None, data
 
 
 def _modeconn(ckpts, command, dataset, data, limit_train):
-    from ..experiments.checkpoints import load_same_architecture
+    from ..io_models import load_same_architecture
 
     (ma, mb), (cfg, _) = load_same_architecture([c.path for c in ckpts])
     return ma, mb, cfg, dataset_for(cfg, dataset, data, limit_train)
@@ -58,7 +58,8 @@ def _hf_causal_lm(ckpts, command, dataset, data, limit_train):
     return CausalLM.wrap(ma, context), CausalLM.wrap(mb, context), dict(ckpts[0].config), bundle
 
 
-_BY_KIND = {"modeconn": _modeconn, "huggingface": _hf_causal_lm}
+CHECKPOINT_KINDS["modeconn"].supports("pair", _modeconn)
+CHECKPOINT_KINDS["huggingface"].supports("pair", _hf_causal_lm)
 
 
 def config_has_batchnorm(config: dict) -> bool:

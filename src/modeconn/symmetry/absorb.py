@@ -316,9 +316,9 @@ _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
 
 def recorded_name(name_or_path: Any) -> str:
     """What an absorbed ``config.json`` records as ``_name_or_path``: a Hub id (``org/name``) as given, a local
-    directory by its name (:func:`modeconn.stream.model_names`: ``ORG/NAME@REV`` for a Hub cache snapshot) — never a
+    directory by its name (:func:`modeconn.io_hf.model_names`: ``ORG/NAME@REV`` for a Hub cache snapshot) — never a
     machine path."""
-    from ..stream import model_names
+    from ..io_hf import model_names
 
     if not isinstance(name_or_path, str) or not name_or_path:
         return ""

@@ -48,7 +48,8 @@ class AbsorbedView(Mapping[str, torch.Tensor]):
 
     def __init__(self, path: PathLike) -> None:
         from ..io_stream import LazyCheckpoint
-        from ..stream import checkpoint_tensor_names, hf_config
+        from ..io_hf import checkpoint_tensor_names
+        from .hf.directory import hf_config
         from .hf.config_check import build_meta_model
 
         self.path = Path(path)
@@ -168,7 +169,7 @@ def stream_absorb(src: PathLike, out: PathLike, *, overwrite: bool = False, max_
     :class:`AbsorbedView`; CheckpointError for an ``out`` that may not be written.
     """
     from ..io_stream import ABSORBED_STEM, ShardLayout, write_like
-    from ..stream import side_files
+    from ..io_hf import side_files
 
     view = AbsorbedView(src)
     layout = ShardLayout.plan(view.shapes, max_shard_bytes, stem=ABSORBED_STEM)

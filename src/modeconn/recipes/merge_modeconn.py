@@ -10,15 +10,16 @@ from ..data import load_dataset, make_loader
 from ..errors import CheckpointError, ConfigError
 from ..io import read_config, save_checkpoint
 from ..match import activation_matching, weight_matching
+from ..match.methods import command_line_methods
 from ..path import evaluate_model, merge
 from ..path.batchnorm import check_bn_policy, check_bn_statistics
 from ..path.merge_rules import check_rule_settings
 from ..path.interpolate import merge_weights
 from ..symmetry import symmetry_spec
 from .._util.outdir import check_output_target
-from .checkpoints import example_input, load_same_architecture
+from ..io_models import example_input, load_same_architecture
 
-ALIGN_CHOICES = ("weight", "activation", "none")
+ALIGN_CHOICES = (*command_line_methods(learns=False), "none")
 
 
 def run_merge(paths: Sequence[Path], out: Path, *, weights: Sequence[float] | None = None, align_method: str = "weight",
@@ -73,7 +74,7 @@ def run_merge(paths: Sequence[Path], out: Path, *, weights: Sequence[float] | No
     metrics = ({"test": evaluate_model(result, make_loader(bundle.test, 512), where="merged model, split 'test'")}
                if bundle is not None else {})
     from ..path.merge_rules import MERGE_RULES, applied_weights
-    from ..stream import model_names
+    from ..io_hf import model_names
 
     merge_rule = MERGE_RULES.get(rule)
     extra = {"merged_from": model_names(paths), "rule": rule, "align": align_method, "bn": bn,

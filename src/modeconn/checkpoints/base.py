@@ -1,16 +1,10 @@
-"""Checkpoint kinds: one :func:`open_checkpoint` recognises every checkpoint directory modeconn reads.
+"""The checkpoint-kind seam: a :class:`CheckpointKind` says how to detect and load a directory and which command
+operations it supports; :func:`open_checkpoint` tries the registered kinds (:data:`CHECKPOINT_KINDS`) in order.
 
-Kinds (:data:`CHECKPOINT_KINDS`, tried in order on the directory's ``config.json``):
-
-* ``absorbed`` — a Hugging Face model after normalization absorption (:func:`modeconn.symmetry.save_absorbed`;
-  ``config.json`` has ``model_type`` ``modeconn-absorbed`` or carries ``modeconn_absorbed``). Marked so that stock
-  transformers refuses it (:mod:`modeconn.symmetry.absorb`): load it with :meth:`Checkpoint.load`.
-* ``huggingface`` — a ``save_pretrained`` directory (``config.json`` with ``model_type``; ``model.safetensors`` or
-  shards with ``model.safetensors.index.json``). Read lazily, tensor by tensor (:meth:`Checkpoint.lazy`).
-* ``modeconn`` — a modeconn checkpoint (``config.json`` with ``architecture`` and ``kwargs``, ``model.safetensors``).
-
-Recipes dispatch on :attr:`Checkpoint.kind` through tables keyed by kind name, so the command line never branches on
-kinds, and a new kind is one entry here plus its rows in the recipes' tables.
+Commands never branch on a kind: a recipe asks the opened checkpoint's kind for its operation
+(:meth:`CheckpointKind.operation`) and refuses, by name, a kind that has none. The built-in kinds' operations are
+attached by the recipes that implement them (:meth:`CheckpointKind.supports`); a new kind is one module that registers
+its kind (:func:`register_kind`) with its own operations.
 """
 
 from __future__ import annotations
@@ -23,7 +17,7 @@ from typing import Any
 
 from torch import nn
 
-from .errors import CheckpointError
+from ..errors import CheckpointError, ConfigError
 
 CONFIG_NAME = "config.json"
 
@@ -31,51 +25,50 @@ CONFIG_NAME = "config.json"
 @dataclass(frozen=True)
 class CheckpointKind:
     """One kind of checkpoint directory: ``name`` (registry key), ``label`` (for messages), ``detect(config)`` on the
-    parsed ``config.json``, ``load(path) -> nn.Module`` and whether it can be read tensor by tensor (``streams``)."""
+    parsed ``config.json``, ``load(path) -> nn.Module``, whether it can be read tensor by tensor (``streams``),
+    ``check_config(config, file)`` run when it is opened, and ``operations``: command operation name (``"align"``,
+    ``"merge"``, ``"merge_scope"`` — the merge options it uses —, ``"check"``, ``"pair"`` — the two endpoints and data
+    of barrier / path) → its implementation."""
 
     name: str
     label: str
     detect: Callable[[dict[str, Any]], bool]
     load: Callable[[Path], nn.Module]
     streams: bool = False
+    check_config: Callable[[dict[str, Any], Path], None] | None = None
+    operations: dict[str, Callable[..., Any]] = field(default_factory=dict, compare=False, repr=False)
+
+    def supports(self, operation: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """Attach ``fn`` as this kind's ``operation``; returns ``fn``. ConfigError if one is attached already."""
+        if operation in self.operations:
+            raise ConfigError(f"checkpoint kind {self.name!r} already has a {operation!r} operation")
+        self.operations[operation] = fn
+        _SUPPORT_ORDER.setdefault(operation, []).append(self.name)
+        return fn
+
+    def operation(self, operation: str) -> Callable[..., Any] | None:
+        """This kind's implementation of ``operation``, or None where it has none."""
+        return self.operations.get(operation)
 
 
-def _load_modeconn(path: Path) -> nn.Module:
-    from .io import load_checkpoint
+_SUPPORT_ORDER: dict[str, list[str]] = {}
 
-    return load_checkpoint(path)[0]
-
-
-def _load_hf(path: Path) -> nn.Module:
-    from .io_stream import LazyCheckpoint
-    from .stream import hf_config
-    from .symmetry.hf.config_check import model_class
-
-    cfg = hf_config(path)  # first: refuses a model type transformers does not implement (auto_map: never run)
-    cls = model_class(cfg, path / CONFIG_NAME, required=True)  # transformers' own class for the model type only
-    LazyCheckpoint(path).check_finite()  # transformers reads the weights, unchecked: NaN/Inf refused first
-    return cls.from_pretrained(path, local_files_only=True, trust_remote_code=False).eval()
+CHECKPOINT_KINDS: dict[str, CheckpointKind] = {}
+"""Every registered checkpoint kind by name, in detection order (the first whose ``detect`` accepts a config wins)."""
 
 
-def _load_absorbed(path: Path) -> nn.Module:
-    from .symmetry.absorb import load_absorbed
-
-    return load_absorbed(path)
-
-
-def _is_absorbed(cfg: dict[str, Any]) -> bool:
-    from .symmetry.absorb import is_absorbed_config
-
-    return is_absorbed_config(cfg)
+def register_kind(kind: CheckpointKind) -> CheckpointKind:
+    """Add ``kind`` after the kinds registered so far; ConfigError if its name is taken."""
+    if kind.name in CHECKPOINT_KINDS:
+        raise ConfigError(f"checkpoint kind {kind.name!r} is already registered")
+    CHECKPOINT_KINDS[kind.name] = kind
+    return kind
 
 
-CHECKPOINT_KINDS: tuple[CheckpointKind, ...] = (
-    CheckpointKind("absorbed", "absorbed Hugging Face", _is_absorbed, _load_absorbed),
-    CheckpointKind("huggingface", "Hugging Face", lambda c: isinstance(c.get("model_type"), str)
-                   and "architecture" not in c, _load_hf, streams=True),
-    CheckpointKind("modeconn", "modeconn", lambda c: isinstance(c.get("architecture"), str), _load_modeconn),
-)
-"""Every checkpoint kind, in detection order (the first whose ``detect`` accepts the config wins)."""
+def kinds_supporting(operation: str) -> list[str]:
+    """The names of the registered kinds that support ``operation``, in the order their operations were attached."""
+    return [n for n in _SUPPORT_ORDER.get(operation, []) if n in CHECKPOINT_KINDS
+            and CHECKPOINT_KINDS[n].operation(operation) is not None]
 
 
 @dataclass(frozen=True)
@@ -93,7 +86,7 @@ class Checkpoint:
 
     def lazy(self):
         """A :class:`~modeconn.io_stream.LazyCheckpoint` over the weights (read one tensor at a time)."""
-        from .io_stream import LazyCheckpoint
+        from ..io_stream import LazyCheckpoint
 
         return LazyCheckpoint(self.path)
 
@@ -115,7 +108,7 @@ def open_checkpoint(path: str | os.PathLike) -> Checkpoint:
             directory, or of no known kind (the message says what each kind needs).
         ConfigError: a modeconn ``format_version`` newer than this version reads.
     """
-    from .io import check_in_checkpoint, check_format_version, read_json_object
+    from ..io import check_in_checkpoint, read_json_object
 
     path = Path(path)
     if not path.is_dir():
@@ -124,10 +117,10 @@ def open_checkpoint(path: str | os.PathLike) -> Checkpoint:
     if cfg_path.is_file():
         check_in_checkpoint(cfg_path, path)
     cfg = read_json_object(cfg_path, "config file")
-    for kind in CHECKPOINT_KINDS:
+    for kind in CHECKPOINT_KINDS.values():
         if kind.detect(cfg):
-            if kind.name == "modeconn":
-                check_format_version(cfg, cfg_path)
+            if kind.check_config is not None:
+                kind.check_config(cfg, cfg_path)
             return Checkpoint(path, kind, cfg)
     raise CheckpointError(f"{cfg_path}: of no known checkpoint kind: a modeconn checkpoint has 'architecture' and "
                           "'kwargs', a Hugging Face one 'model_type'")
@@ -137,7 +130,7 @@ def open_checkpoints(paths: Sequence[str | os.PathLike]) -> list[Checkpoint]:
     """:func:`open_checkpoint` on each path; CheckpointError naming every path and its kind if they differ; ConfigError
     naming the first differing token when their tokenizers number tokens differently, or the one without tokenizer
     files (:func:`~modeconn.vocabulary.check_vocabularies`: every command combining models combines embedding rows)."""
-    from .vocabulary import check_vocabularies
+    from ..vocabulary import check_vocabularies
 
     ckpts = [open_checkpoint(p) for p in paths]
     if len({c.kind.name for c in ckpts}) > 1:

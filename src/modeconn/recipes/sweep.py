@@ -53,6 +53,7 @@ from torch import nn
 from ..config import StrictConfig
 from ..errors import ConfigError, ModeconnError
 from .._util.jsonio import write_json
+from ..match.methods import command_line_methods
 from ..models._validation import unknown_names_error, validation_error_to_config_error
 from .._util.atomic import atomic_write_text
 from ..registry import Registry
@@ -94,7 +95,7 @@ class BarrierTask(StrictConfig):
     lr: float = Field(0.05, gt=0)
     batch_size: int = Field(64, ge=1)
     limit_train: int | None = Field(None, ge=1)
-    method: Literal["naive", "weight", "activation"] = "weight"
+    method: Literal[("naive", *command_line_methods(learns=False))] = "weight"
     lambdas: int = Field(11, ge=3)
     seed: int = Field(0, ge=0)
 
@@ -125,7 +126,7 @@ def _trained_pair(training: str) -> tuple[Any, tuple[nn.Module, nn.Module]]:
     evaluation-only fields). Cached per process: grid points that differ only in ``method`` / ``lambdas``
     reuse the pair instead of training it again (alignment and evaluation never mutate the models)."""
     from ..data import load_dataset
-    from .training import train_models
+    from ..experiments.training import train_models
 
     p = BarrierTask(**json.loads(training))
     bundle = load_dataset(p.dataset, limit_train=p.limit_train)
@@ -168,7 +169,7 @@ def run_barrier_task(p: BarrierTask) -> dict[str, Any]:
     from ..data import make_loader
     from ..path import evaluate_model, evaluate_path
     from ..symmetry import symmetry_spec
-    from .compare import align
+    from ..diagnostics.compare import align
 
     start = time.perf_counter()
     bundle, (a, b) = _trained_pair(p.model_copy(update={"method": "naive", "lambdas": 3}).model_dump_json())

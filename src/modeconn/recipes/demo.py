@@ -12,8 +12,8 @@ from ..data import load_dataset
 from ..io import save_checkpoint
 from ..models import build_model
 from ..train import TrainConfig, fit
-from .compare import compare_alignments
-from .output import output_directory
+from ..diagnostics.compare import compare_alignments
+from ..experiments.output import output_directory
 from .reporting import write_comparison
 
 DEMO_MODEL = dict(depth=3, width=512)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from ..report import barrier_table, plot_curves
 from ..report.tables import definitions, flat_at_endpoint
-from .compare import METHOD_LABELS, Comparison
-from .output import write_json
+from ..diagnostics.compare import METHOD_LABELS, Comparison
+from ..experiments.output import write_json
 
 
 def write_comparison(directory: Path, comparison: Comparison, results: dict, title: str) -> None:

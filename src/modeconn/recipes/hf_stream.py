@@ -1,0 +1,174 @@
+"""The Hugging Face back-ends of ``modeconn align`` and ``modeconn merge``: streaming weight matching of a pair (or the
+full transformer group after normalization absorption), and streaming merges, written next to their records."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .._util.device import resolve_device
+from ..errors import ConfigError
+from .._util.jsonio import write_json
+from ..io import CONFIG_NAME
+from ..io_hf import PathLike, model_names, resolve_checkpoint_path, side_files
+from ..io_stream import LazyCheckpoint, ShardLayout, write_like
+from ..match.result import Alignment
+from ..match.weight import DEFAULTS, weight_matching
+from ..path.merge_rules import MERGE_RULES, RuleSettings, applied_weights, check_filters, check_rule_settings, rule_weights
+from ..stream import merged_keys, open_hf_checkpoints, stream_apply, stream_merge
+from ..symmetry import Element
+from ..symmetry.hf import FULL_GROUPS
+
+Progress = Callable[[str, int, int], None]
+"""``progress(stage, done, total)``: the stage (``"run 1/1 sweep 2"``, ``"writing"``), units done and their total."""
+
+
+def align_hf_checkpoints(a: PathLike, b: PathLike, out: PathLike, *, seed: int = 0,
+                         restarts: int = DEFAULTS.restarts, max_iter: int = DEFAULTS.max_iter, chunk: int = 1 << 20,
+                         overwrite: bool = False, progress: Progress | None = None, device: str | torch.device | None = None) -> Alignment:
+    """Streaming weight matching of Hugging Face checkpoint B to A, and B aligned written to ``out``.
+
+    ``out`` gets B's layout (same shards and index), B's side files (config.json …) and ``alignment.json`` (the
+    element, objective, history and stats of :func:`modeconn.weight_matching`, plus ``aligned_to`` and ``source``).
+    The aligned B computes the same function as B (permutations are exact). Every check (configs field by field,
+    shards, spec, ``out``, ``device``) runs before the matching; ``device``: where the score products run
+    (:class:`~modeconn.match.weight.WeightMatchingConfig`). Returns the :class:`~modeconn.match.Alignment`.
+    Raises: see :func:`hf_checkpoint_spec`, :func:`modeconn.weight_matching`, :func:`stream_apply`.
+    """
+    device = resolve_device(device, "device")
+    spec, (ca, cb) = open_hf_checkpoints([a, b], out, overwrite)
+    res = weight_matching(spec, ca, cb, restarts=restarts, max_iter=max_iter, seed=seed, chunk=chunk,
+                          progress=progress, device=device)
+    record = {**res.to_json(), "aligned_to": model_names([a])[0], "source": model_names([b])[0],
+              "settings": {"restarts": restarts, "max_iter": max_iter, "seed": seed}}
+    stream_apply(spec, cb, res.element, out, files={**side_files(b), "alignment.json": record},
+                 overwrite=overwrite, progress=progress)
+    return res
+
+
+def merge_hf_checkpoints(paths: Sequence[PathLike], out: PathLike, *, weights: Sequence[float] | None = None,
+                         align: str = "weight", seed: int = 0, restarts: int = DEFAULTS.restarts,
+                         max_iter: int = DEFAULTS.max_iter, chunk: int = 1 << 20, overwrite: bool = False,
+                         progress: Progress | None = None, normalize: bool = True,
+                         rule: str = "linear", settings: RuleSettings | None = None,
+                         dtype: torch.dtype | None = None, out_dtype: torch.dtype | None = None,
+                         groups: str | Mapping[str, str | None] = "permutation",
+                         files: Mapping[str, Any] | Callable[[dict], Mapping[str, Any]] | None = None,
+                         device: str | torch.device | None = None) -> dict[str, Any]:
+    """Merge Hugging Face checkpoints: align every one to the first (``align="weight"``: streaming weight matching
+    with ``groups``; ``"none"``: as stored — then any architecture with matching tensor names, shapes and dtype
+    kinds, no symmetry adapter needed), then write the merge to ``out`` in the first one's layout.
+
+    ``out`` also gets the side files (config.json, tokenizer files …) of the base model (``settings.base``) or else
+    the first, ``files`` (e.g. a model card; or a function of the record returning them) and ``merge.json``: the
+    inputs' names (:func:`model_names`, never machine paths), weights as applied (``None`` where the rule uses
+    none: the base of a task-vector rule, every model of a rule without weights), rule, parameters, base, the seed of
+    a randomised rule, the alignment's settings (groups, restarts, max_iter, seed) and its objectives and stats.
+    ``paths`` may be Hugging Face
+    cache entries (:func:`resolve_checkpoint_path`). ``weights``/``normalize``/``rule``/``settings``/``dtype``/
+    ``out_dtype`` as in :func:`stream_merge`; a rule weighting task vectors (``non_base``) takes the weights as given
+    (default 1 each); ``seed`` also seeds a randomised rule unless ``settings.seed`` is set; ``device``: where the
+    score products and the merge arithmetic run (checked before any work). Returns the record.
+    Raises: ConfigError (align not weight/none, fewer than two models, bad weights or rule settings, a parameter
+    filter that selects no tensor, different vocabularies — the first differing token named) and as
+    :func:`align_hf_checkpoints`; NonFiniteError (nothing written) when the rule makes NaN/Inf from finite inputs.
+    """
+    if align not in ("weight", "none"):
+        raise ConfigError(f"Hugging Face checkpoints are aligned by streaming weight matching: align must be "
+                          f"'weight' or 'none', got {align!r}")
+    if len(paths) < 2:
+        raise ConfigError(f"merging needs at least two checkpoints, got {len(paths)}")
+    paths = [resolve_checkpoint_path(p) for p in paths]
+    merge_rule = MERGE_RULES.get(rule)
+    w = rule_weights(merge_rule, weights, len(paths), normalize=normalize)  # checked before heavy work
+    settings = settings or RuleSettings()
+    if merge_rule.random and settings.seed is None:
+        settings = dataclasses.replace(settings, seed=seed)
+    check_rule_settings(merge_rule, settings, len(paths), weights_given=weights is not None)
+    device = resolve_device(device, "device")
+    spec, ckpts = open_hf_checkpoints(paths, out, overwrite, None if align == "none" else groups)
+    check_filters(settings, merged_keys(ckpts[0].meta()))  # a filter that selects nothing: before the alignment
+    names = model_names(paths)
+    elements, alignments = _align_to_first(spec, ckpts, names, align, dict(seed=seed, restarts=restarts,
+                                                                          max_iter=max_iter, chunk=chunk,
+                                                                          device=device), progress)
+    record = {"merged_from": names, "weights": applied_weights(merge_rule, w, settings.base), "rule": rule,
+              "source": merge_rule.source, "align": align,
+              "align_settings": {"groups": groups, "restarts": restarts, "max_iter": max_iter, "seed": seed}
+              if align == "weight" else None,
+              "base": None if settings.base is None else names[settings.base], "params": dict(settings.params),
+              "model_params": [dict(p) for p in settings.model_params], "seed": settings.seed if merge_rule.random else None,
+              "dtype": _dtype_name(dtype), "out_dtype": _dtype_name(out_dtype), "alignments": alignments,
+              "input_dtypes": sorted({_dtype_name(i.dtype) for c in ckpts for i in c.infos.values()
+                                      if i.dtype.is_floating_point})}
+    src = paths[settings.base if settings.base is not None else 0]
+    extra = files(record) if callable(files) else (files or {})
+    stream_merge(spec, ckpts, out, weights=w, normalize=False, elements=elements, rule=rule, settings=settings,
+                 dtype=dtype, out_dtype=out_dtype, files={**side_files(src), **extra, "merge.json": record},
+                 overwrite=overwrite, progress=progress, device=device)
+    return record
+
+
+def _dtype_name(dtype: torch.dtype | None) -> str | None:
+    return None if dtype is None else str(dtype).removeprefix("torch.")
+
+
+def _align_to_first(spec, ckpts: list[LazyCheckpoint], names: list[str], align: str, wm: dict, progress):
+    """Per model the element aligning it to the first (``None`` for the first and for ``align="none"``) and the
+    alignment records (name, objective, stats)."""
+    elements: list[Element | None] = [None]
+    alignments = []
+    for i, c in enumerate(ckpts[1:], 1):
+        if align == "none":
+            elements.append(None)
+            continue
+        tick = (lambda s, d, t, i=i: progress(f"model {i + 1}: {s}", d, t)) if progress is not None else None
+        res = weight_matching(spec, ckpts[0], c, progress=tick, **wm)
+        elements.append(res.element)
+        alignments.append({"model": names[i], "objective": res.objective, "stats": res.stats})
+    return elements, alignments
+
+
+def align_hf_full_group(a: PathLike, b: PathLike, out: PathLike, *, seed: int = 0,
+                        restarts: int = DEFAULTS.restarts, max_iter: int = DEFAULTS.max_iter, chunk: int = 1 << 20, overwrite: bool = False,
+                        progress: Progress | None = None, max_shard_bytes: int = 2 << 30,
+                        device: str | torch.device | None = None) -> Alignment:
+    """Full-group weight matching of Hugging Face checkpoint B to A, out of core: both are normalization-absorbed
+    tensor by tensor (:class:`~modeconn.symmetry.absorb_stream.AbsorbedView`, no intermediate copy), matched with
+    :data:`FULL_GROUPS` streaming, and written to ``out`` as ``a/`` (A absorbed) and ``b/`` (B absorbed and
+    aligned) — absorbed checkpoints :func:`~modeconn.symmetry.absorb.load_absorbed` and the CLI read — plus
+    ``alignment.json``. The aligned B computes B's function (up to fp rounding of the rotation).
+
+    Returns the :class:`~modeconn.match.Alignment`. Raises: UnsupportedOperationError for a family absorption does
+    not apply to (the reason named), and as :func:`align_hf_checkpoints`; every check runs before the matching.
+    """
+    from .._util.outdir import output_directory
+    from ..io_stream import ABSORBED_STEM
+    from ..symmetry.absorb_stream import AbsorbedView
+    from ..symmetry.hf import hf_symmetry_spec
+
+    device = resolve_device(device, "device")
+    open_hf_checkpoints([a, b], out, overwrite, groups=None)  # configs, vocabularies, weights, out: before any work
+    va, vb = AbsorbedView(a), AbsorbedView(b)
+    spec = hf_symmetry_spec(va.model, FULL_GROUPS)
+    res = weight_matching(spec, va, vb, restarts=restarts, max_iter=max_iter, seed=seed, chunk=chunk,
+                          progress=progress, device=device)
+    layout = ShardLayout.plan(va.shapes, max_shard_bytes, stem=ABSORBED_STEM)
+    cache: dict = {}
+    with output_directory(out, inputs=[a, b], overwrite=overwrite, command="align") as tmp:
+        write_like(tmp / "a", layout, va.__getitem__, files={**_side(a), CONFIG_NAME: va.absorbed_config()},
+                   inputs=[a])
+        write_like(tmp / "b", layout, lambda k: spec.apply_tensor(k, vb[k], res.element, cache=cache),
+                   files={**_side(b), CONFIG_NAME: vb.absorbed_config()}, inputs=[b])
+        record = {**res.to_json(), "groups": FULL_GROUPS, "aligned_to": model_names([a])[0],
+                  "source": model_names([b])[0]}
+        write_json(tmp / "alignment.json", record, nan="null")
+    return res
+
+
+def _side(path: PathLike) -> dict[str, Path]:
+    return {k: v for k, v in side_files(path).items() if k != CONFIG_NAME}
