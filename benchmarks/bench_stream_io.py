@@ -86,7 +86,7 @@ def make_checkpoint(out: Path, layers: int, seed: int, shard_bytes: int) -> dict
     """A random Llama checkpoint in fp16 (shards + index + config.json), written tensor by tensor."""
     import transformers
 
-    from modeconn.io_stream import ShardLayout, write_like
+    from modeconn.io.lazy import ShardLayout, write_like
 
     cfg = transformers.LlamaConfig(**{**LLAMA, "num_hidden_layers": layers})
     cfg.architectures = ["LlamaForCausalLM"]
@@ -136,7 +136,7 @@ def timed(argv: list[str], out: Path) -> dict:
 
 def compare(x: Path, y: Path) -> float:
     """Max |Δ| over the tensors of two checkpoint directories (same keys required)."""
-    from modeconn.io_stream import LazyCheckpoint
+    from modeconn.io.lazy import LazyCheckpoint
 
     ca, cb = LazyCheckpoint(x), LazyCheckpoint(y)
     assert set(ca) == set(cb), set(ca) ^ set(cb)

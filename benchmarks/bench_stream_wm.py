@@ -3,8 +3,8 @@
 Two GPT-NeoX checkpoints of Pythia-1B's shape (hidden 2048, 16 layers, 8 heads, FFN 8192, vocab 50304, rotary 25%,
 untied embed_in / embed_out: 1.01 B parameters) with random init, fp16 on disk in ~1 GB shards plus config.json and
 model.safetensors.index.json. They are written without ever holding a model in memory: every tensor is drawn from a
-seeded generator when the shard writer asks for it (:func:`modeconn.io_stream.write_like` on a
-:meth:`~modeconn.io_stream.ShardLayout.plan`), so generation peaks at one fp32 tensor.
+seeded generator when the shard writer asks for it (:func:`modeconn.io.lazy.write_like` on a
+:meth:`~modeconn.io.lazy.ShardLayout.plan`), so generation peaks at one fp32 tensor.
 
 Each measured step runs in a fresh subprocess and reports its own peak RSS (``VmHWM``, resident file-mapped pages
 included):
@@ -63,8 +63,8 @@ def make_checkpoint(out: Path, layers: int, seed: int, shard_bytes: int) -> dict
     """A random Pythia-1B-shaped GPT-NeoX checkpoint in fp16, written tensor by tensor."""
     import transformers
 
-    from modeconn.io_stream import ShardLayout, write_like
-    from modeconn.io_hf import checkpoint_tensor_names
+    from modeconn.io.lazy import ShardLayout, write_like
+    from modeconn.io.hf import checkpoint_tensor_names
 
     cfg = transformers.GPTNeoXConfig(**{**PYTHIA_1B, "num_hidden_layers": layers})
     cfg.architectures = ["GPTNeoXForCausalLM"]
@@ -94,7 +94,7 @@ def child(step: str, a: str, b: str, work: str, max_iter: int | None) -> None:
     t0 = time.perf_counter()
     import transformers  # noqa: F401  (part of the baseline: the spec needs the model class)
 
-    from modeconn.io_stream import LazyCheckpoint
+    from modeconn.io.lazy import LazyCheckpoint
     from modeconn.stream import hf_checkpoint_spec, stream_apply, stream_weight_matching
 
     spec = hf_checkpoint_spec(a)

@@ -13,7 +13,7 @@ from hf_tiny import make
 import modeconn as mc
 from modeconn._util.device import DEVICE_TYPES, is_cpu, resolve_device
 from modeconn.errors import ConfigError
-from modeconn.io_stream import LazyCheckpoint
+from modeconn.io.lazy import LazyCheckpoint
 from modeconn.match.lap import LAP_POLICIES, SPARSE_MIN_N, lap_method
 from modeconn.match.weight import _Stream
 from modeconn.stream import _merge_one, hf_checkpoint_spec, stream_merge, stream_weight_matching

@@ -240,7 +240,7 @@ def test_mismatched_checkpoints_name_the_differing_keys(digits_pair, tmp_path):
     assert config_differences({"a": 1, "k": {"w": 2, "d": 1}}, {"a": 1, "k": {"w": 3, "d": 1}, "x": 0}) == [
         ("k.w", 2, 3), ("x", "<absent>", 0)]
     with pytest.raises(ConfigError, match=r"dataset 'mnist' gives inputs of shape \(1, 28, 28\)"):
-        from modeconn.io_models import check_input_shape
+        from modeconn.io.models import check_input_shape
 
         check_input_shape([1, 8, 8], (1, 28, 28), "the model", "dataset 'mnist'")
 

@@ -15,7 +15,7 @@ from hf_tiny import loaded, make, max_diff, outputs
 
 import modeconn as mc
 from modeconn.errors import AbsorptionError, UnsupportedOperationError
-from modeconn.io_hf import side_files
+from modeconn.io.hf import side_files
 from modeconn.stream import hf_checkpoint_spec, stream_apply, stream_merge, stream_weight_matching
 from modeconn.symmetry import hf
 from modeconn.symmetry.hf import prenorm

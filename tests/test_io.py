@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-import modeconn.io as mio
+import modeconn.io.checkpoint as mio
 from modeconn._util.outdir import MARKER
 from modeconn.errors import CheckpointError, ConfigError, StateDictMismatchError
 from modeconn.io import load_checkpoint, load_state_dict, read_config, save_checkpoint, save_state_dict

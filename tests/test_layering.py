@@ -19,8 +19,8 @@ rank  top-level packages / modules of ``modeconn``
                                        DESIGN.md draws it below)
 4     ``match``                        weight / activation / learned / dual matching, LAP solvers
 3     ``symmetry``                     the group-action IR, tracing, HF family tables, absorption
-2     ``io``, ``io_stream``, ``io_hf``, safe reading and atomic writing of checkpoint directories, Hugging Face
-      ``io_models``, ``vocabulary``    directory reading, loading modeconn checkpoints as models, tokenizer checks
+2     ``io``                           safe reading and atomic writing of checkpoint directories, lazy checkpoints,
+                                       Hugging Face directory reading, modeconn checkpoints as models, vocabularies
 1     ``models``, ``data``, ``config``  leaves: architectures, datasets, the strict config base
 0     ``_util``, ``registry``,         written once, imported by everyone
       ``checks``, ``errors``,
@@ -50,7 +50,7 @@ LAYERS: dict[str, int] = {
     "identifiability": 5,
     "match": 4,
     "symmetry": 3,
-    "io": 2, "io_stream": 2, "io_hf": 2, "io_models": 2, "vocabulary": 2,
+    "io": 2,
     "models": 1, "data": 1, "config": 1,
     "_util": 0, "registry": 0, "checks": 0, "errors": 0, "nn_utils": 0,
 }

@@ -16,7 +16,7 @@ import modeconn as mc
 from cli_runner import run_cli
 from hf_tiny import make, randomize
 from modeconn.errors import ConfigError
-from modeconn.io_stream import LazyCheckpoint
+from modeconn.io.lazy import LazyCheckpoint
 from modeconn.path.interpolate import weighted_average
 from modeconn.path.merge_mergekit import MERGEKIT_RULES
 from modeconn.path.merge_rules import MERGE_RULES, RuleSettings, check_rule_settings

@@ -15,7 +15,7 @@ import yaml
 
 from cli_runner import run_cli
 from hf_tiny import make
-from modeconn.io_stream import LazyCheckpoint
+from modeconn.io.lazy import LazyCheckpoint
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.slow]
 

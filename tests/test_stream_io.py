@@ -13,8 +13,8 @@ from hf_tiny import make
 from safetensors.torch import load_file, save_file
 
 from modeconn.errors import CheckpointError, ConfigError, NonFiniteError
-from modeconn.io_stream import READ_AHEAD, WRITE_BEHIND, LazyCheckpoint, ReadAhead, ShardLayout, write_like, write_order
-from modeconn.io_hf import side_files
+from modeconn.io.lazy import READ_AHEAD, WRITE_BEHIND, LazyCheckpoint, ReadAhead, ShardLayout, write_like, write_order
+from modeconn.io.hf import side_files
 from modeconn.stream import hf_checkpoint_spec, stream_merge
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -164,7 +164,7 @@ def test_an_error_while_producing_ahead_leaves_no_output_and_is_raised_here(tmp_
 
 @pytest.mark.parametrize("failing", ["fsync", "fdatasync"])
 def test_flushes_run_behind_the_writes_and_their_errors_stop_the_rename(tmp_path, monkeypatch, failing):
-    import modeconn.io_stream as io_stream
+    import modeconn.io.lazy as io_stream
 
     layout = _layout()
     calls, threads = [], []

@@ -24,11 +24,11 @@ from scipy.optimize import linear_sum_assignment
 import modeconn as mc
 from modeconn._util.outdir import MARKER
 from modeconn.errors import CheckpointError, ConfigError, NonFiniteError, SpecError, StateDictMismatchError
-from modeconn.io_stream import INDEX_NAME, LazyCheckpoint, ShardLayout, write_like
+from modeconn.io.lazy import INDEX_NAME, LazyCheckpoint, ShardLayout, write_like
 from modeconn.match.lap import solve_lap
 from modeconn.match.weight import _Problem, _Stream
 from modeconn.path.interpolate import weighted_average
-from modeconn.io_hf import is_hf_checkpoint, side_files
+from modeconn.io.hf import is_hf_checkpoint, side_files
 from modeconn.stream import hf_checkpoint_spec, stream_apply, stream_merge, stream_weight_matching
 from modeconn.symmetry.hf.directory import check_same_hf_configs
 from modeconn.symmetry.hf import hf_symmetry_spec

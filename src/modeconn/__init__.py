@@ -12,7 +12,7 @@ __version__ = "0.1.0"
 from . import errors
 from .diagnostics import check
 from .io import load_checkpoint, save_checkpoint
-from .io_stream import LazyCheckpoint
+from .io.lazy import LazyCheckpoint
 from .match import (
     Alignment,
     DualAlignment,

@@ -8,12 +8,12 @@
     stream_merge(spec, ["ckpt/a", "ckpt/b"], "ckpt/merged", elements=[None, res.element])
 
 Checkpoints are directories with ``model.safetensors`` or Hugging Face shards + ``model.safetensors.index.json``
-(:class:`~modeconn.io_stream.LazyCheckpoint`). Weight matching reads each tensor when a term needs it (see
+(:class:`~modeconn.io.lazy.LazyCheckpoint`). Weight matching reads each tensor when a term needs it (see
 :mod:`modeconn.match.weight`, "Streaming"); :func:`stream_apply` and :func:`stream_merge` write the result shard by
 shard, one tensor at a time, into a temporary directory renamed into place, reading the inputs of the next tensors
-ahead and writing finished tensors behind the arithmetic (:class:`~modeconn.io_stream.ReadAhead`: background threads,
+ahead and writing finished tensors behind the arithmetic (:class:`~modeconn.io.lazy.ReadAhead`: background threads,
 bounded depths). Peak memory is about the largest space's n×n score (weight matching) or a few tensors per input
-(apply, merge: :data:`~modeconn.io_stream.READ_AHEAD` + 1 keys read, :data:`~modeconn.io_stream.WRITE_BEHIND` + 1
+(apply, merge: :data:`~modeconn.io.lazy.READ_AHEAD` + 1 keys read, :data:`~modeconn.io.lazy.WRITE_BEHIND` + 1
 results), not the model size.
 
 ``device=`` (``--device``): weight matching's score products and the merge arithmetic run there (inputs are read on
@@ -50,16 +50,17 @@ import torch
 from ._util.device import is_cpu, resolve_device
 from .checks import all_finite, check_compatible, check_finite
 from .errors import CheckpointError, ConfigError
-from .io import CONFIG_NAME, _check_target, check_dtype_kinds, read_json_object
-from .io_hf import checkpoint_tensor_names, is_hf_checkpoint, side_files
-from .io_stream import READ_AHEAD, LazyCheckpoint, ReadAhead, ShardLayout, write_like, write_order
+from .io import CONFIG_NAME, check_dtype_kinds, read_json_object
+from .io.checkpoint import _check_target
+from .io.hf import checkpoint_tensor_names, is_hf_checkpoint, side_files
+from .io.lazy import READ_AHEAD, LazyCheckpoint, ReadAhead, ShardLayout, write_like, write_order
 from .match.result import Alignment
 from .match.weight import weight_matching
 from .path.interpolate import merge_weights, plan_settings, weighted_average
 from .path.merge_rules import RuleSettings, check_rule_settings
 from .symmetry import Element, SymmetrySpec
 from .symmetry.hf.directory import check_same_hf_configs, hf_config
-from .vocabulary import check_vocabularies
+from .io.vocabulary import check_vocabularies
 
 PathLike = str | os.PathLike
 Checkpoint = PathLike | LazyCheckpoint
@@ -140,7 +141,7 @@ def _renamed(spec, names: Mapping[str, str], passengers: Mapping[str, tuple[int,
 def stream_weight_matching(spec: SymmetrySpec, a: Checkpoint, b: Checkpoint, **kwargs: Any) -> Alignment:
     """:func:`modeconn.weight_matching` of two checkpoint directories (or lazy checkpoints), streamed: B's element
     aligning it to A. ``kwargs``: restarts, max_iter, rtol, seed, init, keys, chunk, progress. Raises as
-    :func:`modeconn.weight_matching` and :class:`~modeconn.io_stream.LazyCheckpoint`."""
+    :func:`modeconn.weight_matching` and :class:`~modeconn.io.lazy.LazyCheckpoint`."""
     a, b = _lazy(a), _lazy(b)
     check_dtype_kinds([a.dtypes, b.dtypes], [f"checkpoint {a.path}", f"checkpoint {b.path}"])
     return weight_matching(spec, a, b, **kwargs)
@@ -163,7 +164,7 @@ def _tensor(spec: SymmetrySpec | None, src: str, t: torch.Tensor, g: Element | N
 
 def _reader(spec: SymmetrySpec | None, ckpts: Sequence[LazyCheckpoint], order: Sequence[str]) -> ReadAhead:
     """Per key of ``order``, the stored tensors behind it in every checkpoint (:func:`_source`), read into memory
-    :data:`~modeconn.io_stream.READ_AHEAD` keys ahead on a background thread."""
+    :data:`~modeconn.io.lazy.READ_AHEAD` keys ahead on a background thread."""
     return ReadAhead(order, lambda k: [c.read(_source(spec, c, k)) for c in ckpts], READ_AHEAD)
 
 
@@ -237,8 +238,8 @@ def stream_merge(spec: SymmetrySpec | None, srcs: Sequence[Checkpoint], out: Pat
             tensors' dtype.
         device: where the arithmetic runs (``None``/``"cpu"``: the CPU, as before; ``"cuda"`` …): each tensor's
             inputs are copied there and the result back.
-    Returns: ``out``, created atomically. Peak memory: :data:`~modeconn.io_stream.READ_AHEAD` + 1 keys' tensors per
-        model read, the fp32 sum, :data:`~modeconn.io_stream.WRITE_BEHIND` + 1 results.
+    Returns: ``out``, created atomically. Peak memory: :data:`~modeconn.io.lazy.READ_AHEAD` + 1 keys' tensors per
+        model read, the fp32 sum, :data:`~modeconn.io.lazy.WRITE_BEHIND` + 1 results.
     Raises: ConfigError (fewer than two models, bad weights or rule settings, elements not one per model, a device
         that is not available — named),
         StateDictMismatchError (keys/shapes differ), SpecError, CheckpointError; NonFiniteError naming the model and

@@ -29,7 +29,8 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 from .config import StrictConfig
 from .errors import ConfigError, NonFiniteError
 from ._util.jsonio import to_json
-from .io import _check_target, save_checkpoint
+from .io import save_checkpoint
+from .io.checkpoint import _check_target
 from .models import build_model, validate_model_kwargs
 from .nn_utils import flatten_sequence_logits
 from .path.evaluate import evaluate_model

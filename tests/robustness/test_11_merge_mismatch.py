@@ -18,13 +18,13 @@ from torch import nn
 
 import modeconn as mc
 from modeconn.errors import ConfigError, StateDictMismatchError
-from modeconn import io_models as ckpt_mod
+from modeconn.io import models as ckpt_mod
 from modeconn.recipes.merge_modeconn import run_merge
 from modeconn.io import load_checkpoint, save_checkpoint, save_state_dict
 from modeconn.models import build_model
 from modeconn.path import evaluate as evaluate_mod
 
-io_mod = importlib.import_module("modeconn.io")
+io_mod = importlib.import_module("modeconn.io.checkpoint")
 interp_mod = importlib.import_module("modeconn.path.interpolate")
 weight_mod = importlib.import_module("modeconn.match.weight")
 learned_mod = importlib.import_module("modeconn.match.learned")

@@ -27,7 +27,7 @@ from modeconn.models import build_model
 from modeconn.path import evaluate as evaluate_mod
 from modeconn.train import TrainConfig
 
-io_mod = importlib.import_module("modeconn.io")
+io_mod = importlib.import_module("modeconn.io.checkpoint")
 weight_mod = importlib.import_module("modeconn.match.weight")
 learned_mod = importlib.import_module("modeconn.match.learned")
 activation_mod = importlib.import_module("modeconn.match.activation")

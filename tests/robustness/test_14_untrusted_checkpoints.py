@@ -21,11 +21,11 @@ from safetensors.torch import load_file
 
 from modeconn.data import safe_unpickle
 from modeconn.errors import CheckpointError, DataError
-from modeconn.io_models import load_same_architecture
+from modeconn.io.models import load_same_architecture
 from modeconn.io import load_checkpoint, load_state_dict, save_checkpoint
 from modeconn.models import build_model
 
-io_mod = importlib.import_module("modeconn.io")
+io_mod = importlib.import_module("modeconn.io.safe")
 
 
 class _Payload:

@@ -30,7 +30,7 @@ from modeconn.io import load_checkpoint, load_state_dict, save_checkpoint, save_
 from modeconn.models import build_model
 from modeconn._util.atomic import atomic_write_text
 
-io_mod = importlib.import_module("modeconn.io")
+io_mod = importlib.import_module("modeconn.io.checkpoint")
 pathobj_mod = importlib.import_module("modeconn.path.pathobj")
 
 
@@ -179,7 +179,7 @@ _KILLED_WRITER = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    import modeconn.io as mio
+    import modeconn.io.checkpoint as mio
     from modeconn.models import build_model
 
     target, ready = Path(sys.argv[1]), Path(sys.argv[2])
@@ -226,7 +226,7 @@ def test_sigkill_while_overwriting_a_checkpoint(tmp_path):
 
 
 def test_cli_align_result_is_complete_or_absent(tmp_path, monkeypatch):
-    import modeconn.io as mio
+    import modeconn.io.checkpoint as mio
     from modeconn.cli import app
 
     a = save_checkpoint(tmp_path / "a", _model(0))

@@ -27,7 +27,7 @@ from hf_tiny import make
 from safetensors.torch import load_file
 
 from modeconn.io import save_checkpoint
-from modeconn.io_stream import LazyCheckpoint
+from modeconn.io.lazy import LazyCheckpoint
 from modeconn.models import build_model
 
 merge_rules_mod = importlib.import_module("modeconn.path.merge_rules")

@@ -2,7 +2,7 @@
 
 Only vocabulary *sizes* were compared, so two tokenizers sharing a ``vocab_size`` had their embedding rows averaged
 (or matched) although row ``i`` stood for different tokens. Now every command combining checkpoints compares the
-token → id maps themselves (:func:`modeconn.vocabulary.check_vocabularies`: ``tokenizer.json``, ``vocab.json``,
+token → id maps themselves (:func:`modeconn.io.vocabulary.check_vocabularies`: ``tokenizer.json``, ``vocab.json``,
 ``vocab.txt`` or ``tokenizer.model``, plus ``added_tokens.json``), names the first differing token and its id in each
 model, and refuses a checkpoint without tokenizer files next to one that has them — before any work.
 """
@@ -21,9 +21,9 @@ from hf_tiny import make
 from modeconn.errors import ConfigError
 from modeconn.io import save_checkpoint
 from modeconn.models import build_model
-from modeconn.vocabulary import check_vocabularies, read_vocabulary
+from modeconn.io.vocabulary import check_vocabularies, read_vocabulary
 
-vocab_mod = importlib.import_module("modeconn.vocabulary")
+vocab_mod = importlib.import_module("modeconn.io.vocabulary")
 stream_mod = importlib.import_module("modeconn.recipes.hf_stream")
 
 TOKENS = [f"t{i}" for i in range(50)]  # the tiny models' vocab_size

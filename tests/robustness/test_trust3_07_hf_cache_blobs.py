@@ -22,11 +22,11 @@ from hf_tiny import make
 from modeconn.checkpoints import open_checkpoint
 from modeconn.errors import CheckpointError
 from modeconn.io import check_in_checkpoint
-from modeconn.io_stream import LazyCheckpoint
-from modeconn.io_hf import side_files
+from modeconn.io.lazy import LazyCheckpoint
+from modeconn.io.hf import side_files
 from modeconn.recipes.hf_stream import align_hf_checkpoints, merge_hf_checkpoints
 
-io_mod = importlib.import_module("modeconn.io")
+io_mod = importlib.import_module("modeconn.io.safe")
 stream_mod = importlib.import_module("modeconn.recipes.hf_stream")
 
 SECRET = '{"private": "do not copy me"}'

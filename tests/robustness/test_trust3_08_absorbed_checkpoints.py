@@ -26,14 +26,14 @@ from hf_tiny import make
 import modeconn as mc
 from modeconn.checkpoints import open_checkpoint
 from modeconn.errors import CheckpointError, ConfigError
-from modeconn.io_stream import ABSORBED_STEM, LazyCheckpoint
+from modeconn.io.lazy import ABSORBED_STEM, LazyCheckpoint
 from modeconn.recipes.hf_stream import align_hf_full_group, merge_hf_checkpoints
 from modeconn.stream import hf_checkpoint_spec
 from modeconn.symmetry.hf import FULL_GROUPS
 from modeconn.symmetry.absorb import ABSORBED_FORMAT, ABSORBED_KEY, ABSORBED_MODEL_TYPE, load_absorbed, save_absorbed
 from modeconn.symmetry.absorb_stream import stream_absorb
 
-io_stream_mod = importlib.import_module("modeconn.io_stream")
+io_stream_mod = importlib.import_module("modeconn.io.lazy")
 absorb_stream_mod = importlib.import_module("modeconn.symmetry.absorb_stream")
 
 X = torch.randint(0, 50, (2, 7), generator=torch.Generator().manual_seed(0))

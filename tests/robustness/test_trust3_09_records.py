@@ -4,7 +4,7 @@ A model name containing ``#``, ``:``, ``[`` or a newline broke the card's YAML f
 directory named ``evil\\nlicense: mit`` added a license); ``alignment.json`` and the config of merged / aligned
 modeconn checkpoints recorded absolute machine paths. Now the front matter is emitted by a YAML dumper
 (:func:`modeconn.recipes.merge_recipe.front_matter`), names in the card's body are escaped, and every record names its
-inputs (:func:`modeconn.io_hf.model_names`), never by machine path.
+inputs (:func:`modeconn.io.hf.model_names`), never by machine path.
 """
 
 from __future__ import annotations

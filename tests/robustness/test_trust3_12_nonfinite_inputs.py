@@ -5,8 +5,8 @@ function (max |Δlogit| = nan)", ``path`` said "the search stopped before reachi
 ``check`` blamed its own evaluation. A non-finite floating tensor (parameter or buffer, any dtype) in an input
 checkpoint is the input's problem: every command refuses it with a NonFiniteError naming the file and the tensor,
 before any work, and writes nothing. The one seam is the checkpoint readers (:func:`modeconn.io.load_state_dict`
-for modeconn and absorbed checkpoints, every tensor read of :class:`~modeconn.io_stream.LazyCheckpoint` for streamed
-ones, :meth:`~modeconn.io_stream.LazyCheckpoint.check_finite` before transformers loads a Hugging Face directory).
+for modeconn and absorbed checkpoints, every tensor read of :class:`~modeconn.io.lazy.LazyCheckpoint` for streamed
+ones, :meth:`~modeconn.io.lazy.LazyCheckpoint.check_finite` before transformers loads a Hugging Face directory).
 The negative control removes the check from the readers and shows the old symptoms fail this class's check.
 """
 
@@ -22,12 +22,12 @@ from hf_tiny import make
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-import modeconn.io as io_mod
-import modeconn.io_stream as io_stream_mod
+import modeconn.io.safe as io_mod
+import modeconn.io.lazy as io_stream_mod
 from modeconn.checkpoints import open_checkpoint
 from modeconn.errors import NonFiniteError
 from modeconn.io import load_checkpoint, load_state_dict, save_checkpoint
-from modeconn.io_stream import LazyCheckpoint
+from modeconn.io.lazy import LazyCheckpoint
 from modeconn.models import build_model
 
 # name → (tensor to break, value, dtype to store it in: None keeps the file's)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import modeconn.recipes.merge_modeconn as merge_mod
-import modeconn.io as io_mod
+import modeconn.io.checkpoint as io_mod
 import modeconn.recipes.merge as merge_recipe_mod
 import modeconn.recipes.hf_stream as stream_mod
 from cli_runner import run_cli

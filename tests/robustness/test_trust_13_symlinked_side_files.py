@@ -2,8 +2,8 @@
 
 A ``tokenizer.json`` in checkpoint B that is a symlink to a private file outside the checkpoint had its content
 copied into the output of a streaming align/merge. Every file modeconn reads from a checkpoint and may carry into an
-output — side files (:func:`modeconn.io_hf.side_files`), files copied by :func:`modeconn.io_stream.write_like`,
-weights files, shards and the index (:class:`~modeconn.io_stream.LazyCheckpoint`), ``config.json`` and weights of
+output — side files (:func:`modeconn.io.hf.side_files`), files copied by :func:`modeconn.io.lazy.write_like`,
+weights files, shards and the index (:class:`~modeconn.io.lazy.LazyCheckpoint`), ``config.json`` and weights of
 modeconn checkpoints (:func:`~modeconn.io.load_checkpoint`) — must resolve inside the checkpoint's directory tree
 (:func:`modeconn.io.check_in_checkpoint`): else a CheckpointError names the file and its target, before any heavy
 work. The Hugging Face cache layout (``<repo>/snapshots/<rev>/f -> ../../blobs/<hash>``) stays allowed.
@@ -22,14 +22,16 @@ from hf_tiny import make
 
 from modeconn.errors import CheckpointError
 from modeconn.io import check_in_checkpoint, load_checkpoint, save_checkpoint
-from modeconn.io_stream import LazyCheckpoint, write_like
+from modeconn.io.lazy import LazyCheckpoint, write_like
 from modeconn.models import build_model
-from modeconn.io_hf import side_files
+from modeconn.io.hf import side_files
 from modeconn.recipes.hf_stream import align_hf_checkpoints, merge_hf_checkpoints
 
 io_mod = importlib.import_module("modeconn.io")
-io_stream_mod = importlib.import_module("modeconn.io_stream")
-io_hf_mod = importlib.import_module("modeconn.io_hf")
+io_checkpoint_mod = importlib.import_module("modeconn.io.checkpoint")
+io_stream_mod = importlib.import_module("modeconn.io.lazy")
+io_hf_mod = importlib.import_module("modeconn.io.hf")
+io_vocabulary_mod = importlib.import_module("modeconn.io.vocabulary")
 stream_mod = importlib.import_module("modeconn.recipes.hf_stream")
 
 SECRET = '{"private": "do not copy me"}'
@@ -165,7 +167,7 @@ def test_negative_control_without_the_check_the_private_file_is_copied(pair, sec
     """With the containment check disabled, the private file a side file links to ends up in the output: the
     refusal above is what keeps it out."""
     resolve_only = lambda file, root: Path(file).resolve()  # noqa: E731
-    for mod in (io_mod, io_stream_mod, io_hf_mod):
+    for mod in (io_mod, io_checkpoint_mod, io_stream_mod, io_hf_mod, io_vocabulary_mod):
         monkeypatch.setattr(mod, "check_in_checkpoint", resolve_only)
     a, b = pair
     bad = linked_copy(b, tmp_path / "b", "tokenizer.json", secret)

@@ -85,8 +85,8 @@ class Checkpoint:
         return self.kind.load(self.path)
 
     def lazy(self):
-        """A :class:`~modeconn.io_stream.LazyCheckpoint` over the weights (read one tensor at a time)."""
-        from ..io_stream import LazyCheckpoint
+        """A :class:`~modeconn.io.lazy.LazyCheckpoint` over the weights (read one tensor at a time)."""
+        from ..io.lazy import LazyCheckpoint
 
         return LazyCheckpoint(self.path)
 
@@ -129,8 +129,8 @@ def open_checkpoint(path: str | os.PathLike) -> Checkpoint:
 def open_checkpoints(paths: Sequence[str | os.PathLike]) -> list[Checkpoint]:
     """:func:`open_checkpoint` on each path; CheckpointError naming every path and its kind if they differ; ConfigError
     naming the first differing token when their tokenizers number tokens differently, or the one without tokenizer
-    files (:func:`~modeconn.vocabulary.check_vocabularies`: every command combining models combines embedding rows)."""
-    from ..vocabulary import check_vocabularies
+    files (:func:`~modeconn.io.vocabulary.check_vocabularies`: every command combining models combines embedding rows)."""
+    from ..io.vocabulary import check_vocabularies
 
     ckpts = [open_checkpoint(p) for p in paths]
     if len({c.kind.name for c in ckpts}) > 1:

@@ -12,7 +12,7 @@ from .base import CONFIG_NAME, CheckpointKind, register_kind
 
 
 def _load(path: Path) -> nn.Module:
-    from ..io_stream import LazyCheckpoint
+    from ..io.lazy import LazyCheckpoint
     from ..symmetry.hf.config_check import model_class
     from ..symmetry.hf.directory import hf_config
 

@@ -16,7 +16,7 @@ from ..match.methods import ALIGNMENT_METHODS
 from ..path import Curve, evaluate_model, evaluate_path, merge
 from ..path.batchnorm import fixed_batches
 from ..symmetry import SymmetrySpec, symmetry_spec
-from ..io_models import check_input_shape
+from ..io.models import check_input_shape
 
 METHODS = ("naive", *(n for n in ALIGNMENT_METHODS if not ALIGNMENT_METHODS.get(n).needs_continuous))
 """``naive`` (no alignment) and every registered alignment method a permutation spec admits (the learned continuous

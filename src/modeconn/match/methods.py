@@ -1,7 +1,7 @@
 """The registry of alignment methods: one typed entry per method, the source for CLI choices and help.
 
 Each :class:`AlignmentMethod` records the method's name, what it needs (data? a model?), whether it streams
-(works on :class:`~modeconn.io_stream.LazyCheckpoint` endpoints), which symmetry groups it solves, its config class
+(works on :class:`~modeconn.io.lazy.LazyCheckpoint` endpoints), which symmetry groups it solves, its config class
 (:class:`~modeconn.config.StrictConfig`), which way its objective points, its paper and the callable. Adding a method
 is one module (its function and config) plus one entry here.
 
@@ -51,7 +51,7 @@ class AlignmentMethod:
         config: its :class:`~modeconn.config.StrictConfig` class (``config=`` plus keyword overrides).
         paper: the citation of the algorithm.
         needs_data: needs a data loader (and a model).
-        streams: accepts lazy (:class:`~modeconn.io_stream.LazyCheckpoint`) endpoints without loading them.
+        streams: accepts lazy (:class:`~modeconn.io.lazy.LazyCheckpoint`) endpoints without loading them.
         groups: the group names it solves; None for every registered group (:data:`modeconn.symmetry.GROUPS`).
         objective_sense: ``"maximize"`` (a score) or ``"minimize"`` (a loss), as in :attr:`Alignment.objective_sense`.
         needs_continuous: the spec must have a continuous space (dual / one-sided matching learn those).

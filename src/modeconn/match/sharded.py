@@ -82,12 +82,12 @@ class RowReader:
     only the requested rows are read, ``get_slice``) or a mapping of tensors (``sd[key][start:stop]``).
 
     ``meta``: key → meta tensor (dtype and shape, no data). Raises CheckpointError as
-    :class:`~modeconn.io_stream.LazyCheckpoint` for an unreadable directory; NonFiniteError naming the file and tensor
+    :class:`~modeconn.io.lazy.LazyCheckpoint` for an unreadable directory; NonFiniteError naming the file and tensor
     for rows read from it with NaN/Inf."""
 
     def __init__(self, source: Source) -> None:
         if isinstance(source, (str, os.PathLike)):
-            from ..io_stream import LazyCheckpoint
+            from ..io.lazy import LazyCheckpoint
 
             self.ckpt = LazyCheckpoint(Path(source))
             self.mapping: Mapping[str, torch.Tensor] = self.ckpt

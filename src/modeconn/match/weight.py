@@ -43,7 +43,7 @@ The greedy start applies the same solvers to the terms already exact (those whos
 elements of every group are recovered exactly (up to fp32 error): ``S`` vanishes at the planted element and the
 solvers return its zero.
 
-*Streaming* (checkpoints larger than memory). When A or B is a :class:`~modeconn.io_stream.LazyCheckpoint` the same
+*Streaming* (checkpoints larger than memory). When A or B is a :class:`~modeconn.io.lazy.LazyCheckpoint` the same
 algorithm (same starts, orders, solvers and acceptance tests) runs without holding either model: every term reads
 its tensors when it is formed and drops them after; tensors only permutations act on stay in their stored dtype
 (fp16/bf16 gathers are exact) and only the chunk in use is gathered (:meth:`SymmetrySpec.permutation_gathers`);
@@ -73,7 +73,7 @@ from ..checks import check_compatible, check_finite, check_one_device
 from ..config import StrictConfig
 from .._util.device import is_cpu, resolve_device
 from ..errors import ConfigError, DeviceMismatchError
-from ..io_stream import LazyCheckpoint
+from ..io.lazy import LazyCheckpoint
 from ..symmetry import AxisBinding, Element, SymmetrySpec
 from ..symmetry.spec import apply_gathers
 from . import solvers
@@ -194,7 +194,7 @@ def weight_matching(spec: SymmetrySpec, sd_a: StateDict, sd_b: StateDict,
     Args:
         spec: the symmetry spec of the architecture (``modeconn.symmetry_spec``).
         sd_a, sd_b: state dicts of the same architecture; any float dtype (computed in fp32); one device. Either
-            may be a :class:`~modeconn.io_stream.LazyCheckpoint` (a checkpoint read tensor by tensor): the match
+            may be a :class:`~modeconn.io.lazy.LazyCheckpoint` (a checkpoint read tensor by tensor): the match
             then *streams* on the CPU (module docstring) — peak memory is about the largest space's n×n score (fp32
             from 2048 units, fp64 below) plus a few ``chunk``-sized fp32 blocks, not the model size.
         config, options: a :class:`WeightMatchingConfig` (or a dict of its fields) and keyword overrides:

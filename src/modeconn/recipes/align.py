@@ -182,7 +182,7 @@ def dataset_for(config: dict, dataset: str | None, data: Path | None, limit_trai
     examples do not have the shape the model was built for — checked before anything is traced)."""
     from ..data import load_dataset
 
-    from ..io_models import check_input_shape
+    from ..io.models import check_input_shape
 
     name = dataset or config.get("dataset")
     if name is None:
@@ -195,7 +195,7 @@ def dataset_for(config: dict, dataset: str | None, data: Path | None, limit_trai
 
 
 def _align_in_memory(ckpts: list[Checkpoint], out: Path, opts: AlignOptions, method: str, overrides: dict) -> Outcome:
-    from ..io_models import example_input, load_same_architecture
+    from ..io.models import example_input, load_same_architecture
     from ..diagnostics.compare import align as run_align
     from ..io import save_checkpoint
     from ..symmetry import symmetry_spec
@@ -209,7 +209,7 @@ def _align_in_memory(ckpts: list[Checkpoint], out: Path, opts: AlignOptions, met
     mb_aligned.load_state_dict(res.apply(mb.state_dict()))
     _check_same_function(mb, mb_aligned, x0)
     kept = {k: v for k, v in cfg.items() if k not in ("architecture", "kwargs", "modeconn_version", "format_version")}
-    from ..io_hf import model_names
+    from ..io.hf import model_names
 
     path = save_checkpoint(out, mb_aligned, config=kept | {"aligned_to": model_names([ckpts[0].path])[0],
                                                            "alignment": method},

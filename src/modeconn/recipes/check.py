@@ -45,7 +45,7 @@ def load_models(a: Path, b: Path | None, opts: CheckOptions):
 
 
 def _load_modeconn(ckpts, opts: CheckOptions):
-    from ..io_models import load_same_architecture
+    from ..io.models import load_same_architecture
     from .align import dataset_for
 
     models, configs = load_same_architecture([c.path for c in ckpts])

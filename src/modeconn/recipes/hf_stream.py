@@ -14,8 +14,8 @@ from .._util.device import resolve_device
 from ..errors import ConfigError
 from .._util.jsonio import write_json
 from ..io import CONFIG_NAME
-from ..io_hf import PathLike, model_names, resolve_checkpoint_path, side_files
-from ..io_stream import LazyCheckpoint, ShardLayout, write_like
+from ..io.hf import PathLike, model_names, resolve_checkpoint_path, side_files
+from ..io.lazy import LazyCheckpoint, ShardLayout, write_like
 from ..match.result import Alignment
 from ..match.weight import DEFAULTS, weight_matching
 from ..path.merge_rules import MERGE_RULES, RuleSettings, applied_weights, check_filters, check_rule_settings, rule_weights
@@ -147,7 +147,7 @@ def align_hf_full_group(a: PathLike, b: PathLike, out: PathLike, *, seed: int = 
     not apply to (the reason named), and as :func:`align_hf_checkpoints`; every check runs before the matching.
     """
     from .._util.outdir import output_directory
-    from ..io_stream import ABSORBED_STEM
+    from ..io.lazy import ABSORBED_STEM
     from ..symmetry.absorb_stream import AbsorbedView
     from ..symmetry.hf import hf_symmetry_spec
 

@@ -137,7 +137,7 @@ def _modeconn_scope(opts: MergeOptions, first: Checkpoint) -> tuple[set[str], st
 def _from_options(models: Sequence[Path], opts: MergeOptions) -> _Plan:
     """The plan of a command line: Hugging Face cache entries resolved, --base found among the models, --param
     parsed, weights and rule settings checked."""
-    from ..io_hf import resolve_checkpoint_path
+    from ..io.hf import resolve_checkpoint_path
 
     models = [resolve_checkpoint_path(m) for m in models]
     if len(models) < 2:
@@ -152,7 +152,7 @@ def _from_options(models: Sequence[Path], opts: MergeOptions) -> _Plan:
 def _from_recipe(models: Sequence[Path], opts: MergeOptions) -> _Plan:
     """The plan of a recipe (``--config``): models, rule, base, weights, parameters, dtypes and alignment from the
     file; the rule's own options on the command line are refused (one source of truth)."""
-    from ..io_hf import resolve_checkpoint_path
+    from ..io.hf import resolve_checkpoint_path
     from .merge_recipe import load_recipe
 
     if models:
@@ -203,7 +203,7 @@ def _checked(models, opts: MergeOptions, weights, settings: RuleSettings, dtype,
 def _base_index(base: str | None, models: list[Path]) -> int | None:
     if base is None:
         return None
-    from ..io_hf import resolve_checkpoint_path
+    from ..io.hf import resolve_checkpoint_path
 
     target = resolve_checkpoint_path(Path(base)).resolve()
     for i, m in enumerate(models):

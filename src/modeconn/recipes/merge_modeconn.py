@@ -17,7 +17,7 @@ from ..path.merge_rules import check_rule_settings
 from ..path.interpolate import merge_weights
 from ..symmetry import symmetry_spec
 from .._util.outdir import check_output_target
-from ..io_models import example_input, load_same_architecture
+from ..io.models import example_input, load_same_architecture
 
 ALIGN_CHOICES = (*command_line_methods(learns=False), "none")
 
@@ -74,7 +74,7 @@ def run_merge(paths: Sequence[Path], out: Path, *, weights: Sequence[float] | No
     metrics = ({"test": evaluate_model(result, make_loader(bundle.test, 512), where="merged model, split 'test'")}
                if bundle is not None else {})
     from ..path.merge_rules import MERGE_RULES, applied_weights
-    from ..io_hf import model_names
+    from ..io.hf import model_names
 
     merge_rule = MERGE_RULES.get(rule)
     extra = {"merged_from": model_names(paths), "rule": rule, "align": align_method, "bn": bn,

@@ -230,7 +230,7 @@ def recipe_refs(models: Sequence[Path], out: Path) -> list[str]:
     (:func:`resolve_model_ref`): a snapshot of the local Hugging Face cache by its hub id ``ORG/NAME@REVISION`` (where
     that id finds it), any other directory by its path relative to ``out`` (never an absolute path; the bare name
     where no relative path exists, e.g. another drive)."""
-    from ..io_hf import hub_id
+    from ..io.hf import hub_id
 
     refs = []
     for m in models:

@@ -30,7 +30,7 @@ def load_pair_and_data(a: Path, b: Path, command: str, dataset: str | None, data
 
 
 def _modeconn(ckpts, command, dataset, data, limit_train):
-    from ..io_models import load_same_architecture
+    from ..io.models import load_same_architecture
 
     (ma, mb), (cfg, _) = load_same_architecture([c.path for c in ckpts])
     return ma, mb, cfg, dataset_for(cfg, dataset, data, limit_train)

@@ -39,7 +39,7 @@ Absorbed checkpoints on disk (format :data:`ABSORBED_FORMAT`, written by :func:`
 transformers refuses them instead of loading a stock model that computes another function: ``config.json`` has
 ``model_type`` :data:`ABSORBED_MODEL_TYPE` (``AutoConfig`` / ``AutoModel*`` / ``pipeline`` raise; the original
 model type is ``modeconn_absorbed.original_model_type``) and the weights are ``modeconn-absorbed.safetensors`` or
-shards listed by ``modeconn-absorbed.safetensors.index.json`` (:data:`~modeconn.io_stream.ABSORBED_STEM`: a model
+shards listed by ``modeconn-absorbed.safetensors.index.json`` (:data:`~modeconn.io.lazy.ABSORBED_STEM`: a model
 class's own ``from_pretrained``, e.g. ``LlamaForCausalLM``, finds no weights). :func:`read_absorbed_config` is the
 one reader of such a ``config.json`` (:func:`load_absorbed`, :func:`modeconn.stream.hf_checkpoint_spec`,
 :func:`modeconn.checkpoints.open_checkpoint`): every field it reads is checked, a malformed one is a ConfigError
@@ -276,7 +276,7 @@ def save_absorbed(model: nn.Module, directory: str | os.PathLike, *, overwrite: 
     that may not be written.
     """
     from ..io import atomic_directory, save_state_dict
-    from ..io_stream import ABSORBED_STEM, weight_names
+    from ..io.lazy import ABSORBED_STEM, weight_names
 
     _, hf = _require_hf(model)
     note = getattr(hf.config, ABSORBED_KEY, None)
@@ -316,9 +316,9 @@ _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
 
 def recorded_name(name_or_path: Any) -> str:
     """What an absorbed ``config.json`` records as ``_name_or_path``: a Hub id (``org/name``) as given, a local
-    directory by its name (:func:`modeconn.io_hf.model_names`: ``ORG/NAME@REV`` for a Hub cache snapshot) — never a
+    directory by its name (:func:`modeconn.io.hf.model_names`: ``ORG/NAME@REV`` for a Hub cache snapshot) — never a
     machine path."""
-    from ..io_hf import model_names
+    from ..io.hf import model_names
 
     if not isinstance(name_or_path, str) or not name_or_path:
         return ""
@@ -419,12 +419,12 @@ def read_absorbed_config(raw: Mapping[str, Any], file: str | os.PathLike) -> Any
 
 
 def check_absorbed_weights(ckpt: Any, absorbed: bool, file: str | os.PathLike) -> None:
-    """CheckpointError unless the weights' file names (``ckpt``: a :class:`~modeconn.io_stream.LazyCheckpoint`) agree
+    """CheckpointError unless the weights' file names (``ckpt``: a :class:`~modeconn.io.lazy.LazyCheckpoint`) agree
     with ``config.json`` (``file``): an absorbed config's weights are named after
-    :data:`~modeconn.io_stream.ABSORBED_STEM` (stock transformers would load ``model.safetensors`` as a stock model),
+    :data:`~modeconn.io.lazy.ABSORBED_STEM` (stock transformers would load ``model.safetensors`` as a stock model),
     a stock config's are not."""
     from ..errors import CheckpointError
-    from ..io_stream import ABSORBED_STEM, weight_names
+    from ..io.lazy import ABSORBED_STEM, weight_names
 
     if (ckpt.stem == ABSORBED_STEM) != absorbed:
         want = f"{weight_names(ABSORBED_STEM)[0]} (or its index)" if absorbed else "model.safetensors (or its index)"
@@ -478,7 +478,7 @@ def load_absorbed(directory: str | os.PathLike) -> nn.Module:
     """
     from ..errors import CheckpointError
     from ..io import check_in_checkpoint, read_json_object
-    from ..io_stream import LazyCheckpoint
+    from ..io.lazy import LazyCheckpoint
 
     d = Path(directory)
     file = d / "config.json"

@@ -47,8 +47,8 @@ class AbsorbedView(Mapping[str, torch.Tensor]):
     """
 
     def __init__(self, path: PathLike) -> None:
-        from ..io_stream import LazyCheckpoint
-        from ..io_hf import checkpoint_tensor_names
+        from ..io.lazy import LazyCheckpoint
+        from ..io.hf import checkpoint_tensor_names
         from .hf.directory import hf_config
         from .hf.config_check import build_meta_model
 
@@ -168,8 +168,8 @@ def stream_absorb(src: PathLike, out: PathLike, *, overwrite: bool = False, max_
     Returns ``out`` (written atomically, never replacing what modeconn did not write). Raises: as
     :class:`AbsorbedView`; CheckpointError for an ``out`` that may not be written.
     """
-    from ..io_stream import ABSORBED_STEM, ShardLayout, write_like
-    from ..io_hf import side_files
+    from ..io.lazy import ABSORBED_STEM, ShardLayout, write_like
+    from ..io.hf import side_files
 
     view = AbsorbedView(src)
     layout = ShardLayout.plan(view.shapes, max_shard_bytes, stem=ABSORBED_STEM)

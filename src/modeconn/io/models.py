@@ -8,8 +8,8 @@ from collections.abc import Sequence
 import torch
 import torch.nn as nn
 
-from .errors import ConfigError
-from .io import describe_config_mismatch, load_checkpoint, read_config
+from ..errors import ConfigError
+from .checkpoint import describe_config_mismatch, load_checkpoint, read_config
 
 
 def load_same_architecture(paths: Sequence[Path]) -> tuple[list[nn.Module], list[dict]]:
@@ -36,7 +36,7 @@ def check_input_shape(expected: Sequence[int] | None, got: Sequence[int], model:
 def example_input(config: dict) -> torch.Tensor:
     """A batch of 2 inputs of the shape recorded in ``config['kwargs']['in_shape']`` (for tracing): standard
     normal images, or token ids in ``[0, num_classes)`` for the token models (language models)."""
-    from .models import TOKEN_MODELS
+    from ..models import TOKEN_MODELS
 
     kwargs = config.get("kwargs", {})
     in_shape = kwargs.get("in_shape")

@@ -27,7 +27,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import CheckpointError, ConfigError
+from ..errors import CheckpointError, ConfigError
+from .checkpoint import CONFIG_NAME
+from .safe import check_in_checkpoint, read_json_object
 
 PathLike = str | os.PathLike
 TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "vocab.txt", "tokenizer.model")
@@ -53,8 +55,6 @@ def read_vocabulary(path: PathLike) -> Vocabulary | None:
     """The vocabulary of checkpoint directory ``path`` (see the module docstring), or None when it has no tokenizer
     file. Raises CheckpointError naming the file when it is unreadable, malformed or a symlink leaving the checkpoint
     (:func:`modeconn.io.check_in_checkpoint`)."""
-    from .io import check_in_checkpoint
-
     path = Path(path)
     for name in TOKENIZER_FILES:
         file = path / name
@@ -200,8 +200,6 @@ def check_vocabularies(paths: Sequence[PathLike]) -> None:
 
 
 def _check_sizes(paths: list[Path]) -> None:
-    from .io import CONFIG_NAME, read_json_object
-
     sizes = {}
     for p in paths:
         cfg = read_json_object(p / CONFIG_NAME, "config file")

@@ -50,19 +50,12 @@ from typing import Any, Generic, TypeVar
 import torch
 from safetensors import SafetensorError, safe_open
 
-from ._util.atomic import atomic_write_bytes
-from ._util.jsonio import to_json
-from .checks import check_finite_stored
-from .errors import CheckpointError, ConfigError, StateDictMismatchError
-from .io import (
-    PICKLE_SUFFIXES,
-    SAFETENSORS_DTYPES,
-    WEIGHTS_NAME,
-    atomic_directory,
-    check_in_checkpoint,
-    read_json_object,
-    safetensors_dtype,
-)
+from .._util.atomic import atomic_write_bytes
+from .._util.jsonio import to_json
+from ..checks import check_finite_stored
+from ..errors import CheckpointError, ConfigError, StateDictMismatchError
+from .checkpoint import WEIGHTS_NAME, atomic_directory
+from .safe import PICKLE_SUFFIXES, SAFETENSORS_DTYPES, check_in_checkpoint, read_json_object, safetensors_dtype
 
 INDEX_NAME = "model.safetensors.index.json"
 """The Hugging Face index of a sharded safetensors checkpoint (``weight_map``: key → shard file name)."""

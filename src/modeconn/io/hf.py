@@ -12,9 +12,10 @@ from pathlib import Path
 
 import torch
 
-from .errors import CheckpointError, UnsupportedOperationError
-from .io import CONFIG_NAME, PICKLE_SUFFIXES, check_in_checkpoint, read_json_object
-from .io_stream import INDEX_SUFFIX
+from ..errors import CheckpointError, UnsupportedOperationError
+from .checkpoint import CONFIG_NAME
+from .lazy import INDEX_SUFFIX
+from .safe import PICKLE_SUFFIXES, check_in_checkpoint, read_json_object
 
 PathLike = str | os.PathLike
 
