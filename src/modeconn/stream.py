@@ -50,17 +50,17 @@ import torch
 from ._util.device import is_cpu, resolve_device
 from .checks import all_finite, check_compatible, check_finite
 from .errors import CheckpointError, ConfigError
-from .io import CONFIG_NAME, check_dtype_kinds, read_json_object
+from .io import CONFIG_NAME, check_dtype_kinds
 from .io.checkpoint import _check_target
-from .io.hf import checkpoint_tensor_names, is_hf_checkpoint, side_files
+from .io.hf import checkpoint_tensor_names, is_hf_checkpoint, side_files, with_config
 from .io.lazy import READ_AHEAD, LazyCheckpoint, ReadAhead, ShardLayout, write_like, write_order
+from .io.vocabulary import check_vocabularies
 from .match.result import Alignment
 from .match.weight import weight_matching
 from .path.interpolate import merge_weights, plan_settings, weighted_average
 from .path.merge_rules import RuleSettings, check_rule_settings
 from .symmetry import Element, SymmetrySpec
 from .symmetry.hf.directory import check_same_hf_configs, hf_config
-from .io.vocabulary import check_vocabularies
 
 PathLike = str | os.PathLike
 Checkpoint = PathLike | LazyCheckpoint
@@ -317,23 +317,6 @@ def _layout_in(layout: ShardLayout, dtype: torch.dtype | None) -> ShardLayout:
     return dataclasses.replace(layout, infos=infos, index=index)  # shard and index names kept (an absorbed stem too)
 
 
-def with_config(src: PathLike, files: Mapping[str, Any] | None, dtype: torch.dtype | None = None) -> dict[str, Any]:
-    """``files`` plus the ``config.json`` of checkpoint directory ``src`` when ``files`` has none (so that
-    ``from_pretrained`` reads the real architecture); with ``dtype``, the config's dtype field (``dtype`` /
-    ``torch_dtype``) set to it. CheckpointError for an unreadable config that has to be rewritten."""
-    files = dict(files or {})
-    source = files.get(CONFIG_NAME, Path(src) / CONFIG_NAME)
-    if CONFIG_NAME not in files and not Path(source).is_file():
-        return files
-    files[CONFIG_NAME] = source
-    if dtype is None:
-        return files
-    cfg = dict(source) if isinstance(source, Mapping) else read_json_object(Path(source), "config file")
-    fields = [f for f in ("dtype", "torch_dtype") if f in cfg] or ["dtype"]
-    files[CONFIG_NAME] = {**cfg, **dict.fromkeys(fields, str(dtype).removeprefix("torch."))}
-    return files
-
-
 def open_hf_checkpoints(paths: Sequence[PathLike], out: PathLike, overwrite: bool,
                groups: str | Mapping[str, str | None] | None = "permutation"):
     """Every cheap check before heavy work: one vocabulary, configs agree, weights complete, spec fits (``groups``
@@ -354,5 +337,5 @@ def open_hf_checkpoints(paths: Sequence[PathLike], out: PathLike, overwrite: boo
 
 __all__ = [
     "PROPAGATING_RULES", "hf_checkpoint_spec", "merged_keys", "open_hf_checkpoints", "stream_apply", "stream_merge",
-    "stream_weight_matching", "with_config",
+    "stream_weight_matching",
 ]

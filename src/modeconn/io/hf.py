@@ -1,14 +1,16 @@
 """Reading Hugging Face checkpoint directories without building a model: is it one, its side files, its names.
 
-The functions here read files and transformers' save-time renaming only; building the model and its symmetry spec
-lives above (:mod:`modeconn.symmetry.hf`, :func:`modeconn.stream.hf_checkpoint_spec`).
+The functions here read files (:func:`with_config` also rewrites a config's dtype in memory) and transformers'
+save-time renaming only; building the model and its symmetry spec lives above (:mod:`modeconn.symmetry.hf`,
+:func:`modeconn.stream.hf_checkpoint_spec`).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -113,3 +115,20 @@ def hub_id(path: PathLike) -> str | None:
         if part.startswith("models--") and parts[i + 1] == "snapshots":
             return part.removeprefix("models--").replace("--", "/") + "@" + parts[i + 2]
     return None
+
+
+def with_config(src: PathLike, files: Mapping[str, Any] | None, dtype: torch.dtype | None = None) -> dict[str, Any]:
+    """``files`` plus the ``config.json`` of checkpoint directory ``src`` when ``files`` has none (so that
+    ``from_pretrained`` reads the real architecture); with ``dtype``, the config's dtype field (``dtype`` /
+    ``torch_dtype``) set to it. CheckpointError for an unreadable config that has to be rewritten."""
+    files = dict(files or {})
+    source = files.get(CONFIG_NAME, Path(src) / CONFIG_NAME)
+    if CONFIG_NAME not in files and not Path(source).is_file():
+        return files
+    files[CONFIG_NAME] = source
+    if dtype is None:
+        return files
+    cfg = dict(source) if isinstance(source, Mapping) else read_json_object(Path(source), "config file")
+    fields = [f for f in ("dtype", "torch_dtype") if f in cfg] or ["dtype"]
+    files[CONFIG_NAME] = {**cfg, **dict.fromkeys(fields, str(dtype).removeprefix("torch."))}
+    return files
