@@ -5,7 +5,7 @@ to work before it meets a GPU. Three measurements, each on the device and on the
 
 1. *Score products* — weight matching's (n, n) score ``Σ A_k B_kᵀ`` of a streamed space: fp16 unit matrices (n, m)
    read on the host, copied chunk by chunk and accumulated in fp32 on the device (what
-   :class:`modeconn.match.weight._Stream` does with ``device=``), against the host path (accumulated in fp32 inside the
+   :class:`modeconn.match.weight_stream._Stream` does with ``device=``), against the host path (accumulated in fp32 inside the
    fp64 buffer). Agreement: max relative difference of the two scores.
 2. *LAP solvers* — on weight-matching-like scores (B = a permutation of A plus noise, so a planted optimum): scipy's
    dense solver vs the sparse certified solver of :mod:`modeconn.match.lap`, both on the score copied to the host;

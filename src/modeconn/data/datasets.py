@@ -22,7 +22,7 @@ import difflib
 import os
 from dataclasses import dataclass
 from typing import Any
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -198,19 +198,9 @@ def load_dataset(
             options["val_fraction"] = val_fraction
         return load_text_dataset(name, root, limit_train=limit_train, limit_test=limit_test, verify=verify,
                                  **options)
-    if name not in DATASETS:
-        valid = sorted(DATASETS.names() + TEXT_DATASETS.names())
-        close = difflib.get_close_matches(str(name), valid, n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise ConfigError(f"unknown dataset {name!r}; valid datasets: {', '.join(valid)}.{hint}")
-    if options:
-        raise ConfigError(
-            f"dataset {name!r} takes no options {', '.join(map(repr, sorted(options)))}; options such as "
-            f"vocab_size are for text datasets ({', '.join(TEXT_DATASETS.names())})"
-        )
+    spec = _image_dataset(name, options)
     if val_fraction is None:
         val_fraction = 0.1
-    spec = DATASETS.get(name)
     _check_limit("limit_train", limit_train)
     _check_limit("limit_test", limit_test)
     if not 0.0 <= val_fraction < 1.0:
@@ -236,3 +226,19 @@ def load_dataset(
         classes=tuple(raw["classes"]),
         source=source,
     )
+
+
+def _image_dataset(name: str, options: Mapping[str, Any]) -> DatasetSpec:
+    """The registered image dataset ``name``; ConfigError for an unknown name (the valid ones listed, the closest
+    suggested) or for options (which only text datasets take)."""
+    if name not in DATASETS:
+        valid = sorted(DATASETS.names() + TEXT_DATASETS.names())
+        close = difflib.get_close_matches(str(name), valid, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(f"unknown dataset {name!r}; valid datasets: {', '.join(valid)}.{hint}")
+    if options:
+        raise ConfigError(
+            f"dataset {name!r} takes no options {', '.join(map(repr, sorted(options)))}; options such as "
+            f"vocab_size are for text datasets ({', '.join(TEXT_DATASETS.names())})"
+        )
+    return DATASETS.get(name)

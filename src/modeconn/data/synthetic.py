@@ -152,12 +152,7 @@ def subspace_mixture(
     u = coherent_basis(d, k, coherence, gen)
     means = _class_means(num_classes, k, class_sep, gen)
     latents = [_latent(n, means, gen) for n in (n_train, n_test)]  # independent of noise: drawn first
-    splits = []
-    for y, z in latents:
-        x = z @ u.mT
-        if noise > 0:
-            x = x + noise * torch.randn(x.shape, generator=gen, dtype=torch.float64)
-        splits.append(TensorDataset(x.to(torch.float32).reshape(-1, 1, 1, d).contiguous(), y.to(torch.int64)))
+    splits = [_embedded(y, z, u, noise, gen) for y, z in latents]
     val = TensorDataset(torch.zeros(0, 1, 1, d, dtype=torch.float32), torch.zeros(0, dtype=torch.int64))
     bundle = DatasetBundle(
         name="subspace_mixture",
@@ -170,3 +165,12 @@ def subspace_mixture(
         source="synthetic",
     )
     return bundle, u
+
+
+def _embedded(y: torch.Tensor, z: torch.Tensor, u: torch.Tensor, noise: float, gen: torch.Generator) -> TensorDataset:
+    """Labels ``y`` with inputs ``x = U z`` (plus ``N(0, noise² I_d)`` drawn from ``gen`` when ``noise > 0``) in the
+    ``(N, 1, 1, d)`` float32 layout of :func:`subspace_mixture`."""
+    x = z @ u.mT
+    if noise > 0:
+        x = x + noise * torch.randn(x.shape, generator=gen, dtype=torch.float64)
+    return TensorDataset(x.to(torch.float32).reshape(-1, 1, 1, u.shape[0]).contiguous(), y.to(torch.int64))

@@ -197,19 +197,8 @@ def dm_barriers(models: list[nn.Module], evl: Mapping[str, Any], train_loader: C
     abs_a, abs_b = absorb_normalization(a), absorb_normalization(b)
     sa, sb = abs_a.state_dict(), abs_b.state_dict()
     curves["naive (absorbed)"] = evaluate_path(abs_a, sa, sb, evl, lambdas=lambdas)
-    t0 = time.perf_counter()
-    perm_spec = hf_symmetry_spec(abs_a, groups=dict(permutation_groups))
-    wm_perm = weight_matching(perm_spec, sa, sb)
-    stats["WM (permutations)"] = {"seconds": time.perf_counter() - t0, "objective": wm_perm.objective,
-                                  "spaces": len(perm_spec.spaces)}
-    curves["WM (permutations)"] = evaluate_path(abs_a, sa, wm_perm.apply(sb), evl, lambdas=lambdas)
-    log(f"weight matching (permutations) done ({len(perm_spec.spaces)} spaces)")
-    t0 = time.perf_counter()
-    spec = hf_symmetry_spec(abs_a, groups=dict(groups))
-    wm = weight_matching(spec, sa, sb)
-    stats["WM"] = {"seconds": time.perf_counter() - t0, "objective": wm.objective, "spaces": len(spec.spaces)}
-    curves["WM"] = evaluate_path(abs_a, sa, wm.apply(sb), evl, lambdas=lambdas)
-    log(f"weight matching done ({len(spec.spaces)} spaces)")
+    _weight_matching_row("WM (permutations)", abs_a, sa, sb, permutation_groups, evl, lambdas, curves, stats, log)
+    spec, wm = _weight_matching_row("WM", abs_a, sa, sb, groups, evl, lambdas, curves, stats, log)
 
     def learned(label: str, fn, sp, weight_alignment, **extra) -> Any:
         t = time.perf_counter()
@@ -242,6 +231,23 @@ def dm_barriers(models: list[nn.Module], evl: Mapping[str, Any], train_loader: C
         stats.setdefault("ablation_wm", {})[label] = how
         out[label] = learned(label, dual_matching, sp, g, parameterization=par, lr=opts["lr"] * lr_scale)
     return curves, out, stats
+
+
+def _weight_matching_row(label: str, abs_a: nn.Module, sa: Mapping[str, torch.Tensor], sb: Mapping[str, torch.Tensor],
+                         groups: Mapping[str, Any], evl: Mapping[str, Any], lambdas: int, curves: dict[str, Curve],
+                         stats: dict[str, Any], log: Log) -> tuple[Any, Any]:
+    """Weight matching of the absorbed pair under ``groups``: its curve and stats recorded under ``label``; returns
+    ``(spec, alignment)``."""
+    from ..match import weight_matching
+    from ..symmetry.hf import hf_symmetry_spec
+
+    t0 = time.perf_counter()
+    spec = hf_symmetry_spec(abs_a, groups=dict(groups))
+    wm = weight_matching(spec, sa, sb)
+    stats[label] = {"seconds": time.perf_counter() - t0, "objective": wm.objective, "spaces": len(spec.spaces)}
+    curves[label] = evaluate_path(abs_a, sa, wm.apply(sb), evl, lambdas=lambdas)
+    log(f"{label.replace('WM', 'weight matching')} done ({len(spec.spaces)} spaces)")
+    return spec, wm
 
 
 def lm_dm_barriers(size: DMSize, bundle, models: list[nn.Module], log: Log

@@ -202,7 +202,7 @@ def planted_minilm_dual(root: Path, size: MiniLMDMSize | None = None, *, data: s
     Raises: DataError (text not found), ConfigError (bad size), SpecError (a transformed endpoint changed its
         function beyond dual matching's tolerance).
     """
-    from ..match import dual_matching, weight_matching
+    from ..match import weight_matching
     from ..symmetry.hf import hf_symmetry_spec
 
     size = size or MiniLMDMSize()
@@ -232,20 +232,8 @@ def planted_minilm_dual(root: Path, size: MiniLMDMSize | None = None, *, data: s
 
     paths = {"before learning": measure(sd, spec.apply(planted, {**spec.identity(), **discrete})),
              "WM (full element)": measure(sd, wm.apply(planted))}
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x_train, y_train), batch_size=size.batch_size,
-                                         shuffle=True, generator=torch.Generator().manual_seed(size.seed))
-    runs: dict[str, Any] = {}
-    for label, init, steps in (("dual (identity init)", "identity", size.steps), ("dual (WM init)", "weight", size.wm_init_steps)):
-        t0 = time.perf_counter()
-        res = dual_matching(spec, model, sd, planted, loader, steps=steps, lr=size.lr, init=init, weight_alignment=wm,
-                            loss_fn=loss_fn, lambda_schedule=size.lambda_schedule, seed=size.seed)
-        seconds = time.perf_counter() - t0
-        sa, sb = res.apply_a(sd), res.apply_b(planted)
-        paths[label] = measure(sa, sb)
-        runs[label] = {"init": init, "steps": steps, "seconds": seconds, "history": res.history[0],
-                       "max_output_change": measure.endpoint_changes(sa, sb),
-                       "element_rel_error": _element_rel_errors(res.element, g_inv, continuous)}
-        log(f"planted MiniLM: {label}, {steps} steps in {seconds:.1f} s, path loss max {max(paths[label][0]):.2e}")
+    runs = _dual_runs(spec, model, sd, planted, wm, loss_fn, (x_train, y_train), size, measure, paths,
+                      (g_inv, continuous), log)
     scale_out = float(y_test.abs().max())
     worst = max(c for r in runs.values() for c in r["max_output_change"].values())
     if worst > 1e-3 * max(1.0, scale_out):
@@ -267,6 +255,32 @@ def planted_minilm_dual(root: Path, size: MiniLMDMSize | None = None, *, data: s
         "output_scale": scale_out,
         "seconds": time.perf_counter() - start,
     }
+
+
+def _dual_runs(spec, model: nn.Module, sd, planted, wm, loss_fn, train: tuple[torch.Tensor, torch.Tensor],
+               size: MiniLMDMSize, measure: _Measure, paths: dict[str, Any], truth: tuple[Any, list[str]],
+               log: Log) -> dict[str, Any]:
+    """The dual-matching runs of :func:`planted_minilm_dual` (identity init, WM init) on the ``train`` blocks: each
+    run's path measured into ``paths`` under its label; returns the per-run records. ``truth``: ``(g^{-1}, the
+    continuous spaces)`` the learned elements are compared with."""
+    from ..match import dual_matching
+
+    g_inv, continuous = truth
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(*train), batch_size=size.batch_size,
+                                         shuffle=True, generator=torch.Generator().manual_seed(size.seed))
+    runs: dict[str, Any] = {}
+    for label, init, steps in (("dual (identity init)", "identity", size.steps), ("dual (WM init)", "weight", size.wm_init_steps)):
+        t0 = time.perf_counter()
+        res = dual_matching(spec, model, sd, planted, loader, steps=steps, lr=size.lr, init=init, weight_alignment=wm,
+                            loss_fn=loss_fn, lambda_schedule=size.lambda_schedule, seed=size.seed)
+        seconds = time.perf_counter() - t0
+        sa, sb = res.apply_a(sd), res.apply_b(planted)
+        paths[label] = measure(sa, sb)
+        runs[label] = {"init": init, "steps": steps, "seconds": seconds, "history": res.history[0],
+                       "max_output_change": measure.endpoint_changes(sa, sb),
+                       "element_rel_error": _element_rel_errors(res.element, g_inv, continuous)}
+        log(f"planted MiniLM: {label}, {steps} steps in {seconds:.1f} s, path loss max {max(paths[label][0]):.2e}")
+    return runs
 
 
 def minilm_report(m: dict[str, Any]) -> str:

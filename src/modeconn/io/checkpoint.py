@@ -387,18 +387,37 @@ def load_checkpoint(
     if not path.is_dir():
         raise CheckpointError(f"{path}: a checkpoint is a directory with {CONFIG_NAME} and {WEIGHTS_NAME}")
     cfg = read_config(path)
+    expected, expected_dtypes, fixed_keys = _expected_layout(path, cfg)
+    weights_file, state = _read_weights(path, device, expected, expected_dtypes, allow_pickle)
+    _check_fixed_structure(weights_file, cfg, state, fixed_keys)
+
+    # seed=0: initial values are overwritten anyway; fork_rng keeps the caller's global RNG untouched
+    model = build_model(cfg["architecture"], seed=0, **cfg["kwargs"]).to(device)
+    if verify_fixed_structure and fixed_keys:
+        _check_regenerated_buffers(path, cfg, model, state, fixed_keys)
+    model.load_state_dict(state, strict=True)
+    model.eval()
+    return model, cfg
+
+
+def _expected_layout(path: Path, cfg: dict[str, Any]) -> tuple[dict[str, tuple], dict[str, torch.dtype], list[str]]:
+    """``(shapes, dtypes, fixed-structure keys)`` of the model ``cfg`` describes, built on the meta device (validates
+    the architecture and kwargs without allocating memory; ConfigError naming ``config.json``)."""
     try:
         MODELS.get(cfg["architecture"])
-        # build on the meta device: validates kwargs and gives expected shapes without allocating memory
         with torch.device("meta"):
             probe = build_model(cfg["architecture"], **cfg["kwargs"])
     except ConfigError as err:
         raise ConfigError(f"{path / CONFIG_NAME}: {err}") from None
-    expected = {k: tuple(v.shape) for k, v in probe.state_dict().items()}
-    expected_dtypes = {k: v.dtype for k, v in probe.state_dict().items()}
-    fixed_keys = fixed_structure_keys(probe)
-    del probe
+    sd = probe.state_dict()
+    return ({k: tuple(v.shape) for k, v in sd.items()}, {k: v.dtype for k, v in sd.items()},
+            fixed_structure_keys(probe))
 
+
+def _read_weights(path: Path, device: str | torch.device, expected: dict[str, tuple],
+                  expected_dtypes: dict[str, torch.dtype], allow_pickle: bool) -> tuple[Path, dict[str, torch.Tensor]]:
+    """``(weights file, state dict)`` of checkpoint directory ``path``: ``model.safetensors`` (its header checked
+    against ``expected`` before any tensor is read), else a pickle weights file when ``allow_pickle``."""
     weights = path / WEIGHTS_NAME
     pickles = sorted(p for p in path.iterdir() if p.suffix.lower() in PICKLE_SUFFIXES)
     for file in (weights, *pickles):  # weights symlinked out of the checkpoint are refused before any read
@@ -408,35 +427,31 @@ def load_checkpoint(
         header = _open_safetensors_header(weights)
         check_state_dict_compatible(expected, {k: s for k, (s, _) in header.items()}, str(weights),
                                     dtypes=(expected_dtypes, {k: d for k, (_, d) in header.items()}))
-        state = load_state_dict(weights, device=device)
-    elif pickles and not allow_pickle:
+        return weights, load_state_dict(weights, device=device)
+    if pickles and not allow_pickle:
         raise CheckpointError(
             f"{path}: no {WEIGHTS_NAME}, only pickle weights ({', '.join(p.name for p in pickles)}); pickles are "
             "not loaded because unpickling can execute arbitrary code. Convert to safetensors, or pass "
             "allow_pickle=True to load with torch.load(weights_only=True)"
         )
-    elif pickles:
+    if pickles:
         state = _load_pickle_weights(pickles[0], device)
         check_state_dict_compatible(expected, {k: tuple(v.shape) for k, v in state.items()}, str(pickles[0]),
                                     dtypes=(expected_dtypes, state))
-    else:
-        raise CheckpointError(f"{path}: weights file {WEIGHTS_NAME} not found")
+        return pickles[0], state
+    raise CheckpointError(f"{path}: weights file {WEIGHTS_NAME} not found")
 
-    _check_fixed_structure(weights if weights.is_file() else pickles[0], cfg, state, fixed_keys)
 
-    # seed=0: initial values are overwritten anyway; fork_rng keeps the caller's global RNG untouched
-    model = build_model(cfg["architecture"], seed=0, **cfg["kwargs"]).to(device)
-    if verify_fixed_structure and fixed_keys:
-        # the fresh model's buffers are the F, D its config generates; compare before loading over them
-        fresh = model.state_dict()
-        differ = [k for k in fixed_keys if not torch.equal(fresh[k].cpu(), state[k].cpu())]
-        if differ:
-            raise CheckpointError(
-                f"{path}: fixed buffers {', '.join(differ)} differ from those config.json regenerates "
-                f"(asymmetric={cfg['kwargs'].get('asymmetric')!r}): the config does not describe these weights, "
-                "or this PyTorch draws different random numbers; pass verify_fixed_structure=False to use the "
-                "file's buffers"
-            )
-    model.load_state_dict(state, strict=True)
-    model.eval()
-    return model, cfg
+def _check_regenerated_buffers(path: Path, cfg: dict[str, Any], model: nn.Module, state: Mapping[str, torch.Tensor],
+                               fixed_keys: list[str]) -> None:
+    """CheckpointError when the fixed buffers of ``state`` differ from those the fresh ``model`` (its config's F, D)
+    holds; compared before the state is loaded over them."""
+    fresh = model.state_dict()
+    differ = [k for k in fixed_keys if not torch.equal(fresh[k].cpu(), state[k].cpu())]
+    if differ:
+        raise CheckpointError(
+            f"{path}: fixed buffers {', '.join(differ)} differ from those config.json regenerates "
+            f"(asymmetric={cfg['kwargs'].get('asymmetric')!r}): the config does not describe these weights, "
+            "or this PyTorch draws different random numbers; pass verify_fixed_structure=False to use the "
+            "file's buffers"
+        )

@@ -76,14 +76,11 @@ process group exists (``distributed=None``; ``False`` forces one process, ``proc
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
 import math
 import os
-import pickle
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -94,28 +91,24 @@ from pydantic import field_validator
 from torch import nn
 from torch.func import functional_call
 
-from .._util.atomic import atomic_write
 from .._util.batches import endless
-from .._util.digest import update_tensor
 from ..checks import check_compatible, check_finite, check_one_device
-from ..errors import CheckpointError, ConfigError, DistributedError, NonFiniteError, SpecError
+from ..errors import ConfigError, DistributedError, NonFiniteError, SpecError
 from ..symmetry import Element, SymmetrySpec
-from ..symmetry.spec import _act_on_binding  # one binding's action: the spec's own code, on a block
 from .distributed import DistributedInfo, Ranks, current_rank, init_distributed, launched_world_size
+from .dual_checkpoint import CHECKPOINT_FILE, _fingerprint, _load_checkpoint, _save_checkpoint
+from .dual_plan import _ContinuousPlan
 from .options import LAMBDA_SCHEDULES, Bool, Int, LambdaSchedule, PositiveInt, PositiveReal, draw_lambda
 from .parametrize import get_parameterization, make_transform
 from .progress import reporter, step_loss_legacy
 from .sharded import (LazyLeaves, RowReader, ShardedEndpoints, check_finite_shards, detached_element, device_mesh,
-                      element_gradient, gather_blocks, meta_work_model, row_block, shard_transforms, unit_range,
-                      unsharded_element)
+                      element_gradient, gather_blocks, meta_work_model, row_block, shard_transforms, unsharded_element)
 from .result import Alignment
 from .weight import weight_matching
 
 StateDict = Mapping[str, torch.Tensor]
 LossFn = Callable[[Any, torch.Tensor], torch.Tensor]
 INITS = ("weight", "identity")
-CHECKPOINT_FILE = "dual_matching.pt"
-_FORMAT = 1
 #: function-preservation check on the final elements: max|Δoutput| ≤ FUNCTION_RTOL · max(1, max|output|)
 FUNCTION_RTOL = 1e-3
 __all__ = ["LAMBDA_SCHEDULES", "DistributedInfo", "DualAlignment", "DualMatchingConfig", "current_rank", "default_loss", "dual_matching",
@@ -550,7 +543,7 @@ class _Run:
             self.ranks.barrier()
             return
         _save_checkpoint(self.ckpt_path, {
-            "format": _FORMAT, "fingerprint": self.fingerprint, "step": step,
+            "fingerprint": self.fingerprint, "step": step,
             "discrete": {s: t.cpu() for s, t in self.disc.items()}, "wm_objective": self.wm_objective,
             "mods_b": self.mods_b.state_dict(), "mods_a": {} if self.mods_a is None else self.mods_a.state_dict(),
             "optimizer": self.optimizer.state_dict(), "generator": self.gen.get_state(),
@@ -714,91 +707,6 @@ def _global_loss(ranks: Ranks, loss: torch.Tensor | None, batch, lam: float, ste
     return float(got[:, 0].sum())
 
 
-class _ContinuousPlan:
-    """Which tensors the continuous spaces touch, and how to act on them differentiably: the spec's own
-    ``apply_tensor`` with every discrete binding skipped (those are applied once, up front), tied aliases
-    (``SymmetrySpec.aliases``) sharing their primary's result."""
-
-    def __init__(self, spec: SymmetrySpec, continuous: list[str], sd: StateDict) -> None:
-        self.spec = spec
-        cont = set(continuous)
-        self.skips: dict[str, tuple] = {}
-        for key, binds in spec.tensors.items():
-            if key in sd and any(b.space in cont for b in binds):
-                self.skips[key] = tuple(b for b in binds if b.space not in cont)
-        self.aliases = spec.aliases_in(sd)
-        self.ndim = {k: max(t.dim(), 1) for k, t in sd.items()}
-
-    def bindings(self, key: str) -> tuple:
-        """The continuous bindings of tensor ``key`` (empty: no continuous space acts on it)."""
-        skips = self.skips.get(key)
-        return () if skips is None else tuple(b for b in self.spec.tensors[key] if not any(b is x for x in skips))
-
-    def block_axis(self, key: str, shape: tuple[int, ...], world: int) -> int | None:
-        """The axis of tensor ``key`` (``shape``) along which every rank's :func:`~.sharded.row_block` of ``world``
-        transforms on its own: the first axis no continuous binding acts on, else the first whose continuous bindings
-        are unit-wise groups (one element entry per unit: the per-head maps) with whole units in every block (e.g. a
-        fused QKV projection's rows split at head boundaries: each block needs its heads' matrices only). None: every
-        axis couples the blocks (a scalar, or e.g. a residual-only vector)."""
-        def splits(axis: int) -> bool:
-            blocks = [row_block(shape[axis], r, world) for r in range(world)]
-            return all(self.spec.group_of(b.space).unitwise and all(
-                unit_range(b, self.spec.spaces[b.space].size, *blk) is not None for blk in blocks)
-                for b in self.bindings(key) if b.axis % len(shape) == axis)
-
-        ok = [a for a in range(len(shape)) if splits(a)]
-        return min(ok, key=lambda a: (any(b.axis % len(shape) == a for b in self.bindings(key)), a), default=None)
-
-    def held_units(self, blocks: Mapping[str, tuple[int, int, int]], keys: Iterable[str]) -> dict[str, tuple[int, int]]:
-        """Per unit-wise continuous space, the units ``[lo, hi)`` of its element that this rank's tensors read: for a
-        tensor of ``blocks`` (key → ``(axis, start, stop)`` of this rank's block) bound along its block axis the
-        block's units, for the other ``keys`` all units. Spaces none of them reads are left out (whole)."""
-        held: dict[str, tuple[int, int]] = {}
-        for key in keys:
-            axis, start, stop = blocks.get(key, (None, 0, 0))
-            for b in self.bindings(key):
-                if not self.spec.group_of(b.space).unitwise:
-                    continue
-                n = self.spec.spaces[b.space].size
-                u0, u1 = unit_range(b, n, start, stop) if b.axis % self.ndim[key] == axis else (0, n)
-                if u0 < u1:
-                    lo, hi = held.get(b.space, (u0, u1))
-                    held[b.space] = (min(lo, u0), max(hi, u1))
-        return held
-
-    def act_block(self, key: str, t: torch.Tensor, g: Element | None, block: tuple[int, int, int],
-                  held: Mapping[str, tuple[int, int]]) -> torch.Tensor:
-        """``g`` acting on this rank's block ``t`` of tensor ``key`` (``block``: ``(axis, start, stop)`` from
-        :meth:`block_axis`): bindings of other axes act whole; those of the block axis with the block's units of their
-        elements (``g``'s unit-wise spaces hold the units ``held``, :meth:`held_units`)."""
-        if g is None or not t.numel():
-            return t
-        axis, start, stop = block
-        for b in self.bindings(key):
-            group, n = self.spec.group_of(b.space), self.spec.spaces[b.space].size
-            if b.axis % self.ndim[key] != axis:
-                t = _act_on_binding(t, b, g[b.space], n, group)
-                continue
-            u0, u1 = unit_range(b, n, start, stop)
-            if u0 < u1:
-                lo = held.get(b.space, (0, n))[0]
-                local = replace(b, offset=b.offset + u0 * b.step - start, partial=True)
-                t = _act_on_binding(t, local, g[b.space][u0 - lo:u1 - lo], u1 - u0, group)
-        return t
-
-    def act_key(self, key: str, t: torch.Tensor, g: Element | None, cache: dict | None = None) -> torch.Tensor:
-        """``g`` (continuous spaces only; None: the identity) acting on tensor ``key``'s value ``t``."""
-        skip = self.skips.get(key)
-        return t if skip is None or g is None else self.spec.apply_tensor(key, t, g, skip=skip, cache=cache)
-
-    def act(self, sd: StateDict, g: Element | None) -> dict[str, torch.Tensor]:
-        cache: dict = {}
-        out = {key: self.act_key(key, t, g, cache) for key, t in sd.items() if key not in self.aliases}
-        for alias, primary in self.aliases.items():
-            out[alias] = out[primary]
-        return {k: out[k] for k in sd}
-
-
 def _check_function(outputs, ranks: Ranks) -> dict[str, float]:
     """max|Δoutput| between θ and π(θ) for both endpoints from ``outputs`` (``(reference, transformed)`` logits of A
     and of B on this rank's rows, or None; maxima all-reduced); SpecError beyond the tolerance (on every rank)."""
@@ -844,37 +752,3 @@ def _shard_device(meta: StateDict) -> torch.device:
 
 def _float(sd: StateDict) -> dict[str, torch.Tensor]:
     return {k: (v.to(torch.float32) if v.is_floating_point() else v) for k, v in sd.items()}
-
-
-# ------------------------------------------------------------------------------------------ checkpoints
-def _fingerprint(spec: SymmetrySpec, sd_a: StateDict, sd_b: StateDict, opts: dict) -> str:
-    """sha256 over the options (all but ``steps``), the spec's spaces and the endpoints' bytes."""
-    h = hashlib.sha256()
-    meta = {k: (v.name if k == "parameterization" else v) for k, v in opts.items()}
-    meta["spaces"] = [[s, sp.size, sp.group, sp.parent, [list(p) for p in sp.params]] for s, sp in spec.spaces.items()]
-    h.update(json.dumps(meta, sort_keys=True, default=str).encode())
-    for name, sd in (("A", sd_a), ("B", sd_b)):
-        for k in sorted(sd):
-            update_tensor(h, sd[k], f"{name}/{k}/{sd[k].dtype}/{tuple(sd[k].shape)}")
-    return h.hexdigest()
-
-
-def _save_checkpoint(path: Path, state: dict) -> None:
-    atomic_write(path, lambda fh: torch.save(state, fh))
-
-
-def _load_checkpoint(path: Path, fingerprint: str, steps: int) -> dict:
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except (OSError, RuntimeError, ValueError, EOFError, pickle.UnpicklingError) as e:  # truncated / not a torch file
-        raise CheckpointError(f"cannot read the dual-matching checkpoint {path}: {e}") from None
-    if not isinstance(state, dict) or state.get("format") != _FORMAT:
-        raise CheckpointError(f"{path} is not a dual-matching checkpoint (format {_FORMAT})")
-    if state.get("fingerprint") != fingerprint:
-        raise ConfigError(
-            f"checkpoint {path} was written for other options or endpoints (everything but steps must match); "
-            "use another checkpoint_dir or delete it"
-        )
-    if state["step"] > steps:
-        raise ConfigError(f"checkpoint {path} is at step {state['step']}, beyond steps={steps}")
-    return state

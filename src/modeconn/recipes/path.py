@@ -40,7 +40,7 @@ from ..path.methods import (
     PATH_METHODS, PathMethod, SearchContext, check_budget, check_path_options, evaluate_found_path, evaluation_size,
     path_row,
 )
-from ..path.pathobj import CONTINUITY_TOL
+from ..path.pathobj import CONTINUITY_TOL, PathCurve
 from ..report.figures import plot_path_losses
 from ..report.path_rows import rows_table
 from ..experiments.output import write_json
@@ -309,29 +309,10 @@ def run_path(out: str | FsPath, method: str, model_a: nn.Module, model_b: nn.Mod
                 f"{'all' if eval_limit is None else f'at most {eval_limit}'} examples per split")
             curve = evaluate_found_path(path, model_a, bundle, eval_limit=eval_limit, bn_batches=bn_batches,
                                         sub_points=sub_points, seed=seed, progress=progress)
-            reached = path.info.get("reached_b") is not False and _same_point(path[len(path) - 1], sd_b)
-            ends = [float(curve.values("train", "loss")[0]), float(curve.values("train", "loss")[-1])]
-            row = path_row(method, curve, path, max(ends), continuity_tol=continuity_tol, reached_b=reached)
-            completeness = curve.completeness(continuity_tol, reached_b=reached)
-            results = {
-                "task": f"{method} path between {names[0]} and {names[1]} on {bundle.name}",
-                "models": list(names), "method": method, "options": options,
-                "complete": completeness["complete"], "completeness": completeness,
-                "budget": {"requested": budget, "used": row["grad_evals"],
-                           "honoured": budget is None or row["grad_evals"] <= budget},
-                "evaluation": evaluation_size(curve, bundle, eval_limit),
-                "dataset": {"name": bundle.name, "train": len(bundle.train), "test": len(bundle.test),
-                            "limit_train": limit_train, "eval_limit": eval_limit},
-                "endpoint_train_loss": ends, "summary": row, "curve": curve.to_json(), "path_info": path.info,
-            }
-            results["headline"] = completeness_headline(method, results)
+            results, row = _path_results(method, names, bundle, options, budget, eval_limit, limit_train,
+                                         continuity_tol, path, curve, sd_b)
             results["seconds"] = time.perf_counter() - start
-            ex = results["evaluation"]["examples"]
-            plot_path_losses({method: curve}, tmp / "path_loss.png", title=results["task"],
-                             note=f"Evaluated — train: {ex['train']} of {len(bundle.train)} examples; test: {ex['test']} of "
-                                  f"{len(bundle.test)} (--eval-limit {eval_limit})")
-            write_json(tmp / "results.json", results)
-            (tmp / "report.md").write_text(_report(results, row))  # tmp becomes out in one swap: no per-file temp
+            _write_outputs(tmp, method, results, row, curve, bundle, eval_limit)
             if work is not None:
                 work.retire()  # last step before the swap: afterwards no stale search sits next to the result
     except BaseException:
@@ -342,6 +323,40 @@ def run_path(out: str | FsPath, method: str, model_a: nn.Module, model_b: nn.Mod
     if work is not None:
         work.close(remove=True)
     return results
+
+
+def _path_results(method: str, names: tuple[str, str], bundle: DatasetBundle, options: dict[str, Any],
+                  budget: int | None, eval_limit: int | None, limit_train: int | None, continuity_tol: float,
+                  path: Path, curve: PathCurve, sd_b: StateDict) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(results, summary row)`` of an evaluated path (:func:`run_path`'s ``results.json``, less ``seconds``)."""
+    reached = path.info.get("reached_b") is not False and _same_point(path[len(path) - 1], sd_b)
+    ends = [float(curve.values("train", "loss")[0]), float(curve.values("train", "loss")[-1])]
+    row = path_row(method, curve, path, max(ends), continuity_tol=continuity_tol, reached_b=reached)
+    completeness = curve.completeness(continuity_tol, reached_b=reached)
+    results = {
+        "task": f"{method} path between {names[0]} and {names[1]} on {bundle.name}",
+        "models": list(names), "method": method, "options": options,
+        "complete": completeness["complete"], "completeness": completeness,
+        "budget": {"requested": budget, "used": row["grad_evals"],
+                   "honoured": budget is None or row["grad_evals"] <= budget},
+        "evaluation": evaluation_size(curve, bundle, eval_limit),
+        "dataset": {"name": bundle.name, "train": len(bundle.train), "test": len(bundle.test),
+                    "limit_train": limit_train, "eval_limit": eval_limit},
+        "endpoint_train_loss": ends, "summary": row, "curve": curve.to_json(), "path_info": path.info,
+    }
+    results["headline"] = completeness_headline(method, results)
+    return results, row
+
+
+def _write_outputs(tmp: FsPath, method: str, results: dict[str, Any], row: dict[str, Any], curve: PathCurve,
+                   bundle: DatasetBundle, eval_limit: int | None) -> None:
+    """``path_loss.png``, ``results.json`` and ``report.md`` into the run's temporary directory."""
+    ex = results["evaluation"]["examples"]
+    plot_path_losses({method: curve}, tmp / "path_loss.png", title=results["task"],
+                     note=f"Evaluated — train: {ex['train']} of {len(bundle.train)} examples; test: {ex['test']} of "
+                          f"{len(bundle.test)} (--eval-limit {eval_limit})")
+    write_json(tmp / "results.json", results)
+    (tmp / "report.md").write_text(_report(results, row))  # tmp becomes out in one swap: no per-file temp
 
 
 def path(a: FsPath, b: FsPath, method: str, options: Mapping[str, Any], out: FsPath, *, dataset: str | None = None,
