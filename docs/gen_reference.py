@@ -5,7 +5,7 @@
   with their settings, Hugging Face families, experiments, checkpoint kinds), read from the registries themselves;
 - ``architecture-layers.md`` is not a page: the layer table of ``tests/test_layering.py`` (the table that test holds
   the imports to) is spliced into ``architecture.md`` where it says ``{{ layer_table }}``;
-- ``changelog.md``: the repository's ``CHANGELOG.md``.
+- ``changelog.md``: the repository's ``CHANGELOG.md`` (its ``docs/`` links made relative to the site).
 
 So a new command, option, registry entry or layer shows up in the site without editing a page.
 """
@@ -206,7 +206,7 @@ def layer_table() -> str:
 
 # ------------------------------------------------------------------------------------------------ mkdocs hooks
 GENERATED = {"reference/cli.md": cli_page, "reference/registries.md": registries_page,
-             "changelog.md": lambda: (ROOT / "CHANGELOG.md").read_text()}
+             "changelog.md": lambda: (ROOT / "CHANGELOG.md").read_text().replace("](docs/", "](")}
 
 
 def on_files(files, config):
