@@ -116,11 +116,20 @@ def test_the_pages_have_runnable_blocks():
         assert page in runnable, page
 
 
+OUTPUTS = {  # what a page's blocks must leave in the working directory
+    "docs/tutorials/own-model.md": ["barrier.png"],
+    "docs/guides/paths.md": ["runs/bezier-path"],
+    "docs/guides/streaming.md": ["ckpt/b_aligned/model.safetensors", "ckpt/merged/config.json"],
+    "README.md": ["hf/merged/model.safetensors"],
+}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("page", runnable_pages())
 def test_every_python_block_of_the_page_runs(page, tmp_path, shared_data):
     res = run_blocks(python_blocks((REPO / page).read_text(), page), tmp_path)
     assert res.returncode == 0, f"{page}: a block failed\n{res.stdout[-3000:]}\n{res.stderr[-6000:]}"
+    assert [f for f in OUTPUTS.get(page, []) if not (tmp_path / f).exists()] == []
 
 
 # ------------------------------------------------------------------------------------------------ user-facing text
