@@ -111,7 +111,8 @@ def test_a_broken_block_fails_its_page_and_is_named(tmp_path):
 
 def test_the_pages_have_runnable_blocks():
     runnable = runnable_pages()
-    for page in ("README.md", "docs/tutorials/own-model.md", "docs/guides/paths.md", "docs/guides/check.md",
+    for page in ("README.md", "docs/tutorials/own-model.md", "docs/tutorials/language-models.md",
+                 "docs/guides/paths.md", "docs/guides/check.md",
                  "docs/extending/merge-rule.md", "docs/extending/tracer-rule.md"):
         assert page in runnable, page
 
