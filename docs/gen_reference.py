@@ -221,3 +221,14 @@ def on_page_markdown(markdown, page, config, files):
     if LAYER_MARK in markdown:
         markdown = markdown.replace(LAYER_MARK, layer_table())
     return markdown
+
+
+SPHINX_ROLE = re.compile(r":(?:py:)?(?:func|class|data|mod|meth|attr|exc|obj|const|ref):<code>(~?)([^<]*)</code>")
+
+
+def on_page_content(html, page, config, files):
+    """Docstrings cite with Sphinx roles (``:func:`~modeconn.x.f```); the API pages show the name in code font."""
+    if page.file.src_uri.startswith("api/"):
+        html = SPHINX_ROLE.sub(lambda m: f"<code>{m.group(2).rsplit('.', 1)[-1] if m.group(1) else m.group(2)}</code>",
+                               html)
+    return html
