@@ -1,6 +1,6 @@
 """`modeconn experiment symmetry-breaking`: which symmetry-breaking methods give unaligned LMC (docs/methods.md §1).
 
-Seed 000's remaining parts (issue #19): its baselines, its k-sweep (b) and its ViT results (d).
+The neuron-identifiability paper's remaining parts: its baselines, its k-sweep (b) and its ViT results (d).
 
 Three parts, one report:
 

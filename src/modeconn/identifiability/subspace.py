@@ -1,6 +1,6 @@
 """Input subspaces: orthonormal bases, coherence, PCA estimate, separation of projected centers.
 
-docs/methods.md §1 (Neuron identifiability, seed 000): the data live on ``X ⊂ span(U)``, ``U`` a ``d_in × k``
+docs/methods.md §1 (Neuron identifiability): the data live on ``X ⊂ span(U)``, ``U`` a ``d_in × k``
 matrix with orthonormal columns; a neuron with fixed offset row ``f_i`` sees only its projected center
 ``b_i = Uᵀ f_i ∈ R^k``.
 """
