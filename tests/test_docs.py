@@ -222,3 +222,22 @@ def visible_text(page: Path) -> str:
     """The text a reader sees on a built HTML page (no scripts, styles or tags)."""
     text = re.sub(r"<(script|style)\b.*?</\1>", "", page.read_text(), flags=re.S)
     return html.unescape(re.sub(r"<[^>]+>", " ", text))
+
+
+@pytest.mark.slow
+def test_the_readme_command_line_quick_start_runs(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from modeconn.cli import app
+
+    text = (REPO / "README.md").read_text()
+    block = text[text.index("## Quick start: command line"):].split("```bash\n", 1)[1].split("```", 1)[0]
+    commands = [line.split("#", 1)[0].split() for line in block.splitlines() if line.strip()]
+    assert [c[:2] for c in commands] == [["modeconn", "demo"], ["modeconn", "train"], ["modeconn", "train"],
+                                        ["modeconn", "barrier"], ["modeconn", "merge"], ["modeconn", "check"]]
+    monkeypatch.chdir(tmp_path)
+    for argv in commands[1:] + [["modeconn", "demo", "--out", "runs/demo", "--epochs", "1"]]:  # demo: its quick form
+        res = CliRunner().invoke(app, argv[1:], env={"COLUMNS": "80"})
+        assert res.exit_code == 0, (argv, res.output)
+    for out in ("runs/barrier/report.md", "runs/merged/model.safetensors", "runs/check/report.md", "runs/demo"):
+        assert (tmp_path / out).exists(), out
