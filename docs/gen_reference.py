@@ -227,8 +227,7 @@ SPHINX_ROLE = re.compile(r":(?:py:)?(?:func|class|data|mod|meth|attr|exc|obj|con
 
 
 def on_page_content(html, page, config, files):
-    """Docstrings cite with Sphinx roles (``:func:`~modeconn.x.f```); the API pages show the name in code font."""
-    if page.file.src_uri.startswith("api/"):
-        html = SPHINX_ROLE.sub(lambda m: f"<code>{m.group(2).rsplit('.', 1)[-1] if m.group(1) else m.group(2)}</code>",
-                               html)
-    return html
+    """Docstrings cite with Sphinx roles (``:func:`~modeconn.x.f```); the API and reference pages show the name in
+    code font."""
+    return SPHINX_ROLE.sub(lambda m: f"<code>{m.group(2).rsplit('.', 1)[-1] if m.group(1) else m.group(2)}</code>",
+                           html)
