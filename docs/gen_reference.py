@@ -22,7 +22,7 @@ LAYER_MARK = "{{ layer_table }}"
 
 
 # ------------------------------------------------------------------------------------------------ CLI reference
-def cli_page(columns: int = 100) -> str:
+def cli_page(columns: int = 80) -> str:
     """Markdown: one section per command with its ``--help`` at ``columns`` columns."""
     import typer.main
 
@@ -119,11 +119,13 @@ def _alignment() -> list[str]:
     entries = ALIGNMENT_METHODS.entries()
     lines = ["## Alignment methods", "", "`modeconn.match.methods.ALIGNMENT_METHODS` — `modeconn align --method`,",
              "`modeconn barrier --method`, `modeconn merge --align`.", ""]
-    lines += _table(["name", "what it does", "needs data", "streams", "groups", "command line", "paper"],
+    lines += _table(["name", "what it does", "needs data", "streams", "command line"],
                     [[f"`{e.name}`", e.summary, "yes" if e.needs_data else "no", "yes" if e.streams else "no",
-                      ", ".join(e.supported_groups()), "yes" if e.command_line else "no", e.paper] for e in entries])
+                      "yes" if e.command_line else "no"] for e in entries])
     for e in entries:
-        lines += [f"### `{e.name}` settings (`{e.config.__name__}`)", ""] + settings_table(e.config)
+        lines += [f"### `{e.name}`", "", f"Paper: {_cell(e.paper)}.", "",
+                  f"Groups it solves: {', '.join(f'`{g}`' for g in e.supported_groups())}.", "",
+                  f"Settings (`{e.config.__name__}`):", ""] + settings_table(e.config)
     return lines
 
 
@@ -132,10 +134,10 @@ def _merge_rules() -> list[str]:
 
     lines = ["## Merge rules", "", "`modeconn.path.merge_rules.MERGE_RULES` — `modeconn merge --rule`,",
              "`merge_method:` in a recipe.", ""]
-    return lines + _table(
-        ["name", "what it does", "base model", "weights", "parameters", "needs", "source"],
-        [[f"`{r.name}`", r.summary, r.base, r.weights, ", ".join(r.params), r.requires or "", r.source]
-         for r in MERGE_RULES.entries()])
+    lines += _table(["name", "what it does", "base model", "parameters (`--param`)", "needs"],
+                    [[f"`{r.name}`", r.summary, r.base, ", ".join(r.params), r.requires or ""]
+                     for r in MERGE_RULES.entries()])
+    return lines + ["Sources:", ""] + [f"- `{r.name}`: {_cell(r.source)}" for r in MERGE_RULES.entries()] + [""]
 
 
 def _path_methods() -> list[str]:
@@ -148,7 +150,7 @@ def _path_methods() -> list[str]:
     for m in PATH_METHODS.entries():
         cfg = _config_of(m.check)
         if cfg is not None:
-            lines += [f"### `{m.name}` settings (`{cfg.__name__}`)", ""] + settings_table(cfg)
+            lines += [f"### `{m.name}`", "", f"Settings (`{cfg.__name__}`), given as `-o key=value`:", ""] + settings_table(cfg)
     return lines
 
 
