@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import html
 import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -224,20 +225,43 @@ def visible_text(page: Path) -> str:
     return html.unescape(re.sub(r"<[^>]+>", " ", text))
 
 
-@pytest.mark.slow
-def test_the_readme_command_line_quick_start_runs(tmp_path, monkeypatch):
+def command_block(page: str, heading: str) -> list[list[str]]:
+    """The ``modeconn`` commands of the first bash block after ``heading`` in ``page`` (comments dropped)."""
+    text = (REPO / page).read_text()
+    block = text[text.index(heading):].split("```bash\n", 1)[1].split("```", 1)[0]
+    return [line.split("#", 1)[0].split() for line in block.splitlines() if line.strip()]
+
+
+def run_commands(commands: list[list[str]]) -> None:
     from typer.testing import CliRunner
 
     from modeconn.cli import app
 
-    text = (REPO / "README.md").read_text()
-    block = text[text.index("## Quick start: command line"):].split("```bash\n", 1)[1].split("```", 1)[0]
-    commands = [line.split("#", 1)[0].split() for line in block.splitlines() if line.strip()]
+    for argv in commands:
+        assert argv[0] == "modeconn", argv
+        res = CliRunner().invoke(app, argv[1:], env={"COLUMNS": "80"})
+        assert res.exit_code == 0, (argv, res.output)
+
+
+@pytest.mark.slow
+def test_the_readme_command_line_quick_start_runs(tmp_path, monkeypatch):
+    commands = command_block("README.md", "## Quick start: command line")
     assert [c[:2] for c in commands] == [["modeconn", "demo"], ["modeconn", "train"], ["modeconn", "train"],
                                         ["modeconn", "barrier"], ["modeconn", "merge"], ["modeconn", "check"]]
     monkeypatch.chdir(tmp_path)
-    for argv in commands[1:] + [["modeconn", "demo", "--out", "runs/demo", "--epochs", "1"]]:  # demo: its quick form
-        res = CliRunner().invoke(app, argv[1:], env={"COLUMNS": "80"})
-        assert res.exit_code == 0, (argv, res.output)
+    run_commands(commands[1:] + [["modeconn", "demo", "--out", "runs/demo", "--epochs", "1"]])  # demo: quick form
     for out in ("runs/barrier/report.md", "runs/merged/model.safetensors", "runs/check/report.md", "runs/demo"):
         assert (tmp_path / out).exists(), out
+
+
+@pytest.mark.slow
+def test_the_vision_pair_tutorial_runs(tmp_path, monkeypatch):
+    commands = command_block("docs/tutorials/vision-pair.md", "# A vision pair end to end")
+    assert [c[1] for c in commands] == ["train", "train", "barrier", "merge", "check"]
+    monkeypatch.chdir(tmp_path)
+    run_commands(commands)
+    results = json.loads((tmp_path / "runs/vision/barrier/results.json").read_text())
+    barriers = {m: results["barriers"][m]["test"]["barrier_mean_loss"] for m in ("naive", "weight")}
+    assert barriers["weight"] < barriers["naive"], barriers  # what the page says the figure shows
+    for out in ("barrier/barrier.png", "merged/model.safetensors", "check/report.md"):
+        assert (tmp_path / "runs/vision" / out).exists(), out
