@@ -7,9 +7,13 @@ Kinds (:data:`CHECKPOINT_KINDS`, tried in order on the directory's ``config.json
 
 from . import absorbed, huggingface, modeconn  # noqa: F401  (registration, in detection order)
 from .base import (
-    CHECKPOINT_KINDS, CONFIG_NAME, Checkpoint, CheckpointKind, kinds_supporting, open_checkpoint, open_checkpoints,
+    CHECKPOINT_KINDS, CONFIG_NAME, IN_MEMORY_OPERATIONS, Checkpoint, CheckpointKind, in_memory_kinds, kinds_supporting,
+    load_same_architecture, named_dataset, open_checkpoint, open_checkpoints, refuse_kind, register_in_memory,
     register_kind,
 )
 
-__all__ = ["CHECKPOINT_KINDS", "CONFIG_NAME", "Checkpoint", "CheckpointKind", "kinds_supporting", "open_checkpoint",
-           "open_checkpoints", "register_kind"]
+__all__ = [
+    "CHECKPOINT_KINDS", "CONFIG_NAME", "IN_MEMORY_OPERATIONS", "Checkpoint", "CheckpointKind", "in_memory_kinds",
+    "kinds_supporting", "load_same_architecture", "named_dataset", "open_checkpoint", "open_checkpoints",
+    "refuse_kind", "register_in_memory", "register_kind",
+]

@@ -18,7 +18,7 @@ from typing import Any
 
 from .._util.device import resolve_device
 from .._util.outdir import check_output_target
-from ..checkpoints import CHECKPOINT_KINDS, Checkpoint, kinds_supporting, open_checkpoints
+from ..checkpoints import CHECKPOINT_KINDS, Checkpoint, open_checkpoints, refuse_kind, register_in_memory
 from ..errors import ConfigError
 from ..path.interpolate import weights_sum_to_one
 from ..path.merge_rules import MERGE_RULES, RuleSettings
@@ -89,8 +89,7 @@ def merge(models: Sequence[Path], out: Path, opts: MergeOptions = MergeOptions()
     ckpts = open_checkpoints(plan.models)
     handler = ckpts[0].kind.operation("merge")
     if handler is None:
-        raise ConfigError(f"merge reads {', '.join(kinds_supporting('merge'))} checkpoints; {ckpts[0].describe()} "
-                          "is not one")
+        raise refuse_kind("merge", "merge", ckpts[0])
     check_merge_scope(given, plan, ckpts[0])
     return handler(ckpts, Path(out), plan, progress, log)
 
@@ -129,9 +128,9 @@ def _hf_scope(opts: MergeOptions, first: Checkpoint) -> tuple[set[str], str]:
     return {"dtype", "device"}, f"merging Hugging Face checkpoints (--align {opts.align}, --rule {opts.rule}), done without data"
 
 
-def _modeconn_scope(opts: MergeOptions, first: Checkpoint) -> tuple[set[str], str]:
+def _in_memory_scope(opts: MergeOptions, first: Checkpoint) -> tuple[set[str], str]:
     used = {"bn", "dataset", "data", "limit_train"} | ({"device"} if opts.align == "weight" else set())
-    return used, f"merging modeconn checkpoints (--align {opts.align}, --rule {opts.rule})"
+    return used, f"merging {first.kind.label} checkpoints (--align {opts.align}, --rule {opts.rule})"
 
 
 def _from_options(models: Sequence[Path], opts: MergeOptions) -> _Plan:
@@ -251,12 +250,13 @@ def _check_options(opts: MergeOptions) -> None:
     MERGE_RULES.get(opts.rule)
 
 
-def _merge_modeconn(ckpts: list[Checkpoint], out: Path, plan: _Plan, progress, log: Log) -> Outcome:
+def _merge_in_memory(ckpts: list[Checkpoint], out: Path, plan: _Plan, progress, log: Log) -> Outcome:
     from .merge_modeconn import run_merge
 
     opts = plan.opts
     if plan.dtype is not None or plan.out_dtype is not None:
-        raise ConfigError("--dtype / dtype apply to Hugging Face checkpoints; modeconn checkpoints keep their dtype")
+        raise ConfigError(f"--dtype / dtype apply to Hugging Face checkpoints; {ckpts[0].kind.label} checkpoints keep "
+                          "their dtype")
     path, metrics = run_merge([c.path for c in ckpts], out, weights=plan.weights, align_method=opts.align, bn=opts.bn,
                               dataset=opts.dataset, data=opts.data, limit_train=opts.limit_train, seed=opts.seed,
                               overwrite=opts.overwrite, normalize=False if plan.weights is not None else opts.normalize,
@@ -291,7 +291,9 @@ def _merge_hf(ckpts: list[Checkpoint], out: Path, plan: _Plan, progress, log: Lo
                    f"{CARD_NAME}", lines, "merged checkpoint")
 
 
-CHECKPOINT_KINDS["modeconn"].supports("merge", _merge_modeconn)
-CHECKPOINT_KINDS["modeconn"].supports("merge_scope", _modeconn_scope)
+CHECKPOINT_KINDS["modeconn"].supports("merge", _merge_in_memory)
+CHECKPOINT_KINDS["modeconn"].supports("merge_scope", _in_memory_scope)
 CHECKPOINT_KINDS["huggingface"].supports("merge", _merge_hf)
 CHECKPOINT_KINDS["huggingface"].supports("merge_scope", _hf_scope)
+register_in_memory("merge", _merge_in_memory)
+register_in_memory("merge_scope", _in_memory_scope)
