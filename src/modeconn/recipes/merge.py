@@ -1,7 +1,7 @@
 """Recipe ``merge``: align every model to the first, merge by a rule, write it — for every checkpoint kind.
 
-* modeconn checkpoints: in memory, BatchNorm statistics reset / interpolated / REPAIRed, evaluated on the test split
-  (:func:`modeconn.recipes.merge_modeconn.run_merge`).
+* kinds loaded in memory (modeconn, timm, torchvision …): BatchNorm statistics reset / interpolated / REPAIRed,
+  evaluated on the test split, written as the first model's kind (:func:`modeconn.recipes.merge_modeconn.run_merge`).
 * Hugging Face directories (or cache entries): streamed shard by shard in the first model's layout, no data read
   (:func:`modeconn.recipes.hf_stream.merge_hf_checkpoints`), with the recipe it ran and a model card beside the weights.
 
@@ -95,11 +95,12 @@ def merge(models: Sequence[Path], out: Path, opts: MergeOptions = MergeOptions()
 
 
 _WM = "weight matching (--align weight)"
-_DATA = "modeconn checkpoints (BatchNorm reset, REPAIR, activation matching and the evaluation read data)"
+_MEMORY = "checkpoints merged in memory (modeconn, timm, torchvision)"
+_DATA = f"{_MEMORY}: BatchNorm reset, REPAIR, activation matching and the evaluation read data"
 MERGE_SCOPES = {
-    "bn": "modeconn checkpoints (BatchNorm statistics after averaging)",
+    "bn": f"{_MEMORY}: BatchNorm statistics after averaging",
     "dataset": _DATA, "data": _DATA, "limit_train": _DATA,
-    "dtype": "Hugging Face checkpoints (modeconn checkpoints keep their dtype)",
+    "dtype": "Hugging Face checkpoints (checkpoints merged in memory keep their dtype)",
     "restarts": _WM, "max_iter": _WM,
     "device": f"{_WM} and the merge arithmetic of Hugging Face checkpoints",
     "normalize": "--weights of a rule that averages all models (linear, slerp …)",
