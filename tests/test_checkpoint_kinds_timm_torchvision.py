@@ -202,6 +202,8 @@ def test_merge_with_weights_one_zero_computes_a(tv_pair, tmp_path):
 def test_merge_refuses_what_does_not_apply(timm_pair, tmp_path):
     res = run_cli("merge", *timm_pair, "--align", "activation", "--out", tmp_path / "o", ok=False)
     assert res.exit_code == 2 and "need a dataset" in res.output, res.output
+    res = run_cli("merge", *timm_pair, "--out", tmp_path / "o", ok=False)  # --bn reset (the default) without data
+    assert res.exit_code == 2 and "--bn reset re-estimates" in res.output and "pass --dataset" in res.output, res.output
     res = run_cli("merge", *timm_pair, "--dtype", "bf16", "--out", tmp_path / "o", ok=False)
     assert res.exit_code == 2 and "--dtype does not apply to merging timm checkpoints" in res.output, res.output
     assert not (tmp_path / "o").exists()

@@ -20,6 +20,17 @@ RECORD_KEY = "modeconn"
 """``config.json`` key under which modeconn records what it did (alignment, merge) in another library's config."""
 
 
+def require(module: str, file: Any):
+    """The imported ``module`` (``timm``, ``torchvision``) that reads ``file``'s kind; ConfigError naming what to install
+    when it is missing."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise ConfigError(f"{file}: reading this checkpoint needs {module}: pip install {module}") from None
+
+
 def image_size(size: Any, where: str) -> tuple[int, int, int]:
     """``size`` as a ``(C, H, W)`` tuple of positive ints; ConfigError naming ``where`` otherwise."""
     if (not isinstance(size, Sequence) or len(size) != 3

@@ -19,7 +19,7 @@ from torch import nn
 
 from ..errors import ConfigError
 from .base import CONFIG_NAME, CheckpointKind, register_kind
-from .library import example_images, image_shape, image_size, load_weights, save_as_source
+from .library import example_images, require, image_shape, image_size, load_weights, save_as_source
 
 
 def _detect(config: dict[str, Any]) -> bool:
@@ -29,7 +29,7 @@ def _detect(config: dict[str, Any]) -> bool:
 
 def _check_config(config: dict[str, Any], file: Path) -> None:
     """ConfigError naming ``file``: an architecture timm does not have, or no input size to trace with."""
-    import timm
+    timm = require("timm", file)
 
     if not timm.is_model(config["architecture"]):
         raise ConfigError(f"{file}: timm has no model {config['architecture']!r} (timm {timm.__version__})")
@@ -41,7 +41,7 @@ def _input_size(config: dict[str, Any], file: Any = CONFIG_NAME) -> tuple[int, i
 
 
 def _load(path: Path) -> nn.Module:
-    import timm
+    timm = require("timm", path)
 
     model = timm.create_model(f"local-dir:{path}", pretrained=False)
     return load_weights(model, path)

@@ -20,7 +20,7 @@ from torch import nn
 
 from ..errors import ConfigError
 from .base import CONFIG_NAME, CheckpointKind, register_kind
-from .library import example_images, image_shape, image_size, load_weights, save_as_source
+from .library import example_images, require, image_shape, image_size, load_weights, save_as_source
 
 MODEL_KEY = "torchvision_model"
 _DOWNLOADS = ("weights", "weights_backbone")
@@ -29,7 +29,7 @@ _DOWNLOADS = ("weights", "weights_backbone")
 def _check_config(config: dict[str, Any], file: Path) -> None:
     """ConfigError naming ``file`` and the field: an unknown builder, kwargs that are no object or ask for downloaded
     weights, a missing or malformed input size."""
-    import torchvision
+    torchvision = require("torchvision", file)
 
     name = config[MODEL_KEY]
     if not isinstance(name, str) or name not in torchvision.models.list_models():
@@ -50,9 +50,9 @@ def _input_size(config: dict[str, Any], file: Any = CONFIG_NAME) -> tuple[int, i
 
 
 def _load(path: Path) -> nn.Module:
-    import torchvision
-
     from ..io import read_json_object
+
+    torchvision = require("torchvision", path)
 
     config = read_json_object(path / CONFIG_NAME, "config file")
     try:

@@ -12,6 +12,7 @@ from ..data import load_dataset, make_loader
 from ..errors import CheckpointError, ConfigError
 from ..match import activation_matching, weight_matching
 from ..match.methods import command_line_methods
+from ..nn_utils import batchnorm_modules
 from ..path import evaluate_model, merge
 from ..path.batchnorm import check_bn_policy, check_bn_statistics
 from ..path.merge_rules import check_rule_settings
@@ -48,6 +49,9 @@ def run_merge(paths: Sequence[Path], out: Path, *, weights: Sequence[float] | No
     if name is None and (bn == "repair" or align_method == "activation"):
         raise ConfigError(f"--bn {bn} / --align {align_method} need a dataset; pass --dataset")
     models = load_same_architecture(ckpts)
+    if name is None and bn == "reset" and batchnorm_modules(models[0]):  # never a silent interpolation instead
+        raise ConfigError("--bn reset re-estimates the merged model's BatchNorm statistics on data, and "
+                          f"{ckpts[0].describe()} records no dataset: pass --dataset, or --bn interpolate / keep")
     bundle = ckpts[0].feed(name, data, limit_train, load_dataset) if name else None
     x0 = bundle.train.tensors[0][:2] if bundle is not None else ckpts[0].example_input()
     spec = symmetry_spec(models[0], x0)
