@@ -192,6 +192,15 @@ def test_merge_timm_reloads_identically(timm_pair, data, tmp_path, align):
     assert (out / "metrics.json").is_file()  # evaluated on the test split
 
 
+def test_merge_timm_by_a_rule_with_a_base(timm_pair, data, tmp_path):
+    out = tmp_path / "ties"
+    run_cli("merge", *timm_pair, "--rule", "ties", "--base", timm_pair[0], "--param", "density=0.5", "--dataset",
+            "cifar10", "--data", data, "--out", out)
+    record = json.loads((out / "config.json").read_text())["modeconn"]
+    assert record["rule"] == "ties" and record["params"] == {"density": 0.5}
+    assert torch.equal(_logits(open_checkpoint(out).load()), _logits(_timm_reload(out)))
+
+
 def test_merge_with_weights_one_zero_computes_a(tv_pair, tmp_path):
     out = tmp_path / "merged"
     run_cli("merge", *tv_pair, "--align", "none", "--weights", "1,0", "--bn", "interpolate", "--out", out)
@@ -220,6 +229,9 @@ def test_barrier_and_path_on_timm(timm_pair, data, tmp_path):
     run_cli("path", *timm_pair, "--method", "linear", "--dataset", "cifar10", "--data", data, "--out",
             tmp_path / "path")
     assert (tmp_path / "path" / "results.json").is_file()
+    run_cli("path", *timm_pair, "--method", "bezier", "--budget", "20", "--dataset", "cifar10", "--data", data,
+            "--out", tmp_path / "bezier")
+    assert json.loads((tmp_path / "bezier" / "results.json").read_text())
 
 
 def test_check_on_torchvision(tv_pair, data, tmp_path):
