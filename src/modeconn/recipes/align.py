@@ -21,7 +21,7 @@ import torch
 
 from .._util.device import resolve_device
 from .._util.outdir import check_output_target
-from ..checkpoints import CHECKPOINT_KINDS, Checkpoint, kinds_supporting, open_checkpoints
+from ..checkpoints import CHECKPOINT_KINDS, Checkpoint, open_checkpoints, refuse_kind, register_in_memory
 from ..errors import ConfigError, ModeconnError
 from ..match.methods import command_line_methods
 from .outcome import Outcome
@@ -89,8 +89,7 @@ def align(a: Path, b: Path, out: Path, opts: AlignOptions = AlignOptions(), *, p
     ckpts = open_checkpoints([a, b])
     handler = ckpts[0].kind.operation("align")
     if handler is None:
-        raise ConfigError(f"align reads {', '.join(kinds_supporting('align'))} checkpoints; {ckpts[0].describe()} "
-                          "is not one")
+        raise refuse_kind("align", "align", ckpts[0])
     return handler(ckpts, Path(out), opts, progress, log, note)
 
 
@@ -158,7 +157,7 @@ def _align_modeconn(ckpts: list[Checkpoint], out: Path, opts: AlignOptions, prog
         return align_lm(ckpts, out, opts, method, progress, log)
     if method not in IN_MEMORY:
         raise ConfigError(f"--method {method} is not offered here; choose one of {', '.join(IN_MEMORY + LANGUAGE_MODEL)}")
-    overrides = _in_memory_options(opts, method)
+    overrides = _in_memory_options(opts, method, ckpts[0])
     return _align_in_memory(ckpts, out, opts, method, overrides)
 
 
@@ -166,57 +165,46 @@ _METHOD_OPTIONS = ("seed", "steps", "lr", "lambda_schedule", "lambda_value", "re
 """The ``align`` options an in-memory method takes where its config class has the field of that name."""
 
 
-def _in_memory_options(opts: AlignOptions, method: str) -> dict:
+def _in_memory_options(opts: AlignOptions, method: str, first: Checkpoint) -> dict:
     """The options given that ``method`` takes (fields of its config class), after refusing every other option given
     (:func:`~.scope.check_scope`) — before any weights are read."""
     from ..match.methods import ALIGNMENT_METHODS
 
     entry = ALIGNMENT_METHODS.get(method)
     used = [n for n in _METHOD_OPTIONS if n in entry.config.model_fields] + list(_DATA_OPTIONS if entry.needs_data else ())
-    check_scope(opts, used, f"{entry.display} of modeconn checkpoints (--method {method})", ALIGN_SCOPES)
+    check_scope(opts, used, f"{entry.display} of {first.kind.label} checkpoints (--method {method})", ALIGN_SCOPES)
     return method_options(entry.config, opts, _METHOD_OPTIONS)
 
 
-def dataset_for(config: dict, dataset: str | None, data: Path | None, limit_train: int | None):
-    """The dataset named by ``dataset`` or recorded in the checkpoint's config (ConfigError if neither, or if its
-    examples do not have the shape the model was built for — checked before anything is traced)."""
-    from ..data import load_dataset
-
-    from ..io.models import check_input_shape
-
-    name = dataset or config.get("dataset")
-    if name is None:
-        raise ConfigError("the checkpoint does not record its dataset; pass --dataset")
-    bundle = load_dataset(name, data, limit_train=limit_train, **config.get("dataset_options", {}))
-    recorded = f" (trained on {config['dataset']!r})" if config.get("dataset") else ""
-    check_input_shape(config.get("kwargs", {}).get("in_shape"), bundle.input_shape, f"the checkpoint{recorded}",
-                      f"dataset {name!r}")
-    return bundle
+def _align_kind(ckpts: list[Checkpoint], out: Path, opts: AlignOptions, progress, log: Log, note: Log) -> Outcome:
+    """``align`` on a kind loaded in memory that has no ``align`` of its own: the in-memory methods."""
+    if opts.method not in IN_MEMORY:
+        raise ConfigError(f"--method {opts.method} is not offered for {ckpts[0].kind.label} checkpoints; choose one of "
+                          f"{', '.join(IN_MEMORY)} ({', '.join(LANGUAGE_MODEL)}: modeconn language-model checkpoints)")
+    return _align_in_memory(ckpts, out, opts, opts.method, _in_memory_options(opts, opts.method, ckpts[0]))
 
 
 def _align_in_memory(ckpts: list[Checkpoint], out: Path, opts: AlignOptions, method: str, overrides: dict) -> Outcome:
-    from ..io.models import example_input, load_same_architecture
+    """Align B to A in memory through the kind's hooks (load, feed, example input, save): the aligned B is checked to
+    compute B's function and written as a checkpoint of the same kind with ``alignment.json``."""
+    from ..checkpoints import load_same_architecture
     from ..diagnostics.compare import align as run_align
-    from ..io import save_checkpoint
+    from ..io.hf import model_names
     from ..symmetry import symmetry_spec
 
-    (ma, mb), (cfg, _) = load_same_architecture([c.path for c in ckpts])
-    bundle = dataset_for(cfg, opts.dataset, opts.data, opts.limit_train) if method != "weight" else None
-    x0 = bundle.train.tensors[0][:2] if bundle is not None else example_input(cfg)
+    ma, mb = load_same_architecture(ckpts)
+    bundle = ckpts[0].feed(opts.dataset, opts.data, opts.limit_train) if method != "weight" else None
+    x0 = bundle.train.tensors[0][:2] if bundle is not None else ckpts[0].example_input()
     spec = symmetry_spec(ma, x0)
     res = run_align(method, spec, ma, ma.state_dict(), mb.state_dict(), bundle, overrides=overrides)
     mb_aligned = copy.deepcopy(mb)
     mb_aligned.load_state_dict(res.apply(mb.state_dict()))
     _check_same_function(mb, mb_aligned, x0)
-    kept = {k: v for k, v in cfg.items() if k not in ("architecture", "kwargs", "modeconn_version", "format_version")}
-    from ..io.hf import model_names
-
-    path = save_checkpoint(out, mb_aligned, config=kept | {"aligned_to": model_names([ckpts[0].path])[0],
-                                                           "alignment": method},
-                           metrics={"alignment": {"method": method, "objective": res.objective, "stats": res.stats}},
-                           extra_json={"alignment.json": {**res.to_json(), "options": overrides}},
-                           overwrite=opts.overwrite,
-                           inputs=[c.path for c in ckpts], command="align")
+    path = ckpts[1].save(out, mb_aligned, config={"aligned_to": model_names([ckpts[0].path])[0], "alignment": method},
+                         keep_source=True,
+                         metrics={"alignment": {"method": method, "objective": res.objective, "stats": res.stats}},
+                         extra_json={"alignment.json": {**res.to_json(), "options": overrides}},
+                         overwrite=opts.overwrite, inputs=[c.path for c in ckpts], command="align")
     line = f"{method} matching objective {res.objective:.4f} ({len(spec.spaces)} spaces)"
     return Outcome(path, "config.json, model.safetensors, alignment.json", (line,), "aligned checkpoint")
 
@@ -230,3 +218,4 @@ def _check_same_function(m1, m2, x) -> None:
 
 CHECKPOINT_KINDS["modeconn"].supports("align", _align_modeconn)
 CHECKPOINT_KINDS["huggingface"].supports("align", _align_hf)
+register_in_memory("align", _align_kind)

@@ -63,7 +63,8 @@ def align_lm(ckpts: list[Checkpoint], out: Path, opts, method: str, progress, lo
     Every option of ``align`` but ``--groups`` applies (:data:`~.align.ALIGN_SCOPES`); ``--restarts`` /
     ``--max-iter`` to the weight matching that starts the learned matching, ``--device`` to where it runs."""
     from ..match.dual import init_distributed
-    from .align import ALIGN_SCOPES, dataset_for
+    from ..checkpoints.modeconn import dataset_for
+    from .align import ALIGN_SCOPES
     from .scope import check_scope
 
     check_scope(opts, set(ALIGN_SCOPES) - {"groups"}, f"{method} learned matching of modeconn language models",

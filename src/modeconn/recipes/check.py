@@ -10,8 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..checkpoints import CHECKPOINT_KINDS
-from ..errors import ConfigError
+from ..checkpoints import CHECKPOINT_KINDS, refuse_kind, register_in_memory
 from .outcome import Outcome
 
 CONTENTS = "report.md, results.json, check.png"
@@ -39,20 +38,20 @@ def load_models(a: Path, b: Path | None, opts: CheckOptions):
     ckpts = open_checkpoints([a] if b is None else [a, b])
     load = ckpts[0].kind.operation("check")
     if load is None:
-        raise ConfigError(f"check reads modeconn checkpoints (config.json + model.safetensors from modeconn train); "
-                          f"{ckpts[0].describe()} is not one")
+        raise refuse_kind("check", "check", ckpts[0])
     return load(ckpts, opts)
 
 
-def _load_modeconn(ckpts, opts: CheckOptions):
-    from ..io.models import load_same_architecture
-    from .align import dataset_for
+def _load_in_memory(ckpts, opts: CheckOptions):
+    """The models of an in-memory kind and the data it is fed (the kind's hooks)."""
+    from ..checkpoints import load_same_architecture
 
-    models, configs = load_same_architecture([c.path for c in ckpts])
-    return models, configs[0], dataset_for(configs[0], opts.dataset, opts.data, opts.limit_train)
+    models = load_same_architecture(ckpts)
+    return models, ckpts[0].config, ckpts[0].feed(opts.dataset, opts.data, opts.limit_train)
 
 
-CHECKPOINT_KINDS["modeconn"].supports("check", _load_modeconn)
+CHECKPOINT_KINDS["modeconn"].supports("check", _load_in_memory)
+register_in_memory("check", _load_in_memory)
 
 
 def run_check(a: Path, b: Path | None, out: Path, opts: CheckOptions, log=print) -> Outcome:

@@ -1,7 +1,7 @@
 """Recipe ``merge``: align every model to the first, merge by a rule, write it — for every checkpoint kind.
 
-* modeconn checkpoints: in memory, BatchNorm statistics reset / interpolated / REPAIRed, evaluated on the test split
-  (:func:`modeconn.recipes.merge_modeconn.run_merge`).
+* kinds loaded in memory (modeconn, timm, torchvision …): BatchNorm statistics reset / interpolated / REPAIRed,
+  evaluated on the test split, written as the first model's kind (:func:`modeconn.recipes.merge_modeconn.run_merge`).
 * Hugging Face directories (or cache entries): streamed shard by shard in the first model's layout, no data read
   (:func:`modeconn.recipes.hf_stream.merge_hf_checkpoints`), with the recipe it ran and a model card beside the weights.
 
@@ -18,7 +18,7 @@ from typing import Any
 
 from .._util.device import resolve_device
 from .._util.outdir import check_output_target
-from ..checkpoints import CHECKPOINT_KINDS, Checkpoint, kinds_supporting, open_checkpoints
+from ..checkpoints import CHECKPOINT_KINDS, Checkpoint, open_checkpoints, refuse_kind, register_in_memory
 from ..errors import ConfigError
 from ..path.interpolate import weights_sum_to_one
 from ..path.merge_rules import MERGE_RULES, RuleSettings
@@ -89,18 +89,18 @@ def merge(models: Sequence[Path], out: Path, opts: MergeOptions = MergeOptions()
     ckpts = open_checkpoints(plan.models)
     handler = ckpts[0].kind.operation("merge")
     if handler is None:
-        raise ConfigError(f"merge reads {', '.join(kinds_supporting('merge'))} checkpoints; {ckpts[0].describe()} "
-                          "is not one")
+        raise refuse_kind("merge", "merge", ckpts[0])
     check_merge_scope(given, plan, ckpts[0])
     return handler(ckpts, Path(out), plan, progress, log)
 
 
 _WM = "weight matching (--align weight)"
-_DATA = "modeconn checkpoints (BatchNorm reset, REPAIR, activation matching and the evaluation read data)"
+_MEMORY = "checkpoints merged in memory (modeconn, timm, torchvision)"
+_DATA = f"{_MEMORY}: BatchNorm reset, REPAIR, activation matching and the evaluation read data"
 MERGE_SCOPES = {
-    "bn": "modeconn checkpoints (BatchNorm statistics after averaging)",
+    "bn": f"{_MEMORY}: BatchNorm statistics after averaging",
     "dataset": _DATA, "data": _DATA, "limit_train": _DATA,
-    "dtype": "Hugging Face checkpoints (modeconn checkpoints keep their dtype)",
+    "dtype": "Hugging Face checkpoints (checkpoints merged in memory keep their dtype)",
     "restarts": _WM, "max_iter": _WM,
     "device": f"{_WM} and the merge arithmetic of Hugging Face checkpoints",
     "normalize": "--weights of a rule that averages all models (linear, slerp …)",
@@ -129,9 +129,9 @@ def _hf_scope(opts: MergeOptions, first: Checkpoint) -> tuple[set[str], str]:
     return {"dtype", "device"}, f"merging Hugging Face checkpoints (--align {opts.align}, --rule {opts.rule}), done without data"
 
 
-def _modeconn_scope(opts: MergeOptions, first: Checkpoint) -> tuple[set[str], str]:
+def _in_memory_scope(opts: MergeOptions, first: Checkpoint) -> tuple[set[str], str]:
     used = {"bn", "dataset", "data", "limit_train"} | ({"device"} if opts.align == "weight" else set())
-    return used, f"merging modeconn checkpoints (--align {opts.align}, --rule {opts.rule})"
+    return used, f"merging {first.kind.label} checkpoints (--align {opts.align}, --rule {opts.rule})"
 
 
 def _from_options(models: Sequence[Path], opts: MergeOptions) -> _Plan:
@@ -251,12 +251,13 @@ def _check_options(opts: MergeOptions) -> None:
     MERGE_RULES.get(opts.rule)
 
 
-def _merge_modeconn(ckpts: list[Checkpoint], out: Path, plan: _Plan, progress, log: Log) -> Outcome:
+def _merge_in_memory(ckpts: list[Checkpoint], out: Path, plan: _Plan, progress, log: Log) -> Outcome:
     from .merge_modeconn import run_merge
 
     opts = plan.opts
     if plan.dtype is not None or plan.out_dtype is not None:
-        raise ConfigError("--dtype / dtype apply to Hugging Face checkpoints; modeconn checkpoints keep their dtype")
+        raise ConfigError(f"--dtype / dtype apply to Hugging Face checkpoints; {ckpts[0].kind.label} checkpoints keep "
+                          "their dtype")
     path, metrics = run_merge([c.path for c in ckpts], out, weights=plan.weights, align_method=opts.align, bn=opts.bn,
                               dataset=opts.dataset, data=opts.data, limit_train=opts.limit_train, seed=opts.seed,
                               overwrite=opts.overwrite, normalize=False if plan.weights is not None else opts.normalize,
@@ -291,7 +292,9 @@ def _merge_hf(ckpts: list[Checkpoint], out: Path, plan: _Plan, progress, log: Lo
                    f"{CARD_NAME}", lines, "merged checkpoint")
 
 
-CHECKPOINT_KINDS["modeconn"].supports("merge", _merge_modeconn)
-CHECKPOINT_KINDS["modeconn"].supports("merge_scope", _modeconn_scope)
+CHECKPOINT_KINDS["modeconn"].supports("merge", _merge_in_memory)
+CHECKPOINT_KINDS["modeconn"].supports("merge_scope", _in_memory_scope)
 CHECKPOINT_KINDS["huggingface"].supports("merge", _merge_hf)
 CHECKPOINT_KINDS["huggingface"].supports("merge_scope", _hf_scope)
+register_in_memory("merge", _merge_in_memory)
+register_in_memory("merge_scope", _in_memory_scope)

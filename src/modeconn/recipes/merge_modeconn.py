@@ -1,4 +1,5 @@
-"""`modeconn merge`: align checkpoints to the first, average, fix BatchNorm (reset or REPAIR), save."""
+"""`modeconn merge` in memory: align checkpoints to the first, average, fix BatchNorm (reset or REPAIR), save — for every
+kind loaded in memory (modeconn, timm, torchvision …), through the kind's hooks (load, feed, example input, save)."""
 
 from __future__ import annotations
 
@@ -6,18 +7,18 @@ import copy
 from pathlib import Path
 from collections.abc import Callable, Sequence
 
+from ..checkpoints import load_same_architecture, open_checkpoints
 from ..data import load_dataset, make_loader
 from ..errors import CheckpointError, ConfigError
-from ..io import read_config, save_checkpoint
 from ..match import activation_matching, weight_matching
 from ..match.methods import command_line_methods
+from ..nn_utils import batchnorm_modules
 from ..path import evaluate_model, merge
 from ..path.batchnorm import check_bn_policy, check_bn_statistics
 from ..path.merge_rules import check_rule_settings
 from ..path.interpolate import merge_weights
 from ..symmetry import symmetry_spec
 from .._util.outdir import check_output_target
-from ..io.models import example_input, load_same_architecture
 
 ALIGN_CHOICES = (*command_line_methods(learns=False), "none")
 
@@ -43,13 +44,16 @@ def run_merge(paths: Sequence[Path], out: Path, *, weights: Sequence[float] | No
         raise ConfigError("merge needs at least two checkpoints")
     weights = merge_weights(weights, len(paths), normalize=normalize, option="--weights")
     check_rule_settings(rule, settings, len(paths))  # a typo names the rules before any checkpoint is read
-    configs = [read_config(p) for p in paths]
-    name = dataset or configs[0].get("dataset")
+    ckpts = open_checkpoints(paths)
+    name = dataset or ckpts[0].dataset
     if name is None and (bn == "repair" or align_method == "activation"):
         raise ConfigError(f"--bn {bn} / --align {align_method} need a dataset; pass --dataset")
-    models, configs = load_same_architecture(paths)
-    bundle = load_dataset(name, data, limit_train=limit_train) if name else None
-    x0 = bundle.train.tensors[0][:2] if bundle is not None else example_input(configs[0])
+    models = load_same_architecture(ckpts)
+    if name is None and bn == "reset" and batchnorm_modules(models[0]):  # never a silent interpolation instead
+        raise ConfigError("--bn reset re-estimates the merged model's BatchNorm statistics on data, and "
+                          f"{ckpts[0].describe()} records no dataset: pass --dataset, or --bn interpolate / keep")
+    bundle = ckpts[0].feed(name, data, limit_train, load_dataset) if name else None
+    x0 = bundle.train.tensors[0][:2] if bundle is not None else ckpts[0].example_input()
     spec = symmetry_spec(models[0], x0)
     sds = [models[0].state_dict()]
     wm_options = {k: v for k, v in (("restarts", restarts), ("max_iter", max_iter)) if v is not None}
@@ -87,6 +91,6 @@ def run_merge(paths: Sequence[Path], out: Path, *, weights: Sequence[float] | No
         extra["align_settings"] = {"seed": seed, **wm_options, **({"device": str(device)} if device else {})}
     if name:
         extra["dataset"] = name
-    path = save_checkpoint(out, result, config=extra, metrics=metrics or None, overwrite=overwrite,
-                           inputs=paths, command="merge")
+    path = ckpts[0].save(out, result, config=extra, metrics=metrics or None, overwrite=overwrite,
+                         inputs=paths, command="merge")
     return path, metrics

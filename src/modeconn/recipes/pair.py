@@ -1,6 +1,7 @@
 """Loading the two endpoints and the data of a data-driven recipe (barrier, path), per checkpoint kind.
 
-* modeconn checkpoints: the recorded (or named) dataset.
+* kinds loaded in memory (modeconn, timm, torchvision …): the data the kind is fed (modeconn: the recorded or named
+  dataset; the others: the named one), through the kind's hooks.
 * Hugging Face causal LMs (``…ForCausalLM`` directories): a text dataset (``--dataset austen``) tokenized with the
   checkpoint's own ``tokenizer.json`` (encoded line by line, as modeconn's text data always is; both endpoints see
   the same tokens), in blocks of ``min(128, max_position_embeddings)`` tokens; each model is wrapped as a
@@ -11,9 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..checkpoints import CHECKPOINT_KINDS, open_checkpoints
+from ..checkpoints import CHECKPOINT_KINDS, open_checkpoints, refuse_kind, register_in_memory
 from ..errors import ConfigError
-from .align import dataset_for
 
 
 def load_pair_and_data(a: Path, b: Path, command: str, dataset: str | None, data: Path | None,
@@ -24,16 +24,15 @@ def load_pair_and_data(a: Path, b: Path, command: str, dataset: str | None, data
     ckpts = open_checkpoints([a, b])
     load = ckpts[0].kind.operation("pair")
     if load is None:
-        raise ConfigError(f"{command} evaluates modeconn checkpoints or Hugging Face causal LMs; {ckpts[0].describe()} "
-                          "is neither")
+        raise refuse_kind(command, "pair", ckpts[0])
     return load(ckpts, command, dataset, data, limit_train)
 
 
-def _modeconn(ckpts, command, dataset, data, limit_train):
-    from ..io.models import load_same_architecture
+def _in_memory(ckpts, command, dataset, data, limit_train):
+    from ..checkpoints import load_same_architecture
 
-    (ma, mb), (cfg, _) = load_same_architecture([c.path for c in ckpts])
-    return ma, mb, cfg, dataset_for(cfg, dataset, data, limit_train)
+    ma, mb = load_same_architecture(ckpts)
+    return ma, mb, ckpts[0].config, ckpts[0].feed(dataset, data, limit_train)
 
 
 def _hf_causal_lm(ckpts, command, dataset, data, limit_train):
@@ -58,8 +57,9 @@ def _hf_causal_lm(ckpts, command, dataset, data, limit_train):
     return CausalLM.wrap(ma, context), CausalLM.wrap(mb, context), dict(ckpts[0].config), bundle
 
 
-CHECKPOINT_KINDS["modeconn"].supports("pair", _modeconn)
+CHECKPOINT_KINDS["modeconn"].supports("pair", _in_memory)
 CHECKPOINT_KINDS["huggingface"].supports("pair", _hf_causal_lm)
+register_in_memory("pair", _in_memory)
 
 
 def config_has_batchnorm(config: dict) -> bool:
