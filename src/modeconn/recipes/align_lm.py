@@ -61,20 +61,21 @@ def check_lm_options(opts) -> None:
 def align_lm(ckpts: list[Checkpoint], out: Path, opts, method: str, progress, log: Callable[[str], None]) -> Outcome:
     """Dual / one-sided learned matching of two LM checkpoints into ``out`` (a/, b/, transforms, alignment.json).
     Every option of ``align`` but ``--groups`` applies (:data:`~.align.ALIGN_SCOPES`); ``--restarts`` /
-    ``--max-iter`` to the weight matching that starts the learned matching, ``--device`` to where it runs."""
+    ``--max-iter`` to the weight matching that starts the learned matching, ``--device`` to where it runs.
+    The checkpoints' kind says how they and their data are read (:data:`LM_LOADERS`), checked before any weights are
+    read."""
     from ..match.dual import init_distributed
-    from .align import ALIGN_SCOPES, dataset_for
+    from .align import ALIGN_SCOPES
     from .scope import check_scope
 
-    check_scope(opts, set(ALIGN_SCOPES) - {"groups"}, f"{method} learned matching of modeconn language models",
-                ALIGN_SCOPES)
+    precheck, load, what = LM_LOADERS[ckpts[0].kind.name]
+    check_scope(opts, set(ALIGN_SCOPES) - {"groups"}, f"{method} learned matching of {what}", ALIGN_SCOPES)
     opts = with_lm_defaults(opts)
     check_lm_options(opts)
-    check_same_lm_configs([c.config for c in ckpts], [c.path for c in ckpts])
+    state = precheck(ckpts, opts)
     info = init_distributed(opts.device)
     try:
-        ma, mb = (c.load() for c in ckpts)
-        bundle = dataset_for(ckpts[0].config, opts.dataset, opts.data, opts.limit_train)
+        ma, mb, bundle = load(ckpts, opts, state)
         rec = align_lm_checkpoints(ma, mb, bundle, out, method=method, steps=opts.steps, lr=opts.lr,
                                    lambda_schedule=opts.lambda_schedule, lambda_value=opts.lambda_value,
                                    parameterization=opts.parameterization, batch_size=opts.batch_size,
@@ -93,6 +94,45 @@ def align_lm(ckpts: list[Checkpoint], out: Path, opts, method: str, progress, lo
             f"weight-matching objective {rec['wm_objective']:.4f})")
     return Outcome(Path(out), "a/, b/, transforms.safetensors, alignment.json", (line,), "aligned endpoints",
                    quiet=info.rank != 0)
+
+
+def _precheck_modeconn(ckpts: list[Checkpoint], opts) -> None:
+    check_same_lm_configs([c.config for c in ckpts], [c.path for c in ckpts])
+
+
+def _load_modeconn(ckpts: list[Checkpoint], opts, _state) -> tuple[nn.Module, nn.Module, Any]:
+    from .align import dataset_for
+
+    ma, mb = (c.load() for c in ckpts)
+    return ma, mb, dataset_for(ckpts[0].config, opts.dataset, opts.data, opts.limit_train)
+
+
+def _precheck_hf(ckpts: list[Checkpoint], opts):
+    """Causal LMs, a text dataset and the first checkpoint's tokenizer (returned), before any weights are read."""
+    from .pair import check_hf_text
+
+    return check_hf_text(ckpts, "--method dual / one-sided", opts.dataset)
+
+
+def _load_hf(ckpts: list[Checkpoint], opts, tokenizer) -> tuple[nn.Module, nn.Module, Any]:
+    """Both causal LMs in memory (float32), wrapped as token ids → logits, and the text tokenized with their own
+    tokenizer (:func:`~.pair.hf_text_bundle`)."""
+    from ..models.causal_lm import CausalLM
+    from ..symmetry import check_same_config
+    from .pair import hf_text_bundle
+
+    ma, mb = (c.load().float() for c in ckpts)
+    check_same_config(ma, mb)
+    context, bundle = hf_text_bundle(ckpts[0], ma, tokenizer, opts.dataset, opts.data, opts.limit_train)
+    return CausalLM.wrap(ma, context), CausalLM.wrap(mb, context), bundle
+
+
+LM_LOADERS = {
+    "modeconn": (_precheck_modeconn, _load_modeconn, "modeconn language models"),
+    "huggingface": (_precheck_hf, _load_hf, "Hugging Face causal LMs"),
+}
+"""Checkpoint kind → (checks before any weights are read, returning what loading needs; loading of both endpoints and
+the training data; a label for messages)."""
 
 
 def check_same_lm_configs(configs: list[dict], paths: list[Path]) -> None:

@@ -1,0 +1,101 @@
+"""`modeconn align --method dual|one-sided` on Hugging Face causal LMs (LMC-DM on the checkpoints users hold): both
+endpoints absorbed and transformed, each written endpoint computing its checkpoint's function; refusals before any
+weights are read."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import transformers as T
+from cli_runner import run_cli
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+VOCAB = 300
+_SIZE = dict(hidden_size=32, num_attention_heads=4, intermediate_size=64, num_hidden_layers=2, vocab_size=VOCAB,
+             max_position_embeddings=64, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+FAMILIES = {
+    "gpt_neox": lambda: T.GPTNeoXForCausalLM(T.GPTNeoXConfig(rotary_pct=0.5, **_SIZE)),
+    "llama": lambda: T.LlamaForCausalLM(T.LlamaConfig(num_key_value_heads=2, **_SIZE)),
+}
+
+
+@pytest.fixture(scope="module")
+def tokenizer(shared_data):
+    from modeconn.data import train_tokenizer
+    from modeconn.data.text import read_text_file
+
+    return train_tokenizer(read_text_file(shared_data / "austen" / "austen.txt.gz", None)[:200_000], VOCAB)
+
+
+def _pair(root, family, tokenizer):
+    from hf_tiny import randomize
+
+    dirs = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        d = root / f"{family}{seed}"
+        randomize(FAMILIES[family](), seed).save_pretrained(d)
+        (d / "tokenizer.json").write_text(tokenizer.to_str())
+        dirs.append(d)
+    return dirs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_dual_matching_of_hugging_face_causal_lms_through_the_cli(family, tokenizer, tmp_path):
+    from modeconn.symmetry import load_absorbed
+
+    dirs = _pair(tmp_path, family, tokenizer)
+    res = run_cli("align", *dirs, "--method", "dual", "--dataset", "austen", "--steps", "3", "--limit-train", "64",
+                  "--batch-size", "4", "--out", tmp_path / "out")
+    assert "dual matching" in res.output
+    record = json.loads((tmp_path / "out" / "alignment.json").read_text())
+    assert record["method"] == "dual" and record["options"]["steps"] == 3 and len(record["spaces"]) > 0
+    ids = torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(1))
+    for side, d in zip("ab", dirs, strict=True):
+        original = T.AutoModelForCausalLM.from_pretrained(d).eval()
+        aligned = load_absorbed(tmp_path / "out" / side).eval()
+        with torch.no_grad():
+            ref, got = original(input_ids=ids).logits, aligned(input_ids=ids).logits
+        assert (got - ref).abs().max() <= 1e-3 * max(1.0, float(ref.abs().max())), side
+    from modeconn.symmetry import absorb_normalization
+
+    b_absorbed = absorb_normalization(T.AutoModelForCausalLM.from_pretrained(dirs[1]).eval()).state_dict()
+    b_out = load_absorbed(tmp_path / "out" / "b").state_dict()
+    moved = [k for k in b_out if k in b_absorbed and not torch.allclose(b_out[k], b_absorbed[k], atol=1e-5)]
+    assert moved, "B was written in its absorbed form unchanged: no transform was applied"
+
+
+@pytest.mark.slow
+def test_one_sided_matching_leaves_a_in_its_absorbed_form(tokenizer, tmp_path):
+    dirs = _pair(tmp_path, "gpt_neox", tokenizer)
+    run_cli("align", *dirs, "--method", "one-sided", "--dataset", "austen", "--steps", "2", "--limit-train", "32",
+            "--batch-size", "4", "--out", tmp_path / "out")
+    record = json.loads((tmp_path / "out" / "alignment.json").read_text())
+    assert record["one_sided"] is True and record["method"] == "one-sided"
+
+
+def test_refusals_before_any_weights_are_read(tokenizer, tmp_path, monkeypatch):
+    from modeconn.checkpoints import Checkpoint
+
+    dirs = _pair(tmp_path, "gpt_neox", tokenizer)
+
+    def no_load(self):
+        raise AssertionError("weights were read before the options were checked")
+
+    monkeypatch.setattr(Checkpoint, "load", no_load)
+    cases = [
+        (["--dataset", "digits"], "--dataset austen"),
+        ([], "--dataset austen"),
+        (["--dataset", "austen", "--groups", "full"], "--groups does not apply"),
+        (["--dataset", "austen", "--lambda-value", "2"], "--lambda-value must lie in [0, 1]"),
+    ]
+    for args, needle in cases:
+        res = run_cli("align", *dirs, "--method", "dual", *args, "--out", tmp_path / "o", ok=False)
+        assert res.exit_code == 2 and needle in res.output, (args, res.output)
+    (dirs[0] / "tokenizer.json").unlink()
+    res = run_cli("align", *dirs, "--method", "dual", "--dataset", "austen", "--out", tmp_path / "o", ok=False)
+    assert res.exit_code == 2 and "tokenizer" in res.output
+    assert not (tmp_path / "o").exists()
