@@ -19,6 +19,18 @@ FAMILIES = {
     "gpt_neox": lambda: T.GPTNeoXForCausalLM(T.GPTNeoXConfig(rotary_pct=0.5, **_SIZE)),
     "llama": lambda: T.LlamaForCausalLM(T.LlamaConfig(num_key_value_heads=2, **_SIZE)),
 }
+FORMAT = {"gpt_neox": "absorbed", "llama": "stock"}
+"""What the aligned endpoints are written as: RMSNorm families as stock checkpoints, LayerNorm ones absorbed."""
+
+
+def _load(directory, fmt):
+    from modeconn.symmetry import load_absorbed
+
+    if fmt == "stock":
+        return T.AutoModelForCausalLM.from_pretrained(directory).eval()
+    with pytest.raises(ValueError):  # stock transformers refuses an absorbed checkpoint
+        T.AutoModelForCausalLM.from_pretrained(directory)
+    return load_absorbed(directory).eval()
 
 
 @pytest.fixture(scope="module")
@@ -45,25 +57,25 @@ def _pair(root, family, tokenizer):
 @pytest.mark.slow
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_dual_matching_of_hugging_face_causal_lms_through_the_cli(family, tokenizer, tmp_path):
-    from modeconn.symmetry import load_absorbed
-
     dirs = _pair(tmp_path, family, tokenizer)
     res = run_cli("align", *dirs, "--method", "dual", "--dataset", "austen", "--steps", "3", "--limit-train", "64",
                   "--batch-size", "4", "--out", tmp_path / "out")
     assert "dual matching" in res.output
     record = json.loads((tmp_path / "out" / "alignment.json").read_text())
     assert record["method"] == "dual" and record["options"]["steps"] == 3 and len(record["spaces"]) > 0
+    assert record["formats"] == {"a": FORMAT[family], "b": FORMAT[family]}
     ids = torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(1))
     for side, d in zip("ab", dirs, strict=True):
         original = T.AutoModelForCausalLM.from_pretrained(d).eval()
-        aligned = load_absorbed(tmp_path / "out" / side).eval()
+        aligned = _load(tmp_path / "out" / side, FORMAT[family])
         with torch.no_grad():
             ref, got = original(input_ids=ids).logits, aligned(input_ids=ids).logits
         assert (got - ref).abs().max() <= 1e-3 * max(1.0, float(ref.abs().max())), side
+        assert FORMAT[family] == "absorbed" or (tmp_path / "out" / side / "tokenizer.json").is_file()
     from modeconn.symmetry import absorb_normalization
 
     b_absorbed = absorb_normalization(T.AutoModelForCausalLM.from_pretrained(dirs[1]).eval()).state_dict()
-    b_out = load_absorbed(tmp_path / "out" / "b").state_dict()
+    b_out = _load(tmp_path / "out" / "b", FORMAT[family]).state_dict()
     moved = [k for k in b_out if k in b_absorbed and not torch.allclose(b_out[k], b_absorbed[k], atol=1e-5)]
     assert moved, "B was written in its absorbed form unchanged: no transform was applied"
 
@@ -99,3 +111,22 @@ def test_refusals_before_any_weights_are_read(tokenizer, tmp_path, monkeypatch):
     res = run_cli("align", *dirs, "--method", "dual", "--dataset", "austen", "--out", tmp_path / "o", ok=False)
     assert res.exit_code == 2 and "tokenizer" in res.output
     assert not (tmp_path / "o").exists()
+
+
+def test_stock_export_only_where_the_family_norm_represents_the_absorbed_model(monkeypatch):
+    """RMSNorm (Llama) → a stock model with unit norm weights and the same logits; LayerNorm (GPT-NeoX) → None; and
+    the check is what decides: with the norm weights exported wrong (0), the Llama export is refused too."""
+    from hf_tiny import make
+
+    from modeconn.symmetry import absorb_normalization, absorb_export
+
+    ids = torch.randint(0, 50, (2, 10), generator=torch.Generator().manual_seed(0))
+    llama = absorb_normalization(make("llama"))
+    stock = absorb_export.stock_model(llama)
+    assert stock is not None and type(stock).__name__ == "LlamaForCausalLM"
+    with torch.no_grad():
+        assert torch.allclose(stock(input_ids=ids).logits, llama(input_ids=ids).logits, atol=1e-5)
+    assert absorb_export.stock_model(absorb_normalization(make("gpt_neox"))) is None
+    monkeypatch.setattr(absorb_export, "_norm_parameters",
+                        lambda model, sd: {k: torch.zeros_like(t) for k, t in model.state_dict().items() if k not in sd})
+    assert absorb_export.stock_model(llama) is None
