@@ -130,3 +130,22 @@ def test_stock_export_only_where_the_family_norm_represents_the_absorbed_model(m
     monkeypatch.setattr(absorb_export, "_norm_parameters",
                         lambda model, sd: {k: torch.zeros_like(t) for k, t in model.state_dict().items() if k not in sd})
     assert absorb_export.stock_model(llama) is None
+
+
+@pytest.mark.slow
+def test_sharded_two_processes_equal_one_process_on_a_hugging_face_pair(tokenizer, tmp_path):
+    """`--shard` under torchrun (2 gloo processes) learns the transforms one process learns (max |Δ| ≤ 1e-4)."""
+    from safetensors.torch import load_file
+    from test_dual_distributed import _torchrun
+
+    dirs = _pair(tmp_path, "llama", tokenizer)
+    common = ["--method", "dual", "--dataset", "austen", "--steps", "3", "--limit-train", "32", "--batch-size", "4"]
+    run_cli("align", *dirs, *common, "--out", tmp_path / "one")
+    res = _torchrun("-m", "modeconn", "align", *dirs, *common, "--shard", "--out", tmp_path / "two", cwd=tmp_path,
+                    outputs=tmp_path / "two")
+    assert "on 2 processes" in res.stdout
+    one, two = (load_file(tmp_path / d / "transforms.safetensors") for d in ("one", "two"))
+    assert set(one) == set(two) and one
+    delta = max(float((one[k] - two[k]).abs().max()) for k in one)
+    assert delta <= 1e-4, delta
+    assert json.loads((tmp_path / "two" / "alignment.json").read_text())["world_size"] == 2
