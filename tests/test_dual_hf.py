@@ -72,6 +72,16 @@ def test_dual_matching_of_hugging_face_causal_lms_through_the_cli(family, tokeni
             ref, got = original(input_ids=ids).logits, aligned(input_ids=ids).logits
         assert (got - ref).abs().max() <= 1e-3 * max(1.0, float(ref.abs().max())), side
         assert FORMAT[family] == "absorbed" or (tmp_path / "out" / side / "tokenizer.json").is_file()
+    # the written endpoints are checkpoints the other commands read: B's held-out loss is B's, and the dual-matched
+    # pair's barrier is measured by `barrier` on them (naive: they are aligned already)
+    run_cli("eval", dirs[1], "--dataset", "austen", "--eval-limit", "4", "--out", tmp_path / "eval-b")
+    run_cli("eval", tmp_path / "out" / "b", "--dataset", "austen", "--eval-limit", "4", "--out", tmp_path / "eval-bb")
+    losses = [json.loads((tmp_path / d / "results.json").read_text())["test"]["loss"] for d in ("eval-b", "eval-bb")]
+    assert losses[0] == pytest.approx(losses[1], abs=1e-4)
+    run_cli("barrier", tmp_path / "out" / "a", tmp_path / "out" / "b", "--dataset", "austen", "--method", "naive",
+            "--lambdas", "3", "--eval-limit", "4", "--limit-train", "16", "--out", tmp_path / "barrier")
+    assert json.loads((tmp_path / "barrier" / "results.json").read_text())["barriers"]["naive"]
+
     from modeconn.symmetry import absorb_normalization
 
     b_absorbed = absorb_normalization(T.AutoModelForCausalLM.from_pretrained(dirs[1]).eval()).state_dict()

@@ -265,9 +265,11 @@ def _save_endpoint(model: nn.Module, out: Path, source: Path | None) -> tuple[st
     stock = stock_model(model) if source is not None else None
     if stock is None:
         save_absorbed(model, out)
-        return "absorbed", load_absorbed(out).eval()
-    stock.save_pretrained(out)
-    for name, file in side_files(source).items():
+    else:
+        stock.save_pretrained(out)
+    for name, file in (side_files(source) if source is not None else {}).items():  # tokenizer files, generation config
         if not (out / name).exists():
             shutil.copyfile(file, out / name)
+    if stock is None:
+        return "absorbed", load_absorbed(out).eval()
     return "stock", type(stock).from_pretrained(out, local_files_only=True, trust_remote_code=False).eval()

@@ -198,3 +198,4 @@ def _hf_tokenizer(ckpt: Checkpoint):
 
 CHECKPOINT_KINDS["modeconn"].supports("evaluate", _eval_modeconn)
 CHECKPOINT_KINDS["huggingface"].supports("evaluate", _eval_hf)
+CHECKPOINT_KINDS["absorbed"].supports("evaluate", _eval_hf)

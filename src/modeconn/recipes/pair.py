@@ -77,6 +77,7 @@ def hf_text_bundle(ckpt, model, tokenizer, dataset: str, data, limit_train):
 
 CHECKPOINT_KINDS["modeconn"].supports("pair", _modeconn)
 CHECKPOINT_KINDS["huggingface"].supports("pair", _hf_causal_lm)
+CHECKPOINT_KINDS["absorbed"].supports("pair", _hf_causal_lm)  # e.g. dual-matched LayerNorm-family endpoints
 
 
 def config_has_batchnorm(config: dict) -> bool:
