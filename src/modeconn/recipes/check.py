@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..checkpoints import CHECKPOINT_KINDS
+from ..checkpoints import CHECKPOINT_KINDS, kinds_supporting
 from ..errors import ConfigError
 from .outcome import Outcome
 
@@ -32,15 +32,16 @@ class CheckOptions:
 
 
 def load_models(a: Path, b: Path | None, opts: CheckOptions):
-    """``([model A(, model B)], A's config, dataset bundle)``; ConfigError for a checkpoint that is not a modeconn
-    checkpoint, two architectures, or no (fitting) dataset — before any weights are used."""
+    """``([model A(, model B)], A's config, dataset bundle)``; ConfigError for a checkpoint of a kind ``check`` does not
+    read, two architectures, or no (fitting) dataset — before any weights are used. Hugging Face causal LMs are read
+    with a text dataset (``--dataset``) tokenized with their own tokenizer."""
     from ..checkpoints import open_checkpoints
 
     ckpts = open_checkpoints([a] if b is None else [a, b])
     load = ckpts[0].kind.operation("check")
     if load is None:
-        raise ConfigError(f"check reads modeconn checkpoints (config.json + model.safetensors from modeconn train); "
-                          f"{ckpts[0].describe()} is not one")
+        raise ConfigError(f"check reads {', '.join(kinds_supporting('check'))} checkpoints; {ckpts[0].describe()} is "
+                          "not one")
     return load(ckpts, opts)
 
 
@@ -52,7 +53,25 @@ def _load_modeconn(ckpts, opts: CheckOptions):
     return models, configs[0], dataset_for(configs[0], opts.dataset, opts.data, opts.limit_train)
 
 
+def _load_causal_lms(ckpts, opts: CheckOptions):
+    """Hugging Face (or absorbed) causal LMs, wrapped as token ids → logits, and the text of ``--dataset`` tokenized
+    with the first checkpoint's tokenizer (:func:`~.pair.check_hf_text` first: nothing is loaded for a wrong dataset
+    or kind)."""
+    from ..models.causal_lm import CausalLM
+    from ..symmetry import check_same_config
+    from .pair import check_hf_text, hf_text_bundle
+
+    tokenizer = check_hf_text(ckpts, "check", opts.dataset)
+    models = [c.load().float() for c in ckpts]
+    if len(models) == 2:
+        check_same_config(*models)
+    context, bundle = hf_text_bundle(ckpts[0], models[0], tokenizer, opts.dataset, opts.data, opts.limit_train)
+    return [CausalLM.wrap(m, context) for m in models], dict(ckpts[0].config), bundle
+
+
 CHECKPOINT_KINDS["modeconn"].supports("check", _load_modeconn)
+CHECKPOINT_KINDS["huggingface"].supports("check", _load_causal_lms)
+CHECKPOINT_KINDS["absorbed"].supports("check", _load_causal_lms)
 
 
 def run_check(a: Path, b: Path | None, out: Path, opts: CheckOptions, log=print) -> Outcome:
