@@ -75,11 +75,16 @@ def align(
     config.json and other side files, and alignment.json. Try --max-iter 2 on large models
     (benchmarks/bench_stream_wm.py).
 
-    Language-model checkpoints (gpt-neox-tiny) with --method dual (LMC-DM, docs/methods.md §3) or one-sided: both
-    models are absorbed (normalizations folded), the full group is bound (orthogonal residual, head permutation,
-    per-head invertible QK / OV, FFN permutation), weight matching gives the discrete parts and the start, and the
-    continuous transforms are learned on the training split. --out then holds a/ and b/ (the transformed absorbed
-    endpoints; load with modeconn.symmetry.load_absorbed), transforms.safetensors and alignment.json.
+    Language models — modeconn's gpt-neox-tiny checkpoints, and Hugging Face causal LMs of a family with
+    normalization absorption (GPT-NeoX/Pythia, GPT-2, Llama-style; text from --dataset tokenized with the
+    checkpoint's own tokenizer) — with --method dual (LMC-DM, docs/methods.md §3) or one-sided: both models are
+    absorbed (normalizations folded), the full group is bound (orthogonal residual, head permutation, per-head
+    invertible QK / OV, FFN permutation), weight matching gives the discrete parts and the start, and the
+    continuous transforms are learned on the training split. --out then holds a/ and b/ (the transformed
+    endpoints), transforms.safetensors and alignment.json. Hugging Face RMSNorm families (Llama, Mistral, Qwen …)
+    are written as stock checkpoints that from_pretrained loads (unit norm weights, the source's tokenizer);
+    LayerNorm families and modeconn's LMs as absorbed checkpoints (modeconn.symmetry.load_absorbed; stock
+    transformers refuses them). alignment.json's "formats" says which.
     Multi-process: `torchrun --standalone --nproc_per_node N -m modeconn align ...` splits every batch over the N
     processes (--batch-size ≥ N; NCCL on cuda:LOCAL_RANK where CUDA is available, else gloo); rank 0 alone writes
     --out and prints. --shard also splits the endpoints' tensors, the transforms and Adam's state over the processes

@@ -97,11 +97,15 @@ def align(a: Path, b: Path, out: Path, opts: AlignOptions = AlignOptions(), *, p
 
 
 def _align_hf(ckpts: list[Checkpoint], out: Path, opts: AlignOptions, progress, log: Log, note: Log) -> Outcome:
+    if opts.method in LANGUAGE_MODEL:  # dual / one-sided: both causal LMs in memory, absorbed, with text data
+        from .align_lm import align_lm
+
+        return align_lm(ckpts, out, opts, opts.method, progress, log)
     check_single_process()
     if opts.method != "weight":
-        raise ConfigError(f"Hugging Face checkpoint directories are aligned by streaming weight matching only "
-                          f"(--method weight, got {opts.method!r}): activation, learned and dual matching need both "
-                          "models in memory and data")
+        raise ConfigError(f"Hugging Face checkpoint directories are aligned by streaming weight matching (--method "
+                          f"weight) or by dual / one-sided learned matching of causal LMs (got {opts.method!r}): "
+                          "activation and learned (STE) matching of Hugging Face models are not offered yet")
     check_scope(opts, ("seed", "restarts", "max_iter", "groups", "device"),
                 "streaming weight matching of Hugging Face checkpoint directories (it reads no data)", ALIGN_SCOPES)
     if opts.groups not in _HF_GROUPS:

@@ -61,22 +61,22 @@ def check_lm_options(opts) -> None:
 def align_lm(ckpts: list[Checkpoint], out: Path, opts, method: str, progress, log: Callable[[str], None]) -> Outcome:
     """Dual / one-sided learned matching of two LM checkpoints into ``out`` (a/, b/, transforms, alignment.json).
     Every option of ``align`` but ``--groups`` applies (:data:`~.align.ALIGN_SCOPES`); ``--restarts`` /
-    ``--max-iter`` to the weight matching that starts the learned matching, ``--device`` to where it runs."""
+    ``--max-iter`` to the weight matching that starts the learned matching, ``--device`` to where it runs.
+    The checkpoints' kind says how they and their data are read (:data:`LM_LOADERS`), checked before any weights are
+    read."""
     from ..match.dual import init_distributed
-    from ..checkpoints.modeconn import dataset_for
     from .align import ALIGN_SCOPES
     from .scope import check_scope
 
-    check_scope(opts, set(ALIGN_SCOPES) - {"groups"}, f"{method} learned matching of modeconn language models",
-                ALIGN_SCOPES)
+    precheck, load, sources, what = LM_LOADERS[ckpts[0].kind.name]
+    check_scope(opts, set(ALIGN_SCOPES) - {"groups"}, f"{method} learned matching of {what}", ALIGN_SCOPES)
     opts = with_lm_defaults(opts)
     check_lm_options(opts)
-    check_same_lm_configs([c.config for c in ckpts], [c.path for c in ckpts])
+    state = precheck(ckpts, opts)
     info = init_distributed(opts.device)
     try:
-        ma, mb = (c.load() for c in ckpts)
-        bundle = dataset_for(ckpts[0].config, opts.dataset, opts.data, opts.limit_train)
-        rec = align_lm_checkpoints(ma, mb, bundle, out, method=method, steps=opts.steps, lr=opts.lr,
+        ma, mb, bundle = load(ckpts, opts, state)
+        rec = align_lm_checkpoints(ma, mb, bundle, out, method=method, sources=sources(ckpts), steps=opts.steps, lr=opts.lr,
                                    lambda_schedule=opts.lambda_schedule, lambda_value=opts.lambda_value,
                                    parameterization=opts.parameterization, batch_size=opts.batch_size,
                                    seed=opts.seed, overwrite=opts.overwrite, shard=opts.shard,
@@ -94,6 +94,46 @@ def align_lm(ckpts: list[Checkpoint], out: Path, opts, method: str, progress, lo
             f"weight-matching objective {rec['wm_objective']:.4f})")
     return Outcome(Path(out), "a/, b/, transforms.safetensors, alignment.json", (line,), "aligned endpoints",
                    quiet=info.rank != 0)
+
+
+def _precheck_modeconn(ckpts: list[Checkpoint], opts) -> None:
+    check_same_lm_configs([c.config for c in ckpts], [c.path for c in ckpts])
+
+
+def _load_modeconn(ckpts: list[Checkpoint], opts, _state) -> tuple[nn.Module, nn.Module, Any]:
+    from ..checkpoints.modeconn import dataset_for
+
+    ma, mb = (c.load() for c in ckpts)
+    return ma, mb, dataset_for(ckpts[0].config, opts.dataset, opts.data, opts.limit_train)
+
+
+def _precheck_hf(ckpts: list[Checkpoint], opts):
+    """Causal LMs, a text dataset and the first checkpoint's tokenizer (returned), before any weights are read."""
+    from .pair import check_hf_text
+
+    return check_hf_text(ckpts, "--method dual / one-sided", opts.dataset)
+
+
+def _load_hf(ckpts: list[Checkpoint], opts, tokenizer) -> tuple[nn.Module, nn.Module, Any]:
+    """Both causal LMs in memory (float32), wrapped as token ids → logits, and the text tokenized with their own
+    tokenizer (:func:`~.pair.hf_text_bundle`)."""
+    from ..models.causal_lm import CausalLM
+    from ..symmetry import check_same_config
+    from .pair import hf_text_bundle
+
+    ma, mb = (c.load().float() for c in ckpts)
+    check_same_config(ma, mb)
+    context, bundle = hf_text_bundle(ckpts[0], ma, tokenizer, opts.dataset, opts.data, opts.limit_train)
+    return CausalLM.wrap(ma, context), CausalLM.wrap(mb, context), bundle
+
+
+LM_LOADERS = {
+    "modeconn": (_precheck_modeconn, _load_modeconn, lambda ckpts: None, "modeconn language models"),
+    "huggingface": (_precheck_hf, _load_hf, lambda ckpts: tuple(c.path for c in ckpts), "Hugging Face causal LMs"),
+}
+"""Checkpoint kind → (checks before any weights are read, returning what loading needs; loading of both endpoints and
+the training data; the source directories whose endpoints may be written as stock checkpoints (None: absorbed
+only); a label for messages)."""
 
 
 def check_same_lm_configs(configs: list[dict], paths: list[Path]) -> None:
@@ -119,7 +159,7 @@ def align_lm_checkpoints(ma: nn.Module, mb: nn.Module, bundle, out: Path, *, met
                          lambda_schedule: str, lambda_value: float, parameterization: str, batch_size: int,
                          seed: int, overwrite: bool, progress=None, log: Log = print,
                          device: str | torch.device = "cpu", shard: bool = False, restarts: int | None = None,
-                         max_iter: int | None = None) -> dict[str, Any]:
+                         max_iter: int | None = None, sources: tuple[Path, Path] | None = None) -> dict[str, Any]:
     """Absorb both models, bind :data:`GROUPS`, weight-match, learn the transforms (``method``: ``"dual"`` or
     ``"learned"`` = one-sided) on the training split, and write ``out/a`` and ``out/b`` (the transformed,
     absorbed endpoints, :func:`~modeconn.symmetry.save_absorbed`), ``transforms.safetensors`` (``a.<space>``
@@ -133,7 +173,10 @@ def align_lm_checkpoints(ma: nn.Module, mb: nn.Module, bundle, out: Path, *, met
     :func:`~modeconn.match.dual_matching`); only rank 0 checks and writes ``out`` and calls ``log``, and every rank
     returns the record once the files are in place. ``shard``: sharded storage over the processes
     (:mod:`modeconn.match.sharded`). ``restarts`` / ``max_iter``: of the weight matching that gives the discrete parts
-    and the start (None: :class:`~modeconn.match.WeightMatchingConfig`'s defaults). Raises what
+    and the start (None: :class:`~modeconn.match.WeightMatchingConfig`'s defaults). ``sources``: the two Hugging Face
+    checkpoint directories the endpoints came from: an endpoint a stock model of its family can represent
+    (:func:`~modeconn.symmetry.absorb_export.stock_model`: RMSNorm families) is then written as a stock checkpoint
+    (``save_pretrained``, with its source's tokenizer and side files) instead of an absorbed one. Raises what
     :func:`~modeconn.match.dual_matching` raises, and
     ConfigError for a non-empty ``out`` without ``overwrite`` (rank 0, before any work)."""
     from contextlib import nullcontext
@@ -160,7 +203,8 @@ def align_lm_checkpoints(ma: nn.Module, mb: nn.Module, bundle, out: Path, *, met
         res = fn(spec, abs_a, *on_device, loader, steps=steps, lr=lr, lambda_schedule=lambda_schedule,
                  lambda_value=lambda_value, parameterization=parameterization, seed=seed, weight_alignment=wm,
                  progress=progress, shard=shard)
-        checks = _write_aligned(tmp, res, (ma, mb), (abs_a, abs_b), (sa, sb), bundle.train.tensors[0][:2]) if writer else {}
+        checks = _write_aligned(tmp, res, (ma, mb), (abs_a, abs_b), (sa, sb), bundle.train.tensors[0][:2],
+                                sources) if writer else {}
         record = {"method": method, "one_sided": method != "dual", "groups": GROUPS, "spaces": list(spec.spaces),
                   "options": {"steps": steps, "lr": lr, "lambda_schedule": lambda_schedule,
                               "lambda_value": lambda_value, "parameterization": parameterization,
@@ -168,7 +212,8 @@ def align_lm_checkpoints(ma: nn.Module, mb: nn.Module, bundle, out: Path, *, met
                               **wm_options},
                   "world_size": res.stats["world_size"], "wm_objective": wm.objective, "objective": res.objective,
                   "first_loss": float(res.history[0][0]) if res.history and res.history[0] else None,
-                  "max_logit_change_after_reload": checks, "seconds": time.perf_counter() - t0,
+                  "max_logit_change_after_reload": {side: c["max_abs_diff"] for side, c in checks.items()},
+                  "formats": {side: c["format"] for side, c in checks.items()}, "seconds": time.perf_counter() - t0,
                   "files": {"a": "a/", "b": "b/", "transforms": "transforms.safetensors"}}
         if writer:
             write_json(tmp / "alignment.json", record, nan="null", default=str)
@@ -180,19 +225,20 @@ def _silent(_: str) -> None:
     """The ``log`` of ranks other than 0."""
 
 
-def _write_aligned(tmp: Path, res, models, absorbed, state_dicts, x: torch.Tensor) -> dict[str, float]:
-    """Write the transformed absorbed endpoints ``tmp/a``, ``tmp/b`` and ``tmp/transforms.safetensors``; reload each
-    endpoint and compare its logits on ``x`` with its original model's (ConfigError beyond 1e-3 relative).
-    Returns the max |Δlogit| per side."""
+def _write_aligned(tmp: Path, res, models, absorbed, state_dicts, x: torch.Tensor,
+                   sources: tuple[Path, Path] | None = None) -> dict[str, dict[str, Any]]:
+    """Write the transformed endpoints ``tmp/a``, ``tmp/b`` (stock checkpoints where ``sources`` are given and the
+    family can represent them, else absorbed ones) and ``tmp/transforms.safetensors``; reload each endpoint and
+    compare its logits on ``x`` with its original model's (ConfigError beyond 1e-3 relative). Returns per side the
+    max |Δlogit| and the format written (``"stock"`` or ``"absorbed"``)."""
     from ..io import save_state_dict
-    from ..symmetry import load_absorbed, save_absorbed
 
     checks = {}
-    for side, model, base, sd, apply in zip("ab", models, absorbed, state_dicts, (res.apply_a, res.apply_b), strict=False):
+    for i, (side, model, base, sd, apply) in enumerate(zip("ab", models, absorbed, state_dicts,
+                                                           (res.apply_a, res.apply_b), strict=True)):
         m = copy.deepcopy(base)
         m.load_state_dict(apply(sd))
-        save_absorbed(m, tmp / side)
-        reloaded = load_absorbed(tmp / side).eval()
+        fmt, reloaded = _save_endpoint(m, tmp / side, sources[i] if sources is not None else None)
         with torch.no_grad():
             ref = model.eval()(x)
             got = reloaded(input_ids=x).logits
@@ -200,7 +246,30 @@ def _write_aligned(tmp: Path, res, models, absorbed, state_dicts, x: torch.Tenso
         if diff > 1e-3 * max(1.0, float(ref.abs().max())):
             raise ConfigError(f"internal error: the saved endpoint {side} changed the function "
                               f"(max |Δlogit| = {diff:.3g})")
-        checks[side] = diff
+        checks[side] = {"max_abs_diff": diff, "format": fmt}
     flat = {f"{side}.{space}": t for side, el in res.export_transforms().items() for space, t in el.items()}
     save_state_dict(tmp / "transforms.safetensors", flat, {"modeconn": "lmc-dm transforms"})
     return checks
+
+
+def _save_endpoint(model: nn.Module, out: Path, source: Path | None) -> tuple[str, nn.Module]:
+    """Write one transformed endpoint to ``out``: a stock checkpoint (``from_pretrained`` loads it) with ``source``'s
+    side files where a stock model represents it, else an absorbed checkpoint. Returns the format and the reloaded
+    model."""
+    import shutil
+
+    from ..io.hf import side_files
+    from ..symmetry import load_absorbed, save_absorbed
+    from ..symmetry.absorb_export import stock_model
+
+    stock = stock_model(model) if source is not None else None
+    if stock is None:
+        save_absorbed(model, out)
+    else:
+        stock.save_pretrained(out)
+    for name, file in (side_files(source) if source is not None else {}).items():  # tokenizer files, generation config
+        if not (out / name).exists():
+            shutil.copyfile(file, out / name)
+    if stock is None:
+        return "absorbed", load_absorbed(out).eval()
+    return "stock", type(stock).from_pretrained(out, local_files_only=True, trust_remote_code=False).eval()

@@ -31,8 +31,9 @@ class CheckOptions:
 
 
 def load_models(a: Path, b: Path | None, opts: CheckOptions):
-    """``([model A(, model B)], A's config, dataset bundle)``; ConfigError for a checkpoint that is not a modeconn
-    checkpoint, two architectures, or no (fitting) dataset — before any weights are used."""
+    """``([model A(, model B)], A's config, dataset bundle)``; ConfigError for a checkpoint of a kind ``check`` does not
+    read, two architectures, or no (fitting) dataset — before any weights are used. Hugging Face causal LMs are read
+    with a text dataset (``--dataset``) tokenized with their own tokenizer."""
     from ..checkpoints import open_checkpoints
 
     ckpts = open_checkpoints([a] if b is None else [a, b])
@@ -50,7 +51,25 @@ def _load_in_memory(ckpts, opts: CheckOptions):
     return models, ckpts[0].config, ckpts[0].feed(opts.dataset, opts.data, opts.limit_train)
 
 
+def _load_causal_lms(ckpts, opts: CheckOptions):
+    """Hugging Face (or absorbed) causal LMs, wrapped as token ids → logits, and the text of ``--dataset`` tokenized
+    with the first checkpoint's tokenizer (:func:`~.pair.check_hf_text` first: nothing is loaded for a wrong dataset
+    or kind)."""
+    from ..models.causal_lm import CausalLM
+    from ..symmetry import check_same_config
+    from .pair import check_hf_text, hf_text_bundle
+
+    tokenizer = check_hf_text(ckpts, "check", opts.dataset)
+    models = [c.load().float() for c in ckpts]
+    if len(models) == 2:
+        check_same_config(*models)
+    context, bundle = hf_text_bundle(ckpts[0], models[0], tokenizer, opts.dataset, opts.data, opts.limit_train)
+    return [CausalLM.wrap(m, context) for m in models], dict(ckpts[0].config), bundle
+
+
 CHECKPOINT_KINDS["modeconn"].supports("check", _load_in_memory)
+CHECKPOINT_KINDS["huggingface"].supports("check", _load_causal_lms)
+CHECKPOINT_KINDS["absorbed"].supports("check", _load_causal_lms)
 register_in_memory("check", _load_in_memory)
 
 

@@ -36,9 +36,20 @@ def _in_memory(ckpts, command, dataset, data, limit_train):
 
 
 def _hf_causal_lm(ckpts, command, dataset, data, limit_train):
-    from ..data import TEXT_DATASETS, load_dataset, load_tokenizer
     from ..models.causal_lm import CausalLM
     from ..symmetry import check_same_config
+
+    tokenizer = check_hf_text(ckpts, command, dataset)
+    ma, mb = (c.load().float() for c in ckpts)
+    check_same_config(ma, mb)
+    context, bundle = hf_text_bundle(ckpts[0], ma, tokenizer, dataset, data, limit_train)
+    return CausalLM.wrap(ma, context), CausalLM.wrap(mb, context), dict(ckpts[0].config), bundle
+
+
+def check_hf_text(ckpts, command: str, dataset: str | None):
+    """Before any weights are read: ConfigError unless ``dataset`` is a text dataset and every checkpoint a causal LM;
+    DataError when the first has no tokenizer file. Returns its tokenizer."""
+    from ..data import TEXT_DATASETS, load_tokenizer
 
     if dataset not in TEXT_DATASETS:
         raise ConfigError(f"{command} evaluates modeconn checkpoints (on their recorded dataset) or Hugging Face causal "
@@ -46,19 +57,26 @@ def _hf_causal_lm(ckpts, command, dataset, data, limit_train):
     archs = [(c.config.get("architectures") or ["?"])[0] for c in ckpts]
     if not all(str(x).endswith("ForCausalLM") for x in archs):
         raise ConfigError(f"{command} on Hugging Face checkpoints needs causal LMs (…ForCausalLM); got {archs}")
-    tokenizer = load_tokenizer(ckpts[0].path)  # DataError naming the file when it is missing
-    ma, mb = (c.load().float() for c in ckpts)
-    check_same_config(ma, mb)
-    context = min(128, int(getattr(ma.config, "max_position_embeddings", None) or 128))
+    return load_tokenizer(ckpts[0].path)  # DataError naming the file when it is missing
+
+
+def hf_text_bundle(ckpt, model, tokenizer, dataset: str, data, limit_train):
+    """``(context length, text bundle)``: ``dataset`` tokenized with ``tokenizer`` (``ckpt``'s own) in blocks of
+    ``min(128, max_position_embeddings)`` tokens; ConfigError when it numbers more tokens than ``model``'s
+    vocabulary."""
+    from ..data import load_dataset
+
+    context = min(128, int(getattr(model.config, "max_position_embeddings", None) or 128))
     bundle = load_dataset(dataset, data, limit_train=limit_train, tokenizer=tokenizer, context_length=context)
-    if bundle.num_classes > ma.config.vocab_size:
-        raise ConfigError(f"{ckpts[0].path / 'tokenizer.json'} has {bundle.num_classes} tokens, the model's "
-                          f"vocab_size is {ma.config.vocab_size}")
-    return CausalLM.wrap(ma, context), CausalLM.wrap(mb, context), dict(ckpts[0].config), bundle
+    if bundle.num_classes > model.config.vocab_size:
+        raise ConfigError(f"{ckpt.path / 'tokenizer.json'} has {bundle.num_classes} tokens, the model's "
+                          f"vocab_size is {model.config.vocab_size}")
+    return context, bundle
 
 
 CHECKPOINT_KINDS["modeconn"].supports("pair", _in_memory)
 CHECKPOINT_KINDS["huggingface"].supports("pair", _hf_causal_lm)
+CHECKPOINT_KINDS["absorbed"].supports("pair", _hf_causal_lm)  # e.g. dual-matched LayerNorm-family endpoints
 register_in_memory("pair", _in_memory)
 
 
