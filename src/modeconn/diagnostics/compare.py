@@ -9,6 +9,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from ..config import StrictConfig
 from ..data import DatasetBundle, make_loader
 from ..errors import ConfigError
 from ..match import Alignment
@@ -87,30 +88,36 @@ def _jsonable(stats: dict) -> dict:
 
 def align(method: str, spec: SymmetrySpec, model: nn.Module, sd_a: StateDict, sd_b: StateDict,
           bundle: DatasetBundle, *, seed: int = 0, batch_size: int = 256, learned_steps: int = 300,
-          device: str | None = None, overrides: Mapping[str, Any] | None = None) -> Alignment | None:
+          device: str | None = None, overrides: Mapping[str, Any] | None = None,
+          config: StrictConfig | None = None) -> Alignment | None:
     """Run one alignment method of :data:`METHODS` through its registry entry (``naive`` returns None).
 
     Methods that read activations get the training split in order (batches of ``batch_size``); methods that learn
     get it shuffled with ``seed`` (batches of 128) and ``learned_steps`` steps; ``seed`` goes to every method whose
     config has one; ``device`` (score products there) to a method whose config has that field — ConfigError naming
     ``--device`` for any other method. ``overrides``: further fields of the method's config class (a ``seed`` there
-    replaces ``seed``, data order included; ConfigError naming an unknown field)."""
+    replaces ``seed``, data order included; ConfigError naming an unknown field). ``config``: instead of
+    ``overrides``, the method's validated config object (its fields set there win; ``seed`` and ``learned_steps``
+    fill the ones it leaves unset)."""
     if method == "naive":
         return None
     entry = ALIGNMENT_METHODS.get(method)
     fields = entry.config.model_fields
     options = {k: v for k, v in (("seed", seed), ("steps", learned_steps)) if k in fields} | dict(overrides or {})
-    seed = options.get("seed", seed)
     if device is not None:
         if "device" not in fields:
             raise ConfigError(f"--device applies to weight matching; --method {method} runs on the models' device")
         options["device"] = device
+    if config is not None:
+        config = config.model_copy(update={k: v for k, v in options.items() if k not in config.model_fields_set})
+        options = {}
+    seed = getattr(config, "seed", options.get("seed", seed))
     loader = None
     if entry.needs_data:
         learns = entry.inputs == "model_and_state_dicts"
         loader = (make_loader(bundle.train, 128, shuffle=True, seed=seed) if learns
                   else make_loader(bundle.train, batch_size, shuffle=False))
-    return entry.align(spec, sd_a, sd_b, model=model, loader=loader, **options)
+    return entry.align(spec, sd_a, sd_b, model=model, loader=loader, config=config, **options)
 
 
 def _instance(template: nn.Module, sd: StateDict) -> nn.Module:
