@@ -93,3 +93,15 @@ def test_without_the_registration_the_method_is_unknown(tmp_path, shared_data):
     res = run_cli("align", a, b, "--method", "toyident", "--out", tmp_path / "x", ok=False)
     assert res.exit_code == 2 and "toyident" in res.output
     assert "toyident" not in _flat(run_cli("align", "--help").output)
+
+
+def test_a_registered_method_runs_through_barrier_with_its_option(toy, tmp_path, shared_data):
+    a, b = save_pair(tmp_path)
+    out = tmp_path / "barrier"
+    run_cli("barrier", a, b, "--method", "naive", "--method", "toyident", "-o", "tag=4", "--dataset", "digits", "--lambdas", "2",
+            "--eval-limit", "50", "--out", out)
+    assert CALLS == [4]
+    assert "toyident" in json.loads((out / "results.json").read_text())["methods"]
+    assert "toyident" in _flat(run_cli("barrier", "--help").output)
+    res = run_cli("barrier", a, b, "--method", "toyident", "-o", "tag=0", "--out", tmp_path / "x", ok=False)
+    assert res.exit_code == 2 and "tag" in res.output and CALLS == [4]

@@ -19,10 +19,33 @@ from ..path.batchnorm import fixed_batches
 from ..symmetry import SymmetrySpec, symmetry_spec
 from ..io.models import check_input_shape
 
-METHODS = ("naive", *(n for n in ALIGNMENT_METHODS if not ALIGNMENT_METHODS.get(n).needs_continuous))
-"""``naive`` (no alignment) and every registered alignment method a permutation spec admits (the learned continuous
-methods, one-sided and dual, need the transformer group and run through ``modeconn align`` / the lmc-dm experiments)."""
-METHOD_LABELS = {"naive": "naive", **{n: ALIGNMENT_METHODS.get(n).display for n in METHODS[1:]}}
+
+
+def comparison_methods() -> tuple[str, ...]:
+    """``naive`` (no alignment) and every registered alignment method a permutation spec admits (the learned continuous
+    methods, one-sided and dual, need the transformer group and run through ``modeconn align`` / the lmc-dm
+    experiments), read from the registry when asked."""
+    return ("naive", *(n for n in ALIGNMENT_METHODS if not ALIGNMENT_METHODS.get(n).needs_continuous))
+
+
+def method_label(method: str) -> str:
+    """The display name of a comparison method (``naive``, or its registry entry's label)."""
+    return "naive" if method == "naive" else ALIGNMENT_METHODS.get(method).display
+
+
+def method_labels() -> dict[str, str]:
+    """Every comparison method → its display name."""
+    return {m: method_label(m) for m in comparison_methods()}
+
+
+def __getattr__(name: str) -> Any:
+    """``METHODS`` and ``METHOD_LABELS``, read from the registry when asked (:func:`comparison_methods`)."""
+    if name == "METHODS":
+        return comparison_methods()
+    if name == "METHOD_LABELS":
+        return method_labels()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 StateDict = Mapping[str, torch.Tensor]
 BN_BATCHES = 20
@@ -31,9 +54,10 @@ BN_BATCHES = 20
 
 def check_methods(methods: Sequence[str]) -> list[str]:
     """Validate method names before any heavy work (ConfigError naming the bad one)."""
-    bad = [m for m in methods if m not in METHODS]
+    valid = comparison_methods()
+    bad = [m for m in methods if m not in valid]
     if bad:
-        raise ConfigError(f"unknown alignment method(s) {bad}; valid: {', '.join(METHODS)}")
+        raise ConfigError(f"unknown alignment method(s) {bad}; valid: {', '.join(valid)}")
     if not methods:
         raise ConfigError("no alignment method given")
     return list(dict.fromkeys(methods))
@@ -143,6 +167,7 @@ def compare_alignments(
     learned_steps: int = 300,
     on_step: Callable[[str], None] | None = None,
     progress: Callable[[int, int], None] | None = None,
+    configs: Mapping[str, StrictConfig] | None = None,
 ) -> Comparison:
     """Align B to A with each method, evaluate the linear path on train and test, merge at λ=½.
 
@@ -151,7 +176,8 @@ def compare_alignments(
     are re-estimated (``bn``) on one fixed list of shuffled (``seed``) training batches, drawn once and shared
     by every method's path and midpoint merge: the merge at λ=½ is the path's point at λ=½ (same weights, same
     BN batches), so its loss equals the curve's there whenever the λ grid contains ½. Returns a
-    :class:`Comparison`. Raises ConfigError when the bundle's examples do not have the model's ``in_shape``
+    :class:`Comparison`. ``configs``: per method its validated config object (:func:`align`'s ``config``). Raises
+    ConfigError when the bundle's examples do not have the model's ``in_shape``
     (before tracing); NonFiniteError (naming λ/split, or the merged model and split) for a NaN/Inf
     logit or loss.
     """
@@ -170,13 +196,14 @@ def compare_alignments(
                         examples={"train": (len(train_eval), len(bundle.train)), "test": (len(test_eval), len(bundle.test))})
     for method in methods:
         if on_step:
-            on_step(f"aligning: {METHOD_LABELS[method]}")
-        res = align(method, spec, model, sd_a, sd_b, bundle, seed=seed, learned_steps=learned_steps)
+            on_step(f"aligning: {method_label(method)}")
+        res = align(method, spec, model, sd_a, sd_b, bundle, seed=seed, learned_steps=learned_steps,
+                    config=(configs or {}).get(method))
         sd_b_aligned = dict(sd_b) if res is None else res.apply(sd_b)
         result.alignments[method] = res
         result.aligned_b[method] = sd_b_aligned
         if on_step:
-            on_step(f"evaluating path: {METHOD_LABELS[method]}")
+            on_step(f"evaluating path: {method_label(method)}")
         result.curves[method] = evaluate_path(
             model, sd_a, sd_b_aligned, loaders, lambdas=lambdas, bn=bn, bn_loader=bn_loader, spec=spec,
             progress=progress,

@@ -30,7 +30,7 @@ from ..checkpoints import CHECKPOINT_KINDS, Checkpoint, kinds_supporting, open_c
 from ..errors import ConfigError, ModeconnError
 from ..match.methods import ALIGNMENT_METHODS, AlignmentMethod, command_line_methods
 from .outcome import Outcome
-from .scope import check_scope, method_config, method_options
+from .scope import IN_MEMORY_EXCLUDED, check_scope, method_config, method_options
 
 Log = Callable[[str], None]
 _OFFERED = {"IN_MEMORY": {}, "LANGUAGE_MODEL": {"continuous": True}}
@@ -190,10 +190,6 @@ _METHOD_OPTIONS = ("seed", "steps", "lr", "lambda_schedule", "lambda_value", "re
 """The ``align`` options an in-memory method takes where its config class has the field of that name."""
 
 
-_IN_MEMORY_EXCLUDED = {"chunk": "it sizes the reads of streaming weight matching (Hugging Face checkpoint "
-                                "directories); in memory nothing is read in chunks"}
-
-
 def _in_memory_config(plan: AlignPlan):
     """The method's config object from the options given that it takes (fields of its config class, by flag or
     ``-o``), after refusing every other option given (:func:`~.scope.check_scope`) — before any weights are read."""
@@ -202,7 +198,7 @@ def _in_memory_config(plan: AlignPlan):
     path = f"{entry.display} of modeconn checkpoints (--method {entry.name})"
     check_scope(opts, used, path, ALIGN_SCOPES)
     return method_config(entry, method_options(entry.config, opts, _METHOD_OPTIONS), opts.options, path,
-                         excluded=_IN_MEMORY_EXCLUDED)
+                         excluded=IN_MEMORY_EXCLUDED)
 
 
 def dataset_for(config: dict, dataset: str | None, data: Path | None, limit_train: int | None):

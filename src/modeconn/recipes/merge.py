@@ -21,7 +21,7 @@ from ..path.interpolate import weights_sum_to_one
 from .align import check_single_process
 from .merge_plan import MergeOptions, MergePlan, plan_merge, with_alignment
 from .outcome import Outcome
-from .scope import check_scope
+from .scope import IN_MEMORY_EXCLUDED, check_scope
 
 Log = Callable[[str], None]
 __all__ = ["MergeOptions", "MergePlan", "merge", "MERGE_SCOPES", "check_merge_scope"]
@@ -91,15 +91,11 @@ def _hf_scope(plan: MergePlan, first: Checkpoint) -> tuple[set[str], str, dict[s
             "without data", {})
 
 
-_IN_MEMORY = {"chunk": "it sizes the reads of streaming weight matching (Hugging Face checkpoints); in memory nothing "
-                       "is read in chunks"}
-
-
 def _modeconn_scope(plan: MergePlan, first: Checkpoint) -> tuple[set[str], str, dict[str, str]]:
     opts = plan.opts
     aligns_on_device = plan.align is not None and "device" in plan.align.config.model_fields
     used = {"bn", "dataset", "data", "limit_train"} | ({"device"} if aligns_on_device else set())
-    return used, f"merging modeconn checkpoints (--align {opts.align}, --rule {opts.rule})", _IN_MEMORY
+    return used, f"merging modeconn checkpoints (--align {opts.align}, --rule {opts.rule})", IN_MEMORY_EXCLUDED
 
 
 def _merge_modeconn(ckpts: list[Checkpoint], out: Path, plan: MergePlan, progress, log: Log) -> Outcome:

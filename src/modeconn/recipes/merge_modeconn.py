@@ -17,6 +17,7 @@ from ..path.batchnorm import check_bn_statistics
 from ..path.merge_rules import RuleSettings, applied_weights
 from ..symmetry import symmetry_spec
 from .merge_plan import MergeOptions, MergePlan, align_choices, checked_plan, with_alignment
+from .scope import IN_MEMORY_EXCLUDED
 
 Log = Callable[[str], None]
 
@@ -51,8 +52,8 @@ def run_merge(paths: Sequence[Path], out: Path, *, weights: Sequence[float] | No
     if len(paths) < 2:
         raise ConfigError("merge needs at least two checkpoints")
     plan = checked_plan(list(paths), opts, weights, settings or RuleSettings())
-    return merge_in_memory(with_alignment(plan, opts, f"merging modeconn checkpoints (--align {align_method})"), out,
-                           log)
+    path = f"merging modeconn checkpoints (--align {align_method})"
+    return merge_in_memory(with_alignment(plan, opts, path, IN_MEMORY_EXCLUDED), out, log)
 
 
 def merge_in_memory(plan: MergePlan, out: Path, log: Log = print):

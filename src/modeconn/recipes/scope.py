@@ -46,6 +46,11 @@ def method_options(config: type, opts: Any, names: Collection[str]) -> dict[str,
     return {n: getattr(opts, n) for n in names if n in config.model_fields and given(opts, n)}
 
 
+IN_MEMORY_EXCLUDED = {"chunk": "it sizes the reads of streaming weight matching (Hugging Face checkpoint directories); "
+                               "in memory nothing is read in chunks"}
+"""Method config fields that an alignment of models held in memory does not use (field → why)."""
+
+
 def method_config(entry: Any, flags: Mapping[str, Any], options: Mapping[str, Any], path: str, *,
                   defaults: Mapping[str, Any] | None = None, excluded: Mapping[str, str] | None = None) -> Any:
     """The alignment method ``entry``'s config object (its :class:`~modeconn.config.StrictConfig` class), built once:
