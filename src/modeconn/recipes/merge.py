@@ -1,12 +1,13 @@
 """Recipe ``merge``: align every model to the first, merge by a rule, write it — for every checkpoint kind.
 
 * modeconn checkpoints: in memory, BatchNorm statistics reset / interpolated / REPAIRed, evaluated on the test split
-  (:func:`modeconn.recipes.merge_modeconn.run_merge`).
+  (:func:`modeconn.recipes.merge_modeconn.merge_in_memory`).
 * Hugging Face directories (or cache entries): streamed shard by shard in the first model's layout, no data read
-  (:func:`modeconn.recipes.hf_stream.merge_hf_checkpoints`), with the recipe it ran and a model card beside the weights.
+  (:func:`modeconn.recipes.hf_stream.merge_hf_plan`), with the recipe it ran and a model card beside the weights.
 
 Options come from the command line or from a recipe (``--config``, mergekit's schema plus ``align:``,
-:mod:`modeconn.recipes.merge_recipe`); every check runs before any checkpoint is read.
+:mod:`modeconn.recipes.merge_recipe`) and are resolved once into a :class:`~.merge_plan.MergePlan` (plus the alignment
+method's config object once the checkpoints' kind is known); every check runs before any checkpoint is read.
 """
 
 from __future__ import annotations
