@@ -46,9 +46,10 @@ RECORDED = {
 ``out_dtype``)."""
 RECORD_KEYS = {"dtype": "out_dtype"}
 UNIVERSAL = {
-    "align": {"a", "b", "out", "method", "overwrite", "seed"},
-    "merge": {"models", "out", "config", "weights", "rule", "base", "param", "align_method", "overwrite", "seed"},
-    "barrier": {"a", "b", "method", "out", "overwrite", "lambdas", "eval_limit", "seed"},
+    "align": {"a", "b", "out", "method", "option", "overwrite", "seed"},
+    "merge": {"models", "out", "config", "weights", "rule", "base", "param", "align_method", "option", "overwrite",
+              "seed"},
+    "barrier": {"a", "b", "method", "option", "out", "overwrite", "lambdas", "eval_limit", "seed"},
     "path": {"a", "b", "method", "option", "out", "overwrite", "sub_points", "eval_limit", "seed"},
     "check": {"a", "b", "out", "overwrite"},
 }

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import typer
+from typer.core import TyperCommand
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
@@ -48,6 +49,26 @@ MAX_ITER_HELP = "weight matching (every checkpoint kind): the most sweeps per ru
 DEVICE_HELP = ("where weight matching's score products and the merge arithmetic run: cpu, cuda, cuda:1, mps … "
                "(default: the CPU, as before; an unavailable device is an error before any work)")
 OVERWRITE_HELP = "replace a non-empty --out, if modeconn wrote it (inputs and other folders are never replaced)"
+METHOD_OPTION_HELP = ("a setting of the alignment method, key=value, repeatable (the value read as JSON, else as a "
+                      "string): any field of the method's config class (e.g. -o restart_rtol=0 -o restart_init=scratch "
+                      "for weight matching, -o max_batches=4 for activation matching). The dedicated flags (--seed, "
+                      "--restarts, --max-iter …) are shorthands for fields of the same name. Checked by the config "
+                      "before any work: an unknown key (the method's fields are named), a bad value, a key the "
+                      "checkpoints' path does not use or one also given by its flag is refused")
+
+
+def live_help(**helps: Callable[[], str]) -> type[TyperCommand]:
+    """A command class whose options named in ``helps`` get their help text from ``helps[name]()`` each time help
+    is shown: texts that list a registry (methods, rules) name the entries registered by then, not at import."""
+
+    class LiveHelpCommand(TyperCommand):
+        def format_help(self, ctx, formatter) -> None:
+            for param in self.params:
+                if param.name in helps:
+                    param.help = helps[param.name]()
+            super().format_help(ctx, formatter)
+
+    return LiveHelpCommand
 
 
 def fail(err: Exception) -> None:

@@ -6,16 +6,16 @@ from pathlib import Path
 
 import typer
 
-from ._app import (DATA_HELP, DEVICE_HELP, DOWNLOAD_HELP, MAX_ITER_HELP, OVERWRITE_HELP, RESTARTS_HELP, app, console,
-                   errors_exit, log, progress_bar)
+from ._app import (DATA_HELP, DEVICE_HELP, DOWNLOAD_HELP, MAX_ITER_HELP, METHOD_OPTION_HELP, OVERWRITE_HELP,
+                   RESTARTS_HELP, app, console, errors_exit, live_help, log, parse_kv, progress_bar)
 from ._print import show
 
 
 def _method_help() -> str:
-    from ..match.methods import ALIGNMENT_METHODS
-    from ..recipes.align import IN_MEMORY, LANGUAGE_MODEL
+    """The methods registered when help is shown (:func:`~._app.live_help`)."""
+    from ..match.methods import ALIGNMENT_METHODS, command_line_methods
 
-    entries = [ALIGNMENT_METHODS.get(m) for m in IN_MEMORY + LANGUAGE_MODEL]
+    entries = [ALIGNMENT_METHODS.get(m) for m in command_line_methods() + command_line_methods(continuous=True)]
     return ("alignment method: " + "; ".join(f"{m.name} — {m.summary}" for m in entries)
             + " (one-sided and dual: language models only; learned on language models: deprecated name of one-sided)")
 
@@ -27,12 +27,13 @@ def _model_help() -> str:
             + ", ".join(ADAPTERS))
 
 
-@app.command()
+@app.command(cls=live_help(method=_method_help))
 def align(
     a: Path = typer.Argument(..., help=_model_help()),
     b: Path = typer.Argument(..., help="checkpoint directory of model B (to be permuted into A's basin)"),
     out: Path = typer.Option(..., help="checkpoint directory for the aligned B (plus alignment.json)"),
     method: str = typer.Option("weight", help=_method_help()),
+    option: list[str] = typer.Option([], "--option", "-o", help=METHOD_OPTION_HELP),
     dataset: str | None = typer.Option(None, help="dataset for activation/learned matching (default: A's)"),
     data: Path | None = typer.Option(None, help=DATA_HELP),
     download: bool = typer.Option(False, help=DOWNLOAD_HELP),
@@ -90,14 +91,17 @@ def align(
     --out and prints. --shard also splits the endpoints' tensors, the transforms and Adam's state over the processes
     (each holds about 1/N; docs/results/dual-memory/report.md has the memory model).
 
-    Every option given is used by the chosen method on the checkpoints' kind, or refused naming it and why.
+    Every option given is used by the chosen method on the checkpoints' kind, or refused naming it and why. Any
+    setting of the method's config class is given with -o key=value (streaming weight matching of Hugging Face
+    directories takes every WeightMatchingConfig field, e.g. -o restart_rtol=0 -o chunk=65536).
     """
     from ..recipes.align import AlignOptions, align as run_align
 
     opts = AlignOptions(method=method, dataset=dataset, data=data, download=download, limit_train=limit_train, seed=seed,
-                                steps=steps, lr=lr, lambda_schedule=lambda_schedule, lambda_value=lambda_value,
-                                parameterization=parameterization, batch_size=batch_size, restarts=restarts,
-                                max_iter=max_iter, groups=groups, overwrite=overwrite, device=device, shard=shard)
+                        steps=steps, lr=lr, lambda_schedule=lambda_schedule, lambda_value=lambda_value,
+                        parameterization=parameterization, batch_size=batch_size, restarts=restarts,
+                        max_iter=max_iter, groups=groups, overwrite=overwrite, device=device, shard=shard,
+                        options=parse_kv(option, "--option"))
     with errors_exit(download), progress_bar() as progress:
         outcome = run_align(a, b, out, opts, progress=progress, log=log,
                                 note=lambda s: console.print(f"[yellow]{s}[/]"))

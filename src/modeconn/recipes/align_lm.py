@@ -23,6 +23,7 @@ from ..data import make_loader
 from ..errors import ConfigError
 from ..experiments.lmc_dm import GROUPS
 from ..experiments.output import output_directory
+from ..match.dual import DualMatchingConfig
 from .outcome import Outcome
 
 Log = Callable[[str], None]
@@ -58,30 +59,38 @@ def check_lm_options(opts) -> None:
                           "process needs a share of each batch; raise --batch-size or start fewer processes")
 
 
-def align_lm(ckpts: list[Checkpoint], out: Path, opts, method: str, progress, log: Callable[[str], None]) -> Outcome:
-    """Dual / one-sided learned matching of two LM checkpoints into ``out`` (a/, b/, transforms, alignment.json).
-    Every option of ``align`` but ``--groups`` applies (:data:`~.align.ALIGN_SCOPES`); ``--restarts`` /
-    ``--max-iter`` to the weight matching that starts the learned matching, ``--device`` to where it runs.
-    The checkpoints' kind says how they and their data are read (:data:`LM_LOADERS`), checked before any weights are
-    read."""
+_LM_EXCLUDED = {"one_sided": "--method chooses it (dual or one-sided)",
+                "checkpoint_every": "modeconn align keeps no learned-matching checkpoints"}
+_LM_FLAGS = ("seed", "steps", "lr", "lambda_schedule", "lambda_value", "parameterization")
+
+
+def align_lm(ckpts: list[Checkpoint], out: Path, plan, progress, log: Callable[[str], None]) -> Outcome:
+    """Dual / one-sided learned matching (``plan.method``) of two LM checkpoints into ``out`` (a/, b/, transforms,
+    alignment.json). Every option of ``align`` but ``--groups`` applies (:data:`~.align.ALIGN_SCOPES`);
+    ``--restarts`` / ``--max-iter`` to the weight matching that starts the learned matching, ``--device`` to where it
+    runs; ``-o`` to the method's :class:`~modeconn.match.dual.DualMatchingConfig` (all of it but ``one_sided`` and
+    ``checkpoint_every``), built once here. The checkpoints' kind says how they and their data are read
+    (:data:`LM_LOADERS`), checked before any weights are read."""
     from ..match.dual import init_distributed
     from .align import ALIGN_SCOPES
-    from .scope import check_scope
+    from .scope import check_scope, method_config, method_options
 
+    given, method = plan.opts, plan.method.name
     precheck, load, sources, what = LM_LOADERS[ckpts[0].kind.name]
-    check_scope(opts, set(ALIGN_SCOPES) - {"groups"}, f"{method} learned matching of {what}", ALIGN_SCOPES)
-    opts = with_lm_defaults(opts)
+    path = f"{method} learned matching of {what}"
+    check_scope(given, set(ALIGN_SCOPES) - {"groups"}, path, ALIGN_SCOPES)
+    opts = with_lm_defaults(given)
     check_lm_options(opts)
+    config = method_config(plan.method, method_options(plan.method.config, given, _LM_FLAGS), given.options, path,
+                           defaults={k: LM_DEFAULTS[k] for k in _LM_FLAGS}, excluded=_LM_EXCLUDED)
     state = precheck(ckpts, opts)
-    info = init_distributed(opts.device)
+    info = init_distributed(given.device)
     try:
         ma, mb, bundle = load(ckpts, opts, state)
-        rec = align_lm_checkpoints(ma, mb, bundle, out, method=method, sources=sources(ckpts), steps=opts.steps, lr=opts.lr,
-                                   lambda_schedule=opts.lambda_schedule, lambda_value=opts.lambda_value,
-                                   parameterization=opts.parameterization, batch_size=opts.batch_size,
-                                   seed=opts.seed, overwrite=opts.overwrite, shard=opts.shard,
-                                   restarts=opts.restarts, max_iter=opts.max_iter,
-                                   progress=progress if info.rank == 0 else None,
+        rec = align_lm_checkpoints(ma, mb, bundle, out, config, method=method, batch_size=opts.batch_size,
+                                   overwrite=opts.overwrite, shard=opts.shard, restarts=opts.restarts,
+                                   max_iter=opts.max_iter, progress=progress if info.rank == 0 else None,
+                                   sources=sources(ckpts),
                                    log=log if info.rank == 0 else (lambda s: None), device=info.device)
     finally:
         if info.initialized_here:
@@ -90,7 +99,7 @@ def align_lm(ckpts: list[Checkpoint], out: Path, opts, method: str, progress, lo
             torch.distributed.destroy_process_group()
     procs = f" on {info.world_size} processes" if info.world_size > 1 else ""
     line = (f"{'dual' if method == 'dual' else 'one-sided learned'} matching: path loss {rec['first_loss']:.4f} → "
-            f"{rec['objective']:.4f} nats/token over {opts.steps} steps{procs} ({len(rec['spaces'])} spaces, "
+            f"{rec['objective']:.4f} nats/token over {config.steps} steps{procs} ({len(rec['spaces'])} spaces, "
             f"weight-matching objective {rec['wm_objective']:.4f})")
     return Outcome(Path(out), "a/, b/, transforms.safetensors, alignment.json", (line,), "aligned endpoints",
                    quiet=info.rank != 0)
@@ -155,16 +164,16 @@ def check_same_lm_configs(configs: list[dict], paths: list[Path]) -> None:
         raise ConfigError(f"{paths[0]} and {paths[1]} differ:\n  " + "\n  ".join(problems))
 
 
-def align_lm_checkpoints(ma: nn.Module, mb: nn.Module, bundle, out: Path, *, method: str, steps: int, lr: float,
-                         lambda_schedule: str, lambda_value: float, parameterization: str, batch_size: int,
-                         seed: int, overwrite: bool, progress=None, log: Log = print,
+def align_lm_checkpoints(ma: nn.Module, mb: nn.Module, bundle, out: Path, config: DualMatchingConfig, *, method: str,
+                         batch_size: int, overwrite: bool, progress=None, log: Log = print,
                          device: str | torch.device = "cpu", shard: bool = False, restarts: int | None = None,
                          max_iter: int | None = None, sources: tuple[Path, Path] | None = None) -> dict[str, Any]:
     """Absorb both models, bind :data:`GROUPS`, weight-match, learn the transforms (``method``: ``"dual"`` or
     ``"learned"`` = one-sided) on the training split, and write ``out/a`` and ``out/b`` (the transformed,
     absorbed endpoints, :func:`~modeconn.symmetry.save_absorbed`), ``transforms.safetensors`` (``a.<space>``
     and ``b.<space>``) and ``alignment.json``. Every saved endpoint is reloaded and checked against its
-    checkpoint's logits. Returns the alignment record.
+    checkpoint's logits. Returns the alignment record. ``config``: the learned matching's options (its ``seed`` also
+    seeds the weight matching and the data order).
 
     ``device``: where the learned matching runs (absorption, weight matching and the written files stay on the
     CPU). Multi-process (a ``torch.distributed`` default group exists, e.g. under ``torchrun`` after
@@ -195,21 +204,18 @@ def align_lm_checkpoints(ma: nn.Module, mb: nn.Module, bundle, out: Path, *, met
         sa, sb = abs_a.state_dict(), abs_b.state_dict()
         spec = hf_symmetry_spec(abs_a, groups=GROUPS)
         wm_options = {k: v for k, v in (("restarts", restarts), ("max_iter", max_iter)) if v is not None}
+        seed = config.seed
         wm = weight_matching(spec, sa, sb, seed=seed, **wm_options)
         log(f"weight matching: objective {wm.objective:.4f} ({len(spec.spaces)} spaces)")
         loader = make_loader(bundle.train, batch_size, shuffle=True, seed=seed)
         fn = dual_matching if method == "dual" else one_sided_matching
         on_device = [{k: v.to(device) for k, v in sd.items()} for sd in (sa, sb)]
-        res = fn(spec, abs_a, *on_device, loader, steps=steps, lr=lr, lambda_schedule=lambda_schedule,
-                 lambda_value=lambda_value, parameterization=parameterization, seed=seed, weight_alignment=wm,
-                 progress=progress, shard=shard)
+        res = fn(spec, abs_a, *on_device, loader, config, weight_alignment=wm, progress=progress, shard=shard)
         checks = _write_aligned(tmp, res, (ma, mb), (abs_a, abs_b), (sa, sb), bundle.train.tensors[0][:2],
                                 sources) if writer else {}
         record = {"method": method, "one_sided": method != "dual", "groups": GROUPS, "spaces": list(spec.spaces),
-                  "options": {"steps": steps, "lr": lr, "lambda_schedule": lambda_schedule,
-                              "lambda_value": lambda_value, "parameterization": parameterization,
-                              "batch_size": batch_size, "seed": seed, "shard": shard, "device": str(device),
-                              **wm_options},
+                  "options": {**config.model_dump(exclude={"one_sided", "checkpoint_every"}),
+                              "batch_size": batch_size, "shard": shard, "device": str(device), **wm_options},
                   "world_size": res.stats["world_size"], "wm_objective": wm.objective, "objective": res.objective,
                   "first_loss": float(res.history[0][0]) if res.history and res.history[0] else None,
                   "max_logit_change_after_reload": {side: c["max_abs_diff"] for side, c in checks.items()},
