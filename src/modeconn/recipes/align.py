@@ -179,11 +179,15 @@ def _in_memory_options(opts: AlignOptions, method: str) -> dict:
 
 def dataset_for(config: dict, dataset: str | None, data: Path | None, limit_train: int | None):
     """The dataset named by ``dataset`` or recorded in the checkpoint's config (ConfigError if neither, or if its
-    examples do not have the shape the model was built for — checked before anything is traced)."""
-    from ..data import load_dataset
+    examples do not have the shape the model was built for — checked before anything is traced); a ``dataset`` that is
+    a path is the user's image folder (:func:`modeconn.data.user_data_for_checkpoint`)."""
+    from ..data import load_dataset, user_data_for_checkpoint, user_data_path
 
     from ..io.models import check_input_shape
 
+    if (path := user_data_path(dataset)) is not None:
+        return user_data_for_checkpoint(None, config, path, input_shape=config.get("kwargs", {}).get("in_shape"),
+                                        limit_train=limit_train)
     name = dataset or config.get("dataset")
     if name is None:
         raise ConfigError("the checkpoint does not record its dataset; pass --dataset")

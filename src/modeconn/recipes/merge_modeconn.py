@@ -6,7 +6,7 @@ import copy
 from pathlib import Path
 from collections.abc import Callable, Sequence
 
-from ..data import load_dataset, make_loader
+from ..data import make_loader
 from ..errors import CheckpointError, ConfigError
 from ..io import read_config, save_checkpoint
 from ..match import activation_matching, weight_matching
@@ -17,6 +17,7 @@ from ..path.merge_rules import check_rule_settings
 from ..path.interpolate import merge_weights
 from ..symmetry import symmetry_spec
 from .._util.outdir import check_output_target
+from .align import dataset_for
 from ..io.models import example_input, load_same_architecture
 
 ALIGN_CHOICES = (*command_line_methods(learns=False), "none")
@@ -47,8 +48,8 @@ def run_merge(paths: Sequence[Path], out: Path, *, weights: Sequence[float] | No
     name = dataset or configs[0].get("dataset")
     if name is None and (bn == "repair" or align_method == "activation"):
         raise ConfigError(f"--bn {bn} / --align {align_method} need a dataset; pass --dataset")
+    bundle = dataset_for(configs[0], dataset, data, limit_train) if name else None  # bad data: refused before loading
     models, configs = load_same_architecture(paths)
-    bundle = load_dataset(name, data, limit_train=limit_train) if name else None
     x0 = bundle.train.tensors[0][:2] if bundle is not None else example_input(configs[0])
     spec = symmetry_spec(models[0], x0)
     sds = [models[0].state_dict()]
