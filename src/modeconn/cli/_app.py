@@ -81,8 +81,8 @@ def user_data(dataset: str | None, split: str | None, text_field: str, context_l
 
     options = UserDataOptions(split=split, text_field=text_field, context_length=context_length, seed=seed or 0)
     if options.given() and user_data_path(dataset) is None:
-        raise ConfigError(f"{', '.join(options.given())} apply to your own data (--dataset PATH); --dataset "
-                          f"{dataset!r} is not a path")
+        given = f"--dataset {dataset!r} is not a path" if dataset else "no --dataset is given"
+        raise ConfigError(f"{', '.join(options.given())} apply to your own data (--dataset PATH); {given}")
     with user_data_options(options):
         yield
 

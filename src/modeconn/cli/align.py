@@ -6,9 +6,8 @@ from pathlib import Path
 
 import typer
 
-from ._app import (DATA_HELP, DATASET_HELP, DEVICE_HELP, DOWNLOAD_HELP, MAX_ITER_HELP, OVERWRITE_HELP, RESTARTS_HELP, app,
-                   console, context_length_option, errors_exit, log, progress_bar, split_option, text_field_option,
-                   user_data)
+from ._app import (DATA_HELP, DATASET_HELP, DEVICE_HELP, DOWNLOAD_HELP, MAX_ITER_HELP, OVERWRITE_HELP, RESTARTS_HELP, app, console,
+                   errors_exit, log, progress_bar, user_data)
 from ._print import show
 
 
@@ -34,11 +33,7 @@ def align(
     b: Path = typer.Argument(..., help="checkpoint directory of model B (to be permuted into A's basin)"),
     out: Path = typer.Option(..., help="checkpoint directory for the aligned B (plus alignment.json)"),
     method: str = typer.Option("weight", help=_method_help()),
-    dataset: str | None = typer.Option(None, help="data for activation/learned matching: "
-                                       + DATASET_HELP),
-    split: str | None = split_option(),
-    text_field: str = text_field_option(),
-    context_length: int | None = context_length_option(),
+    dataset: str | None = typer.Option(None, help="data for activation/learned matching: " + DATASET_HELP),
     data: Path | None = typer.Option(None, help=DATA_HELP),
     download: bool = typer.Option(False, help=DOWNLOAD_HELP),
     limit_train: int | None = typer.Option(None, min=1, help="methods that read data: the first N training examples"),
@@ -98,7 +93,7 @@ def align(
                                 steps=steps, lr=lr, lambda_schedule=lambda_schedule, lambda_value=lambda_value,
                                 parameterization=parameterization, batch_size=batch_size, restarts=restarts,
                                 max_iter=max_iter, groups=groups, overwrite=overwrite, device=device, shard=shard)
-    with errors_exit(download), user_data(dataset, split, text_field, context_length, seed), progress_bar() as progress:
+    with errors_exit(download), user_data(dataset, None, "text", None, seed), progress_bar() as progress:
         outcome = run_align(a, b, out, opts, progress=progress, log=log,
                                 note=lambda s: console.print(f"[yellow]{s}[/]"))
     show(outcome)

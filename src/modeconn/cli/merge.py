@@ -6,8 +6,8 @@ from pathlib import Path
 
 import typer
 
-from ._app import (DATA_HELP, DATASET_HELP, DEVICE_HELP, MAX_ITER_HELP, OVERWRITE_HELP, RESTARTS_HELP, app, console,
-                   context_length_option, errors_exit, log, progress_bar, split_option, text_field_option, user_data)
+from ._app import (DATA_HELP, DATASET_HELP, DEVICE_HELP, MAX_ITER_HELP, OVERWRITE_HELP, RESTARTS_HELP, app, console, errors_exit, log,
+                   progress_bar, user_data)
 from ._print import show
 
 
@@ -39,9 +39,6 @@ def merge(
     align_method: str = typer.Option("weight", "--align", help="align every model to the first: weight, activation, none"),
     bn: str = typer.Option("reset", help="BatchNorm policy after averaging: reset, interpolate, repair"),
     dataset: str | None = typer.Option(None, help="data for BN reset / REPAIR / activation matching: " + DATASET_HELP),
-    split: str | None = split_option(),
-    text_field: str = text_field_option(),
-    context_length: int | None = context_length_option(),
     data: Path | None = typer.Option(None, help=DATA_HELP),
     limit_train: int | None = typer.Option(None, min=1),
     seed: int | None = typer.Option(None, help="seed of weight matching's restarts and of randomised rules (DARE, "
@@ -71,7 +68,7 @@ def merge(
                         limit_train=limit_train, seed=seed, restarts=restarts, max_iter=max_iter,
                         overwrite=overwrite, base=base, params=tuple(param), dtype=dtype, config=config,
                         device=device)
-    with errors_exit(), user_data(dataset, split, text_field, context_length, seed), progress_bar() as progress:
+    with errors_exit(), user_data(dataset, None, "text", None, seed), progress_bar() as progress:
         outcome = run_merge(models or [], out, opts, progress=progress, log=log,
                             note=lambda s: console.print(f"note: {s}"))
     show(outcome)
