@@ -154,6 +154,11 @@ def test_sentencepiece_and_bpe_file_tokenizers(tmp_path, sp_tok):
     assert tok("the quick fox", add_special_tokens=False)["input_ids"] == sp_tok("the quick fox",
                                                                                   add_special_tokens=False)["input_ids"]
     assert tok.decode(tok("the quick fox", add_special_tokens=False)["input_ids"]) == "the quick fox"
+    from modeconn.data.user_text import load_fast_tokenizer  # what a registered text dataset (austen) encodes with
+
+    fast = load_fast_tokenizer(sp)
+    assert fast.encode("the quick fox", add_special_tokens=False).ids == tok("the quick fox",
+                                                                              add_special_tokens=False)["input_ids"]
     bpe = load_checkpoint_tokenizer(bpe_files_dir(tmp_path / "bpe", TEXT))
     (tmp_path / "files").mkdir()
     files = _corpus_files(tmp_path / "files")

@@ -62,6 +62,14 @@ def test_barrier_on_a_jsonl_corpus_with_a_sentencepiece_tokenizer(llamas, tmp_pa
     assert results["endpoints"]["A"]["loss"] == pytest.approx(want, rel=1e-4)
 
 
+def test_path_on_a_jsonl_corpus(llamas, tmp_path):
+    dirs, corpus = llamas
+    res = run_cli("path", *dirs, "--dataset", corpus, "--method", "linear", "--context-length", "8", "--eval-limit", "4",
+                  "--sub-points", "1", "--out", tmp_path / "p", ok=False)
+    assert res.exit_code in (0, 3), res.output  # 3: an incomplete path, still reported
+    assert "8-token blocks" in (tmp_path / "p" / "results.json").read_text()
+
+
 def _missing_path_refused(dirs, tmp_path) -> None:
     res = run_cli("barrier", *dirs, "--dataset", "missing.jsonl", "--out", tmp_path / "m", ok=False)
     assert res.exit_code == 2 and "missing.jsonl" in res.output and "no such file" in res.output, res.output

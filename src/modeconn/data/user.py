@@ -17,7 +17,7 @@ from .corpus import BUILDERS, is_text_corpus
 from .image_folder import ImageHead, Transform, is_image_folder, load_image_folder
 from .image_preprocess import image_folder_for_checkpoint
 from .user_options import UserDataOptions, current_user_data_options
-from .user_text import load_checkpoint_tokenizer, user_text_bundle
+from .user_text import load_checkpoint_tokenizer, max_positions, user_text_bundle
 
 
 def check_image_options(path: Path, opts: UserDataOptions) -> None:
@@ -71,11 +71,6 @@ def recorded_normalization(config: Mapping[str, Any]) -> tuple[tuple[float, ...]
     return spec.mean, spec.std
 
 
-def _max_positions(config: Mapping[str, Any]) -> int | None:
-    value = config.get("max_position_embeddings") or config.get("n_positions")
-    return int(value) if value else None
-
-
 def user_data_for_checkpoint(directory: str | os.PathLike | None, config: Mapping[str, Any], path: str | os.PathLike,
                              *, input_shape: Sequence[int] | None = None, options: UserDataOptions | None = None,
                              limit_train: int | None = None, limit_test: int | None = None) -> DatasetBundle:
@@ -96,7 +91,7 @@ def user_data_for_checkpoint(directory: str | os.PathLike | None, config: Mappin
             raise ConfigError(f"{path} is a text corpus, tokenized with the model's own tokenizer; modeconn's own "
                               "language-model checkpoints are evaluated on the dataset they record")
         return load_user_dataset(path, tokenizer=load_checkpoint_tokenizer(directory),
-                                 max_positions=_max_positions(config), options=opts, limit_train=limit_train,
+                                 max_positions=max_positions(config), options=opts, limit_train=limit_train,
                                  limit_test=limit_test)
     if is_image_folder(path):
         check_image_options(path, opts)

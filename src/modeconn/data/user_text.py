@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ from torch.utils.data import TensorDataset
 from ..errors import ConfigError, DataError
 from .bundle import split_indices
 from .corpus import Corpus, read_corpus
-from .text import TextBundle, blocks
+from .text import TextBundle, blocks, load_tokenizer
 from .user_options import UserDataOptions
 
 #: The block length when none is given (capped by the model's ``max_position_embeddings``).
@@ -51,6 +52,28 @@ def load_checkpoint_tokenizer(directory: str | os.PathLike) -> Any:
         present = ", ".join(sorted(p.name for p in directory.iterdir())) if directory.is_dir() else "not a directory"
         raise DataError(f"{directory}: no tokenizer AutoTokenizer can read locally (tokenizer.json, tokenizer.model, "
                         f"vocab/merges files; present: {present}): {type(err).__name__}: {err}") from None
+
+
+def load_fast_tokenizer(directory: str | os.PathLike) -> Any:
+    """The checkpoint's tokenizer as a ``tokenizers.Tokenizer`` (what the registered text datasets encode with): its
+    ``tokenizer.json``, else the fast tokenizer ``AutoTokenizer`` builds from SentencePiece or BPE files.
+
+    Raises:
+        DataError: no tokenizer in ``directory`` (see :func:`load_checkpoint_tokenizer`), or one without a fast form.
+    """
+    if (Path(directory) / "tokenizer.json").is_file():
+        return load_tokenizer(directory)
+    backend = getattr(load_checkpoint_tokenizer(directory), "backend_tokenizer", None)
+    if backend is None:
+        raise DataError(f"{directory}: its tokenizer has no fast (tokenizers) form to encode a registered text dataset")
+    return backend
+
+
+def max_positions(config: Mapping[str, Any]) -> int | None:
+    """The positions a Hugging Face ``config.json`` gives its model (``max_position_embeddings`` or GPT-2's
+    ``n_positions``), or None."""
+    value = config.get("max_position_embeddings") or config.get("n_positions")
+    return int(value) if value else None
 
 
 def context_length_for(max_positions: int | None, requested: int | None) -> int:

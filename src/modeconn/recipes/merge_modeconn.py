@@ -6,7 +6,7 @@ import copy
 from pathlib import Path
 from collections.abc import Callable, Sequence
 
-from ..data import make_loader
+from ..data import load_dataset, make_loader, user_data_path
 from ..errors import CheckpointError, ConfigError
 from ..io import read_config, save_checkpoint
 from ..match import activation_matching, weight_matching
@@ -48,7 +48,10 @@ def run_merge(paths: Sequence[Path], out: Path, *, weights: Sequence[float] | No
     name = dataset or configs[0].get("dataset")
     if name is None and (bn == "repair" or align_method == "activation"):
         raise ConfigError(f"--bn {bn} / --align {align_method} need a dataset; pass --dataset")
-    bundle = dataset_for(configs[0], dataset, data, limit_train) if name else None  # bad data: refused before loading
+    if user_data_path(dataset) is not None:  # the user's image folder, read and checked before any weights
+        bundle = dataset_for(configs[0], dataset, data, limit_train)
+    else:
+        bundle = load_dataset(name, data, limit_train=limit_train) if name else None
     models, configs = load_same_architecture(paths)
     x0 = bundle.train.tensors[0][:2] if bundle is not None else example_input(configs[0])
     spec = symmetry_spec(models[0], x0)

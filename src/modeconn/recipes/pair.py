@@ -4,10 +4,11 @@
 * Hugging Face causal LMs (``…ForCausalLM`` directories): the user's corpus (``--dataset corpus.jsonl``, tokenized with
   the checkpoint's own tokenizer by :func:`modeconn.data.user_data_for_checkpoint`: tokenizer.json, SentencePiece or
   BPE files, blocks of ``--context-length`` or ``min(128, max_position_embeddings)`` tokens) or a text dataset
-  (``--dataset austen``) tokenized with the checkpoint's own ``tokenizer.json`` (encoded line by line, as modeconn's
-  text data always is), in blocks of ``min(128, max_position_embeddings)`` tokens. Both endpoints see the same
-  tokens; each model is wrapped as a
-  :class:`~modeconn.models.causal_lm.CausalLM` (token ids → next-token logits). Loss is per token, in nats.
+  (``--dataset austen``) tokenized with the checkpoint's own tokenizer (``tokenizer.json``, or the fast form of its
+  SentencePiece / BPE files; encoded line by line, as modeconn's text data always is), in blocks of ``min(128,
+  max_position_embeddings)`` tokens. Both endpoints see the same tokens; each model is wrapped as a
+  :class:`~modeconn.models.causal_lm.CausalLM` (token ids → next-token logits). Loss is per token, in nats. The data
+  is read and checked before any weights.
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ def _modeconn(ckpts, command, dataset, data, limit_train):
 
 
 def _hf_causal_lm(ckpts, command, dataset, data, limit_train):
-    from ..data import TEXT_DATASETS, load_dataset, load_tokenizer, user_data_for_checkpoint, user_data_path
+    from ..data import TEXT_DATASETS, load_dataset, user_data_for_checkpoint, user_data_path
+    from ..data.user_text import context_length_for, load_fast_tokenizer, max_positions
     from ..models.causal_lm import CausalLM
     from ..symmetry import check_same_config
 
@@ -52,19 +54,16 @@ def _hf_causal_lm(ckpts, command, dataset, data, limit_train):
     archs = [(c.config.get("architectures") or ["?"])[0] for c in ckpts]
     if not all(str(x).endswith("ForCausalLM") for x in archs):
         raise ConfigError(f"{command} on Hugging Face checkpoints needs causal LMs (…ForCausalLM); got {archs}")
-    if path is not None:  # the user's corpus, read and checked before any weights
+    if path is not None:  # the user's corpus; the data is read and checked before any weights
         bundle = user_data_for_checkpoint(ckpts[0].path, ckpts[0].config, path, limit_train=limit_train)
-        tokenizer_file = ckpts[0].path
     else:
-        tokenizer_file = ckpts[0].path / "tokenizer.json"
-        tokenizer = load_tokenizer(ckpts[0].path)  # DataError naming the file when it is missing
+        tokenizer = load_fast_tokenizer(ckpts[0].path)  # tokenizer.json, SentencePiece or BPE files; else DataError
+        context = context_length_for(max_positions(ckpts[0].config), None)
+        bundle = load_dataset(dataset, data, limit_train=limit_train, tokenizer=tokenizer, context_length=context)
     ma, mb = (c.load().float() for c in ckpts)
     check_same_config(ma, mb)
-    if path is None:
-        context = min(128, int(getattr(ma.config, "max_position_embeddings", None) or 128))
-        bundle = load_dataset(dataset, data, limit_train=limit_train, tokenizer=tokenizer, context_length=context)
     if bundle.num_classes > ma.config.vocab_size:
-        raise ConfigError(f"{tokenizer_file}'s tokenizer has {bundle.num_classes} tokens, the model's "
+        raise ConfigError(f"the tokenizer of {ckpts[0].path} has {bundle.num_classes} tokens, the model's "
                           f"vocab_size is {ma.config.vocab_size}")
     context = bundle.input_shape[0]
     return CausalLM.wrap(ma, context), CausalLM.wrap(mb, context), dict(ckpts[0].config), bundle
