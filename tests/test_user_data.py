@@ -84,7 +84,7 @@ def test_every_text_format_loads_into_blocks(tmp_path, sp_tok):
     for kind, path in files.items():
         b = _load(path, sp_tok, context_length=16)
         assert b.train.tensors[0].shape[1] == 16 and len(b.train) > 5 and len(b.test) >= 1, kind
-        assert len(b.val) == 0 and b.num_classes == len(sp_tok) and b.input_shape == (16,)
+        assert b.val is b.test and b.num_classes == len(sp_tok) and b.input_shape == (16,)
         x, y = b.train.tensors
         assert x.dtype == torch.int64 and torch.equal(x[:, 1:], y[:, :-1])  # labels are the inputs shifted by one
         assert "16-token blocks" in b.name and "seed 0" in b.name

@@ -135,3 +135,15 @@ def test_image_folder_disagreeing_with_the_head_is_refused(fashion_folder, tmp_p
     res = run_cli("barrier", *ckpts, "--dataset", nine, "--out", tmp_path / "o", ok=False)
     assert res.exit_code == 2 and "9 class folders (0, 1, 2, 3, 4, 5, 6, 7, 8)" in res.output
     assert "config.json kwargs.num_classes = 10" in res.output
+
+
+def test_train_on_an_image_folder_then_barrier_on_the_recorded_folder(fashion_folder, tmp_path):
+    _, folder, _ = fashion_folder
+    outs = [tmp_path / f"t{s}" for s in (0, 1)]
+    for s, out in enumerate(outs):
+        run_cli("train", "--model", "mlp", "-m", "depth=1", "-m", "width=8", "--dataset", folder, "--epochs", "1",
+                "--seed", s, "--out", out)
+    config = json.loads((outs[0] / "config.json").read_text())
+    assert config["dataset"] == str(folder.resolve()) and config["kwargs"]["num_classes"] == 10
+    run_cli("barrier", *outs, "--method", "naive", "--lambdas", "3", "--out", tmp_path / "b")  # the recorded folder
+    assert "images (held out" in (tmp_path / "b" / "results.json").read_text()

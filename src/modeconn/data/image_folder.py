@@ -2,8 +2,8 @@
 
 Layout (as torchvision's ``ImageFolder`` and ``datasets``' "imagefolder"): ``DIR/<class>/<image>``, or
 ``DIR/train/<class>/…`` with ``DIR/test/<class>/…`` (or ``val``/``validation``) giving the held-out split; without
-those a seeded ``heldout_fraction`` of the images is held out (``--seed``). ``test`` is the held-out part, ``val`` is
-empty.
+those a seeded ``heldout_fraction`` of the images is held out (``--seed``). ``test`` and ``val`` are both the held-out
+part (one held-out set: training's per-epoch validation and the final test read the same images).
 
 Classes must agree with the model's head (:class:`ImageHead`): as many folders as outputs, and when the head names
 its classes (``id2label`` other than ``LABEL_0``…), the folder names must be those names — the label of a folder is
@@ -87,6 +87,12 @@ def class_labels(root: Path, head: ImageHead) -> dict[str, int]:
     return {n: head.class_names.index(n) for n in names}
 
 
+def folder_head(path: Path) -> ImageHead:
+    """The classes an image folder defines itself (for training a new model on it): one per class folder."""
+    root, _ = split_layout(path)
+    return ImageHead(len(_class_dirs(root)), None, f"the class folders of {path}")
+
+
 def default_transform(channels: int | None, mean: Sequence[float] | None = None,
                       std: Sequence[float] | None = None) -> Transform:
     """PIL image → float32 ``(C, H, W)`` in ``[0, 1]`` at its own size (``channels`` 1: grayscale, 3: RGB, None: as
@@ -157,6 +163,7 @@ def load_image_folder(path: str | os.PathLike, head: ImageHead, *, transform: Tr
         heldout = f"{opts.heldout_fraction:g} of the images, seed {opts.seed}"
     x, y = x[:limit_train], y[:limit_train]
     ordered = sorted(labels, key=labels.get)
+    held = tensor_dataset(xt, yt)
     return DatasetBundle(name=f"{path.name} (held out: {heldout})", train=tensor_dataset(x, y),
-                         val=tensor_dataset(x[:0], y[:0]), test=tensor_dataset(xt, yt), num_classes=head.num_classes,
+                         val=held, test=held, num_classes=head.num_classes,
                          input_shape=tuple(x.shape[1:]), classes=tuple(ordered), source=str(path))

@@ -14,7 +14,7 @@ from typing import Any
 from ..errors import ConfigError, DataError
 from .bundle import DatasetBundle
 from .corpus import BUILDERS, is_text_corpus
-from .image_folder import ImageHead, Transform, is_image_folder, load_image_folder
+from .image_folder import ImageHead, Transform, folder_head, is_image_folder, load_image_folder
 from .image_preprocess import image_folder_for_checkpoint
 from .user_options import UserDataOptions, current_user_data_options
 from .user_text import load_checkpoint_tokenizer, max_positions, user_text_bundle
@@ -33,13 +33,14 @@ def load_user_dataset(path: str | os.PathLike, *, tokenizer: Any = None, max_pos
                       input_shape: Sequence[int] | None = None, options: UserDataOptions | None = None,
                       limit_train: int | None = None, limit_test: int | None = None) -> DatasetBundle:
     """The data at ``path``: a text corpus (needs ``tokenizer``, a ``transformers`` tokenizer) or an image folder
-    (needs ``head``), with ``options`` (default: those of the innermost
+    (checked against the model's ``head``; None: the folder defines the classes, as for training a new model), with
+    ``options`` (default: those of the innermost
     :func:`~modeconn.data.user_options.user_data_options` block).
 
     Raises:
         DataError: ``path`` is neither a text corpus nor an image folder, or its data is bad (see
             :func:`~modeconn.data.user_text.user_text_bundle`, :func:`~modeconn.data.image_folder.load_image_folder`).
-        ConfigError: text without a tokenizer, images without a head, or an option that does not apply to images.
+        ConfigError: text without a tokenizer, or an option that does not apply to images.
     """
     path, opts = Path(path), options or current_user_data_options()
     if is_text_corpus(path):
@@ -50,10 +51,8 @@ def load_user_dataset(path: str | os.PathLike, *, tokenizer: Any = None, max_pos
                                 limit_test=limit_test)
     if is_image_folder(path):
         check_image_options(path, opts)
-        if head is None:
-            raise ConfigError(f"{path} is an image folder: its class folders are checked against a classifier's head, "
-                              "and these models state none")
-        return load_image_folder(path, head, transform=transform, input_shape=tuple(input_shape) if input_shape else None,
+        return load_image_folder(path, head or folder_head(path), transform=transform,
+                                 input_shape=tuple(input_shape) if input_shape else None,
                                  options=opts, limit_train=limit_train)
     raise DataError(f"{path}: neither a text corpus (files {', '.join(BUILDERS)}, or a save_to_disk directory) nor an "
                     "image folder (one sub-folder of images per class)")

@@ -11,7 +11,7 @@
    ``--context-length`` or ``min(128, max_position_embeddings)``; a ``T`` beyond the model's positions is refused.
 4. **Held-out**: the user's (a saved split or a second file, ``--split``), blocked the same way; otherwise a seeded
    ``heldout_fraction`` of the blocks (at least one; :func:`modeconn.data.bundle.split_indices` with ``--seed``).
-   ``test`` is the held-out part, ``val`` is empty. The bundle's ``options`` state the block length, the field and
+   ``test`` and ``val`` are both the held-out part. The bundle's ``options`` state the block length, the field and
    where the held-out part came from.
 """
 
@@ -132,7 +132,7 @@ def user_text_bundle(path: str | os.PathLike, tokenizer: Any, *, max_positions: 
         options: split, text field, context length, held-out fraction and seed (defaults: :class:`UserDataOptions`).
 
     Returns:
-        ``train`` / ``test`` ``TensorDataset(input_ids (N, T) int64, labels (N, T) int64)``, ``val`` empty;
+        ``train`` / ``test`` ``TensorDataset(input_ids (N, T) int64, labels (N, T) int64)``, ``val`` = ``test``;
         ``num_classes`` = ``len(tokenizer)``.
 
     Raises:
@@ -158,12 +158,10 @@ def _bundle(path: Path, tokenizer: Any, corpus: Corpus, context: int, train: Ten
     vocab = len(tokenizer)
     backend = getattr(tokenizer, "backend_tokenizer", None)  # a tokenizers.Tokenizer, as TextBundle holds
     digest = hashlib.sha256("\n".join(corpus.train).encode("utf-8")).hexdigest()
-    empty = TensorDataset(torch.zeros(0, context, dtype=torch.int64), torch.zeros(0, context, dtype=torch.int64))
     name = f"{path.name} ({context}-token blocks, held out: {options['held_out']})"
     return TextBundle(
-        name=name, train=train, val=empty, test=test, num_classes=vocab, input_shape=(context,),
+        name=name, train=train, val=test, test=test, num_classes=vocab, input_shape=(context,),
         classes=tuple(str(t) for t in tokenizer.convert_ids_to_tokens(list(range(vocab)))), source=corpus.source,
         tokenizer=backend, vocab_size=vocab, context_length=context, options=options, text_sha256=digest,
         tokenizer_sha256=hashlib.sha256(backend.to_str().encode("utf-8")).hexdigest() if backend is not None else "",
-        num_tokens={"train": len(train) * context, "test": len(test) * context},
     )

@@ -185,7 +185,7 @@ def dataset_for(config: dict, dataset: str | None, data: Path | None, limit_trai
 
     from ..io.models import check_input_shape
 
-    if (path := user_data_path(dataset)) is not None:
+    if (path := user_data_path(dataset or config.get("dataset"))) is not None:  # named, or recorded by train
         return user_data_for_checkpoint(None, config, path, input_shape=config.get("kwargs", {}).get("in_shape"),
                                         limit_train=limit_train)
     name = dataset or config.get("dataset")
