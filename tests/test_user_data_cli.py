@@ -147,3 +147,4 @@ def test_train_on_an_image_folder_then_barrier_on_the_recorded_folder(fashion_fo
     assert config["dataset"] == str(folder.resolve()) and config["kwargs"]["num_classes"] == 10
     run_cli("barrier", *outs, "--method", "naive", "--lambdas", "3", "--out", tmp_path / "b")  # the recorded folder
     assert "images (held out" in (tmp_path / "b" / "results.json").read_text()
+    run_cli("merge", *outs, "--align", "activation", "--out", tmp_path / "m")  # the recorded folder, checked as named

@@ -48,7 +48,7 @@ def run_merge(paths: Sequence[Path], out: Path, *, weights: Sequence[float] | No
     name = dataset or configs[0].get("dataset")
     if name is None and (bn == "repair" or align_method == "activation"):
         raise ConfigError(f"--bn {bn} / --align {align_method} need a dataset; pass --dataset")
-    if user_data_path(dataset) is not None:  # the user's image folder, read and checked before any weights
+    if user_data_path(name) is not None:  # the user's image folder (named or recorded), checked before any weights
         bundle = dataset_for(configs[0], dataset, data, limit_train)
     else:
         bundle = load_dataset(name, data, limit_train=limit_train) if name else None
