@@ -206,6 +206,9 @@ def test_image_folder_train_test_layout_and_checkpoint_preprocessing(tmp_path):
     ViTImageProcessor(size={"height": 16, "width": 16}).save_pretrained(hf)
     config = {"num_labels": 3, "id2label": {"0": "LABEL_0", "1": "LABEL_1", "2": "LABEL_2"}}
     assert head_from_config(config).class_names is None
+    assert head_from_config({"num_labels": 2, "id2label": {"1": "dog", "0": "cat"}}).class_names == ("cat", "dog")
+    assert head_from_config({"architecture": "resnet18d", "num_classes": 4}).num_classes == 4  # timm's config.json
+    assert head_from_config({"architectures": ["LlamaModel"]}) is None
     v = image_folder_for_checkpoint(hf, config, tmp_path / "split", input_shape=(3, 16, 16))
     assert v.train.tensors[0].shape[1:] == (3, 16, 16)
     timm_cfg = {"num_classes": 3, "label_names": ["a", "b", "c"],
