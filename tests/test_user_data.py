@@ -216,5 +216,6 @@ def test_image_folder_train_test_layout_and_checkpoint_preprocessing(tmp_path):
                                    "interpolation": "bilinear"}}
     t = image_folder_for_checkpoint(None, timm_cfg, tmp_path / "split")
     assert t.train.tensors[0].shape[1:] == (1, 12, 12) and float(t.train.tensors[0].min()) >= -2.0 - 1e-6
+    assert "timm pretrained_cfg: input_size (1, 12, 12), bilinear" in t.name and "ViTImageProcessor" in v.name
     with pytest.raises(ConfigError, match="--context-length apply to text corpora"):
         load_user_dataset(tmp_path / "split", head=ImageHead(3), options=UserDataOptions(context_length=8))

@@ -120,7 +120,8 @@ def test_modeconn_checkpoints_on_an_image_folder(fashion_folder, tmp_path):
     run_cli("barrier", *ckpts, "--dataset", folder, "--method", "naive", "--method", "activation", "--lambdas", "3",
             "--out", tmp_path / "b")
     results = json.loads((tmp_path / "b" / "results.json").read_text())
-    assert results["dataset"]["name"].startswith("images (held out: 0.1 of the images")
+    assert results["dataset"]["name"] == ("images (held out: 0.1 of the images, seed 0; preprocessing: [0, 1] pixels "
+                                          "at their own size, normalised with mean (0.286,) / std (0.353,))")
     run_cli("check", *ckpts, "--dataset", folder, "--out", tmp_path / "c")
     run_cli("merge", *ckpts, "--align", "activation", "--dataset", folder, "--out", tmp_path / "m")
     res = run_cli("barrier", *ckpts, "--dataset", folder, "--context-length", "8", "--out", tmp_path / "x", ok=False)

@@ -31,7 +31,7 @@ from .user_options import UserDataOptions
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm"})
 HELDOUT_DIRS = ("test", "val", "validation")
 
-#: ``PIL.Image → (C, H, W) float32 tensor``.
+#: ``PIL.Image → (C, H, W) float32 tensor``; a ``description`` attribute, when set, is stated in the bundle's name.
 Transform = Callable[..., torch.Tensor]
 
 
@@ -106,6 +106,8 @@ def default_transform(channels: int | None, mean: Sequence[float] | None = None,
             x = (x - torch.tensor(mean).view(-1, 1, 1)) / torch.tensor(std).view(-1, 1, 1)
         return x.contiguous()
 
+    transform.description = "[0, 1] pixels at their own size" + (
+        f", normalised with mean {tuple(mean)} / std {tuple(std)}" if mean is not None and std is not None else "")
     return transform
 
 
@@ -164,6 +166,7 @@ def load_image_folder(path: str | os.PathLike, head: ImageHead, *, transform: Tr
     x, y = x[:limit_train], y[:limit_train]
     ordered = sorted(labels, key=labels.get)
     held = tensor_dataset(xt, yt)
-    return DatasetBundle(name=f"{path.name} (held out: {heldout})", train=tensor_dataset(x, y),
+    how = getattr(transform, "description", "the given transform")
+    return DatasetBundle(name=f"{path.name} (held out: {heldout}; preprocessing: {how})", train=tensor_dataset(x, y),
                          val=held, test=held, num_classes=head.num_classes,
                          input_shape=tuple(x.shape[1:]), classes=tuple(ordered), source=str(path))

@@ -6,7 +6,10 @@ Preprocessing, first that applies:
 1. a Hugging Face ``preprocessor_config.json`` in the directory: ``transformers.AutoImageProcessor`` (local files
    only, no remote code), ``pixel_values`` per image;
 2. timm's ``pretrained_cfg`` in ``config.json`` (as ``timm.models.save_for_hf`` writes it):
-   ``timm.data.resolve_data_config`` + ``create_transform`` (evaluation transform: resize, centre crop, normalise);
+   ``timm.data.resolve_data_config`` + ``create_transform`` (evaluation transform: resize, centre crop, normalise).
+   Its ``input_size`` is the one the checkpoint states (``save_for_hf`` keeps the architecture's default, e.g.
+   224 × 224, even for a model trained on 28 × 28 images): edit it in ``config.json`` to the size the model was trained
+   at. The bundle's name states the preprocessing used;
 3. otherwise :func:`~modeconn.data.image_folder.default_transform`: ``[0, 1]`` tensors at the images' own size.
 """
 
@@ -61,6 +64,7 @@ def hf_image_transform(directory: str | os.PathLike) -> Transform:
     def transform(image):
         return processor(images=image.convert("RGB"), return_tensors="pt")["pixel_values"][0]
 
+    transform.description = f"{type(processor).__name__} of preprocessor_config.json"
     return transform
 
 
@@ -76,6 +80,8 @@ def timm_image_transform(pretrained_cfg: Mapping[str, Any]) -> Transform:
     def transform(image):
         return inner(image.convert("L" if channels == 1 else "RGB"))
 
+    transform.description = (f"timm pretrained_cfg: input_size {tuple(data_config['input_size'])}, "
+                             f"{data_config['interpolation']}, crop_pct {data_config['crop_pct']}")
     return transform
 
 
