@@ -133,13 +133,19 @@ def refuse_kind(command: str, operation: str, checkpoint: Checkpoint) -> ConfigE
 
 def named_dataset(ckpt: Checkpoint, name: str | None, data: Path | None, limit_train: int | None, load=None):
     """The default way a kind is fed: the dataset ``name`` (``load``: the loader, default
-    :func:`modeconn.data.load_dataset` — the one place a dataset name or path is resolved), its example shape checked
-    against the model's (:meth:`Checkpoint.check_input_shape`). ConfigError without a name."""
+    :func:`modeconn.data.load_dataset`), or the user's data where ``name`` is a path
+    (:func:`modeconn.data.user_data_for_checkpoint`: the checkpoint's own preprocessing and head), its example shape
+    checked against the model's (:meth:`Checkpoint.check_input_shape`). ConfigError without a name."""
+    from ..data import user_data_for_checkpoint, user_data_path
+
     if name is None:
         raise ConfigError(f"{ckpt.describe()} records no dataset; pass --dataset")
-    if load is None:
-        from ..data import load_dataset as load
-    bundle = load(name, data, limit_train=limit_train)
+    if (path := user_data_path(name)) is not None:  # the user's data, with the checkpoint's own preprocessing
+        bundle = user_data_for_checkpoint(ckpt.path, ckpt.config, path, limit_train=limit_train)
+    else:
+        if load is None:
+            from ..data import load_dataset as load
+        bundle = load(name, data, limit_train=limit_train)
     ckpt.check_input_shape(bundle.input_shape, f"dataset {name!r}")
     return bundle
 

@@ -30,9 +30,14 @@ def _check_config(config: dict[str, Any], file: Path) -> None:
 def dataset_for(config: dict, dataset: str | None, data: Path | None, limit_train: int | None, load=None):
     """The dataset named by ``dataset`` or recorded in the checkpoint's config (ConfigError if neither, or if its
     examples do not have the shape the model was built for — checked before anything is traced); ``load``: the
-    dataset loader (default :func:`modeconn.data.load_dataset`)."""
+    dataset loader (default :func:`modeconn.data.load_dataset`). A ``dataset`` (or recorded one) that is a path is the
+    user's image folder (:func:`modeconn.data.user_data_for_checkpoint`)."""
+    from ..data import user_data_for_checkpoint, user_data_path
     from ..io.models import check_input_shape
 
+    if (path := user_data_path(dataset or config.get("dataset"))) is not None:  # named, or recorded by train
+        return user_data_for_checkpoint(None, config, path, input_shape=config.get("kwargs", {}).get("in_shape"),
+                                        limit_train=limit_train)
     if load is None:
         from ..data import load_dataset as load
     name = dataset or config.get("dataset")

@@ -71,6 +71,45 @@ def live_help(**helps: Callable[[], str]) -> type[TyperCommand]:
     return LiveHelpCommand
 
 
+DATASET_HELP = ("a registered dataset (digits, mnist, fashion-mnist, cifar10, cifar100, austen) or the PATH of your own "
+                "data: a text corpus (.txt, .jsonl/.json, .csv, .parquet, a datasets save_to_disk directory; tokenized "
+                "with the checkpoint's tokenizer) or an image folder (one sub-folder per class; the model's own "
+                "preprocessing); a path that does not exist is an error (README 'Your data'). Default: the dataset "
+                "recorded in the (first) checkpoint's config.json")
+SPLIT_HELP = ("your data: the held-out part — a split of a save_to_disk directory, or a second file; default: the "
+              "folder's test/ or val/ (images), else a seeded 10% (--seed)")
+TEXT_FIELD_HELP = "your text corpus: the field (.jsonl/.json/.csv/.parquet/saved column) holding the text"
+CONTEXT_LENGTH_HELP = "your text corpus: tokens per block (default min(128, the model's max_position_embeddings))"
+
+
+def split_option() -> Any:
+    return typer.Option(None, "--split", help=SPLIT_HELP)
+
+
+def text_field_option() -> Any:
+    return typer.Option("text", "--text-field", help=TEXT_FIELD_HELP)
+
+
+def context_length_option() -> Any:
+    return typer.Option(None, "--context-length", min=1, help=CONTEXT_LENGTH_HELP)
+
+
+@contextmanager
+def user_data(dataset: str | None, split: str | None, text_field: str, context_length: int | None,
+              seed: int | None) -> Iterator[None]:
+    """Read the user's data (a ``--dataset`` path) with these options inside the block; ConfigError (inside
+    :func:`errors_exit`) for options of the user's data given with a registered dataset name."""
+    from ..data import UserDataOptions, user_data_options, user_data_path
+    from ..errors import ConfigError
+
+    options = UserDataOptions(split=split, text_field=text_field, context_length=context_length, seed=seed or 0)
+    if options.given() and user_data_path(dataset) is None:
+        given = f"--dataset {dataset!r} is not a path" if dataset else "no --dataset is given"
+        raise ConfigError(f"{', '.join(options.given())} apply to your own data (--dataset PATH); {given}")
+    with user_data_options(options):
+        yield
+
+
 def fail(err: Exception) -> None:
     """Print ``err`` and exit with status 2 (the status of every refused input)."""
     console.print(f"[bold red]error:[/] {escape(str(err))}")  # messages may hold brackets: modeconn[ray], x[.gz]

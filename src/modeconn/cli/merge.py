@@ -6,8 +6,8 @@ from pathlib import Path
 
 import typer
 
-from ._app import (DATA_HELP, DEVICE_HELP, MAX_ITER_HELP, METHOD_OPTION_HELP, OVERWRITE_HELP, RESTARTS_HELP, app,
-                   console, errors_exit, live_help, log, parse_kv, progress_bar)
+from ._app import (DATA_HELP, DATASET_HELP, DEVICE_HELP, MAX_ITER_HELP, METHOD_OPTION_HELP, OVERWRITE_HELP,
+                   RESTARTS_HELP, app, console, errors_exit, live_help, log, parse_kv, progress_bar, user_data)
 from ._print import show
 
 
@@ -47,7 +47,7 @@ def merge(
     align_method: str = typer.Option("weight", "--align", help=_align_help()),
     option: list[str] = typer.Option([], "--option", "-o", help=METHOD_OPTION_HELP),
     bn: str = typer.Option("reset", help="BatchNorm policy after averaging: reset, interpolate, repair"),
-    dataset: str | None = typer.Option(None, help="dataset for BN reset / REPAIR / activation matching (default: the first model's)"),
+    dataset: str | None = typer.Option(None, help="data for BN reset / REPAIR / activation matching: " + DATASET_HELP),
     data: Path | None = typer.Option(None, help=DATA_HELP),
     limit_train: int | None = typer.Option(None, min=1),
     seed: int | None = typer.Option(None, help="seed of weight matching's restarts and of randomised rules (DARE, "
@@ -78,7 +78,7 @@ def merge(
                         limit_train=limit_train, seed=seed, restarts=restarts, max_iter=max_iter,
                         overwrite=overwrite, base=base, params=tuple(param), dtype=dtype, config=config,
                         device=device, options=parse_kv(option, "--option"))
-    with errors_exit(), progress_bar() as progress:
+    with errors_exit(), user_data(dataset, None, "text", None, seed), progress_bar() as progress:
         outcome = run_merge(models or [], out, opts, progress=progress, log=log,
                             note=lambda s: console.print(f"note: {s}"))
     show(outcome)

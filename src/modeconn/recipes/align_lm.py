@@ -117,22 +117,23 @@ def _load_modeconn(ckpts: list[Checkpoint], opts, _state) -> tuple[nn.Module, nn
 
 
 def _precheck_hf(ckpts: list[Checkpoint], opts):
-    """Causal LMs, a text dataset and the first checkpoint's tokenizer (returned), before any weights are read."""
-    from .pair import check_hf_text
+    """Causal LMs and their text (a registered text dataset or the user's corpus, tokenized with the first
+    checkpoint's own tokenizer; returned), read and checked before any weights are read."""
+    from .pair import hf_text_data
 
-    return check_hf_text(ckpts, "--method dual / one-sided", opts.dataset)
+    return hf_text_data(ckpts, "--method dual / one-sided", opts.dataset, opts.data, opts.limit_train)
 
 
-def _load_hf(ckpts: list[Checkpoint], opts, tokenizer) -> tuple[nn.Module, nn.Module, Any]:
-    """Both causal LMs in memory (float32), wrapped as token ids → logits, and the text tokenized with their own
-    tokenizer (:func:`~.pair.hf_text_bundle`)."""
+def _load_hf(ckpts: list[Checkpoint], opts, bundle) -> tuple[nn.Module, nn.Module, Any]:
+    """Both causal LMs in memory (float32), wrapped as token ids → logits, with their text."""
     from ..models.causal_lm import CausalLM
     from ..symmetry import check_same_config
-    from .pair import hf_text_bundle
+    from .pair import check_vocabulary
 
     ma, mb = (c.load().float() for c in ckpts)
     check_same_config(ma, mb)
-    context, bundle = hf_text_bundle(ckpts[0], ma, tokenizer, opts.dataset, opts.data, opts.limit_train)
+    check_vocabulary(ckpts[0], ma, bundle)
+    context = bundle.input_shape[0]
     return CausalLM.wrap(ma, context), CausalLM.wrap(mb, context), bundle
 
 

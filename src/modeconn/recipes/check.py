@@ -52,19 +52,19 @@ def _load_in_memory(ckpts, opts: CheckOptions):
 
 
 def _load_causal_lms(ckpts, opts: CheckOptions):
-    """Hugging Face (or absorbed) causal LMs, wrapped as token ids → logits, and the text of ``--dataset`` tokenized
-    with the first checkpoint's tokenizer (:func:`~.pair.check_hf_text` first: nothing is loaded for a wrong dataset
-    or kind)."""
+    """Hugging Face (or absorbed) causal LMs, wrapped as token ids → logits, and the text of ``--dataset`` (a
+    registered text dataset or the user's corpus) tokenized with the first checkpoint's tokenizer — read and checked
+    before any weights (:func:`~.pair.hf_text_data`)."""
     from ..models.causal_lm import CausalLM
     from ..symmetry import check_same_config
-    from .pair import check_hf_text, hf_text_bundle
+    from .pair import check_vocabulary, hf_text_data
 
-    tokenizer = check_hf_text(ckpts, "check", opts.dataset)
+    bundle = hf_text_data(ckpts, "check", opts.dataset, opts.data, opts.limit_train)
     models = [c.load().float() for c in ckpts]
     if len(models) == 2:
         check_same_config(*models)
-    context, bundle = hf_text_bundle(ckpts[0], models[0], tokenizer, opts.dataset, opts.data, opts.limit_train)
-    return [CausalLM.wrap(m, context) for m in models], dict(ckpts[0].config), bundle
+    check_vocabulary(ckpts[0], models[0], bundle)
+    return [CausalLM.wrap(m, bundle.input_shape[0]) for m in models], dict(ckpts[0].config), bundle
 
 
 CHECKPOINT_KINDS["modeconn"].supports("check", _load_in_memory)

@@ -156,22 +156,22 @@ def _eval_in_memory(ckpt: Checkpoint, opts: EvalOptions) -> Evaluand:
 
 def _eval_hf(ckpt: Checkpoint, opts: EvalOptions) -> Evaluand:
     from ..models.causal_lm import CausalLM
-    from .pair import check_hf_text, hf_text_bundle
+    from .pair import check_vocabulary, hf_text_data
 
     if opts.dataset is None and not opts.tasks:
-        raise ConfigError(f"{ckpt.describe()} records no dataset: pass --dataset (a text dataset) and/or --tasks "
-                          "(lm-eval tasks)")
-    tokenizer = check_hf_text([ckpt], "eval", opts.dataset) if opts.dataset is not None else None
-    if opts.dataset is None:
+        raise ConfigError(f"{ckpt.describe()} records no dataset: pass --dataset (a text dataset or your corpus) "
+                          "and/or --tasks (lm-eval tasks)")
+    bundle = hf_text_data([ckpt], "eval", opts.dataset, opts.data, opts.limit_train) if opts.dataset else None
+    if bundle is None:
         _check_causal_lm(ckpt)
     harness_tokenizer = _hf_tokenizer(ckpt) if opts.tasks else None
     lm = ckpt.load().float()
     ev = Evaluand(lm, lm=lm, tokenizer=harness_tokenizer,
                   info={"architecture": (ckpt.config.get("architectures") or [None])[0]})
-    if tokenizer is not None:
-        context, ev.bundle = hf_text_bundle(ckpt, lm, tokenizer, opts.dataset, opts.data, opts.limit_train)
-        ev.model = CausalLM.wrap(lm, context)
-        ev.info["context_length"] = context
+    if bundle is not None:
+        check_vocabulary(ckpt, lm, bundle)
+        ev.bundle, ev.model = bundle, CausalLM.wrap(lm, bundle.input_shape[0])
+        ev.info["context_length"] = bundle.input_shape[0]
     return ev
 
 

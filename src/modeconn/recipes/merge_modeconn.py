@@ -65,11 +65,11 @@ def merge_in_memory(plan: MergePlan, out: Path, log: Log = print):
     name = opts.dataset or ckpts[0].dataset
     if name is None and (opts.bn == "repair" or (plan.align is not None and plan.align.needs_data)):
         raise ConfigError(f"--bn {opts.bn} / --align {opts.align} need a dataset; pass --dataset")
+    bundle = ckpts[0].feed(name, opts.data, opts.limit_train, load_dataset) if name else None  # before any weights
     models = load_same_architecture(ckpts)
     if name is None and opts.bn == "reset" and batchnorm_modules(models[0]):  # never a silent interpolation instead
         raise ConfigError("--bn reset re-estimates the merged model's BatchNorm statistics on data, and "
                           f"{ckpts[0].describe()} records no dataset: pass --dataset, or --bn interpolate / keep")
-    bundle = ckpts[0].feed(name, opts.data, opts.limit_train, load_dataset) if name else None
     x0 = bundle.train.tensors[0][:2] if bundle is not None else ckpts[0].example_input()
     spec = symmetry_spec(models[0], x0)
     sds = _aligned(plan, spec, models, bundle, log)
