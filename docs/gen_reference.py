@@ -179,8 +179,9 @@ def _checkpoint_kinds() -> list[str]:
 
     lines = ["## Checkpoint kinds", "", "`modeconn.checkpoints.CHECKPOINT_KINDS`, in detection order (the first kind",
              "whose `detect` accepts a directory's `config.json` opens it).", ""]
-    return lines + _table(["name", "label", "streams", "operations"],
-                          [[f"`{k.name}`", k.label, "yes" if k.streams else "no", ", ".join(sorted(k.operations))]
+    return lines + _table(["name", "label", "streams", "in memory (every in-memory command)", "operations of its own"],
+                          [[f"`{k.name}`", k.label, "yes" if k.streams else "no",
+                            "yes" if getattr(k, "in_memory", False) else "no", ", ".join(sorted(k.operations))]
                            for k in CHECKPOINT_KINDS.values()])
 
 

@@ -58,7 +58,7 @@ from .io.vocabulary import check_vocabularies
 from .match.result import Alignment
 from .match.weight import weight_matching
 from .path.interpolate import merge_weights, plan_settings, weighted_average
-from .path.merge_rules import RuleSettings, check_rule_settings
+from .path.merge_rules import MergeRule, RuleSettings, check_rule_settings
 from .symmetry import Element, SymmetrySpec
 from .symmetry.hf.directory import check_same_hf_configs, hf_config
 
@@ -214,7 +214,7 @@ def stream_apply(spec: SymmetrySpec, src: Checkpoint, element: Element, out: Pat
 def stream_merge(spec: SymmetrySpec | None, srcs: Sequence[Checkpoint], out: PathLike, *,
                  weights: Sequence[float] | None = None, elements: Sequence[Element | None] | None = None,
                  files: Mapping[str, Any] | None = None, overwrite: bool = False,
-                 progress: Progress | None = None, normalize: bool = True, rule: str = "linear",
+                 progress: Progress | None = None, normalize: bool = True, rule: str | MergeRule = "linear",
                  settings: RuleSettings | None = None, dtype: torch.dtype | None = None,
                  out_dtype: torch.dtype | None = None, device: str | torch.device | None = None) -> Path:
     """Write the merge of two or more checkpoints, ``rule((g_i · θ_i)_i)`` (default ``Σ_i w_i · (g_i · θ_i)``), to
@@ -232,12 +232,13 @@ def stream_merge(spec: SymmetrySpec | None, srcs: Sequence[Checkpoint], out: Pat
         elements: per model the group element to apply first (``None``: as stored), e.g. from
             :func:`stream_weight_matching` against the first model.
         files, overwrite, progress: as in :func:`stream_apply`.
-        rule: the merge rule applied to each tensor (:data:`~modeconn.path.merge_rules.MERGE_RULES`; ``linear``);
+        rule: the merge rule applied to each tensor, a name of :data:`~modeconn.path.merge_rules.MERGE_RULES` or its
+            entry (``linear``);
             ``settings``: its base, parameters and seed (:class:`~modeconn.path.merge_rules.RuleSettings`).
         dtype: inputs cast to it before the rule (mergekit's recipe ``dtype``); ``out_dtype``: the written floating
             tensors' dtype.
-        device: where the arithmetic runs (``None``/``"cpu"``: the CPU, as before; ``"cuda"`` …): each tensor's
-            inputs are copied there and the result back.
+        device: where the arithmetic runs (``None``/``"cpu"``: the CPU, as before; ``"cuda"`` …; a ``torch.device``
+            is taken as resolved): each tensor's inputs are copied there and the result back.
     Returns: ``out``, created atomically. Peak memory: :data:`~modeconn.io.lazy.READ_AHEAD` + 1 keys' tensors per
         model read, the fp32 sum, :data:`~modeconn.io.lazy.WRITE_BEHIND` + 1 results.
     Raises: ConfigError (fewer than two models, bad weights or rule settings, elements not one per model, a device
@@ -249,7 +250,8 @@ def stream_merge(spec: SymmetrySpec | None, srcs: Sequence[Checkpoint], out: Pat
     ckpts = [_lazy(s) for s in srcs]
     if len(ckpts) < 2:
         raise ConfigError(f"merging needs at least two checkpoints, got {len(ckpts)}")
-    device = resolve_device(device, "device")
+    if not isinstance(device, torch.device):
+        device = resolve_device(device, "device")
     weights = merge_weights(weights, len(ckpts), normalize=normalize)  # before any work
     merge_rule = check_rule_settings(rule, settings, len(ckpts))
     elements = list(elements) if elements is not None else [None] * len(ckpts)
@@ -262,7 +264,7 @@ def stream_merge(spec: SymmetrySpec | None, srcs: Sequence[Checkpoint], out: Pat
     names = [str(c.path) for c in ckpts]
     caches: list[dict] = [{} for _ in ckpts]
     layout = _layout_in(ckpts[0].layout, out_dtype)
-    merge_one = functools.partial(_merge_one, names=names, weights=weights, rule=rule, settings=settings, dtype=dtype,
+    merge_one = functools.partial(_merge_one, names=names, weights=weights, rule=merge_rule, settings=settings, dtype=dtype,
                                   out_dtype=out_dtype, device=None if is_cpu(device) else device)
 
     def produce(key: str) -> torch.Tensor:
@@ -285,7 +287,7 @@ PROPAGATING_RULES = frozenset({"linear"})
 proves finite inputs, and the inputs are scanned only when it is not (to name the model at fault)."""
 
 
-def _merge_one(key: str, tensors: list[torch.Tensor], *, names: list[str], weights: list[float], rule: str,
+def _merge_one(key: str, tensors: list[torch.Tensor], *, names: list[str], weights: list[float], rule: MergeRule | str,
                settings: RuleSettings | None, dtype: torch.dtype | None, out_dtype: torch.dtype | None,
                device: torch.device | None) -> torch.Tensor:
     """One merged tensor of :func:`stream_merge` (on ``device`` when given); NonFiniteError naming the model and
@@ -293,7 +295,7 @@ def _merge_one(key: str, tensors: list[torch.Tensor], *, names: list[str], weigh
     if device is not None:
         tensors = [t.to(device, non_blocking=True) for t in tensors]
     sds = [{key: t} for t in tensors]
-    propagating = rule in PROPAGATING_RULES
+    propagating = (rule if isinstance(rule, str) else rule.name) in PROPAGATING_RULES
     if not propagating:
         for sd, name in zip(sds, names, strict=True):
             check_finite(sd, name)

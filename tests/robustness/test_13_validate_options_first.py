@@ -22,6 +22,7 @@ from modeconn.errors import ConfigError
 from modeconn.diagnostics import compare as compare_mod
 from modeconn.experiments import identifiability as ident_mod
 from modeconn.recipes import merge_modeconn as merge_mod
+from modeconn.recipes import merge_plan as merge_plan_mod
 from modeconn.io import save_checkpoint
 from modeconn.models import build_model
 from modeconn.path import evaluate as evaluate_mod
@@ -118,7 +119,7 @@ def test_checkpoint_config_typo_is_reported_before_weights_are_read(expensive_st
 
 
 def test_negative_control_late_validation_is_caught(monkeypatch, tmp_path):
-    monkeypatch.setattr(merge_mod, "check_bn_policy", lambda bn: None)  # broken: bn only checked after loading
+    monkeypatch.setattr(merge_plan_mod, "check_bn_policy", lambda bn: None)  # broken: bn only checked after loading
     with pytest.raises(AssertionError, match="not reported first.*CheckpointError"):
         assert_typo_first(lambda: merge_mod.run_merge(list(NOPE), tmp_path / "out", bn="rest"), "rest")
 

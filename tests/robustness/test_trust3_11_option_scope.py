@@ -36,6 +36,7 @@ VALUES = {  # a value other than the default, for every option enumerated (flags
     "lambda_schedule": "fixed", "lambda_value": "0.3", "parameterization": "matrix_exp", "batch_size": "4",
     "bn": "interpolate", "dtype": "float16", "normalize": None, "budget": "5", "continuity_tol": "0.1",
     "resume": None, "max_batches": "2", "eval_limit": "100", "lambdas": "3", "sub_points": "2",
+    "split": "test", "text_field": "body", "context_length": "8",
 }
 RECORDED = {
     "align": {"seed", "restarts", "max_iter", "steps", "lr", "lambda_schedule", "lambda_value", "parameterization",
@@ -46,9 +47,10 @@ RECORDED = {
 ``out_dtype``)."""
 RECORD_KEYS = {"dtype": "out_dtype"}
 UNIVERSAL = {
-    "align": {"a", "b", "out", "method", "overwrite", "seed"},
-    "merge": {"models", "out", "config", "weights", "rule", "base", "param", "align_method", "overwrite", "seed"},
-    "barrier": {"a", "b", "method", "out", "overwrite", "lambdas", "eval_limit", "seed"},
+    "align": {"a", "b", "out", "method", "option", "overwrite", "seed"},
+    "merge": {"models", "out", "config", "weights", "rule", "base", "param", "align_method", "option", "overwrite",
+              "seed"},
+    "barrier": {"a", "b", "method", "option", "out", "overwrite", "lambdas", "eval_limit", "seed"},
     "path": {"a", "b", "method", "option", "out", "overwrite", "sub_points", "eval_limit", "seed"},
     "check": {"a", "b", "out", "overwrite"},
 }

@@ -42,9 +42,9 @@ def _heavy(name):
 @pytest.fixture
 def armed(monkeypatch):
     """The check of this class: any heavy step raises HeavyWork."""
-    for mod, attr in ((io_mod, "load_state_dict"), (merge_mod, "weight_matching"), (stream_mod, "weight_matching")):
+    for mod, attr in ((io_mod, "load_state_dict"), (stream_mod, "weight_matching")):
         monkeypatch.setattr(mod, attr, _heavy(f"{mod.__name__}.{attr}"))
-    # barrier/demo comparisons run alignment methods through the registry (diagnostics.compare → ALIGNMENT_METHODS)
+    # merge and the barrier/demo comparisons run alignment methods through the registry (ALIGNMENT_METHODS)
     entry = ALIGNMENT_METHODS.get("weight")
     monkeypatch.setitem(ALIGNMENT_METHODS._items, "weight", dataclasses.replace(entry, fn=_heavy("weight matching")))
     return monkeypatch

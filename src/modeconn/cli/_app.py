@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import typer
+from typer.core import TyperCommand
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
@@ -48,6 +49,65 @@ MAX_ITER_HELP = "weight matching (every checkpoint kind): the most sweeps per ru
 DEVICE_HELP = ("where weight matching's score products and the merge arithmetic run: cpu, cuda, cuda:1, mps … "
                "(default: the CPU, as before; an unavailable device is an error before any work)")
 OVERWRITE_HELP = "replace a non-empty --out, if modeconn wrote it (inputs and other folders are never replaced)"
+METHOD_OPTION_HELP = ("a setting of the alignment method, key=value, repeatable (the value read as JSON, else as a "
+                      "string): any field of the method's config class (e.g. -o restart_rtol=0 -o restart_init=scratch "
+                      "for weight matching, -o max_batches=4 for activation matching). The dedicated flags (--seed, "
+                      "--restarts, --max-iter …) are shorthands for fields of the same name. Checked by the config "
+                      "before any work: an unknown key (the method's fields are named), a bad value, a key the "
+                      "checkpoints' path does not use or one also given by its flag is refused")
+
+
+def live_help(**helps: Callable[[], str]) -> type[TyperCommand]:
+    """A command class whose options named in ``helps`` get their help text from ``helps[name]()`` each time help
+    is shown: texts that list a registry (methods, rules) name the entries registered by then, not at import."""
+
+    class LiveHelpCommand(TyperCommand):
+        def format_help(self, ctx, formatter) -> None:
+            for param in self.params:
+                if param.name in helps:
+                    param.help = helps[param.name]()
+            super().format_help(ctx, formatter)
+
+    return LiveHelpCommand
+
+
+DATASET_HELP = ("a registered dataset (digits, mnist, fashion-mnist, cifar10, cifar100, austen) or the PATH of your own "
+                "data: a text corpus (.txt, .jsonl/.json, .csv, .parquet, a datasets save_to_disk directory; tokenized "
+                "with the checkpoint's tokenizer) or an image folder (one sub-folder per class; the model's own "
+                "preprocessing); a path that does not exist is an error (README 'Your data'). Default: the dataset "
+                "recorded in the (first) checkpoint's config.json")
+SPLIT_HELP = ("your data: the held-out part — a split of a save_to_disk directory, or a second file; default: the "
+              "folder's test/ or val/ (images), else a seeded 10% (--seed)")
+TEXT_FIELD_HELP = "your text corpus: the field (.jsonl/.json/.csv/.parquet/saved column) holding the text"
+CONTEXT_LENGTH_HELP = "your text corpus: tokens per block (default min(128, the model's max_position_embeddings))"
+
+
+def split_option() -> Any:
+    return typer.Option(None, "--split", help=SPLIT_HELP)
+
+
+def text_field_option() -> Any:
+    return typer.Option("text", "--text-field", help=TEXT_FIELD_HELP)
+
+
+def context_length_option() -> Any:
+    return typer.Option(None, "--context-length", min=1, help=CONTEXT_LENGTH_HELP)
+
+
+@contextmanager
+def user_data(dataset: str | None, split: str | None, text_field: str, context_length: int | None,
+              seed: int | None) -> Iterator[None]:
+    """Read the user's data (a ``--dataset`` path) with these options inside the block; ConfigError (inside
+    :func:`errors_exit`) for options of the user's data given with a registered dataset name."""
+    from ..data import UserDataOptions, user_data_options, user_data_path
+    from ..errors import ConfigError
+
+    options = UserDataOptions(split=split, text_field=text_field, context_length=context_length, seed=seed or 0)
+    if options.given() and user_data_path(dataset) is None:
+        given = f"--dataset {dataset!r} is not a path" if dataset else "no --dataset is given"
+        raise ConfigError(f"{', '.join(options.given())} apply to your own data (--dataset PATH); {given}")
+    with user_data_options(options):
+        yield
 
 
 def fail(err: Exception) -> None:

@@ -6,16 +6,17 @@ from pathlib import Path
 
 import typer
 
-from ._app import (DATA_HELP, DEVICE_HELP, DOWNLOAD_HELP, MAX_ITER_HELP, OVERWRITE_HELP, RESTARTS_HELP, app, console,
-                   errors_exit, log, progress_bar)
+from ._app import (DATA_HELP, DATASET_HELP, DEVICE_HELP, DOWNLOAD_HELP, MAX_ITER_HELP, METHOD_OPTION_HELP,
+                   OVERWRITE_HELP, RESTARTS_HELP, app, console, errors_exit, live_help, log, parse_kv,
+                   progress_bar, user_data)
 from ._print import show
 
 
 def _method_help() -> str:
-    from ..match.methods import ALIGNMENT_METHODS
-    from ..recipes.align import IN_MEMORY, LANGUAGE_MODEL
+    """The methods registered when help is shown (:func:`~._app.live_help`)."""
+    from ..match.methods import ALIGNMENT_METHODS, command_line_methods
 
-    entries = [ALIGNMENT_METHODS.get(m) for m in IN_MEMORY + LANGUAGE_MODEL]
+    entries = [ALIGNMENT_METHODS.get(m) for m in command_line_methods() + command_line_methods(continuous=True)]
     return ("alignment method: " + "; ".join(f"{m.name} — {m.summary}" for m in entries)
             + " (one-sided and dual: language models only; learned on language models: deprecated name of one-sided)")
 
@@ -27,13 +28,14 @@ def _model_help() -> str:
             + ", ".join(ADAPTERS))
 
 
-@app.command()
+@app.command(cls=live_help(method=_method_help))
 def align(
     a: Path = typer.Argument(..., help=_model_help()),
     b: Path = typer.Argument(..., help="checkpoint directory of model B (to be permuted into A's basin)"),
     out: Path = typer.Option(..., help="checkpoint directory for the aligned B (plus alignment.json)"),
     method: str = typer.Option("weight", help=_method_help()),
-    dataset: str | None = typer.Option(None, help="dataset for activation/learned matching (default: A's)"),
+    option: list[str] = typer.Option([], "--option", "-o", help=METHOD_OPTION_HELP),
+    dataset: str | None = typer.Option(None, help="data for activation/learned matching: " + DATASET_HELP),
     data: Path | None = typer.Option(None, help=DATA_HELP),
     download: bool = typer.Option(False, help=DOWNLOAD_HELP),
     limit_train: int | None = typer.Option(None, min=1, help="methods that read data: the first N training examples"),
@@ -75,25 +77,33 @@ def align(
     config.json and other side files, and alignment.json. Try --max-iter 2 on large models
     (benchmarks/bench_stream_wm.py).
 
-    Language-model checkpoints (gpt-neox-tiny) with --method dual (LMC-DM, docs/methods.md §3) or one-sided: both
-    models are absorbed (normalizations folded), the full group is bound (orthogonal residual, head permutation,
-    per-head invertible QK / OV, FFN permutation), weight matching gives the discrete parts and the start, and the
-    continuous transforms are learned on the training split. --out then holds a/ and b/ (the transformed absorbed
-    endpoints; load with modeconn.symmetry.load_absorbed), transforms.safetensors and alignment.json.
+    Language models — modeconn's gpt-neox-tiny checkpoints, and Hugging Face causal LMs of a family with
+    normalization absorption (GPT-NeoX/Pythia, GPT-2, Llama-style; text from --dataset tokenized with the
+    checkpoint's own tokenizer) — with --method dual (LMC-DM, docs/methods.md §3) or one-sided: both models are
+    absorbed (normalizations folded), the full group is bound (orthogonal residual, head permutation, per-head
+    invertible QK / OV, FFN permutation), weight matching gives the discrete parts and the start, and the
+    continuous transforms are learned on the training split. --out then holds a/ and b/ (the transformed
+    endpoints), transforms.safetensors and alignment.json. Hugging Face RMSNorm families (Llama, Mistral, Qwen …)
+    are written as stock checkpoints that from_pretrained loads (unit norm weights, the source's tokenizer);
+    LayerNorm families and modeconn's LMs as absorbed checkpoints (modeconn.symmetry.load_absorbed; stock
+    transformers refuses them). alignment.json's "formats" says which.
     Multi-process: `torchrun --standalone --nproc_per_node N -m modeconn align ...` splits every batch over the N
     processes (--batch-size ≥ N; NCCL on cuda:LOCAL_RANK where CUDA is available, else gloo); rank 0 alone writes
     --out and prints. --shard also splits the endpoints' tensors, the transforms and Adam's state over the processes
     (each holds about 1/N; docs/results/dual-memory/report.md has the memory model).
 
-    Every option given is used by the chosen method on the checkpoints' kind, or refused naming it and why.
+    Every option given is used by the chosen method on the checkpoints' kind, or refused naming it and why. Any
+    setting of the method's config class is given with -o key=value (streaming weight matching of Hugging Face
+    directories takes every WeightMatchingConfig field, e.g. -o restart_rtol=0 -o chunk=65536).
     """
     from ..recipes.align import AlignOptions, align as run_align
 
     opts = AlignOptions(method=method, dataset=dataset, data=data, download=download, limit_train=limit_train, seed=seed,
-                                steps=steps, lr=lr, lambda_schedule=lambda_schedule, lambda_value=lambda_value,
-                                parameterization=parameterization, batch_size=batch_size, restarts=restarts,
-                                max_iter=max_iter, groups=groups, overwrite=overwrite, device=device, shard=shard)
-    with errors_exit(download), progress_bar() as progress:
+                        steps=steps, lr=lr, lambda_schedule=lambda_schedule, lambda_value=lambda_value,
+                        parameterization=parameterization, batch_size=batch_size, restarts=restarts,
+                        max_iter=max_iter, groups=groups, overwrite=overwrite, device=device, shard=shard,
+                        options=parse_kv(option, "--option"))
+    with errors_exit(download), user_data(dataset, None, "text", None, seed), progress_bar() as progress:
         outcome = run_align(a, b, out, opts, progress=progress, log=log,
                                 note=lambda s: console.print(f"[yellow]{s}[/]"))
     show(outcome)

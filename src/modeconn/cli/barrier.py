@@ -6,22 +6,30 @@ from pathlib import Path
 
 import typer
 
-from ._app import DATA_HELP, DOWNLOAD_HELP, OVERWRITE_HELP, app, check_out, console, errors_exit, log, progress_bar, two_arg, written
+from ._app import (DATA_HELP, DATASET_HELP, DOWNLOAD_HELP, METHOD_OPTION_HELP, OVERWRITE_HELP, app, check_out,
+                   console, context_length_option, errors_exit, live_help, log, parse_kv, progress_bar,
+                   split_option, text_field_option, two_arg, user_data, written)
 from .tables import comparison_table
 
 
 def _method_help() -> str:
-    from ..diagnostics.compare import METHOD_LABELS
+    """The methods registered when help is shown (:func:`~._app.live_help`)."""
+    from ..diagnostics.compare import method_labels
 
-    return "alignment method (repeatable): " + ", ".join(f"{k} ({v})" for k, v in METHOD_LABELS.items())
+    return "alignment method (repeatable): " + ", ".join(f"{k} ({v})" for k, v in method_labels().items())
 
 
-@app.command()
+@app.command(cls=live_help(method=_method_help))
 def barrier(
     a: Path = typer.Argument(..., help="checkpoint directory of model A"),
     b: Path = typer.Argument(..., help="checkpoint directory of model B"),
     method: list[str] = typer.Option(["naive", "weight", "activation"], "--method", help=_method_help()),
-    dataset: str | None = typer.Option(None, help="dataset (default: the one recorded in A's config.json)"),
+    option: list[str] = typer.Option([], "--option", "-o", help=METHOD_OPTION_HELP + "; each key goes to every "
+                                     "--method whose config has that field (--seed, not -o seed, seeds them all)"),
+    dataset: str | None = typer.Option(None, help=DATASET_HELP),
+    split: str | None = split_option(),
+    text_field: str = text_field_option(),
+    context_length: int | None = context_length_option(),
     data: Path | None = typer.Option(None, help=DATA_HELP),
     download: bool = typer.Option(False, help=DOWNLOAD_HELP),
     bn: str = typer.Option("reset", help="BatchNorm policy: reset, interpolate, keep, repair"),
@@ -46,9 +54,9 @@ def barrier(
     out = out or default_out("barrier")
     with errors_exit(download):
         check_out(out, [a, b, data], overwrite)
-        with progress_bar() as progress:
-            comparison = run_barrier(a, b, method, out, dataset=dataset, data=data, limit_train=limit_train, bn=bn,
-                                     lambdas=lambdas, eval_limit=eval_limit, seed=seed, overwrite=overwrite, log=log,
-                                     progress=two_arg(progress, "path points"))
+        with user_data(dataset, split, text_field, context_length, seed), progress_bar() as progress:
+            comparison = run_barrier(a, b, method, out, options=parse_kv(option, "--option"), dataset=dataset,
+                                     data=data, limit_train=limit_train, bn=bn, lambdas=lambdas, eval_limit=eval_limit,
+                                     seed=seed, overwrite=overwrite, log=log, progress=two_arg(progress, "path points"))
     console.print(comparison_table(comparison.to_json(), "test"))
     written(out, "report.md, results.json, barrier.png")

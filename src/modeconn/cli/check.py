@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from ._app import DATA_HELP, DOWNLOAD_HELP, OVERWRITE_HELP, app, check_out, errors_exit, log
+from ._app import DATA_HELP, DATASET_HELP, DOWNLOAD_HELP, OVERWRITE_HELP, app, check_out, errors_exit, log, user_data
 from ._print import show
 
 
@@ -14,7 +14,7 @@ from ._print import show
 def check(
     a: Path = typer.Argument(..., help="checkpoint directory of model A"),
     b: Path | None = typer.Argument(None, help="checkpoint directory of model B (omit: predict for a twin of A)"),
-    dataset: str | None = typer.Option(None, help="dataset (default: the one recorded in A's config.json)"),
+    dataset: str | None = typer.Option(None, help=DATASET_HELP),
     data: Path | None = typer.Option(None, help=DATA_HELP),
     download: bool = typer.Option(False, help=DOWNLOAD_HELP),
     limit_train: int | None = typer.Option(None, min=1, help="use only the first N training examples"),
@@ -40,5 +40,6 @@ def check(
                         eval_limit=eval_limit, seed=seed, overwrite=overwrite, device=device)
     with errors_exit(download):
         check_out(out, [a, b, data], overwrite)
-        outcome = run_check(a, b, out, opts, log=log)
+        with user_data(dataset, None, "text", None, seed):  # the seed of an image folder's held-out share
+            outcome = run_check(a, b, out, opts, log=log)
     show(outcome)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import typer
 
-from ._app import (DATA_HELP, DEVICE_HELP, MAX_ITER_HELP, OVERWRITE_HELP, RESTARTS_HELP, app, console, errors_exit, log,
-                   progress_bar)
+from ._app import (DATA_HELP, DATASET_HELP, DEVICE_HELP, MAX_ITER_HELP, METHOD_OPTION_HELP, OVERWRITE_HELP,
+                   RESTARTS_HELP, app, console, errors_exit, live_help, log, parse_kv, progress_bar, user_data)
 from ._print import show
 
 
@@ -18,7 +18,15 @@ def _rule_help() -> str:
                                       for r in map(MERGE_RULES.get, MERGE_RULES))
 
 
-@app.command()
+def _align_help() -> str:
+    """The --align choices registered when help is shown (:func:`~._app.live_help`)."""
+    from ..recipes.merge_plan import align_choices
+
+    return ("align every model to the first: " + ", ".join(align_choices()) + " (Hugging Face checkpoints: weight "
+            "or none); -o sets the method's options")
+
+
+@app.command(cls=live_help(align_method=_align_help, rule=_rule_help))
 def merge(
     models: list[Path] = typer.Argument(None, help="two or more checkpoint directories or Hugging Face cache entries "
                                         "(models--ORG--NAME); the first is the reference (omit with --config)"),
@@ -36,9 +44,10 @@ def merge(
                                     "t=0.3; mergekit's names)"),
     dtype: str | None = typer.Option(None, help="Hugging Face checkpoints: dtype of the output (float32, float16, "
                                      "bfloat16; default: the first model's)"),
-    align_method: str = typer.Option("weight", "--align", help="align every model to the first: weight, activation, none"),
+    align_method: str = typer.Option("weight", "--align", help=_align_help()),
+    option: list[str] = typer.Option([], "--option", "-o", help=METHOD_OPTION_HELP),
     bn: str = typer.Option("reset", help="BatchNorm policy after averaging: reset, interpolate, repair"),
-    dataset: str | None = typer.Option(None, help="dataset for BN reset / REPAIR / activation matching (default: the first model's)"),
+    dataset: str | None = typer.Option(None, help="data for BN reset / REPAIR / activation matching: " + DATASET_HELP),
     data: Path | None = typer.Option(None, help=DATA_HELP),
     limit_train: int | None = typer.Option(None, min=1),
     seed: int | None = typer.Option(None, help="seed of weight matching's restarts and of randomised rules (DARE, "
@@ -59,7 +68,8 @@ def merge(
     weight (streaming weight matching) or none (any architecture with matching tensor names and shapes), then the
     merge is written shard by shard in the first model's layout with the base's (else the first's) config and
     tokenizer files, merge.json, the recipe it ran (merge_recipe.yml) and a model card (README.md); no BatchNorm step
-    and no evaluation (no data is read). Rules other than linear come from mergekit (pip install 'modeconn[mergekit]').
+    and no evaluation (no data is read). -o key=value sets any option of the --align method's config class (every
+    WeightMatchingConfig field on Hugging Face checkpoints). Rules other than linear come from mergekit (pip install 'modeconn[mergekit]').
     """
     from ..recipes.merge import MergeOptions, merge as run_merge
 
@@ -67,8 +77,8 @@ def merge(
                         normalize=normalize, rule=rule, align=align_method, bn=bn, dataset=dataset, data=data,
                         limit_train=limit_train, seed=seed, restarts=restarts, max_iter=max_iter,
                         overwrite=overwrite, base=base, params=tuple(param), dtype=dtype, config=config,
-                        device=device)
-    with errors_exit(), progress_bar() as progress:
+                        device=device, options=parse_kv(option, "--option"))
+    with errors_exit(), user_data(dataset, None, "text", None, seed), progress_bar() as progress:
         outcome = run_merge(models or [], out, opts, progress=progress, log=log,
                             note=lambda s: console.print(f"note: {s}"))
     show(outcome)

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import typer
 
-from ._app import DATA_HELP, DOWNLOAD_HELP, app, check_out, console, errors_exit, log, parse_kv, progress_bar, two_arg, written
+from ._app import (DATA_HELP, DATASET_HELP, DOWNLOAD_HELP, app, check_out, console, context_length_option, errors_exit, log,
+                   parse_kv, progress_bar, split_option, text_field_option, two_arg, user_data, written)
 from .tables import report_text
 
 
@@ -25,7 +26,10 @@ def path_command(
                                      "-o ticks=200 for llpf; -o control_points=3 for bezier)"),
     budget: int | None = typer.Option(None, min=1, help="most gradient evaluations, honoured by every method (llpf: each "
                                       "tick's refinement capped at its fair share); the number used is reported"),
-    dataset: str | None = typer.Option(None, help="dataset (default: the one recorded in A's config.json)"),
+    dataset: str | None = typer.Option(None, help=DATASET_HELP),
+    split: str | None = split_option(),
+    text_field: str = text_field_option(),
+    context_length: int | None = context_length_option(),
     data: Path | None = typer.Option(None, help=DATA_HELP),
     download: bool = typer.Option(False, help=DOWNLOAD_HELP),
     limit_train: int | None = typer.Option(None, min=1, help="use only the first N training examples"),
@@ -56,7 +60,7 @@ def path_command(
     with errors_exit(download):
         check_out(out, [a, b, data], overwrite or resume)  # --resume continues modeconn's own run there
         options = parse_kv(option, "--option")
-        with progress_bar() as progress:
+        with user_data(dataset, split, text_field, context_length, seed), progress_bar() as progress:
             results = run_path(a, b, method, options, out, dataset=dataset, data=data, limit_train=limit_train,
                                budget=budget, eval_limit=eval_limit, sub_points=sub_points, seed=seed, resume=resume,
                                overwrite=overwrite, continuity_tol=continuity_tol, log=log,

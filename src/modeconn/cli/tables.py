@@ -26,7 +26,9 @@ def barrier_table(summaries: Mapping[str, Mapping], merged: Mapping[str, Mapping
     """Barriers of every method on ``split``: ``summaries`` method → :meth:`Curve.summary` (all splits),
     ``merged`` method → split → metrics of the midpoint merge; ``examples`` says what was evaluated (e.g. "all 360
     test examples"). Abbreviated headers and method names, with a legend; fits 80 columns."""
-    from ..diagnostics.compare import METHOD_LABELS
+    from ..diagnostics.compare import method_labels
+
+    labels = method_labels()
 
     title = f"barriers on the {split} split" + (f" ({examples})" if examples else "")
     table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False)
@@ -39,7 +41,7 @@ def barrier_table(summaries: Mapping[str, Mapping], merged: Mapping[str, Mapping
         if flat_at_endpoint(s[split]):
             flat.append(m)
     notes = legend([*map(column, TERMINAL_KEYS), MERGED], short=True)
-    named = [f"{m} = {METHOD_LABELS[m]}" for m in summaries if METHOD_LABELS.get(m, m) != m]
+    named = [f"{m} = {labels[m]}" for m in summaries if labels.get(m, m) != m]
     if named:
         notes.append("methods: " + "; ".join(named))
     if flat:

@@ -16,7 +16,9 @@ def train(
     model: str = typer.Option("mlp", help="architecture: mlp, vgg, resnet20, cnn, mobilenetv2, cct; "
                                           "gpt-neox-tiny (a causal LM, for text datasets)"),
     dataset: str = typer.Option("digits", help="dataset: digits, mnist, fashion-mnist, cifar10, cifar100; "
-                                               "austen (text: next-token prediction)"),
+                                               "austen (text: next-token prediction); or the PATH of your image "
+                                               "folder (one sub-folder per class; [0, 1] pixels at their own size; "
+                                               "its absolute path is recorded, so later commands find it)"),
     data: Path | None = typer.Option(None, help=DATA_HELP),
     download: bool = typer.Option(False, help=DOWNLOAD_HELP),
     model_arg: list[str] = typer.Option([], "--model-arg", "-m", help="architecture option key=value, e.g. -m width=512 -m depth=3"),

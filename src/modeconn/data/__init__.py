@@ -15,6 +15,11 @@ from .datasets import DATASETS, DatasetSpec, load_dataset
 from .idx import read_idx, write_idx
 from .locate import ENV_VAR, downloads_allowed, find_data_dir
 from .synthetic import subspace_mixture
+from .user import load_user_dataset, user_data_for_checkpoint
+from .user_options import UserDataOptions, user_data_options
+from .user_text import load_checkpoint_tokenizer
+from .image_folder import ImageHead
+from .resolve import user_data_path
 from .text import TEXT_DATASETS, TextBundle, load_austen, load_tokenizer, text_bundle, train_tokenizer
 
 __all__ = [
@@ -22,14 +27,18 @@ __all__ = [
     "DatasetBundle",
     "DatasetSpec",
     "ENV_VAR",
+    "ImageHead",
     "KNOWN_SHA256",
     "TEXT_DATASETS",
     "TextBundle",
+    "UserDataOptions",
     "downloads_allowed",
     "find_data_dir",
     "load_austen",
+    "load_checkpoint_tokenizer",
     "load_dataset",
     "load_tokenizer",
+    "load_user_dataset",
     "make_loader",
     "read_idx",
     "safe_unpickle",
@@ -38,6 +47,9 @@ __all__ = [
     "subspace_mixture",
     "text_bundle",
     "train_tokenizer",
+    "user_data_for_checkpoint",
+    "user_data_options",
+    "user_data_path",
     "verify_sha256",
     "write_idx",
 ]

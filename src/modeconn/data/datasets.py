@@ -33,7 +33,9 @@ from .checksums import KNOWN_SHA256, verify_content_sha256
 from .cifar import load_cifar10_dir, load_cifar100_dir
 from .idx import parse_idx, read_idx_bytes
 from .locate import find_data_dir, idx_file
+from .resolve import user_data_path
 from .text import TEXT_DATASETS, load_text_dataset
+from .user import load_user_dataset
 
 #: Seed of the fixed stratified test split of "digits" (it has no official one).
 DIGITS_TEST_SEED = 0
@@ -169,7 +171,9 @@ def load_dataset(
     Args:
         name: one of ``DATASETS.names()``: "digits" (scikit-learn, bundled), "mnist", "fashion-mnist",
             "cifar10", "cifar100"; or a text dataset of ``TEXT_DATASETS.names()`` ("austen", see
-            :mod:`modeconn.data.text`), which returns a :class:`~modeconn.data.text.TextBundle`.
+            :mod:`modeconn.data.text`), which returns a :class:`~modeconn.data.text.TextBundle`; or the path of the
+            user's own data (:func:`modeconn.data.resolve.user_data_path`), read by
+            :func:`~modeconn.data.user.load_user_dataset` with ``options`` (``tokenizer=``, ``head=``, …).
         root: directory with the files (the dataset directory or a parent); see
             :func:`modeconn.data.find_data_dir` for the search when omitted. Ignored by "digits".
         val_fraction: share of the official training set held out as ``val`` (seeded, ``[0, 1)``; default
@@ -190,9 +194,12 @@ def load_dataset(
 
     Raises:
         ConfigError: unknown ``name`` (lists the valid names) or an invalid option value.
-        DataError: files missing (lists every place looked), truncated, malformed, unsafe (pickles) or
-            failing their checksum.
+        DataError: a path-like ``name`` that does not exist; files missing (lists every place looked),
+            truncated, malformed, unsafe (pickles) or failing their checksum.
     """
+    user_path = user_data_path(name)
+    if user_path is not None:
+        return load_user_dataset(user_path, limit_train=limit_train, limit_test=limit_test, **options)
     if name in TEXT_DATASETS:
         if val_fraction is not None:
             options["val_fraction"] = val_fraction

@@ -217,10 +217,10 @@ def _predict(pair: Mapping[str, Any] | None, layers, calibration: Mapping[str, L
     out: dict[str, Any] = {"threshold": GO_THRESHOLD, "twin": _line(calibration["twin"], twin, twin_undefined(layers)),
                            "twin_feature": twin, "calibration": {k: v.to_json() for k, v in calibration.items()}}
     if pair is not None:
-        model = calibration["pair"]
         for name, key in (("unaligned", "q_identity"), ("weight_matched", "q_weight"),
                           ("activation_matched", "q_optimal")):
             q = pair[key]
+            model = calibration.get("pair" if name == "unaligned" else name, calibration["pair"])
             out[name] = _line(model, None if q is None else 1.0 - q, pair["undefined"].get(key))
     why = undefined_reason(pair["undefined"]) if pair is not None else out["twin"].get("not_applicable")
     out["not_applicable"] = why
@@ -241,8 +241,9 @@ def check(model_a: nn.Module, model_b: nn.Module | None = None, *, data: Dataset
     Args:
         model_a, model_b: classifiers of one architecture (logits ``(N, num_classes)``); never modified.
         data: the dataset bundle the models were trained on.
-        calibration: ``{"pair": LogLinear, "twin": LogLinear}``; default the fit shipped in
-            :mod:`modeconn.diagnostics.calibration`.
+        calibration: ``{"pair": LogLinear, "twin": LogLinear}`` and optionally ``"weight_matched"`` /
+            ``"activation_matched"`` lines for the predictions after alignment (absent: the pair line); default the
+            fit shipped in :mod:`modeconn.diagnostics.calibration`.
         device: where the forward passes and weight matching's score products run (copies of the models are moved
             there; ``None``: the models' own device). ConfigError naming ``device`` if it is not available.
     Returns:

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from ..config import StrictConfig
 from ..data import DatasetBundle, make_loader
 from ..errors import ConfigError
 from ..match import Alignment
@@ -18,10 +19,33 @@ from ..path.batchnorm import fixed_batches
 from ..symmetry import SymmetrySpec, symmetry_spec
 from ..io.models import check_input_shape
 
-METHODS = ("naive", *(n for n in ALIGNMENT_METHODS if not ALIGNMENT_METHODS.get(n).needs_continuous))
-"""``naive`` (no alignment) and every registered alignment method a permutation spec admits (the learned continuous
-methods, one-sided and dual, need the transformer group and run through ``modeconn align`` / the lmc-dm experiments)."""
-METHOD_LABELS = {"naive": "naive", **{n: ALIGNMENT_METHODS.get(n).display for n in METHODS[1:]}}
+
+
+def comparison_methods() -> tuple[str, ...]:
+    """``naive`` (no alignment) and every registered alignment method a permutation spec admits (the learned continuous
+    methods, one-sided and dual, need the transformer group and run through ``modeconn align`` / the lmc-dm
+    experiments), read from the registry when asked."""
+    return ("naive", *(n for n in ALIGNMENT_METHODS if not ALIGNMENT_METHODS.get(n).needs_continuous))
+
+
+def method_label(method: str) -> str:
+    """The display name of a comparison method (``naive``, or its registry entry's label)."""
+    return "naive" if method == "naive" else ALIGNMENT_METHODS.get(method).display
+
+
+def method_labels() -> dict[str, str]:
+    """Every comparison method → its display name."""
+    return {m: method_label(m) for m in comparison_methods()}
+
+
+def __getattr__(name: str) -> Any:
+    """``METHODS`` and ``METHOD_LABELS``, read from the registry when asked (:func:`comparison_methods`)."""
+    if name == "METHODS":
+        return comparison_methods()
+    if name == "METHOD_LABELS":
+        return method_labels()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 StateDict = Mapping[str, torch.Tensor]
 BN_BATCHES = 20
@@ -30,9 +54,10 @@ BN_BATCHES = 20
 
 def check_methods(methods: Sequence[str]) -> list[str]:
     """Validate method names before any heavy work (ConfigError naming the bad one)."""
-    bad = [m for m in methods if m not in METHODS]
+    valid = comparison_methods()
+    bad = [m for m in methods if m not in valid]
     if bad:
-        raise ConfigError(f"unknown alignment method(s) {bad}; valid: {', '.join(METHODS)}")
+        raise ConfigError(f"unknown alignment method(s) {bad}; valid: {', '.join(valid)}")
     if not methods:
         raise ConfigError("no alignment method given")
     return list(dict.fromkeys(methods))
@@ -87,30 +112,36 @@ def _jsonable(stats: dict) -> dict:
 
 def align(method: str, spec: SymmetrySpec, model: nn.Module, sd_a: StateDict, sd_b: StateDict,
           bundle: DatasetBundle, *, seed: int = 0, batch_size: int = 256, learned_steps: int = 300,
-          device: str | None = None, overrides: Mapping[str, Any] | None = None) -> Alignment | None:
+          device: str | None = None, overrides: Mapping[str, Any] | None = None,
+          config: StrictConfig | None = None) -> Alignment | None:
     """Run one alignment method of :data:`METHODS` through its registry entry (``naive`` returns None).
 
     Methods that read activations get the training split in order (batches of ``batch_size``); methods that learn
     get it shuffled with ``seed`` (batches of 128) and ``learned_steps`` steps; ``seed`` goes to every method whose
     config has one; ``device`` (score products there) to a method whose config has that field — ConfigError naming
     ``--device`` for any other method. ``overrides``: further fields of the method's config class (a ``seed`` there
-    replaces ``seed``, data order included; ConfigError naming an unknown field)."""
+    replaces ``seed``, data order included; ConfigError naming an unknown field). ``config``: instead of
+    ``overrides``, the method's validated config object (its fields set there win; ``seed`` and ``learned_steps``
+    fill the ones it leaves unset)."""
     if method == "naive":
         return None
     entry = ALIGNMENT_METHODS.get(method)
     fields = entry.config.model_fields
     options = {k: v for k, v in (("seed", seed), ("steps", learned_steps)) if k in fields} | dict(overrides or {})
-    seed = options.get("seed", seed)
     if device is not None:
         if "device" not in fields:
             raise ConfigError(f"--device applies to weight matching; --method {method} runs on the models' device")
         options["device"] = device
+    if config is not None:
+        config = config.model_copy(update={k: v for k, v in options.items() if k not in config.model_fields_set})
+        options = {}
+    seed = getattr(config, "seed", options.get("seed", seed))
     loader = None
     if entry.needs_data:
         learns = entry.inputs == "model_and_state_dicts"
         loader = (make_loader(bundle.train, 128, shuffle=True, seed=seed) if learns
                   else make_loader(bundle.train, batch_size, shuffle=False))
-    return entry.align(spec, sd_a, sd_b, model=model, loader=loader, **options)
+    return entry.align(spec, sd_a, sd_b, model=model, loader=loader, config=config, **options)
 
 
 def _instance(template: nn.Module, sd: StateDict) -> nn.Module:
@@ -136,6 +167,7 @@ def compare_alignments(
     learned_steps: int = 300,
     on_step: Callable[[str], None] | None = None,
     progress: Callable[[int, int], None] | None = None,
+    configs: Mapping[str, StrictConfig] | None = None,
 ) -> Comparison:
     """Align B to A with each method, evaluate the linear path on train and test, merge at λ=½.
 
@@ -144,7 +176,8 @@ def compare_alignments(
     are re-estimated (``bn``) on one fixed list of shuffled (``seed``) training batches, drawn once and shared
     by every method's path and midpoint merge: the merge at λ=½ is the path's point at λ=½ (same weights, same
     BN batches), so its loss equals the curve's there whenever the λ grid contains ½. Returns a
-    :class:`Comparison`. Raises ConfigError when the bundle's examples do not have the model's ``in_shape``
+    :class:`Comparison`. ``configs``: per method its validated config object (:func:`align`'s ``config``). Raises
+    ConfigError when the bundle's examples do not have the model's ``in_shape``
     (before tracing); NonFiniteError (naming λ/split, or the merged model and split) for a NaN/Inf
     logit or loss.
     """
@@ -163,13 +196,14 @@ def compare_alignments(
                         examples={"train": (len(train_eval), len(bundle.train)), "test": (len(test_eval), len(bundle.test))})
     for method in methods:
         if on_step:
-            on_step(f"aligning: {METHOD_LABELS[method]}")
-        res = align(method, spec, model, sd_a, sd_b, bundle, seed=seed, learned_steps=learned_steps)
+            on_step(f"aligning: {method_label(method)}")
+        res = align(method, spec, model, sd_a, sd_b, bundle, seed=seed, learned_steps=learned_steps,
+                    config=(configs or {}).get(method))
         sd_b_aligned = dict(sd_b) if res is None else res.apply(sd_b)
         result.alignments[method] = res
         result.aligned_b[method] = sd_b_aligned
         if on_step:
-            on_step(f"evaluating path: {METHOD_LABELS[method]}")
+            on_step(f"evaluating path: {method_label(method)}")
         result.curves[method] = evaluate_path(
             model, sd_a, sd_b_aligned, loaders, lambdas=lambdas, bn=bn, bn_loader=bn_loader, spec=spec,
             progress=progress,

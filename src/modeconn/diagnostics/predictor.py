@@ -10,8 +10,8 @@ Both map ``x`` to a barrier (nats) through::
 
 i.e. ``B̂ = exp(intercept) · x^slope``. The coefficients are least-squares fits on pairs with measured unaligned
 barriers (``modeconn experiment check-calibration``); the interval is the fit's residual quantiles ``[Q_LO, Q_HI]``
-(multiplicative). The same line serves the aligned predictions: ``x = 1 − q̄(π)`` for weight matching's and
-activation matching's permutation.
+(multiplicative). The aligned predictions have lines of their own, fitted to barriers measured after that alignment:
+``x = 1 − q̄(π)`` for weight matching's and for activation matching's permutation.
 """
 
 from __future__ import annotations

@@ -4,12 +4,13 @@
 A population of model pairs in families (:data:`FAMILIES`): MNIST MLPs, standard and W-asymmetric over the σ_F grid;
 fine-tunes of one MNIST MLP base; synthetic subspace mixtures over the intrinsic dimension k (σ_F = 1) and over the
 coherence ν(U) (mask only, F = 0); standard and W-asymmetric BatchNorm ResNet20 on Fashion-MNIST; standard ViTs on
-Fashion-MNIST. Per pair the
-measured unaligned and weight-matched test-loss ``barrier_mean`` (:func:`~modeconn.experiments.identifiability.pair_metrics`)
-and the diagnostics of :func:`modeconn.diagnostics.check`. The predictor (:mod:`modeconn.diagnostics.predictor`) is
-fitted leaving one family out at a time and scored on the family it did not see: Spearman ρ of predicted vs measured
-unaligned barrier and go / no-go accuracy (barrier_mean < 0.1 nats), pooled over the held-out predictions; also for
-the twin predictor (model A alone). The fit on every family is written as ``calibration`` (the coefficients
+Fashion-MNIST. Per pair the measured unaligned, weight-matched and activation-matched test-loss ``barrier_mean``
+(:func:`~modeconn.experiments.identifiability.pair_metrics`) and the diagnostics of
+:func:`modeconn.diagnostics.check`. The predictor (:mod:`modeconn.diagnostics.predictor`) is fitted leaving one family
+out at a time and scored on the family it did not see: Spearman ρ of predicted vs measured unaligned barrier and go /
+no-go accuracy (barrier_mean < 0.1 nats), pooled over the held-out predictions; the same for the twin predictor (model
+A alone) and for the predictions after weight and after activation matching, each fitted to its own measured barrier
+(:data:`PREDICTORS`). The fit on every family is written as ``calibration`` (the coefficients
 :mod:`modeconn.diagnostics.calibration` ships). The cost of ``check`` is timed against ``modeconn barrier`` (naive,
 weight and activation matching, 25 λ) on the first pair.
 """
@@ -148,7 +149,7 @@ def measure_pair(family: str, label: str, pair: int, a, b, bundle, lambdas: int)
     """Measured barriers (path evaluated) and ``check``'s diagnostics (path not evaluated) of one pair; ConfigError
     naming the pair when a diagnostic is undefined (its verdict "not applicable": nothing to fit)."""
     t0 = time.perf_counter()
-    measured = pair_metrics(a, b, bundle, lambdas)
+    measured = pair_metrics(a, b, bundle, lambdas, activation_barrier=True)
     t1 = time.perf_counter()
     res = check(a, b, data=bundle)
     t2 = time.perf_counter()
@@ -161,6 +162,7 @@ def measure_pair(family: str, label: str, pair: int, a, b, bundle, lambdas: int)
     return {
         "family": family, "setting": label, "pair": pair, "test_acc": measured["test_acc"], "test_loss": loss,
         "unaligned_barrier_mean": measured["unaligned_barrier_mean"], "aligned_barrier_mean": measured["aligned_barrier_mean"],
+        "activation_barrier_mean": measured["activation_barrier_mean"],
         "x_identity": 1.0 - f["q_identity"], "x_weight": 1.0 - f["q_weight"], "x_optimal": 1.0 - f["q_optimal"],
         "x_identity_worst": 1.0 - min(s["q_identity"] for s in res.pair["spaces"].values()),
         "twin_feature": res.prediction["twin_feature"],
@@ -171,13 +173,32 @@ def measure_pair(family: str, label: str, pair: int, a, b, bundle, lambdas: int)
     }
 
 
-_FEATURE = {"pair": ("x_identity", "1 - mean unit correlation"), "twin": ("twin_feature", "min relative swap cost")}
-"""Predictor → (row key of its diagnostic, its name). Both are fitted to the measured unaligned barriers."""
+@dataclass(frozen=True)
+class Predictor:
+    """One fitted line of ``check``: its diagnostic (row key ``x``, ``name``) and the measured barrier it predicts
+    (row key ``target``, described by ``measured``)."""
+
+    x: str
+    name: str
+    target: str
+    measured: str
+
+
+PREDICTORS = {
+    "pair": Predictor("x_identity", "1 - mean unit correlation", "unaligned_barrier_mean", "unaligned"),
+    "twin": Predictor("twin_feature", "min relative swap cost", "unaligned_barrier_mean", "unaligned (a twin)"),
+    "weight_matched": Predictor("x_weight", "1 - mean unit correlation under weight matching's permutation",
+                                "aligned_barrier_mean", "after weight matching"),
+    "activation_matched": Predictor("x_optimal", "1 - mean unit correlation under activation matching's permutation",
+                                    "activation_barrier_mean", "after activation matching"),
+}
+"""The predictors ``check`` ships (:mod:`modeconn.diagnostics.calibration`): each is fitted to its own measured
+barrier — an aligned barrier is predicted by a line fitted to aligned barriers, not by the unaligned line."""
 
 
 def _fit(rows: list[dict], which: str):
-    key, name = _FEATURE[which]
-    return fit_loglinear(name, [r[key] for r in rows], [r["unaligned_barrier_mean"] for r in rows])
+    p = PREDICTORS[which]
+    return fit_loglinear(p.name, [r[p.x] for r in rows], [r[p.target] for r in rows])
 
 
 def score(pred: Sequence[float], measured: Sequence[float]) -> dict[str, float]:
@@ -196,28 +217,25 @@ TWIN_EXCLUDED = ("finetune-mnist",)
 
 
 def held_out(rows: list[dict], which: str) -> dict[str, Any]:
-    """Leave one family out: fit on the others, predict the held-out family's unaligned barriers; pooled scores."""
+    """Leave one family out: fit on the others, predict the held-out family's barriers (the predictor's own target);
+    pooled and per-family scores."""
+    p = PREDICTORS[which]
     if which == "twin":
         rows = [r for r in rows if r["family"] not in TWIN_EXCLUDED]
+    rows = [r for r in rows if r.get(p.target) is not None]
     families = sorted({r["family"] for r in rows})
     preds: list[float] = []
     for r in rows:
         train = [q for q in rows if q["family"] != r["family"]]
         model = _fit(train, which) if len(train) >= 3 else None
-        p = float("nan") if model is None else model.predict(r[_FEATURE[which][0]])["barrier_mean"]
-        r[f"heldout_{which}"] = p
-        preds.append(p)
-    ok = [i for i, p in enumerate(preds) if np.isfinite(p)]
-    measured = [rows[i]["unaligned_barrier_mean"] for i in ok]
-    out = {"pooled": score([preds[i] for i in ok], measured), "families": families}
-    if which == "pair":  # the same held-out lines applied at weight matching's permutation
-        wm = [_fit([q for q in rows if q["family"] != r["family"]], which).predict(r["x_weight"])["barrier_mean"]
-              for r in rows]
-        out["weight_matched"] = score(wm, [r["aligned_barrier_mean"] for r in rows])
-    out["per_family"] = {f: score([preds[i] for i in ok if rows[i]["family"] == f],
-                                  [rows[i]["unaligned_barrier_mean"] for i in ok if rows[i]["family"] == f])
-                         for f in families}
-    return out
+        pred = float("nan") if model is None else model.predict(r[p.x])["barrier_mean"]
+        r[f"heldout_{which}"] = pred
+        preds.append(pred)
+    ok = [i for i, v in enumerate(preds) if np.isfinite(v)]
+    measured = [rows[i][p.target] for i in ok]
+    return {"pooled": score([preds[i] for i in ok], measured), "families": families,
+            "per_family": {f: score([preds[i] for i in ok if rows[i]["family"] == f],
+                                    [rows[i][p.target] for i in ok if rows[i]["family"] == f]) for f in families}}
 
 
 def replicate_agreement(rows: list[dict]) -> dict[str, float]:
@@ -260,9 +278,9 @@ def calibrate(size: Size, log: Log, data: Path | None = None) -> dict[str, Any]:
                 rows.append(measure_pair(name, label, pair, a, b, bundle, size.lambdas))
     results = {"experiment": "check-calibration", "rows": rows, "cost": cost, "replicates": replicate_agreement(rows),
                "families": {n: FAMILIES[n].doc for n in size.families}}
-    for which in ("pair", "twin"):
+    for which in PREDICTORS:
         results[f"heldout_{which}"] = held_out(rows, which)
-        used = rows if which == "pair" else [r for r in rows if r["family"] not in TWIN_EXCLUDED]
+        used = [r for r in rows if which != "twin" or r["family"] not in TWIN_EXCLUDED]
         results[f"calibration_{which}"] = _fit(used, which).to_json()
     return results
 
@@ -271,74 +289,87 @@ def _f(x, digits: int = 3) -> str:
     return "—" if x is None or (isinstance(x, float) and not np.isfinite(x)) else f"{x:.{digits}f}"
 
 
+def _scores_table(results: dict[str, Any]):
+    from ..report import markdown_table
+
+    rows = []
+    for which, p in PREDICTORS.items():
+        s = results[f"heldout_{which}"]["pooled"]
+        rows.append([f"{which}: x = {p.name} (vs measured barrier {p.measured})", _f(s["spearman"]),
+                     _f(s["go_accuracy"]), s["n"]])
+    return markdown_table(["predictor", "Spearman ρ", "go/no-go accuracy", "pairs"], rows)
+
+
 def report(results: dict[str, Any]) -> str:
     """Markdown: the held-out scores, the fitted predictors, the cost, and one row per pair."""
     from ..report import markdown_table
 
-    hp, ht, cost = results["heldout_pair"]["pooled"], results["heldout_twin"]["pooled"], results["cost"]
-    cp, ct = results["calibration_pair"], results["calibration_twin"]
+    cost = results["cost"]
+    fits = [results[f"calibration_{w}"] for w in PREDICTORS]
     lines = [
         "# check-calibration", "",
         f"Size: {results['size']}; {len(results['rows'])} pairs in {len(results['families'])} families; "
-        f"{results['seconds']:.0f} s. Barriers: test-loss `barrier_mean` (nats) of the linear path, measured; "
-        "predictions from `modeconn check` (no path evaluated), each fitted without the pair's own family "
-        f"(leave one family out). Go / no-go: barrier_mean < {GO_THRESHOLD} nats.", "",
-        "## Held-out scores (pooled over families)", "",
-        markdown_table(["predictor", "Spearman ρ", "go/no-go accuracy", "pairs"],
-                       [["pair (A, B): x = 1 − mean unit correlation", _f(hp["spearman"]), _f(hp["go_accuracy"]), hp["n"]],
-                        ["twin (A alone): x = min relative swap cost", _f(ht["spearman"]), _f(ht["go_accuracy"]), ht["n"]],
-                        ["pair, after weight matching: x = 1 − mean unit correlation under WM's π (vs measured WM barrier)",
-                         _f(results["heldout_pair"]["weight_matched"]["spearman"]),
-                         _f(results["heldout_pair"]["weight_matched"]["go_accuracy"]), results["heldout_pair"]["weight_matched"]["n"]]]),
+        f"{results['seconds']:.0f} s. Barriers: test-loss `barrier_mean` (nats) of the linear path, measured "
+        "unaligned, after weight matching and after activation matching; predictions from `modeconn check` (no path "
+        "evaluated), each fitted without the pair's own family (leave one family out), each predictor to its own "
+        f"measured barrier. Go / no-go: barrier_mean < {GO_THRESHOLD} nats.", "",
+        "## Held-out scores (pooled over families)", "", _scores_table(results),
         "", f"Noise ceiling: two seeds of one setting agree with Spearman ρ {_f(results['replicates']['spearman'])} and "
         f"go / no-go {_f(results['replicates']['go_accuracy'])} ({results['replicates']['n']} settings with two pairs).",
         "", "## Fitted on every family (the shipped calibration)", "",
-        "`log(max(B, 0.005)) = intercept + slope · log(max(x, 0.01))` (B: unaligned test-loss barrier_mean, nats); "
-        "interval: residual quantiles 10 % / 90 %.", "",
-        markdown_table(["predictor", "intercept", "slope", "residual q10", "residual q90", "points"],
-                       [[c["feature"], _f(c["intercept"]), _f(c["slope"]), _f(c["lo"]), _f(c["hi"]), c["n"]] for c in (cp, ct)]),
+        "`log(max(B, 0.005)) = intercept + slope · log(max(x, 0.01))` (B: the predictor's measured test-loss "
+        "barrier_mean, nats); interval: residual quantiles 10 % / 90 %.", "",
+        markdown_table(["predictor", "x", "intercept", "slope", "residual q10", "residual q90", "points"],
+                       [[w, c["feature"], _f(c["intercept"]), _f(c["slope"]), _f(c["lo"]), _f(c["hi"]), c["n"]]
+                        for w, c in zip(PREDICTORS, fits, strict=True)]),
         "", "## Cost", "",
         f"`check` {cost['check_seconds']:.2f} s vs `modeconn barrier` (naive, weight, activation; 25 λ) "
         f"{cost['barrier_seconds']:.2f} s on the first pair: ratio {cost['ratio']:.3f}.", "",
         "## Population", "",
-        markdown_table(["family", "setting", "pair", "test acc %", "unaligned B", "WM B", "held-out pred (pair)",
-                        "held-out pred (twin)", "x identity", "x WM", "twin x", "relationship"],
+        markdown_table(["family", "setting", "pair", "test acc %", "unaligned B", "WM B", "AM B", "held-out pred (pair)",
+                        "held-out pred (WM)", "held-out pred (AM)", "held-out pred (twin)", "x identity", "x WM",
+                        "x AM", "twin x", "relationship"],
                        [[r["family"], r["setting"], r["pair"], _f(100 * float(np.mean(r["test_acc"])), 1),
-                         _f(r["unaligned_barrier_mean"]), _f(r["aligned_barrier_mean"]), _f(r.get("heldout_pair")),
-                         _f(r.get("heldout_twin", float("nan"))), _f(r["x_identity"]), _f(r["x_weight"]), _f(r["twin_feature"]),
-                         r["relationship"]] for r in results["rows"]]),
+                         _f(r["unaligned_barrier_mean"]), _f(r["aligned_barrier_mean"]),
+                         _f(r.get("activation_barrier_mean")), _f(r.get("heldout_pair")),
+                         _f(r.get("heldout_weight_matched")), _f(r.get("heldout_activation_matched")),
+                         _f(r.get("heldout_twin", float("nan"))), _f(r["x_identity"]), _f(r["x_weight"]),
+                         _f(r["x_optimal"]), _f(r["twin_feature"]), r["relationship"]] for r in results["rows"]]),
         "", "![predicted vs measured](calibration.png)", ""]
     return "\n".join(lines)
 
 
 def plot(results: dict[str, Any], path: Path) -> None:
-    """Held-out predicted vs measured unaligned barrier_mean, log-log, one colour per family (pair | twin)."""
+    """Held-out predicted vs measured barrier_mean of every predictor, log-log, one panel each; one colour per family,
+    the same in every panel, and one legend for the figure."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4.4))
     rows = results["rows"]
-    for ax, which in zip(axes, ("pair", "twin"), strict=True):
-        for fam in sorted({r["family"] for r in rows}):
-            pts = [(r[f"heldout_{which}"], r["unaligned_barrier_mean"]) for r in rows
-                   if r["family"] == fam and np.isfinite(r.get(f"heldout_{which}", float("nan")))]
-            if not pts:
-                continue
-            ax.scatter([max(p, 1e-3) for p, _ in pts], [max(m, 1e-3) for _, m in pts], label=fam, s=28)
+    families = sorted({r["family"] for r in rows})
+    colour = {f: plt.get_cmap("tab10")(i % 10) for i, f in enumerate(families)}
+    fig, axes = plt.subplots(2, 2, figsize=(10, 9))
+    for ax, (which, p) in zip(axes.flat, PREDICTORS.items(), strict=True):
+        for fam in families:
+            pts = [(r[f"heldout_{which}"], r[p.target]) for r in rows if r["family"] == fam
+                   and r.get(p.target) is not None and np.isfinite(r.get(f"heldout_{which}", float("nan")))]
+            if pts:
+                ax.scatter([max(v, 1e-3) for v, _ in pts], [max(m, 1e-3) for _, m in pts], color=colour[fam], s=28)
         ax.axhline(GO_THRESHOLD, color="grey", ls=":")
         ax.axvline(GO_THRESHOLD, color="grey", ls=":")
         ax.plot([1e-3, 10], [1e-3, 10], color="black", lw=0.8)
         ax.set_xscale("log")
         ax.set_yscale("log")
         s = results[f"heldout_{which}"]["pooled"]
-        ax.set_title(f"{which}: held-out ρ={_f(s['spearman'], 2)}, go/no-go {_f(s['go_accuracy'], 2)}")
-        ax.set_xlabel("predicted unaligned barrier_mean (nats)")
-        ax.set_ylabel("measured unaligned barrier_mean (nats)")
+        ax.set_title(f"{which}: held-out ρ={_f(s['spearman'], 2)}, go/no-go {_f(s['go_accuracy'], 2)}", fontsize=9)
+        ax.set_xlabel(f"predicted barrier_mean, {p.measured} (nats)", fontsize=8)
+        ax.set_ylabel(f"measured barrier_mean, {p.measured} (nats)", fontsize=8)
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=7)
-    fig.tight_layout()
+    handles = [plt.Line2D([], [], marker="o", ls="", color=colour[f], label=f) for f in families]
+    fig.legend(handles=handles, loc="lower center", ncol=min(4, len(families)), fontsize=8)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 

@@ -63,8 +63,10 @@ def train_pair(arch: str, kwargs: dict, bundle: DatasetBundle, epochs: int, pair
     return train_models(arch, bundle, (2 * pair, 2 * pair + 1), {"epochs": epochs, **train}, **kwargs)
 
 
-def pair_metrics(a: nn.Module, b: nn.Module, bundle: DatasetBundle, lambdas: int) -> dict[str, Any]:
-    """Unaligned and weight-matched barriers on test loss, accuracy drops, identity/optimal AM ratio."""
+def pair_metrics(a: nn.Module, b: nn.Module, bundle: DatasetBundle, lambdas: int, *,
+                 activation_barrier: bool = False) -> dict[str, Any]:
+    """Unaligned and weight-matched barriers on test loss, accuracy drops, identity/optimal AM ratio; with
+    ``activation_barrier`` also the barrier after activation matching (``activation_barrier_mean`` / ``_interp``)."""
     x0 = bundle.train.tensors[0][:2]
     spec = symmetry_spec(a, x0)
     test = {"test": make_loader(bundle.test, 1000)}
@@ -75,7 +77,12 @@ def pair_metrics(a: nn.Module, b: nn.Module, bundle: DatasetBundle, lambdas: int
     aligned = path(weight_matching(spec, sa, sb).apply(sb))
     am = activation_matching(spec, a, b, make_loader(bundle.train, 1000), max_batches=5)
     ratios = [r for r in am.stats["identity_ratio"].values() if r is not None]
-    return {
+    extra = {}
+    if activation_barrier:
+        activation = path(am.apply(sb))
+        extra = {"activation_barrier_mean": activation.barrier("mean", "test"),
+                 "activation_barrier_interp": activation.barrier("interp", "test")}
+    return {**extra,
         "test_acc": [evaluate_model(m, test["test"])["acc"] for m in (a, b)],
         "unaligned_barrier_mean": naive.barrier("mean", "test"),
         "unaligned_barrier_interp": naive.barrier("interp", "test"),

@@ -27,14 +27,17 @@ from .checkpoint import (
     config_differences,
     describe_config_mismatch,
     load_checkpoint,
+    load_weights_into,
     read_config,
     save_checkpoint,
     save_state_dict,
+    write_model_directory,
 )
 from .safe import (
     PICKLE_SUFFIXES,
     SAFETENSORS_DTYPES,
     check_in_checkpoint,
+    load_pickle_state_dict,
     load_state_dict,
     read_json_object,
     safetensors_dtype,
@@ -44,6 +47,7 @@ __all__ = [
     "CONFIG_NAME", "DIGEST_KEY", "FORMAT_VERSION", "METRICS_NAME", "PICKLE_SUFFIXES", "SAFETENSORS_DTYPES",
     "WEIGHTS_NAME", "atomic_directory", "check_dtype_kinds", "check_format_version", "check_in_checkpoint",
     "check_state_dict_compatible", "config_differences", "describe_config_mismatch", "dtype_kind",
-    "dtype_kind_mismatches", "load_checkpoint", "load_state_dict", "read_config", "read_json_object",
-    "safetensors_dtype", "save_checkpoint", "save_state_dict",
+    "dtype_kind_mismatches", "load_checkpoint", "load_pickle_state_dict", "load_state_dict", "load_weights_into",
+    "read_config", "read_json_object", "safetensors_dtype", "save_checkpoint", "save_state_dict",
+    "write_model_directory",
 ]

@@ -45,7 +45,7 @@ from ..errors import CheckpointError, ConfigError, StateDictMismatchError
 from ..models import MODELS, build_model, fixed_structure_digest, fixed_structure_keys, model_config
 from .safe import (
     PICKLE_SUFFIXES,
-    _load_pickle_weights,
+    load_pickle_state_dict,
     _open_safetensors_header,
     check_in_checkpoint,
     load_state_dict,
@@ -188,7 +188,35 @@ def save_checkpoint(
         cfg[key] = value
     if fixed_structure_keys(model):
         cfg[DIGEST_KEY] = fixed_structure_digest(model)
-    config_text = to_json(cfg, f"{path / CONFIG_NAME}", nan="null")
+    return write_model_directory(path, cfg, model.state_dict(), metrics=metrics, extra_json=extra_json,
+                                 overwrite=overwrite, inputs=inputs, command=command,
+                                 metadata={"modeconn_format_version": str(FORMAT_VERSION)})
+
+
+def write_model_directory(
+    path: str | os.PathLike,
+    config: Mapping[str, Any],
+    state_dict: Mapping[str, torch.Tensor],
+    *,
+    metrics: Mapping[str, Any] | None = None,
+    extra_json: Mapping[str, Any] | None = None,
+    overwrite: bool = False,
+    inputs: Iterable[str | os.PathLike] = (),
+    command: str = "save_checkpoint",
+    metadata: Mapping[str, str] | None = None,
+) -> Path:
+    """Write a model directory atomically (:func:`atomic_directory`): ``config.json`` (``config``),
+    ``model.safetensors`` (``state_dict``, ``metadata`` in its header), ``metrics.json`` when ``metrics`` is given and
+    each ``extra_json`` file name → payload — every checkpoint kind modeconn writes (:func:`save_checkpoint`, the timm
+    and torchvision kinds). JSON is serialised (non-finite floats become ``null``) before the disk is touched.
+
+    Raises:
+        CheckpointError: as :func:`atomic_directory` (target not modeconn's, inside an input …), writing fails.
+        ConfigError: an ``extra_json`` name that is not a plain ``*.json`` other than config/metrics; a payload that
+            is not JSON-serialisable.
+    """
+    path = Path(path)
+    config_text = to_json(dict(config), f"{path / CONFIG_NAME}", nan="null")
     metrics_text = to_json(metrics, f"{path / METRICS_NAME}", nan="null") if metrics is not None else None
     extra_text = {}
     for name, payload in (extra_json or {}).items():
@@ -198,8 +226,7 @@ def save_checkpoint(
         extra_text[name] = to_json(payload, f"{path / name}", nan="null")
     with atomic_directory(path, overwrite, inputs=inputs, command=command) as tmp:
         atomic_write_bytes(tmp / CONFIG_NAME, config_text.encode())
-        meta = {"modeconn_format_version": str(FORMAT_VERSION)}
-        save_state_dict(tmp / WEIGHTS_NAME, model.state_dict(), metadata=meta)
+        save_state_dict(tmp / WEIGHTS_NAME, state_dict, metadata=metadata)
         if metrics_text is not None:
             atomic_write_bytes(tmp / METRICS_NAME, metrics_text.encode())
         for name, text in extra_text.items():
@@ -435,11 +462,28 @@ def _read_weights(path: Path, device: str | torch.device, expected: dict[str, tu
             "allow_pickle=True to load with torch.load(weights_only=True)"
         )
     if pickles:
-        state = _load_pickle_weights(pickles[0], device)
+        state = load_pickle_state_dict(pickles[0], device)
         check_state_dict_compatible(expected, {k: tuple(v.shape) for k, v in state.items()}, str(pickles[0]),
                                     dtypes=(expected_dtypes, state))
         return pickles[0], state
     raise CheckpointError(f"{path}: weights file {WEIGHTS_NAME} not found")
+
+
+def load_weights_into(model: nn.Module, path: Path, *, allow_pickle: bool = True) -> Path:
+    """Load the weights of directory ``path`` into ``model`` strictly; returns the weights file read.
+
+    ``model.safetensors`` (header checked before any tensor is read), else the one pickle weights file
+    (``pytorch_model.bin``, ``*.pth``, ``*.pt`` …) read by :func:`~modeconn.io.safe.load_pickle_state_dict` when
+    ``allow_pickle``. Raises CheckpointError (no weights, several pickles, a pickle needing code — file named),
+    StateDictMismatchError naming every missing, unexpected or mis-shaped key, NonFiniteError."""
+    pickles = sorted(p.name for p in path.iterdir() if p.suffix.lower() in PICKLE_SUFFIXES)
+    if not (path / WEIGHTS_NAME).is_file() and len(pickles) > 1:
+        raise CheckpointError(f"{path}: several weights files ({', '.join(pickles)}) and no {WEIGHTS_NAME}; keep one")
+    sd = model.state_dict()
+    file, state = _read_weights(path, "cpu", {k: tuple(v.shape) for k, v in sd.items()},
+                                {k: v.dtype for k, v in sd.items()}, allow_pickle)
+    model.load_state_dict(state, strict=True)
+    return file
 
 
 def _check_regenerated_buffers(path: Path, cfg: dict[str, Any], model: nn.Module, state: Mapping[str, torch.Tensor],

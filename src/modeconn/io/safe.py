@@ -133,7 +133,16 @@ def load_state_dict(path: str | os.PathLike, device: str | torch.device = "cpu")
     return out
 
 
-def _load_pickle_weights(path: Path, device: str | torch.device) -> dict[str, torch.Tensor]:
+def load_pickle_state_dict(path: str | os.PathLike, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+    """A state dict from a pickle weights file (``.pth``, ``.pt``, ``.bin`` …) — the one place modeconn reads one — with
+    ``torch.load(weights_only=True)`` only: a pickle that needs code to unpickle (any object outside tensors and plain
+    containers) is refused, nothing of it runs. A ``{"state_dict": {...}}`` wrapper is unwrapped.
+
+    Raises:
+        CheckpointError: naming the file, when torch refuses or fails to read it, or it holds no flat dict of tensors.
+        NonFiniteError: a floating tensor holds NaN/Inf (file and tensor named).
+    """
+    path = Path(path)
     try:
         sd = torch.load(path, map_location=device, weights_only=True)
     except Exception as err:

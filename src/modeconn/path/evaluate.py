@@ -19,7 +19,7 @@ from ..symmetry import SymmetrySpec, symmetry_spec
 from .batchnorm import check_bn_policy, check_bn_statistics, fixed_batches, reset_bn_stats
 from .curve import Curve
 from .interpolate import interpolate, merge_weights, weighted_average
-from .merge_rules import MERGE_RULES
+from .merge_rules import MergeRule, as_rule
 from .repair import channel_stats, interpolated_targets, repair_model
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -224,7 +224,7 @@ def merge(
     bn_batches: int | None = None,
     spec: SymmetrySpec | None = None,
     normalize: bool = True,
-    rule: str = "linear",
+    rule: str | MergeRule = "linear",
     settings=None,
 ) -> dict[str, torch.Tensor]:
     """Merge aligned models: ``Σ_i w_i θ_i`` (uniform weights by default; another merge rule with ``rule``), then fix
@@ -243,7 +243,8 @@ def merge(
             model's statistics) or ``repair`` (REPAIR with the endpoints' channel statistics, folded back
             into the weights).
         bn_loader, bn_batches, spec: as in :func:`evaluate_path`.
-        rule: the merge rule (:data:`~modeconn.path.merge_rules.MERGE_RULES`; ``linear``: the weighted average);
+        rule: the merge rule, a name of :data:`~modeconn.path.merge_rules.MERGE_RULES` or its entry (``linear``: the
+            weighted average);
             ``settings``: its base model, parameters and seed (:class:`~modeconn.path.merge_rules.RuleSettings`).
     Returns: the merged state dict (input dtypes kept). With a model, W-asymmetric fixed structure is the first
     model's (checked identical in all) and integer buffers are never averaged.
@@ -260,7 +261,7 @@ def merge(
     for sd, name in zip(state_dicts, names, strict=False):
         check_finite(sd, name)
     weights = merge_weights(weights, len(state_dicts), normalize=normalize)
-    MERGE_RULES.get(rule)  # a typo names the rules before any work
+    rule = as_rule(rule)  # a typo names the rules before any work
     if model is None:
         if bn == "repair":
             raise ConfigError("bn='repair' needs model= and bn_loader=")

@@ -29,7 +29,7 @@ from ..checks import all_finite, check_compatible, check_one_device, is_interpol
 from ..errors import ConfigError, ModeconnError, NonFiniteError
 from .._util.statedict import with_metadata
 from ..io import check_dtype_kinds
-from .merge_rules import MERGE_RULES, MergeRule, RuleSettings
+from .merge_rules import MergeRule, RuleSettings, as_rule
 
 StateDict = Mapping[str, torch.Tensor]
 
@@ -150,7 +150,8 @@ def weights_sum_to_one(weights: Sequence[float]) -> bool:
 
 def weighted_average(
     state_dicts: Sequence[StateDict], weights: Sequence[float] | None = None, *, check: bool = True,
-    normalize: bool = True, keep: Iterable[str] = (), rule: str = "linear", settings: RuleSettings | None = None,
+    normalize: bool = True, keep: Iterable[str] = (), rule: str | MergeRule = "linear",
+    settings: RuleSettings | None = None,
     dtype: torch.dtype | None = None, out_dtype: torch.dtype | None = None,
 ) -> dict[str, torch.Tensor]:
     """``Σ_i w_i θ_i`` per floating tensor (fp32 accumulation, fp64 for fp64 tensors, cast to the first
@@ -161,9 +162,10 @@ def weighted_average(
     Args:
         state_dicts: one or more state dicts with the same keys and shapes; never mutated.
         weights: see :func:`merge_weights` (default uniform); ``normalize`` as there.
-        check: compare keys/shapes/devices first.
-        rule: the merge rule combining each floating tensor (:data:`~modeconn.path.merge_rules.MERGE_RULES`; default
-            ``linear``, the weighted average).
+        check: compare keys/shapes/devices and check the weights first; ``check=False``: the caller did (the weights
+            are then used as given).
+        rule: the merge rule combining each floating tensor (a name of :data:`~modeconn.path.merge_rules.MERGE_RULES`
+            or its entry; default ``linear``, the weighted average).
         keep: keys copied from the first model unchanged (``modeconn.merge`` passes the W-asymmetric fixed
             structure of its ``model``; without it, weights that do not sum to 1 scale those buffers too).
         settings: base model, parameters and seed of a rule that takes them
@@ -179,8 +181,9 @@ def weighted_average(
     """
     if not state_dicts:
         raise ConfigError("need at least one state dict to average")
-    merge_rule = MERGE_RULES.get(rule)
-    weights = merge_weights(weights, len(state_dicts), normalize=normalize)
+    merge_rule = as_rule(rule)
+    if check or weights is None:
+        weights = merge_weights(weights, len(state_dicts), normalize=normalize)
     if check:
         check_compatible(state_dicts)
         check_one_device(state_dicts)

@@ -151,6 +151,12 @@ def register_rule(rule: MergeRule) -> MergeRule:
     return MERGE_RULES.register(rule.name)(rule)
 
 
+def as_rule(rule: MergeRule | str) -> MergeRule:
+    """``rule`` as its registry entry: a :class:`MergeRule` as is (resolved once by the caller), a name looked up
+    (ConfigError listing the rules for a typo)."""
+    return MERGE_RULES.get(rule) if isinstance(rule, str) else rule
+
+
 def check_rule_settings(rule: MergeRule | str, settings: RuleSettings | None, n_models: int, *,
                         weights_given: bool = False) -> MergeRule:
     """Check, before any work, that ``settings`` fit ``rule`` for ``n_models`` inputs; returns the rule.
@@ -159,7 +165,7 @@ def check_rule_settings(rule: MergeRule | str, settings: RuleSettings | None, n_
     parameter's range (:attr:`MergeRule.ranges`; the rule, parameter and filter named), a base index out of range or a
     base given to a rule without one (``--base``), ``--weights`` for a rule that takes none, a missing optional
     package (``pip install 'modeconn[mergekit]'``), or what the rule's own library says about the parameters."""
-    rule = MERGE_RULES.get(rule) if isinstance(rule, str) else rule
+    rule = as_rule(rule)
     settings = settings or RuleSettings()
     if rule.requires is not None:
         _check_installed(rule)

@@ -4,32 +4,46 @@
   checked to compute B's function and saved as a checkpoint with ``alignment.json``.
 * modeconn language-model checkpoints: dual (LMC-DM) or one-sided learned matching after normalization absorption
   (:func:`modeconn.recipes.align_lm.align_lm_checkpoints`), data-parallel under ``torchrun``.
-* Hugging Face directories: streaming weight matching (:func:`modeconn.recipes.hf_stream.align_hf_checkpoints`).
+* Hugging Face directories: streaming weight matching (:func:`modeconn.recipes.hf_stream.align_hf_checkpoints`);
+  causal LMs also dual / one-sided learned matching in memory (:mod:`modeconn.recipes.align_lm`).
+* Other kinds loaded in memory (timm, torchvision …): the in-memory methods through the kind's hooks.
 
-Every option given is used by the path taken or refused naming it (:data:`ALIGN_SCOPES`, :mod:`.scope`); the
-in-memory methods get the options that are fields of their config class (:mod:`modeconn.match.methods`).
+Every option given is used by the path taken or refused naming it (:data:`ALIGN_SCOPES`, :mod:`.scope`). The
+options are resolved once into an :class:`AlignPlan` — the method's registry entry, ``torch.device`` and the method's
+config object (its :class:`~modeconn.config.StrictConfig`, from the dedicated flags and the generic ``-o key=value``
+options, :func:`~.scope.method_config`) — and the objects are passed down. The methods offered are read from
+:data:`~modeconn.match.methods.ALIGNMENT_METHODS` when asked (:data:`IN_MEMORY`, :data:`LANGUAGE_MODEL`), so a method
+registered later is offered too.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from .._util.device import resolve_device
 from .._util.outdir import check_output_target
-from ..checkpoints import CHECKPOINT_KINDS, Checkpoint, kinds_supporting, open_checkpoints
+from ..checkpoints import CHECKPOINT_KINDS, Checkpoint, open_checkpoints, refuse_kind, register_in_memory
 from ..errors import ConfigError, ModeconnError
-from ..match.methods import command_line_methods
+from ..match.methods import ALIGNMENT_METHODS, AlignmentMethod, command_line_methods
 from .outcome import Outcome
-from .scope import check_scope, method_options
+from .scope import IN_MEMORY_EXCLUDED, check_scope, method_config, method_options
 
 Log = Callable[[str], None]
-IN_MEMORY = command_line_methods()
-LANGUAGE_MODEL = command_line_methods(continuous=True)
+_OFFERED = {"IN_MEMORY": {}, "LANGUAGE_MODEL": {"continuous": True}}
+
+
+def __getattr__(name: str) -> tuple[str, ...]:
+    """``IN_MEMORY`` (the methods of modeconn vision checkpoints) and ``LANGUAGE_MODEL`` (those that need language
+    models), read from the registry when asked: a method registered after import is offered."""
+    if name in _OFFERED:
+        return command_line_methods(**_OFFERED[name])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True)
@@ -56,6 +70,20 @@ class AlignOptions:
     overwrite: bool = False
     device: str | None = None
     shard: bool = False
+    options: Mapping[str, Any] = field(default_factory=dict)
+    """The method's further options (``-o key=value``): fields of its config class (:func:`~.scope.method_config`)."""
+
+
+@dataclass(frozen=True)
+class AlignPlan:
+    """One ``align`` run's options resolved once: ``method`` (the registry entry of the method run), ``device``, and
+    ``config`` (the method's validated config object, set once by the path taken: which options apply depends on the
+    checkpoints' kind)."""
+
+    opts: AlignOptions
+    method: AlignmentMethod
+    device: torch.device | None
+    config: Any = None
 
 
 _DATA = "the methods that read data (--method activation, learned, dual, one-sided)"
@@ -81,39 +109,40 @@ def align(a: Path, b: Path, out: Path, opts: AlignOptions = AlignOptions(), *, p
 
     ``progress(stage, done, total, **metrics)``; ``note`` gets warnings meant for the user (deprecations).
     Raises ConfigError / CheckpointError for a bad option, method, output target or checkpoint, before any work."""
-    from ..match.methods import ALIGNMENT_METHODS
-
     check_output_target(out, inputs=[p for p in (a, b, opts.data) if p is not None], overwrite=opts.overwrite)
-    ALIGNMENT_METHODS.get(opts.method)  # a typo names the valid methods
-    resolve_device(opts.device, "--device")  # an accelerator this machine lacks fails here, before any work
+    # a typo names the valid methods; an accelerator this machine lacks fails here, before any work
+    plan = AlignPlan(opts, ALIGNMENT_METHODS.get(opts.method), resolve_device(opts.device, "--device"))
     ckpts = open_checkpoints([a, b])
     handler = ckpts[0].kind.operation("align")
     if handler is None:
-        raise ConfigError(f"align reads {', '.join(kinds_supporting('align'))} checkpoints; {ckpts[0].describe()} "
-                          "is not one")
-    return handler(ckpts, Path(out), opts, progress, log, note)
+        raise refuse_kind("align", "align", ckpts[0])
+    return handler(ckpts, Path(out), plan, progress, log, note)
 
 
 # ------------------------------------------------------------------------------------------- Hugging Face
 
 
-def _align_hf(ckpts: list[Checkpoint], out: Path, opts: AlignOptions, progress, log: Log, note: Log) -> Outcome:
+def _align_hf(ckpts: list[Checkpoint], out: Path, plan: AlignPlan, progress, log: Log, note: Log) -> Outcome:
+    opts = plan.opts
+    if plan.method.needs_continuous:  # dual / one-sided: both causal LMs in memory, absorbed, with text data
+        from .align_lm import align_lm
+
+        return align_lm(ckpts, out, plan, progress, log)
     check_single_process()
-    if opts.method != "weight":
-        raise ConfigError(f"Hugging Face checkpoint directories are aligned by streaming weight matching only "
-                          f"(--method weight, got {opts.method!r}): activation, learned and dual matching need both "
-                          "models in memory and data")
-    check_scope(opts, ("seed", "restarts", "max_iter", "groups", "device"),
-                "streaming weight matching of Hugging Face checkpoint directories (it reads no data)", ALIGN_SCOPES)
+    if not plan.method.streams:
+        raise ConfigError(f"Hugging Face checkpoint directories are aligned by streaming weight matching (--method "
+                          f"weight) or by dual / one-sided learned matching of causal LMs (got {opts.method!r}): "
+                          "activation and learned (STE) matching of Hugging Face models are not offered yet")
+    path = "streaming weight matching of Hugging Face checkpoint directories (it reads no data)"
+    check_scope(opts, ("seed", "restarts", "max_iter", "groups", "device"), path, ALIGN_SCOPES)
     if opts.groups not in _HF_GROUPS:
         raise ConfigError(f"unknown --groups {opts.groups!r}; valid: {', '.join(_HF_GROUPS)}")
     from . import hf_stream
-    from ..match.weight import DEFAULTS
 
+    config = method_config(plan.method, method_options(plan.method.config, opts, _METHOD_OPTIONS), opts.options, path)
     name, what = _HF_GROUPS[opts.groups]
-    res = getattr(hf_stream, name)(ckpts[0].path, ckpts[1].path, out, seed=opts.seed or 0,
-                                   restarts=opts.restarts or DEFAULTS.restarts, max_iter=opts.max_iter or DEFAULTS.max_iter,
-                                   overwrite=opts.overwrite, progress=progress, device=opts.device)
+    res = getattr(hf_stream, name)(ckpts[0].path, ckpts[1].path, out, config, overwrite=opts.overwrite,
+                                   progress=progress)
     line = (f"streaming weight matching objective {res.objective:.4f} (upper bound {res.stats['upper_bound']:.4f}; "
             f"{len(res.element)} spaces, {res.stats['seconds']:.1f} s)")
     return Outcome(out, what, (line,), "aligned checkpoint")
@@ -139,86 +168,83 @@ def check_single_process() -> None:
 # ------------------------------------------------------------------------------------------------ modeconn
 
 
-def _align_modeconn(ckpts: list[Checkpoint], out: Path, opts: AlignOptions, progress, log: Log,
+def _align_modeconn(ckpts: list[Checkpoint], out: Path, plan: AlignPlan, progress, log: Log,
                     note: Log) -> Outcome:
     from ..models import TOKEN_MODELS
 
     is_lm = any(c.config.get("architecture") in TOKEN_MODELS for c in ckpts)
-    method = opts.method
+    method, offered = plan.method.name, command_line_methods()
     if is_lm and method == "learned":  # one name, one algorithm: learned is STE matching; on LMs it meant one-sided
         note("deprecated: --method learned on language models is one-sided learned matching; use --method one-sided")
         method = "one-sided"
-    if method in LANGUAGE_MODEL:
+    if method in command_line_methods(continuous=True):
         if not is_lm:
             raise ConfigError(f"--method {method} needs language-model checkpoints (architecture gpt-neox-tiny); "
                               f"{ckpts[0].path} is {ckpts[0].config.get('architecture')!r}: use weight, activation "
                               "or learned")
         from .align_lm import align_lm
 
-        return align_lm(ckpts, out, opts, method, progress, log)
-    if method not in IN_MEMORY:
-        raise ConfigError(f"--method {method} is not offered here; choose one of {', '.join(IN_MEMORY + LANGUAGE_MODEL)}")
-    overrides = _in_memory_options(opts, method)
-    return _align_in_memory(ckpts, out, opts, method, overrides)
+        return align_lm(ckpts, out, replace(plan, method=ALIGNMENT_METHODS.get(method)), progress, log)
+    if method not in offered:
+        raise ConfigError(f"--method {method} is not offered here; choose one of "
+                          f"{', '.join(offered + command_line_methods(continuous=True))}")
+    return _align_in_memory(ckpts, out, replace(plan, config=_in_memory_config(plan, ckpts[0].kind.label)))
 
 
 _METHOD_OPTIONS = ("seed", "steps", "lr", "lambda_schedule", "lambda_value", "restarts", "max_iter", "device")
 """The ``align`` options an in-memory method takes where its config class has the field of that name."""
 
 
-def _in_memory_options(opts: AlignOptions, method: str) -> dict:
-    """The options given that ``method`` takes (fields of its config class), after refusing every other option given
-    (:func:`~.scope.check_scope`) — before any weights are read."""
-    from ..match.methods import ALIGNMENT_METHODS
-
-    entry = ALIGNMENT_METHODS.get(method)
+def _in_memory_config(plan: AlignPlan, kind_label: str = "modeconn"):
+    """The method's config object from the options given that it takes (fields of its config class, by flag or
+    ``-o``), after refusing every other option given (:func:`~.scope.check_scope`) — before any weights are read."""
+    opts, entry = plan.opts, plan.method
     used = [n for n in _METHOD_OPTIONS if n in entry.config.model_fields] + list(_DATA_OPTIONS if entry.needs_data else ())
-    check_scope(opts, used, f"{entry.display} of modeconn checkpoints (--method {method})", ALIGN_SCOPES)
-    return method_options(entry.config, opts, _METHOD_OPTIONS)
+    path = f"{entry.display} of {kind_label} checkpoints (--method {entry.name})"
+    check_scope(opts, used, path, ALIGN_SCOPES)
+    return method_config(entry, method_options(entry.config, opts, _METHOD_OPTIONS), opts.options, path,
+                         excluded=IN_MEMORY_EXCLUDED)
 
 
-def dataset_for(config: dict, dataset: str | None, data: Path | None, limit_train: int | None):
-    """The dataset named by ``dataset`` or recorded in the checkpoint's config (ConfigError if neither, or if its
-    examples do not have the shape the model was built for — checked before anything is traced)."""
-    from ..data import load_dataset
-
-    from ..io.models import check_input_shape
-
-    name = dataset or config.get("dataset")
-    if name is None:
-        raise ConfigError("the checkpoint does not record its dataset; pass --dataset")
-    bundle = load_dataset(name, data, limit_train=limit_train, **config.get("dataset_options", {}))
-    recorded = f" (trained on {config['dataset']!r})" if config.get("dataset") else ""
-    check_input_shape(config.get("kwargs", {}).get("in_shape"), bundle.input_shape, f"the checkpoint{recorded}",
-                      f"dataset {name!r}")
-    return bundle
+def _align_kind(ckpts: list[Checkpoint], out: Path, plan: AlignPlan, progress, log: Log, note: Log) -> Outcome:
+    """``align`` on a kind loaded in memory that has no ``align`` of its own: the in-memory methods."""
+    offered = command_line_methods()
+    if plan.method.name not in offered:
+        raise ConfigError(f"--method {plan.method.name} is not offered for {ckpts[0].kind.label} checkpoints; choose "
+                          f"one of {', '.join(offered)} ({', '.join(command_line_methods(continuous=True))}: "
+                          "language models)")
+    return _align_in_memory(ckpts, out, replace(plan, config=_in_memory_config(plan, ckpts[0].kind.label)))
 
 
-def _align_in_memory(ckpts: list[Checkpoint], out: Path, opts: AlignOptions, method: str, overrides: dict) -> Outcome:
-    from ..io.models import example_input, load_same_architecture
+def _align_in_memory(ckpts: list[Checkpoint], out: Path, plan: AlignPlan) -> Outcome:
+    """Align B to A in memory through the kind's hooks (load, feed, example input, save): the aligned B is checked to
+    compute B's function and written as a checkpoint of the same kind with ``alignment.json``."""
+    from ..checkpoints import load_same_architecture
     from ..diagnostics.compare import align as run_align
-    from ..io import save_checkpoint
+    from ..io.hf import model_names
     from ..symmetry import symmetry_spec
 
-    (ma, mb), (cfg, _) = load_same_architecture([c.path for c in ckpts])
-    bundle = dataset_for(cfg, opts.dataset, opts.data, opts.limit_train) if method != "weight" else None
-    x0 = bundle.train.tensors[0][:2] if bundle is not None else example_input(cfg)
+    opts, method = plan.opts, plan.method.name
+    ma, mb = load_same_architecture(ckpts)
+    bundle = ckpts[0].feed(opts.dataset, opts.data, opts.limit_train) if plan.method.needs_data else None
+    x0 = bundle.train.tensors[0][:2] if bundle is not None else ckpts[0].example_input()
     spec = symmetry_spec(ma, x0)
-    res = run_align(method, spec, ma, ma.state_dict(), mb.state_dict(), bundle, overrides=overrides)
+    res = run_align(method, spec, ma, ma.state_dict(), mb.state_dict(), bundle, config=plan.config)
     mb_aligned = copy.deepcopy(mb)
     mb_aligned.load_state_dict(res.apply(mb.state_dict()))
     _check_same_function(mb, mb_aligned, x0)
-    kept = {k: v for k, v in cfg.items() if k not in ("architecture", "kwargs", "modeconn_version", "format_version")}
-    from ..io.hf import model_names
-
-    path = save_checkpoint(out, mb_aligned, config=kept | {"aligned_to": model_names([ckpts[0].path])[0],
-                                                           "alignment": method},
-                           metrics={"alignment": {"method": method, "objective": res.objective, "stats": res.stats}},
-                           extra_json={"alignment.json": {**res.to_json(), "options": overrides}},
-                           overwrite=opts.overwrite,
-                           inputs=[c.path for c in ckpts], command="align")
+    path = ckpts[1].save(out, mb_aligned, config={"aligned_to": model_names([ckpts[0].path])[0], "alignment": method},
+                         keep_source=True,
+                         metrics={"alignment": {"method": method, "objective": res.objective, "stats": res.stats}},
+                         extra_json={"alignment.json": {**res.to_json(), "options": _given(plan.config)}},
+                         overwrite=opts.overwrite, inputs=[c.path for c in ckpts], command="align")
     line = f"{method} matching objective {res.objective:.4f} ({len(spec.spaces)} spaces)"
     return Outcome(path, "config.json, model.safetensors, alignment.json", (line,), "aligned checkpoint")
+
+
+def _given(config) -> dict[str, Any]:
+    """The config fields set by an option (flag or ``-o``), for the record."""
+    return config.model_dump(mode="json", exclude_unset=True)
 
 
 def _check_same_function(m1, m2, x) -> None:
@@ -230,3 +256,4 @@ def _check_same_function(m1, m2, x) -> None:
 
 CHECKPOINT_KINDS["modeconn"].supports("align", _align_modeconn)
 CHECKPOINT_KINDS["huggingface"].supports("align", _align_hf)
+register_in_memory("align", _align_kind)

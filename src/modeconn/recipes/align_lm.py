@@ -23,6 +23,7 @@ from ..data import make_loader
 from ..errors import ConfigError
 from ..experiments.lmc_dm import GROUPS
 from ..experiments.output import output_directory
+from ..match.dual import DualMatchingConfig
 from .outcome import Outcome
 
 Log = Callable[[str], None]
@@ -58,29 +59,38 @@ def check_lm_options(opts) -> None:
                           "process needs a share of each batch; raise --batch-size or start fewer processes")
 
 
-def align_lm(ckpts: list[Checkpoint], out: Path, opts, method: str, progress, log: Callable[[str], None]) -> Outcome:
-    """Dual / one-sided learned matching of two LM checkpoints into ``out`` (a/, b/, transforms, alignment.json).
-    Every option of ``align`` but ``--groups`` applies (:data:`~.align.ALIGN_SCOPES`); ``--restarts`` /
-    ``--max-iter`` to the weight matching that starts the learned matching, ``--device`` to where it runs."""
-    from ..match.dual import init_distributed
-    from .align import ALIGN_SCOPES, dataset_for
-    from .scope import check_scope
+_LM_EXCLUDED = {"one_sided": "--method chooses it (dual or one-sided)",
+                "checkpoint_every": "modeconn align keeps no learned-matching checkpoints"}
+_LM_FLAGS = ("seed", "steps", "lr", "lambda_schedule", "lambda_value", "parameterization")
 
-    check_scope(opts, set(ALIGN_SCOPES) - {"groups"}, f"{method} learned matching of modeconn language models",
-                ALIGN_SCOPES)
-    opts = with_lm_defaults(opts)
+
+def align_lm(ckpts: list[Checkpoint], out: Path, plan, progress, log: Callable[[str], None]) -> Outcome:
+    """Dual / one-sided learned matching (``plan.method``) of two LM checkpoints into ``out`` (a/, b/, transforms,
+    alignment.json). Every option of ``align`` but ``--groups`` applies (:data:`~.align.ALIGN_SCOPES`);
+    ``--restarts`` / ``--max-iter`` to the weight matching that starts the learned matching, ``--device`` to where it
+    runs; ``-o`` to the method's :class:`~modeconn.match.dual.DualMatchingConfig` (all of it but ``one_sided`` and
+    ``checkpoint_every``), built once here. The checkpoints' kind says how they and their data are read
+    (:data:`LM_LOADERS`), checked before any weights are read."""
+    from ..match.dual import init_distributed
+    from .align import ALIGN_SCOPES
+    from .scope import check_scope, method_config, method_options
+
+    given, method = plan.opts, plan.method.name
+    precheck, load, sources, what = LM_LOADERS[ckpts[0].kind.name]
+    path = f"{method} learned matching of {what}"
+    check_scope(given, set(ALIGN_SCOPES) - {"groups"}, path, ALIGN_SCOPES)
+    opts = with_lm_defaults(given)
     check_lm_options(opts)
-    check_same_lm_configs([c.config for c in ckpts], [c.path for c in ckpts])
-    info = init_distributed(opts.device)
+    config = method_config(plan.method, method_options(plan.method.config, given, _LM_FLAGS), given.options, path,
+                           defaults={k: LM_DEFAULTS[k] for k in _LM_FLAGS}, excluded=_LM_EXCLUDED)
+    state = precheck(ckpts, opts)
+    info = init_distributed(given.device)
     try:
-        ma, mb = (c.load() for c in ckpts)
-        bundle = dataset_for(ckpts[0].config, opts.dataset, opts.data, opts.limit_train)
-        rec = align_lm_checkpoints(ma, mb, bundle, out, method=method, steps=opts.steps, lr=opts.lr,
-                                   lambda_schedule=opts.lambda_schedule, lambda_value=opts.lambda_value,
-                                   parameterization=opts.parameterization, batch_size=opts.batch_size,
-                                   seed=opts.seed, overwrite=opts.overwrite, shard=opts.shard,
-                                   restarts=opts.restarts, max_iter=opts.max_iter,
-                                   progress=progress if info.rank == 0 else None,
+        ma, mb, bundle = load(ckpts, opts, state)
+        rec = align_lm_checkpoints(ma, mb, bundle, out, config, method=method, batch_size=opts.batch_size,
+                                   overwrite=opts.overwrite, shard=opts.shard, restarts=opts.restarts,
+                                   max_iter=opts.max_iter, progress=progress if info.rank == 0 else None,
+                                   sources=sources(ckpts),
                                    log=log if info.rank == 0 else (lambda s: None), device=info.device)
     finally:
         if info.initialized_here:
@@ -89,10 +99,51 @@ def align_lm(ckpts: list[Checkpoint], out: Path, opts, method: str, progress, lo
             torch.distributed.destroy_process_group()
     procs = f" on {info.world_size} processes" if info.world_size > 1 else ""
     line = (f"{'dual' if method == 'dual' else 'one-sided learned'} matching: path loss {rec['first_loss']:.4f} → "
-            f"{rec['objective']:.4f} nats/token over {opts.steps} steps{procs} ({len(rec['spaces'])} spaces, "
+            f"{rec['objective']:.4f} nats/token over {config.steps} steps{procs} ({len(rec['spaces'])} spaces, "
             f"weight-matching objective {rec['wm_objective']:.4f})")
     return Outcome(Path(out), "a/, b/, transforms.safetensors, alignment.json", (line,), "aligned endpoints",
                    quiet=info.rank != 0)
+
+
+def _precheck_modeconn(ckpts: list[Checkpoint], opts) -> None:
+    check_same_lm_configs([c.config for c in ckpts], [c.path for c in ckpts])
+
+
+def _load_modeconn(ckpts: list[Checkpoint], opts, _state) -> tuple[nn.Module, nn.Module, Any]:
+    from ..checkpoints.modeconn import dataset_for
+
+    ma, mb = (c.load() for c in ckpts)
+    return ma, mb, dataset_for(ckpts[0].config, opts.dataset, opts.data, opts.limit_train)
+
+
+def _precheck_hf(ckpts: list[Checkpoint], opts):
+    """Causal LMs and their text (a registered text dataset or the user's corpus, tokenized with the first
+    checkpoint's own tokenizer; returned), read and checked before any weights are read."""
+    from .pair import hf_text_data
+
+    return hf_text_data(ckpts, "--method dual / one-sided", opts.dataset, opts.data, opts.limit_train)
+
+
+def _load_hf(ckpts: list[Checkpoint], opts, bundle) -> tuple[nn.Module, nn.Module, Any]:
+    """Both causal LMs in memory (float32), wrapped as token ids → logits, with their text."""
+    from ..models.causal_lm import CausalLM
+    from ..symmetry import check_same_config
+    from .pair import check_vocabulary
+
+    ma, mb = (c.load().float() for c in ckpts)
+    check_same_config(ma, mb)
+    check_vocabulary(ckpts[0], ma, bundle)
+    context = bundle.input_shape[0]
+    return CausalLM.wrap(ma, context), CausalLM.wrap(mb, context), bundle
+
+
+LM_LOADERS = {
+    "modeconn": (_precheck_modeconn, _load_modeconn, lambda ckpts: None, "modeconn language models"),
+    "huggingface": (_precheck_hf, _load_hf, lambda ckpts: tuple(c.path for c in ckpts), "Hugging Face causal LMs"),
+}
+"""Checkpoint kind → (checks before any weights are read, returning what loading needs; loading of both endpoints and
+the training data; the source directories whose endpoints may be written as stock checkpoints (None: absorbed
+only); a label for messages)."""
 
 
 def check_same_lm_configs(configs: list[dict], paths: list[Path]) -> None:
@@ -114,16 +165,16 @@ def check_same_lm_configs(configs: list[dict], paths: list[Path]) -> None:
         raise ConfigError(f"{paths[0]} and {paths[1]} differ:\n  " + "\n  ".join(problems))
 
 
-def align_lm_checkpoints(ma: nn.Module, mb: nn.Module, bundle, out: Path, *, method: str, steps: int, lr: float,
-                         lambda_schedule: str, lambda_value: float, parameterization: str, batch_size: int,
-                         seed: int, overwrite: bool, progress=None, log: Log = print,
+def align_lm_checkpoints(ma: nn.Module, mb: nn.Module, bundle, out: Path, config: DualMatchingConfig, *, method: str,
+                         batch_size: int, overwrite: bool, progress=None, log: Log = print,
                          device: str | torch.device = "cpu", shard: bool = False, restarts: int | None = None,
-                         max_iter: int | None = None) -> dict[str, Any]:
+                         max_iter: int | None = None, sources: tuple[Path, Path] | None = None) -> dict[str, Any]:
     """Absorb both models, bind :data:`GROUPS`, weight-match, learn the transforms (``method``: ``"dual"`` or
     ``"learned"`` = one-sided) on the training split, and write ``out/a`` and ``out/b`` (the transformed,
     absorbed endpoints, :func:`~modeconn.symmetry.save_absorbed`), ``transforms.safetensors`` (``a.<space>``
     and ``b.<space>``) and ``alignment.json``. Every saved endpoint is reloaded and checked against its
-    checkpoint's logits. Returns the alignment record.
+    checkpoint's logits. Returns the alignment record. ``config``: the learned matching's options (its ``seed`` also
+    seeds the weight matching and the data order).
 
     ``device``: where the learned matching runs (absorption, weight matching and the written files stay on the
     CPU). Multi-process (a ``torch.distributed`` default group exists, e.g. under ``torchrun`` after
@@ -132,7 +183,10 @@ def align_lm_checkpoints(ma: nn.Module, mb: nn.Module, bundle, out: Path, *, met
     :func:`~modeconn.match.dual_matching`); only rank 0 checks and writes ``out`` and calls ``log``, and every rank
     returns the record once the files are in place. ``shard``: sharded storage over the processes
     (:mod:`modeconn.match.sharded`). ``restarts`` / ``max_iter``: of the weight matching that gives the discrete parts
-    and the start (None: :class:`~modeconn.match.WeightMatchingConfig`'s defaults). Raises what
+    and the start (None: :class:`~modeconn.match.WeightMatchingConfig`'s defaults). ``sources``: the two Hugging Face
+    checkpoint directories the endpoints came from: an endpoint a stock model of its family can represent
+    (:func:`~modeconn.symmetry.absorb_export.stock_model`: RMSNorm families) is then written as a stock checkpoint
+    (``save_pretrained``, with its source's tokenizer and side files) instead of an absorbed one. Raises what
     :func:`~modeconn.match.dual_matching` raises, and
     ConfigError for a non-empty ``out`` without ``overwrite`` (rank 0, before any work)."""
     from contextlib import nullcontext
@@ -151,23 +205,22 @@ def align_lm_checkpoints(ma: nn.Module, mb: nn.Module, bundle, out: Path, *, met
         sa, sb = abs_a.state_dict(), abs_b.state_dict()
         spec = hf_symmetry_spec(abs_a, groups=GROUPS)
         wm_options = {k: v for k, v in (("restarts", restarts), ("max_iter", max_iter)) if v is not None}
+        seed = config.seed
         wm = weight_matching(spec, sa, sb, seed=seed, **wm_options)
         log(f"weight matching: objective {wm.objective:.4f} ({len(spec.spaces)} spaces)")
         loader = make_loader(bundle.train, batch_size, shuffle=True, seed=seed)
         fn = dual_matching if method == "dual" else one_sided_matching
         on_device = [{k: v.to(device) for k, v in sd.items()} for sd in (sa, sb)]
-        res = fn(spec, abs_a, *on_device, loader, steps=steps, lr=lr, lambda_schedule=lambda_schedule,
-                 lambda_value=lambda_value, parameterization=parameterization, seed=seed, weight_alignment=wm,
-                 progress=progress, shard=shard)
-        checks = _write_aligned(tmp, res, (ma, mb), (abs_a, abs_b), (sa, sb), bundle.train.tensors[0][:2]) if writer else {}
+        res = fn(spec, abs_a, *on_device, loader, config, weight_alignment=wm, progress=progress, shard=shard)
+        checks = _write_aligned(tmp, res, (ma, mb), (abs_a, abs_b), (sa, sb), bundle.train.tensors[0][:2],
+                                sources) if writer else {}
         record = {"method": method, "one_sided": method != "dual", "groups": GROUPS, "spaces": list(spec.spaces),
-                  "options": {"steps": steps, "lr": lr, "lambda_schedule": lambda_schedule,
-                              "lambda_value": lambda_value, "parameterization": parameterization,
-                              "batch_size": batch_size, "seed": seed, "shard": shard, "device": str(device),
-                              **wm_options},
+                  "options": {**config.model_dump(exclude={"one_sided", "checkpoint_every"}),
+                              "batch_size": batch_size, "shard": shard, "device": str(device), **wm_options},
                   "world_size": res.stats["world_size"], "wm_objective": wm.objective, "objective": res.objective,
                   "first_loss": float(res.history[0][0]) if res.history and res.history[0] else None,
-                  "max_logit_change_after_reload": checks, "seconds": time.perf_counter() - t0,
+                  "max_logit_change_after_reload": {side: c["max_abs_diff"] for side, c in checks.items()},
+                  "formats": {side: c["format"] for side, c in checks.items()}, "seconds": time.perf_counter() - t0,
                   "files": {"a": "a/", "b": "b/", "transforms": "transforms.safetensors"}}
         if writer:
             write_json(tmp / "alignment.json", record, nan="null", default=str)
@@ -179,19 +232,20 @@ def _silent(_: str) -> None:
     """The ``log`` of ranks other than 0."""
 
 
-def _write_aligned(tmp: Path, res, models, absorbed, state_dicts, x: torch.Tensor) -> dict[str, float]:
-    """Write the transformed absorbed endpoints ``tmp/a``, ``tmp/b`` and ``tmp/transforms.safetensors``; reload each
-    endpoint and compare its logits on ``x`` with its original model's (ConfigError beyond 1e-3 relative).
-    Returns the max |Δlogit| per side."""
+def _write_aligned(tmp: Path, res, models, absorbed, state_dicts, x: torch.Tensor,
+                   sources: tuple[Path, Path] | None = None) -> dict[str, dict[str, Any]]:
+    """Write the transformed endpoints ``tmp/a``, ``tmp/b`` (stock checkpoints where ``sources`` are given and the
+    family can represent them, else absorbed ones) and ``tmp/transforms.safetensors``; reload each endpoint and
+    compare its logits on ``x`` with its original model's (ConfigError beyond 1e-3 relative). Returns per side the
+    max |Δlogit| and the format written (``"stock"`` or ``"absorbed"``)."""
     from ..io import save_state_dict
-    from ..symmetry import load_absorbed, save_absorbed
 
     checks = {}
-    for side, model, base, sd, apply in zip("ab", models, absorbed, state_dicts, (res.apply_a, res.apply_b), strict=False):
+    for i, (side, model, base, sd, apply) in enumerate(zip("ab", models, absorbed, state_dicts,
+                                                           (res.apply_a, res.apply_b), strict=True)):
         m = copy.deepcopy(base)
         m.load_state_dict(apply(sd))
-        save_absorbed(m, tmp / side)
-        reloaded = load_absorbed(tmp / side).eval()
+        fmt, reloaded = _save_endpoint(m, tmp / side, sources[i] if sources is not None else None)
         with torch.no_grad():
             ref = model.eval()(x)
             got = reloaded(input_ids=x).logits
@@ -199,7 +253,30 @@ def _write_aligned(tmp: Path, res, models, absorbed, state_dicts, x: torch.Tenso
         if diff > 1e-3 * max(1.0, float(ref.abs().max())):
             raise ConfigError(f"internal error: the saved endpoint {side} changed the function "
                               f"(max |Δlogit| = {diff:.3g})")
-        checks[side] = diff
+        checks[side] = {"max_abs_diff": diff, "format": fmt}
     flat = {f"{side}.{space}": t for side, el in res.export_transforms().items() for space, t in el.items()}
     save_state_dict(tmp / "transforms.safetensors", flat, {"modeconn": "lmc-dm transforms"})
     return checks
+
+
+def _save_endpoint(model: nn.Module, out: Path, source: Path | None) -> tuple[str, nn.Module]:
+    """Write one transformed endpoint to ``out``: a stock checkpoint (``from_pretrained`` loads it) with ``source``'s
+    side files where a stock model represents it, else an absorbed checkpoint. Returns the format and the reloaded
+    model."""
+    import shutil
+
+    from ..io.hf import side_files
+    from ..symmetry import load_absorbed, save_absorbed
+    from ..symmetry.absorb_export import stock_model
+
+    stock = stock_model(model) if source is not None else None
+    if stock is None:
+        save_absorbed(model, out)
+    else:
+        stock.save_pretrained(out)
+    for name, file in (side_files(source) if source is not None else {}).items():  # tokenizer files, generation config
+        if not (out / name).exists():
+            shutil.copyfile(file, out / name)
+    if stock is None:
+        return "absorbed", load_absorbed(out).eval()
+    return "stock", type(stock).from_pretrained(out, local_files_only=True, trust_remote_code=False).eval()

@@ -10,8 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..checkpoints import CHECKPOINT_KINDS
-from ..errors import ConfigError
+from ..checkpoints import CHECKPOINT_KINDS, refuse_kind, register_in_memory
 from .outcome import Outcome
 
 CONTENTS = "report.md, results.json, check.png"
@@ -32,27 +31,46 @@ class CheckOptions:
 
 
 def load_models(a: Path, b: Path | None, opts: CheckOptions):
-    """``([model A(, model B)], A's config, dataset bundle)``; ConfigError for a checkpoint that is not a modeconn
-    checkpoint, two architectures, or no (fitting) dataset — before any weights are used."""
+    """``([model A(, model B)], A's config, dataset bundle)``; ConfigError for a checkpoint of a kind ``check`` does not
+    read, two architectures, or no (fitting) dataset — before any weights are used. Hugging Face causal LMs are read
+    with a text dataset (``--dataset``) tokenized with their own tokenizer."""
     from ..checkpoints import open_checkpoints
 
     ckpts = open_checkpoints([a] if b is None else [a, b])
     load = ckpts[0].kind.operation("check")
     if load is None:
-        raise ConfigError(f"check reads modeconn checkpoints (config.json + model.safetensors from modeconn train); "
-                          f"{ckpts[0].describe()} is not one")
+        raise refuse_kind("check", "check", ckpts[0])
     return load(ckpts, opts)
 
 
-def _load_modeconn(ckpts, opts: CheckOptions):
-    from ..io.models import load_same_architecture
-    from .align import dataset_for
+def _load_in_memory(ckpts, opts: CheckOptions):
+    """The models of an in-memory kind and the data it is fed (the kind's hooks)."""
+    from ..checkpoints import load_same_architecture
 
-    models, configs = load_same_architecture([c.path for c in ckpts])
-    return models, configs[0], dataset_for(configs[0], opts.dataset, opts.data, opts.limit_train)
+    models = load_same_architecture(ckpts)
+    return models, ckpts[0].config, ckpts[0].feed(opts.dataset, opts.data, opts.limit_train)
 
 
-CHECKPOINT_KINDS["modeconn"].supports("check", _load_modeconn)
+def _load_causal_lms(ckpts, opts: CheckOptions):
+    """Hugging Face (or absorbed) causal LMs, wrapped as token ids → logits, and the text of ``--dataset`` (a
+    registered text dataset or the user's corpus) tokenized with the first checkpoint's tokenizer — read and checked
+    before any weights (:func:`~.pair.hf_text_data`)."""
+    from ..models.causal_lm import CausalLM
+    from ..symmetry import check_same_config
+    from .pair import check_vocabulary, hf_text_data
+
+    bundle = hf_text_data(ckpts, "check", opts.dataset, opts.data, opts.limit_train)
+    models = [c.load().float() for c in ckpts]
+    if len(models) == 2:
+        check_same_config(*models)
+    check_vocabulary(ckpts[0], models[0], bundle)
+    return [CausalLM.wrap(m, bundle.input_shape[0]) for m in models], dict(ckpts[0].config), bundle
+
+
+CHECKPOINT_KINDS["modeconn"].supports("check", _load_in_memory)
+CHECKPOINT_KINDS["huggingface"].supports("check", _load_causal_lms)
+CHECKPOINT_KINDS["absorbed"].supports("check", _load_causal_lms)
+register_in_memory("check", _load_in_memory)
 
 
 def run_check(a: Path, b: Path | None, out: Path, opts: CheckOptions, log=print) -> Outcome:

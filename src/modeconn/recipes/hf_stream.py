@@ -10,41 +10,42 @@ from typing import Any
 
 import torch
 
-from .._util.device import resolve_device
 from ..errors import ConfigError
 from .._util.jsonio import write_json
 from ..io import CONFIG_NAME
 from ..io.hf import PathLike, model_names, resolve_checkpoint_path, side_files
 from ..io.lazy import LazyCheckpoint, ShardLayout, write_like
 from ..match.result import Alignment
-from ..match.weight import DEFAULTS, weight_matching
-from ..path.merge_rules import MERGE_RULES, RuleSettings, applied_weights, check_filters, check_rule_settings, rule_weights
+from ..match.weight import DEFAULTS, WeightMatchingConfig, weight_matching
+from ..path.merge_rules import RuleSettings, applied_weights, check_filters
 from ..stream import merged_keys, open_hf_checkpoints, stream_apply, stream_merge
 from ..symmetry import Element
 from ..symmetry.hf import FULL_GROUPS
+from .merge_plan import MergePlan
 
 Progress = Callable[[str, int, int], None]
 """``progress(stage, done, total)``: the stage (``"run 1/1 sweep 2"``, ``"writing"``), units done and their total."""
 
 
-def align_hf_checkpoints(a: PathLike, b: PathLike, out: PathLike, *, seed: int = 0,
-                         restarts: int = DEFAULTS.restarts, max_iter: int = DEFAULTS.max_iter, chunk: int = 1 << 20,
-                         overwrite: bool = False, progress: Progress | None = None, device: str | torch.device | None = None) -> Alignment:
+def align_hf_checkpoints(a: PathLike, b: PathLike, out: PathLike,
+                         config: WeightMatchingConfig | Mapping[str, Any] | None = None, *, overwrite: bool = False,
+                         progress: Progress | None = None, **options: Any) -> Alignment:
     """Streaming weight matching of Hugging Face checkpoint B to A, and B aligned written to ``out``.
 
-    ``out`` gets B's layout (same shards and index), B's side files (config.json …) and ``alignment.json`` (the
-    element, objective, history and stats of :func:`modeconn.weight_matching`, plus ``aligned_to`` and ``source``).
-    The aligned B computes the same function as B (permutations are exact). Every check (configs field by field,
-    shards, spec, ``out``, ``device``) runs before the matching; ``device``: where the score products run
-    (:class:`~modeconn.match.weight.WeightMatchingConfig`). Returns the :class:`~modeconn.match.Alignment`.
+    ``config`` / ``options``: weight matching's :class:`~modeconn.match.weight.WeightMatchingConfig` (an instance, a
+    mapping, or keyword fields: ``seed``, ``restarts``, ``max_iter``, ``chunk``, ``device`` — where the score
+    products run — …; every field applies to streaming). ``out`` gets B's layout (same shards and index), B's side
+    files (config.json …) and ``alignment.json`` (the element, objective, history and stats of
+    :func:`modeconn.weight_matching`, plus ``aligned_to``, ``source`` and the ``settings``). The aligned B computes
+    the same function as B (permutations are exact). Every check (options, configs field by field, shards, spec,
+    ``out``, ``device``) runs before the matching. Returns the :class:`~modeconn.match.Alignment`.
     Raises: see :func:`hf_checkpoint_spec`, :func:`modeconn.weight_matching`, :func:`stream_apply`.
     """
-    device = resolve_device(device, "device")
+    cfg = WeightMatchingConfig.from_any(config, **options)
     spec, (ca, cb) = open_hf_checkpoints([a, b], out, overwrite)
-    res = weight_matching(spec, ca, cb, restarts=restarts, max_iter=max_iter, seed=seed, chunk=chunk,
-                          progress=progress, device=device)
+    res = weight_matching(spec, ca, cb, cfg, progress=progress)
     record = {**res.to_json(), "aligned_to": model_names([a])[0], "source": model_names([b])[0],
-              "settings": {"restarts": restarts, "max_iter": max_iter, "seed": seed}}
+              "settings": wm_settings(cfg)}
     stream_apply(spec, cb, res.element, out, files={**side_files(b), "alignment.json": record},
                  overwrite=overwrite, progress=progress)
     return res
@@ -72,44 +73,57 @@ def merge_hf_checkpoints(paths: Sequence[PathLike], out: PathLike, *, weights: S
     cache entries (:func:`resolve_checkpoint_path`). ``weights``/``normalize``/``rule``/``settings``/``dtype``/
     ``out_dtype`` as in :func:`stream_merge`; a rule weighting task vectors (``non_base``) takes the weights as given
     (default 1 each); ``seed`` also seeds a randomised rule unless ``settings.seed`` is set; ``device``: where the
-    score products and the merge arithmetic run (checked before any work). Returns the record.
+    score products and the merge arithmetic run (checked before any work). Every option is resolved once into a
+    :class:`~modeconn.recipes.merge_plan.MergePlan` (:func:`merge_hf_plan` runs it). Returns the record.
     Raises: ConfigError (align not weight/none, fewer than two models, bad weights or rule settings, a parameter
     filter that selects no tensor, different vocabularies — the first differing token named) and as
     :func:`align_hf_checkpoints`; NonFiniteError (nothing written) when the rule makes NaN/Inf from finite inputs.
     """
+    from .merge_plan import MergeOptions, checked_plan
+
     if align not in ("weight", "none"):
         raise ConfigError(f"Hugging Face checkpoints are aligned by streaming weight matching: align must be "
                           f"'weight' or 'none', got {align!r}")
     if len(paths) < 2:
         raise ConfigError(f"merging needs at least two checkpoints, got {len(paths)}")
-    paths = [resolve_checkpoint_path(p) for p in paths]
-    merge_rule = MERGE_RULES.get(rule)
-    w = rule_weights(merge_rule, weights, len(paths), normalize=normalize)  # checked before heavy work
-    settings = settings or RuleSettings()
-    if merge_rule.random and settings.seed is None:
-        settings = dataclasses.replace(settings, seed=seed)
-    check_rule_settings(merge_rule, settings, len(paths), weights_given=weights is not None)
-    device = resolve_device(device, "device")
-    spec, ckpts = open_hf_checkpoints(paths, out, overwrite, None if align == "none" else groups)
+    opts = MergeOptions(normalize=normalize, rule=rule, align=align, seed=seed, overwrite=overwrite, device=device)
+    plan = checked_plan([resolve_checkpoint_path(p) for p in paths], opts, weights, settings or RuleSettings(),
+                        groups=groups)
+    wm = WeightMatchingConfig(seed=seed, restarts=restarts, max_iter=max_iter, chunk=chunk, device=device)
+    plan = dataclasses.replace(plan, dtype=dtype, out_dtype=out_dtype, align_config=wm if align == "weight" else None)
+    return merge_hf_plan(plan, out, files=files, progress=progress)
+
+
+def merge_hf_plan(plan: MergePlan, out: PathLike, *,
+                  files: Mapping[str, Any] | Callable[[dict], Mapping[str, Any]] | None = None,
+                  progress: Progress | None = None) -> dict[str, Any]:
+    """Run a resolved merge ``plan`` on Hugging Face checkpoints (:func:`merge_hf_checkpoints` describes what is
+    written): its rule entry, weights, settings, device, dtypes and weight-matching config are used as they are.
+    ConfigError for an alignment method that does not stream."""
+    if plan.align is not None and not plan.align.streams:
+        raise ConfigError(f"Hugging Face checkpoints are aligned by streaming weight matching: align must be "
+                          f"'weight' or 'none' (a method that streams), got {plan.align.name!r}")
+    paths, rule, settings, w = plan.models, plan.rule, plan.settings, plan.weights
+    if rule.random and settings.seed is None:
+        settings = dataclasses.replace(settings, seed=plan.opts.seed or 0)
+    spec, ckpts = open_hf_checkpoints(paths, out, plan.opts.overwrite, None if plan.align is None else plan.groups)
     check_filters(settings, merged_keys(ckpts[0].meta()))  # a filter that selects nothing: before the alignment
     names = model_names(paths)
-    elements, alignments = _align_to_first(spec, ckpts, names, align, dict(seed=seed, restarts=restarts,
-                                                                          max_iter=max_iter, chunk=chunk,
-                                                                          device=device), progress)
-    record = {"merged_from": names, "weights": applied_weights(merge_rule, w, settings.base), "rule": rule,
-              "source": merge_rule.source, "align": align,
-              "align_settings": {"groups": groups, "restarts": restarts, "max_iter": max_iter, "seed": seed}
-              if align == "weight" else None,
+    elements, alignments = _align_to_first(spec, ckpts, names, plan.align_config, progress)
+    record = {"merged_from": names, "weights": applied_weights(rule, w, settings.base), "rule": rule.name,
+              "source": rule.source, "align": plan.opts.align,
+              "align_settings": None if plan.align_config is None
+              else {"groups": plan.groups, **wm_settings(plan.align_config)},
               "base": None if settings.base is None else names[settings.base], "params": dict(settings.params),
-              "model_params": [dict(p) for p in settings.model_params], "seed": settings.seed if merge_rule.random else None,
-              "dtype": _dtype_name(dtype), "out_dtype": _dtype_name(out_dtype), "alignments": alignments,
+              "model_params": [dict(p) for p in settings.model_params], "seed": settings.seed if rule.random else None,
+              "dtype": _dtype_name(plan.dtype), "out_dtype": _dtype_name(plan.out_dtype), "alignments": alignments,
               "input_dtypes": sorted({_dtype_name(i.dtype) for c in ckpts for i in c.infos.values()
                                       if i.dtype.is_floating_point})}
     src = paths[settings.base if settings.base is not None else 0]
     extra = files(record) if callable(files) else (files or {})
     stream_merge(spec, ckpts, out, weights=w, normalize=False, elements=elements, rule=rule, settings=settings,
-                 dtype=dtype, out_dtype=out_dtype, files={**side_files(src), **extra, "merge.json": record},
-                 overwrite=overwrite, progress=progress, device=device)
+                 dtype=plan.dtype, out_dtype=plan.out_dtype, files={**side_files(src), **extra, "merge.json": record},
+                 overwrite=plan.opts.overwrite, progress=progress, device=plan.device)
     return record
 
 
@@ -117,31 +131,31 @@ def _dtype_name(dtype: torch.dtype | None) -> str | None:
     return None if dtype is None else str(dtype).removeprefix("torch.")
 
 
-def _align_to_first(spec, ckpts: list[LazyCheckpoint], names: list[str], align: str, wm: dict, progress):
-    """Per model the element aligning it to the first (``None`` for the first and for ``align="none"``) and the
-    alignment records (name, objective, stats)."""
+def _align_to_first(spec, ckpts: list[LazyCheckpoint], names: list[str], wm: WeightMatchingConfig | None, progress):
+    """Per model the element aligning it to the first (``None`` for the first and where ``wm`` is None: no
+    alignment) and the alignment records (name, objective, stats)."""
     elements: list[Element | None] = [None]
     alignments = []
     for i, c in enumerate(ckpts[1:], 1):
-        if align == "none":
+        if wm is None:
             elements.append(None)
             continue
         tick = (lambda s, d, t, i=i: progress(f"model {i + 1}: {s}", d, t)) if progress is not None else None
-        res = weight_matching(spec, ckpts[0], c, progress=tick, **wm)
+        res = weight_matching(spec, ckpts[0], c, wm, progress=tick)
         elements.append(res.element)
         alignments.append({"model": names[i], "objective": res.objective, "stats": res.stats})
     return elements, alignments
 
 
-def align_hf_full_group(a: PathLike, b: PathLike, out: PathLike, *, seed: int = 0,
-                        restarts: int = DEFAULTS.restarts, max_iter: int = DEFAULTS.max_iter, chunk: int = 1 << 20, overwrite: bool = False,
-                        progress: Progress | None = None, max_shard_bytes: int = 2 << 30,
-                        device: str | torch.device | None = None) -> Alignment:
+def align_hf_full_group(a: PathLike, b: PathLike, out: PathLike,
+                        config: WeightMatchingConfig | Mapping[str, Any] | None = None, *, overwrite: bool = False,
+                        progress: Progress | None = None, max_shard_bytes: int = 2 << 30, **options: Any) -> Alignment:
     """Full-group weight matching of Hugging Face checkpoint B to A, out of core: both are normalization-absorbed
     tensor by tensor (:class:`~modeconn.symmetry.absorb_stream.AbsorbedView`, no intermediate copy), matched with
     :data:`FULL_GROUPS` streaming, and written to ``out`` as ``a/`` (A absorbed) and ``b/`` (B absorbed and
     aligned) — absorbed checkpoints :func:`~modeconn.symmetry.absorb.load_absorbed` and the CLI read — plus
-    ``alignment.json``. The aligned B computes B's function (up to fp rounding of the rotation).
+    ``alignment.json``. The aligned B computes B's function (up to fp rounding of the rotation). ``config`` /
+    ``options``: weight matching's, as in :func:`align_hf_checkpoints`.
 
     Returns the :class:`~modeconn.match.Alignment`. Raises: UnsupportedOperationError for a family absorption does
     not apply to (the reason named), and as :func:`align_hf_checkpoints`; every check runs before the matching.
@@ -151,12 +165,11 @@ def align_hf_full_group(a: PathLike, b: PathLike, out: PathLike, *, seed: int = 
     from ..symmetry.absorb_stream import AbsorbedView
     from ..symmetry.hf import hf_symmetry_spec
 
-    device = resolve_device(device, "device")
+    cfg = WeightMatchingConfig.from_any(config, **options)
     open_hf_checkpoints([a, b], out, overwrite, groups=None)  # configs, vocabularies, weights, out: before any work
     va, vb = AbsorbedView(a), AbsorbedView(b)
     spec = hf_symmetry_spec(va.model, FULL_GROUPS)
-    res = weight_matching(spec, va, vb, restarts=restarts, max_iter=max_iter, seed=seed, chunk=chunk,
-                          progress=progress, device=device)
+    res = weight_matching(spec, va, vb, cfg, progress=progress)
     layout = ShardLayout.plan(va.shapes, max_shard_bytes, stem=ABSORBED_STEM)
     cache: dict = {}
     with output_directory(out, inputs=[a, b], overwrite=overwrite, command="align") as tmp:
@@ -165,9 +178,18 @@ def align_hf_full_group(a: PathLike, b: PathLike, out: PathLike, *, seed: int = 
         write_like(tmp / "b", layout, lambda k: spec.apply_tensor(k, vb[k], res.element, cache=cache),
                    files={**_side(b), CONFIG_NAME: vb.absorbed_config()}, inputs=[b])
         record = {**res.to_json(), "groups": FULL_GROUPS, "aligned_to": model_names([a])[0],
-                  "source": model_names([b])[0]}
+                  "source": model_names([b])[0], "settings": wm_settings(cfg)}
         write_json(tmp / "alignment.json", record, nan="null")
     return res
+
+
+def wm_settings(cfg: WeightMatchingConfig) -> dict[str, Any]:
+    """What a re-run of a weight matching needs, for its record: ``restarts``, ``max_iter``, ``seed`` and every other
+    field an option set (a group element as ``init`` recorded as ``"element"``)."""
+    chosen = {k: getattr(cfg, k) for k in ("restarts", "max_iter", "seed", *sorted(cfg.model_fields_set))}
+    if not isinstance(chosen.get("init", ""), str):
+        chosen["init"] = "element"
+    return chosen
 
 
 def _side(path: PathLike) -> dict[str, Path]:

@@ -1,19 +1,23 @@
 """Loading the two endpoints and the data of a data-driven recipe (barrier, path), per checkpoint kind.
 
-* modeconn checkpoints: the recorded (or named) dataset.
-* Hugging Face causal LMs (``…ForCausalLM`` directories): a text dataset (``--dataset austen``) tokenized with the
-  checkpoint's own ``tokenizer.json`` (encoded line by line, as modeconn's text data always is; both endpoints see
-  the same tokens), in blocks of ``min(128, max_position_embeddings)`` tokens; each model is wrapped as a
-  :class:`~modeconn.models.causal_lm.CausalLM` (token ids → next-token logits). Loss is per token, in nats.
+* kinds loaded in memory (modeconn, timm, torchvision …): the data the kind is fed (modeconn: the recorded or named
+  dataset, or the user's image folder; the others: the named one), through the kind's hooks.
+* Hugging Face (and absorbed) causal LMs (``…ForCausalLM`` directories): the user's corpus (``--dataset
+  corpus.jsonl``, tokenized with the checkpoint's own tokenizer by :func:`modeconn.data.user_data_for_checkpoint`:
+  tokenizer.json, SentencePiece or BPE files, blocks of ``--context-length`` or ``min(128, max_position_embeddings)``
+  tokens) or a text dataset (``--dataset austen``) tokenized with the checkpoint's own tokenizer (``tokenizer.json``, or
+  the fast form of its SentencePiece / BPE files; encoded line by line, as modeconn's text data always is), in blocks
+  of ``min(128, max_position_embeddings)`` tokens (:func:`hf_text_data`). Both endpoints see the same tokens; each
+  model is wrapped as a :class:`~modeconn.models.causal_lm.CausalLM` (token ids → next-token logits). Loss is per
+  token, in nats. The data is read and checked before any weights.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from ..checkpoints import CHECKPOINT_KINDS, open_checkpoints
+from ..checkpoints import CHECKPOINT_KINDS, open_checkpoints, refuse_kind, register_in_memory
 from ..errors import ConfigError
-from .align import dataset_for
 
 
 def load_pair_and_data(a: Path, b: Path, command: str, dataset: str | None, data: Path | None,
@@ -24,42 +28,63 @@ def load_pair_and_data(a: Path, b: Path, command: str, dataset: str | None, data
     ckpts = open_checkpoints([a, b])
     load = ckpts[0].kind.operation("pair")
     if load is None:
-        raise ConfigError(f"{command} evaluates modeconn checkpoints or Hugging Face causal LMs; {ckpts[0].describe()} "
-                          "is neither")
+        raise refuse_kind(command, "pair", ckpts[0])
     return load(ckpts, command, dataset, data, limit_train)
 
 
-def _modeconn(ckpts, command, dataset, data, limit_train):
-    from ..io.models import load_same_architecture
+def _in_memory(ckpts, command, dataset, data, limit_train):
+    from ..checkpoints import load_same_architecture
 
-    (ma, mb), (cfg, _) = load_same_architecture([c.path for c in ckpts])
-    return ma, mb, cfg, dataset_for(cfg, dataset, data, limit_train)
+    ma, mb = load_same_architecture(ckpts)
+    return ma, mb, ckpts[0].config, ckpts[0].feed(dataset, data, limit_train)
 
 
 def _hf_causal_lm(ckpts, command, dataset, data, limit_train):
-    from ..data import TEXT_DATASETS, load_dataset, load_tokenizer
     from ..models.causal_lm import CausalLM
     from ..symmetry import check_same_config
 
-    if dataset not in TEXT_DATASETS:
-        raise ConfigError(f"{command} evaluates modeconn checkpoints (on their recorded dataset) or Hugging Face causal "
-                          f"LMs on a text dataset: pass --dataset {' or '.join(TEXT_DATASETS.names())} (got {dataset!r})")
-    archs = [(c.config.get("architectures") or ["?"])[0] for c in ckpts]
-    if not all(str(x).endswith("ForCausalLM") for x in archs):
-        raise ConfigError(f"{command} on Hugging Face checkpoints needs causal LMs (…ForCausalLM); got {archs}")
-    tokenizer = load_tokenizer(ckpts[0].path)  # DataError naming the file when it is missing
+    bundle = hf_text_data(ckpts, command, dataset, data, limit_train)
     ma, mb = (c.load().float() for c in ckpts)
     check_same_config(ma, mb)
-    context = min(128, int(getattr(ma.config, "max_position_embeddings", None) or 128))
-    bundle = load_dataset(dataset, data, limit_train=limit_train, tokenizer=tokenizer, context_length=context)
-    if bundle.num_classes > ma.config.vocab_size:
-        raise ConfigError(f"{ckpts[0].path / 'tokenizer.json'} has {bundle.num_classes} tokens, the model's "
-                          f"vocab_size is {ma.config.vocab_size}")
+    check_vocabulary(ckpts[0], ma, bundle)
+    context = bundle.input_shape[0]
     return CausalLM.wrap(ma, context), CausalLM.wrap(mb, context), dict(ckpts[0].config), bundle
 
 
-CHECKPOINT_KINDS["modeconn"].supports("pair", _modeconn)
+def hf_text_data(ckpts, command: str, dataset: str | None, data, limit_train):
+    """The text of ``dataset`` for causal LMs, read and checked before any weights (module docstring): the user's
+    corpus (a path) or a registered text dataset, tokenized with the first checkpoint's own tokenizer. ConfigError for
+    another dataset or a checkpoint that is not a causal LM; DataError for a path that does not exist, a tokenizer
+    that cannot be read, or bad data (:mod:`modeconn.data`)."""
+    from ..data import TEXT_DATASETS, load_dataset, user_data_for_checkpoint, user_data_path
+    from ..data.user_text import context_length_for, load_fast_tokenizer, max_positions
+
+    path = user_data_path(dataset)  # DataError for a path that does not exist
+    if path is None and dataset not in TEXT_DATASETS:
+        raise ConfigError(f"{command} evaluates modeconn checkpoints (on their recorded dataset) or Hugging Face causal "
+                          f"LMs on a text dataset: pass --dataset {' or '.join(TEXT_DATASETS.names())} or the path of "
+                          f"your corpus (got {dataset!r})")
+    archs = [(c.config.get("architectures") or ["?"])[0] for c in ckpts]
+    if not all(str(x).endswith("ForCausalLM") for x in archs):
+        raise ConfigError(f"{command} on Hugging Face checkpoints needs causal LMs (…ForCausalLM); got {archs}")
+    if path is not None:
+        return user_data_for_checkpoint(ckpts[0].path, ckpts[0].config, path, limit_train=limit_train)
+    tokenizer = load_fast_tokenizer(ckpts[0].path)  # tokenizer.json, SentencePiece or BPE files; else DataError
+    context = context_length_for(max_positions(ckpts[0].config), None)
+    return load_dataset(dataset, data, limit_train=limit_train, tokenizer=tokenizer, context_length=context)
+
+
+def check_vocabulary(ckpt, model, bundle) -> None:
+    """ConfigError when the tokenizer that made ``bundle`` numbers more tokens than ``model``'s vocabulary holds."""
+    if bundle.num_classes > model.config.vocab_size:
+        raise ConfigError(f"the tokenizer of {ckpt.path} has {bundle.num_classes} tokens, the model's "
+                          f"vocab_size is {model.config.vocab_size}")
+
+
+CHECKPOINT_KINDS["modeconn"].supports("pair", _in_memory)
 CHECKPOINT_KINDS["huggingface"].supports("pair", _hf_causal_lm)
+CHECKPOINT_KINDS["absorbed"].supports("pair", _hf_causal_lm)  # e.g. dual-matched LayerNorm-family endpoints
+register_in_memory("pair", _in_memory)
 
 
 def config_has_batchnorm(config: dict) -> bool:

@@ -6,14 +6,14 @@ from pathlib import Path
 
 from ..report import barrier_table, plot_curves
 from ..report.tables import definitions, flat_at_endpoint
-from ..diagnostics.compare import METHOD_LABELS, Comparison
+from ..diagnostics.compare import Comparison, method_label
 from ..experiments.output import write_json
 
 
 def write_comparison(directory: Path, comparison: Comparison, results: dict, title: str) -> None:
     """Write results.json, barrier.png and report.md into ``directory``."""
     write_json(directory / "results.json", results)
-    plot_curves({METHOD_LABELS[m]: c for m, c in comparison.curves.items()}, directory / "barrier.png", title=title,
+    plot_curves({method_label(m): c for m, c in comparison.curves.items()}, directory / "barrier.png", title=title,
                 note=evaluated_line(comparison))
     (directory / "report.md").write_text(comparison_report(comparison, results))
 
@@ -41,12 +41,12 @@ def comparison_report(comparison: Comparison, results: dict) -> str:
         "",
     ]
     for split in ("test", "train"):
-        lines += [f"## {split} split", "", barrier_table({METHOD_LABELS[m]: c for m, c in comparison.curves.items()}, split), ""]
+        lines += [f"## {split} split", "", barrier_table({method_label(m): c for m, c in comparison.curves.items()}, split), ""]
     lines += ["## Definitions", "", definitions(), ""]
     lines += ["## Midpoint merge (λ = ½ of the aligned pair)", "", "| method | train acc | test acc | test loss |",
               "|---|---:|---:|---:|"]
     for m, d in comparison.merged.items():
-        lines.append(f"| {METHOD_LABELS[m]} | {100 * d['train']['acc']:.2f}% | {100 * d['test']['acc']:.2f}% | "
+        lines.append(f"| {method_label(m)} | {100 * d['train']['acc']:.2f}% | {100 * d['test']['acc']:.2f}% | "
                      f"{d['test']['loss']:.4f} |")
     naive = comparison.curves.get("naive")
     if naive is not None:
@@ -57,7 +57,7 @@ def comparison_report(comparison: Comparison, results: dict) -> str:
                 b = c.barrier("mean", "test")
                 flat = (" — attained at an endpoint, so it is ½|L(A) − L(B)|, not a barrier; barrier_interp "
                         f"{c.barrier('interp', 'test'):.4f}" if flat_at_endpoint(c.summary()["test"]) else "")
-                lines.append((f"- {METHOD_LABELS[m]}: {b:.4f} = {100 * b / nb:.1f}% of naive ({nb:.4f})" if nb > 0
-                              else f"- {METHOD_LABELS[m]}: {b:.4f} (naive {nb:.4f})") + flat)
+                lines.append((f"- {method_label(m)}: {b:.4f} = {100 * b / nb:.1f}% of naive ({nb:.4f})" if nb > 0
+                              else f"- {method_label(m)}: {b:.4f} (naive {nb:.4f})") + flat)
     lines += ["", "![loss and accuracy along the path](barrier.png)", ""]
     return "\n".join(lines)

@@ -44,3 +44,28 @@ def method_options(config: type, opts: Any, names: Collection[str]) -> dict[str,
     """The options among ``names`` that ``opts`` gives and that are fields of the method's ``config`` class (a
     :class:`~modeconn.config.StrictConfig`): what reaches the method as keyword overrides."""
     return {n: getattr(opts, n) for n in names if n in config.model_fields and given(opts, n)}
+
+
+IN_MEMORY_EXCLUDED = {"chunk": "it sizes the reads of streaming weight matching (Hugging Face checkpoint directories); "
+                               "in memory nothing is read in chunks"}
+"""Method config fields that an alignment of models held in memory does not use (field → why)."""
+
+
+def method_config(entry: Any, flags: Mapping[str, Any], options: Mapping[str, Any], path: str, *,
+                  defaults: Mapping[str, Any] | None = None, excluded: Mapping[str, str] | None = None) -> Any:
+    """The alignment method ``entry``'s config object (its :class:`~modeconn.config.StrictConfig` class), built once:
+    ``defaults`` (the path's own), then the dedicated flags given (``flags``: field → value, e.g. ``--restarts``),
+    then the generic ``-o key=value`` ``options``. ConfigError before any work for an ``-o`` key that is not a field
+    of the config (naming the key, the method and its fields), one that ``path`` does not use (``excluded``: field →
+    why), one also given by its flag (given twice), and — from the config itself — a bad value, naming the field."""
+    fields = entry.config.model_fields
+    excluded = excluded or {}
+    for key, value in options.items():
+        if key not in fields:
+            raise ConfigError(f"-o {key}: alignment method {entry.name!r} has no option {key!r}; its options "
+                              f"({entry.config.__name__}): {', '.join(fields)}")
+        if key in excluded:
+            raise ConfigError(f"-o {key} does not apply to {path}: {excluded[key]}; leave it out")
+        if key in flags:
+            raise ConfigError(f"{key} given twice: by {flag(key)} {flags[key]} and by -o {key}={value}; give it once")
+    return entry.config(**{**(defaults or {}), **flags, **options})

@@ -18,7 +18,7 @@ def train(out: Path, architecture: str, dataset: str, config, *, data: Path | No
     (a :class:`~modeconn.train.TrainConfig`) and write ``out`` (config.json, model.safetensors, metrics.json; text
     datasets also tokenizer.json). Raises ConfigError / DataError before any training for a bad target, option,
     architecture argument or dataset."""
-    from ..data import TextBundle, load_dataset
+    from ..data import TextBundle, load_dataset, user_data_path
     from ..models import validate_model_kwargs
     from ..train import train_checkpoint
 
@@ -26,7 +26,8 @@ def train(out: Path, architecture: str, dataset: str, config, *, data: Path | No
     bundle = load_dataset(dataset, data, limit_train=limit_train, **dict(dataset_options or {}))
     kwargs = {"in_shape": bundle.input_shape, "num_classes": bundle.num_classes, **dict(model_kwargs or {})}
     validate_model_kwargs(architecture, kwargs)
-    extra_config: dict[str, Any] = {"dataset": dataset}
+    user = user_data_path(dataset)
+    extra_config: dict[str, Any] = {"dataset": str(user.resolve()) if user is not None else dataset}
     extra_json = None
     if isinstance(bundle, TextBundle):
         extra_config["dataset_options"] = bundle.options

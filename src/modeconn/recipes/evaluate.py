@@ -1,0 +1,199 @@
+"""Recipe ``eval``: the scores of one checkpoint — loss and accuracy on a dataset's held-out split (perplexity for
+language models) and, for causal language models, lm-evaluation-harness tasks (:mod:`modeconn.diagnostics.harness`).
+
+* modeconn checkpoints: the recorded (or named) dataset's test split; loss in nats (cross-entropy), accuracy a
+  fraction; token models per token.
+* Hugging Face causal LMs (``…ForCausalLM``): a text dataset tokenized with the checkpoint's own tokenizer in blocks
+  of ``min(128, max_position_embeddings)`` tokens, loss in nats per token, perplexity ``exp(loss)``; lm-eval tasks
+  (``--tasks``) on the model as loaded.
+
+Everything is checked before any weights are read (output target, tasks known to lm-eval, dataset, kind); the
+results are written atomically (``results.json``, ``report.md``). A NaN/Inf loss or score is an error.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from ..checkpoints import CHECKPOINT_KINDS, Checkpoint, open_checkpoint, refuse_kind, register_in_memory
+from ..errors import ConfigError
+from .outcome import Outcome
+
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class EvalOptions:
+    """The options of ``modeconn eval`` (see its ``--help``)."""
+
+    dataset: str | None = None
+    data: Path | None = None
+    limit_train: int | None = None
+    eval_limit: int | None = None
+    tasks: tuple[str, ...] = ()
+    include_path: Path | None = None
+    limit: float | None = None
+    num_fewshot: int | None = None
+    batch_size: int = 8
+    seed: int = 0
+    overwrite: bool = False
+
+
+@dataclass
+class Evaluand:
+    """One checkpoint, loaded for evaluation: ``model`` maps a batch of the bundle's inputs to logits; ``bundle`` its
+    data (None when no dataset applies); ``lm`` / ``tokenizer`` the transformers causal LM and its tokenizer, for
+    lm-eval (None for other kinds)."""
+
+    model: nn.Module
+    bundle: Any = None
+    lm: nn.Module | None = None
+    tokenizer: Any = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def evaluate(model_dir: Path, out: Path, opts: EvalOptions = EvalOptions(), *, log: Log = print) -> Outcome:
+    """Score the checkpoint ``model_dir`` and write ``results.json`` and ``report.md`` to ``out``.
+
+    Raises ConfigError / CheckpointError / DataError before any weights are read (bad option, unknown lm-eval task,
+    a kind ``eval`` cannot read, no dataset and no task); NonFiniteError for a NaN/Inf loss or score (nothing is
+    written)."""
+    from .._util.outdir import check_output_target
+    from ..diagnostics.harness import check_tasks
+
+    check_output_target(out, inputs=[p for p in (model_dir, opts.data, opts.include_path) if p is not None],
+                        overwrite=opts.overwrite)
+    _check_options(opts)
+    if opts.tasks:
+        check_tasks(opts.tasks, opts.include_path)
+    ckpt = open_checkpoint(model_dir)
+    load = ckpt.kind.operation("evaluate")
+    if load is None:
+        raise refuse_kind("evaluate", "eval", ckpt)
+    start = time.perf_counter()
+    ev = load(ckpt, opts)
+    results = _results(ckpt, ev, opts, log)
+    _write(out, results, start, inputs=[model_dir], overwrite=opts.overwrite)
+    return Outcome(out, "results.json, report.md", tuple(_lines(results)), "evaluation")
+
+
+def _check_options(opts: EvalOptions) -> None:
+    if opts.limit is not None and not (opts.limit > 0 and (opts.limit < 1 or float(opts.limit).is_integer())):
+        raise ConfigError(f"--limit must be a whole number of documents or a fraction in (0, 1), got {opts.limit}")
+    if not opts.tasks:
+        for name in ("include_path", "limit", "num_fewshot"):
+            if getattr(opts, name) is not None:
+                raise ConfigError(f"--{name.replace('_', '-')} applies to lm-eval tasks: give --tasks, or leave it out")
+
+
+def _results(ckpt: Checkpoint, ev: Evaluand, opts: EvalOptions, log: Log) -> dict[str, Any]:
+    from ..path.evaluate import evaluate_model
+    from ..path.methods import eval_loaders
+
+    results: dict[str, Any] = {"model": str(ckpt.path), "kind": ckpt.kind.name, **ev.info}
+    if ev.bundle is not None:
+        log(f"evaluating on {ev.bundle.name} (test split)")
+        test = evaluate_model(ev.model, eval_loaders(ev.bundle, opts.eval_limit)["test"],
+                              where=f"{ckpt.path} on {ev.bundle.name} (test split)")
+        if ev.lm is not None:
+            test["perplexity"] = math.exp(test["loss"])
+        results["dataset"] = {"name": ev.bundle.name, "split": "test", "eval_limit": opts.eval_limit}
+        results["test"] = test
+    if opts.tasks:
+        from ..diagnostics.harness import harness_scores
+
+        log(f"lm-eval tasks: {', '.join(opts.tasks)}")
+        limit = int(opts.limit) if opts.limit is not None and opts.limit >= 1 else opts.limit
+        results["lm_eval"] = harness_scores(ev.lm, ev.tokenizer, opts.tasks, include_path=opts.include_path,
+                                            limit=limit, num_fewshot=opts.num_fewshot, batch_size=opts.batch_size,
+                                            seed=opts.seed)
+    return results
+
+
+def _lines(results: dict[str, Any]) -> list[str]:
+    lines = []
+    if "test" in results:
+        t = results["test"]
+        ppl = f", perplexity {t['perplexity']:.4g}" if "perplexity" in t else ""
+        lines.append(f"{results['dataset']['name']} test: loss {t['loss']:.4f} nats, accuracy {t['acc']:.4f}{ppl} "
+                     f"({t['n']} {'tokens' if 'perplexity' in t else 'examples'})")
+    for task, scores in results.get("lm_eval", {}).get("tasks", {}).items():
+        lines.append(f"lm-eval {task}: " + ", ".join(f"{k} {v:.4g}" for k, v in scores.items()))
+    return lines
+
+
+def _report(results: dict[str, Any]) -> str:
+    body = "\n".join(f"- {line}" for line in _lines(results))
+    return f"# Evaluation of {results['model']}\n\nKind: {results['kind']}.\n\n{body}\n"
+
+
+def _write(out: Path, results: dict[str, Any], start: float, *, inputs, overwrite: bool) -> None:
+    from ..experiments.output import output_directory, write_results
+
+    with output_directory(out, overwrite, inputs=inputs, command="eval") as tmp:
+        write_results(tmp, results, _report, start)
+
+
+# ------------------------------------------------------------------------------------------- per kind
+
+
+def _eval_in_memory(ckpt: Checkpoint, opts: EvalOptions) -> Evaluand:
+    """A model of an in-memory kind (modeconn, timm, torchvision …) and the data the kind feeds it (its recorded
+    dataset, or ``--dataset``)."""
+    if opts.tasks:
+        raise ConfigError(f"--tasks (lm-eval) scores Hugging Face causal LMs; {ckpt.describe()} is not one: leave "
+                          "--tasks out (it is scored on its dataset)")
+    bundle = ckpt.feed(opts.dataset, opts.data, opts.limit_train)
+    return Evaluand(ckpt.load(), bundle, info={"architecture": ckpt.config.get("architecture")})
+
+
+def _eval_hf(ckpt: Checkpoint, opts: EvalOptions) -> Evaluand:
+    from ..models.causal_lm import CausalLM
+    from .pair import check_vocabulary, hf_text_data
+
+    if opts.dataset is None and not opts.tasks:
+        raise ConfigError(f"{ckpt.describe()} records no dataset: pass --dataset (a text dataset or your corpus) "
+                          "and/or --tasks (lm-eval tasks)")
+    bundle = hf_text_data([ckpt], "eval", opts.dataset, opts.data, opts.limit_train) if opts.dataset else None
+    if bundle is None:
+        _check_causal_lm(ckpt)
+    harness_tokenizer = _hf_tokenizer(ckpt) if opts.tasks else None
+    lm = ckpt.load().float()
+    ev = Evaluand(lm, lm=lm, tokenizer=harness_tokenizer,
+                  info={"architecture": (ckpt.config.get("architectures") or [None])[0]})
+    if bundle is not None:
+        check_vocabulary(ckpt, lm, bundle)
+        ev.bundle, ev.model = bundle, CausalLM.wrap(lm, bundle.input_shape[0])
+        ev.info["context_length"] = bundle.input_shape[0]
+    return ev
+
+
+def _check_causal_lm(ckpt: Checkpoint) -> None:
+    arch = (ckpt.config.get("architectures") or ["?"])[0]
+    if not str(arch).endswith("ForCausalLM"):
+        raise ConfigError(f"--tasks (lm-eval) scores causal LMs (…ForCausalLM); {ckpt.path} is {arch}")
+
+
+def _hf_tokenizer(ckpt: Checkpoint):
+    """The checkpoint's own tokenizer through transformers (any format transformers reads; no remote code)."""
+    from transformers import AutoTokenizer
+
+    from ..errors import DataError
+
+    try:
+        return AutoTokenizer.from_pretrained(ckpt.path, local_files_only=True, trust_remote_code=False)
+    except (OSError, ValueError) as err:
+        raise DataError(f"{ckpt.path}: no tokenizer transformers can read ({err})") from None
+
+
+CHECKPOINT_KINDS["modeconn"].supports("evaluate", _eval_in_memory)
+CHECKPOINT_KINDS["huggingface"].supports("evaluate", _eval_hf)
+CHECKPOINT_KINDS["absorbed"].supports("evaluate", _eval_hf)
+register_in_memory("evaluate", _eval_in_memory)

@@ -1,0 +1,59 @@
+"""Tiny user data and tokenizer directories written by the user-data tests (no network)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+WORDS = ("the quick brown fox jumps over a lazy dog while seven wise owls watch the moon rise above quiet hills "
+         "and rivers run to the sea").split()
+
+
+def sentences(n: int, seed: int = 0) -> list[str]:
+    """``n`` deterministic short sentences of :data:`WORDS`."""
+    rng = np.random.default_rng(seed)
+    return [" ".join(rng.choice(WORDS, size=int(rng.integers(6, 14)))) + "." for _ in range(n)]
+
+
+def sentencepiece_dir(directory: Path, text: str, vocab_size: int = 60) -> Path:
+    """A directory holding only a SentencePiece ``tokenizer.model`` (+ ``tokenizer_config.json`` naming the class,
+    as Llama repositories ship it) — no ``tokenizer.json``."""
+    import sentencepiece as spm
+
+    directory.mkdir(parents=True, exist_ok=True)
+    corpus = directory / "sp_train.txt"
+    corpus.write_text(text)
+    spm.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(directory / "sp"), vocab_size=vocab_size,
+                                   model_type="unigram", unk_id=0, bos_id=1, eos_id=2, pad_id=-1, minloglevel=2,
+                                   hard_vocab_limit=False, num_threads=1)
+    (directory / "sp.model").rename(directory / "tokenizer.model")
+    for extra in ("sp.vocab", "sp_train.txt"):
+        (directory / extra).unlink()
+    (directory / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "LlamaTokenizer"}))
+    return directory
+
+
+def bpe_files_dir(directory: Path, text: str) -> Path:
+    """A directory holding GPT-2 style BPE ``vocab.json`` + ``merges.txt`` (+ ``tokenizer_config.json``) only."""
+    from tokenizers import ByteLevelBPETokenizer
+
+    directory.mkdir(parents=True, exist_ok=True)
+    tok = ByteLevelBPETokenizer()
+    tok.train_from_iterator(text.splitlines(), vocab_size=300, min_frequency=2, special_tokens=["<|endoftext|>"],
+                            show_progress=False)
+    tok.save_model(str(directory))
+    (directory / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "GPT2Tokenizer"}))
+    return directory
+
+
+def write_pngs(root: Path, images: np.ndarray, labels: np.ndarray, names: list[str]) -> Path:
+    """``root/<names[label]>/<i>.png`` for uint8 ``images`` (N, H, W) or (N, H, W, 3)."""
+    from PIL import Image
+
+    for i, (image, label) in enumerate(zip(images, labels, strict=True)):
+        folder = root / names[int(label)]
+        folder.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(image).save(folder / f"{i:04d}.png")
+    return root
