@@ -192,6 +192,15 @@ def test_the_cli_reference_has_every_command_and_the_layer_table_every_layer():
         assert f"`{package}`" in table
 
 
+def test_help_texts_point_into_the_docs_and_keep_their_extras():
+    """The CLI reference is the commands' own help: no pointer to README sections that moved into the site, no
+    issue numbers, and pip extras in square brackets survive rich markup (``'modeconn[mergekit]'``, not ``'modeconn'``)."""
+    page = _generator().cli_page()
+    assert "README" not in page.replace("README.md", "")  # a merge's model card is a README.md; sections are not
+    assert ISSUE_REFS.findall(page) == []
+    assert "'modeconn'" not in page and "'modeconn[mergekit]'" in page and "'modeconn[eval]'" in page
+
+
 @pytest.mark.slow
 def test_the_site_builds_strictly(tmp_path):
     pytest.importorskip("mkdocs")
