@@ -1,0 +1,124 @@
+"""Hugging Face causal LMs in memory: the alignment methods that read data (activation matching, learned STE
+matching) for ``align`` and ``merge --align``, on text — a registered text dataset or the user's corpus, tokenized
+with the checkpoint's own tokenizer (:func:`~.pair.hf_text_data`, read and checked before any weights).
+
+Both models are loaded in float32 and wrapped as token ids → next-token logits
+(:class:`~modeconn.models.causal_lm.CausalLM`), their permutation spec traced through the Hugging Face adapters, and
+the result written as a stock Hugging Face checkpoint (``save_pretrained``, the source's tokenizer and side files):
+``from_pretrained`` loads it. The aligned B is checked to compute B's function; the merge is scored on the text's
+held-out split (loss in nats per token, perplexity) and refused when that is NaN/Inf.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from ..checkpoints import Checkpoint
+from ..errors import ConfigError
+from .outcome import Outcome
+
+Log = Callable[[str], None]
+
+
+def load_lms(ckpts: list[Checkpoint], command: str, dataset: str | None, data, limit_train: int | None):
+    """``(wrapped models, text bundle)``: the text first (refusals before any weights), then every model, checked to
+    share one config and to take the tokenizer's ids."""
+    from ..models.causal_lm import CausalLM
+    from ..symmetry import check_same_config
+    from .pair import check_vocabulary, hf_text_data
+
+    bundle = hf_text_data(ckpts, command, dataset, data, limit_train)
+    models = [c.load().float() for c in ckpts]
+    for m in models[1:]:
+        check_same_config(models[0], m)
+    check_vocabulary(ckpts[0], models[0], bundle)
+    return [CausalLM.wrap(m, bundle.input_shape[0]) for m in models], bundle
+
+
+def _save(tmp: Path, wrapped: nn.Module, source: Path, records: dict[str, Any]) -> None:
+    """``wrapped``'s Hugging Face model as a stock checkpoint in ``tmp`` with ``source``'s side files (tokenizer,
+    generation config) and the JSON ``records``."""
+    from .._util.jsonio import write_json
+    from ..io.hf import side_files
+
+    wrapped.lm.save_pretrained(tmp)
+    for name, file in side_files(source).items():
+        if not (tmp / name).exists():
+            shutil.copyfile(file, tmp / name)
+    for name, payload in records.items():
+        write_json(tmp / name, payload, nan="null", default=str)
+
+
+def align_in_memory(ckpts: list[Checkpoint], out: Path, plan, log: Log) -> Outcome:
+    """Align B to A by ``plan.method`` (a method that reads data, with its resolved config ``plan.config``) and write
+    the aligned B as a Hugging Face checkpoint with ``alignment.json``."""
+    from ..diagnostics.compare import align as run_align
+    from ..experiments.output import output_directory
+    from ..symmetry import symmetry_spec
+    from .align import _check_same_function, _given
+
+    opts, method = plan.opts, plan.method.name
+    (ma, mb), bundle = load_lms(ckpts, "align", opts.dataset, opts.data, opts.limit_train)
+    x0 = bundle.train.tensors[0][:2]
+    spec = symmetry_spec(ma, x0)
+    log(f"{plan.method.display}: {len(spec.spaces)} spaces, {len(bundle.train)} training blocks")
+    res = run_align(method, spec, ma, ma.state_dict(), mb.state_dict(), bundle, config=plan.config)
+    aligned = copy.deepcopy(mb)
+    aligned.load_state_dict(res.apply(mb.state_dict()))
+    _check_same_function(mb, aligned, x0)
+    record = {**res.to_json(), "options": _given(plan.config), "dataset": bundle.name}
+    with output_directory(out, opts.overwrite, inputs=[c.path for c in ckpts], command="align") as tmp:
+        _save(tmp, aligned, ckpts[1].path, {"alignment.json": record})
+    line = f"{method} matching objective {res.objective:.4f} ({len(spec.spaces)} spaces)"
+    return Outcome(Path(out), "config.json, model.safetensors, tokenizer files, alignment.json", (line,),
+                   "aligned checkpoint")
+
+
+def merge_in_memory(ckpts: list[Checkpoint], out: Path, plan, log: Log) -> Outcome:
+    """Align every model to the first by ``plan.align`` (a method that reads data), merge by the plan's rule and
+    weights, score the merge on the held-out split, and write it as a Hugging Face checkpoint with ``merge.json``."""
+    from ..data import make_loader
+    from ..experiments.output import output_directory
+    from ..path import evaluate_model, merge
+    from ..symmetry import symmetry_spec
+    from .merge_modeconn import _aligned, _record
+
+    opts = plan.opts
+    models, bundle = load_lms(ckpts, "merge", opts.dataset, opts.data, opts.limit_train)
+    spec = symmetry_spec(models[0], bundle.train.tensors[0][:2])
+    sds = _aligned(plan, spec, models, bundle, log)
+    log(f"merging {len(sds)} models ({plan.rule.name})")
+    merged = merge(sds, plan.weights, spec=spec, normalize=False, rule=plan.rule, settings=plan.settings)
+    result = copy.deepcopy(models[0])
+    result.load_state_dict(merged)
+    test = evaluate_model(result, make_loader(bundle.test, 8), where="merged model, split 'test'")
+    test["perplexity"] = math.exp(test["loss"])
+    record = {**_record(plan, bundle.name), "test": test}
+    with output_directory(out, opts.overwrite, inputs=[c.path for c in ckpts], command="merge") as tmp:
+        _save(tmp, result, ckpts[0].path, {"merge.json": record})
+    line = (f"merged model: {bundle.name} test loss {test['loss']:.4f} nats/token, perplexity "
+            f"{test['perplexity']:.4g}")
+    return Outcome(Path(out), "config.json, model.safetensors, tokenizer files, merge.json", (line,),
+                   "merged checkpoint")
+
+
+def check_text_given(dataset: str | None, option: str, method: str, streaming: str) -> None:
+    """ConfigError, before anything is read, for a method that reads text on Hugging Face checkpoints without
+    ``--dataset``; names the streaming alternative that reads none."""
+    if dataset is None:
+        raise ConfigError(f"{option} {method} on Hugging Face checkpoints reads text: pass --dataset (a text dataset "
+                          f"such as austen, or the path of your corpus); {streaming} without data")
+
+
+def check_no_dtype(plan) -> None:
+    """ConfigError for ``--dtype`` on a merge in memory (written in float32, as scored)."""
+    if plan.dtype is not None or plan.out_dtype is not None:
+        raise ConfigError("--dtype / dtype apply to streamed Hugging Face merges (--align weight or none); a merge "
+                          "aligned in memory is written in float32, as it was scored")

@@ -1,0 +1,92 @@
+"""Hugging Face causal LMs in memory with the user's text (#31 items 1 and 3): `align --method activation|learned`,
+`merge --align activation`, `check` and `eval` on two tiny Llamas with a SentencePiece tokenizer (no tokenizer.json)
+and a .jsonl corpus, through the CLI; outputs are stock checkpoints `from_pretrained` loads."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+import transformers as T
+from cli_runner import run_cli
+from hf_tiny import randomize
+from user_data_fixtures import sentencepiece_dir, sentences
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+T.logging.set_verbosity_error()
+
+
+@pytest.fixture(scope="module")
+def llamas(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hf-memory")
+    sp = sentencepiece_dir(root / "sp", "\n".join(sentences(200)))
+    cfg = T.LlamaConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
+                        num_hidden_layers=2, vocab_size=64, max_position_embeddings=32, bos_token_id=1, eos_token_id=2)
+    dirs = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        d = root / f"lm{seed}"
+        randomize(T.LlamaForCausalLM(cfg), seed).save_pretrained(d)
+        for f in sp.iterdir():
+            shutil.copy(f, d / f.name)
+        dirs.append(d)
+    corpus = root / "corpus.jsonl"
+    corpus.write_text("\n".join(json.dumps({"text": t}) for t in sentences(150, seed=5)))
+    return dirs, corpus
+
+
+def _logits(directory, ids):
+    with torch.no_grad():
+        return T.AutoModelForCausalLM.from_pretrained(directory).float().eval()(input_ids=ids).logits
+
+
+@pytest.mark.parametrize("method", ["activation", "learned"])
+def test_align_in_memory_writes_a_stock_checkpoint_computing_b(method, llamas, tmp_path):
+    dirs, corpus = llamas
+    extra = ["--steps", "3"] if method == "learned" else []
+    run_cli("align", *dirs, "--method", method, "--dataset", corpus, *extra, "--out", tmp_path / "out")
+    ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(_logits(tmp_path / "out", ids), _logits(dirs[1], ids), atol=1e-4, rtol=1e-4)
+    record = json.loads((tmp_path / "out" / "alignment.json").read_text())
+    assert record["dataset"].startswith("corpus.jsonl")
+    assert (tmp_path / "out" / "tokenizer.model").is_file()  # the tokenizer travels with the weights
+    moved = T.AutoModelForCausalLM.from_pretrained(tmp_path / "out").state_dict()
+    original = T.AutoModelForCausalLM.from_pretrained(dirs[1]).state_dict()
+    assert any(not torch.equal(moved[k], original[k]) for k in original), "no unit was permuted"
+
+
+def test_merge_align_activation_on_a_corpus_then_eval_and_check(llamas, tmp_path):
+    dirs, corpus = llamas
+    res = run_cli("merge", *dirs, "--align", "activation", "--dataset", corpus, "--out", tmp_path / "m")
+    rec = json.loads((tmp_path / "m" / "merge.json").read_text())
+    assert rec["align"] == "activation" and rec["test"]["perplexity"] > 1 and "perplexity" in res.output
+    merged = T.AutoModelForCausalLM.from_pretrained(tmp_path / "m")  # a stock checkpoint
+    assert type(merged).__name__ == "LlamaForCausalLM"
+    run_cli("eval", tmp_path / "m", "--dataset", corpus, "--out", tmp_path / "e")
+    assert json.loads((tmp_path / "e" / "results.json").read_text())["test"]["loss"] > 0
+    run_cli("check", *dirs, "--dataset", corpus, "--max-batches", "2", "--out", tmp_path / "c")
+    assert (tmp_path / "c" / "report.md").is_file()
+    # weights 1,0: the merge is model A itself (a wrong alignment direction or weight order would show here)
+    run_cli("merge", *dirs, "--align", "activation", "--weights", "1,0", "--dataset", corpus, "--out", tmp_path / "a")
+    ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(_logits(tmp_path / "a", ids), _logits(dirs[0], ids), atol=1e-4, rtol=1e-4)
+
+
+def test_in_memory_refusals_come_before_any_weights(llamas, tmp_path, monkeypatch):
+    from modeconn.checkpoints import Checkpoint
+
+    dirs, corpus = llamas
+
+    def no_load(self):
+        raise AssertionError("weights were read before the options were checked")
+
+    monkeypatch.setattr(Checkpoint, "load", no_load)
+    cases = [(["align", *dirs, "--method", "activation"], "--dataset"),
+             (["merge", *dirs, "--align", "activation", "--dataset", corpus, "--dtype", "float16"], "--dtype"),
+             (["merge", *dirs, "--align", "activation", "--dataset", corpus, "--bn", "repair"], "--bn"),
+             (["align", *dirs, "--method", "activation", "--dataset", tmp_path / "missing.jsonl"], "missing.jsonl")]
+    for args, needle in cases:
+        res = run_cli(*args, "--out", tmp_path / "o", ok=False)
+        assert res.exit_code == 2 and needle in res.output, (args, res.output)
