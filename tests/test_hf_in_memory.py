@@ -5,14 +5,12 @@ and a .jsonl corpus, through the CLI; outputs are stock checkpoints `from_pretra
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 import torch
 import transformers as T
 from cli_runner import run_cli
-from hf_tiny import randomize
-from user_data_fixtures import sentencepiece_dir, sentences
+from user_data_fixtures import tiny_llamas
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 T.logging.set_verbosity_error()
@@ -20,21 +18,8 @@ T.logging.set_verbosity_error()
 
 @pytest.fixture(scope="module")
 def llamas(tmp_path_factory):
-    root = tmp_path_factory.mktemp("hf-memory")
-    sp = sentencepiece_dir(root / "sp", "\n".join(sentences(200)))
-    cfg = T.LlamaConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
-                        num_hidden_layers=2, vocab_size=64, max_position_embeddings=32, bos_token_id=1, eos_token_id=2)
-    dirs = []
-    for seed in (0, 1):
-        torch.manual_seed(seed)
-        d = root / f"lm{seed}"
-        randomize(T.LlamaForCausalLM(cfg), seed).save_pretrained(d)
-        for f in sp.iterdir():
-            shutil.copy(f, d / f.name)
-        dirs.append(d)
-    corpus = root / "corpus.jsonl"
-    corpus.write_text("\n".join(json.dumps({"text": t}) for t in sentences(150, seed=5)))
-    return dirs, corpus
+    """Two random tiny Llamas sharing a SentencePiece tokenizer.model, and a .jsonl corpus."""
+    return tiny_llamas(tmp_path_factory.mktemp("hf-memory"))
 
 
 def _logits(directory, ids):
