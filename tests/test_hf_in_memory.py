@@ -75,3 +75,24 @@ def test_in_memory_refusals_come_before_any_weights(llamas, tmp_path, monkeypatc
     for args, needle in cases:
         res = run_cli(*args, "--out", tmp_path / "o", ok=False)
         assert res.exit_code == 2 and needle in res.output, (args, res.output)
+
+
+def test_a_pair_that_does_not_fit_in_memory_is_refused_with_the_size_and_the_streaming_way(llamas, tmp_path,
+                                                                                           monkeypatch):
+    from modeconn._util import memory
+    from modeconn.checkpoints import Checkpoint
+
+    dirs, corpus = llamas
+    monkeypatch.setattr(memory, "available_bytes", lambda: 50_000)  # less than the tiny pair's float32 copies
+
+    def no_load(self):
+        raise AssertionError("weights were read before the memory check")
+
+    monkeypatch.setattr(Checkpoint, "load", no_load)
+    res = run_cli("align", *dirs, "--method", "activation", "--dataset", corpus, "--out", tmp_path / "o", ok=False)
+    assert res.exit_code == 2 and "GiB" in res.output and "--method weight" in res.output, res.output
+    res = run_cli("merge", *dirs, "--align", "activation", "--dataset", corpus, "--out", tmp_path / "o", ok=False)
+    assert res.exit_code == 2 and "--align weight or none" in res.output, res.output
+    monkeypatch.setattr(memory, "available_bytes", lambda: 1 << 40)  # the control: with room, the check passes
+    monkeypatch.undo()
+    run_cli("align", *dirs, "--method", "activation", "--dataset", corpus, "--out", tmp_path / "ok")

@@ -27,6 +27,29 @@ from .outcome import Outcome
 Log = Callable[[str], None]
 
 
+COPIES = {"align": 3, "merge": 2, "dual": 5}
+"""Model-sized float32 copies a command holds at its peak, per input model (align: A, B and the aligned B; merge: each
+model and its aligned state dict, plus the merge; dual: each model, its absorbed copy, the transformed copy, the
+learned transforms and Adam's state) — what :func:`check_fits_in_memory` multiplies by."""
+
+
+def check_fits_in_memory(ckpts: list[Checkpoint], command: str, streaming: str, available=None) -> None:
+    """ConfigError, before any weights are read, when the float32 copies ``command`` holds (:data:`COPIES`) exceed
+    the memory available (``available()``: bytes, default :func:`modeconn._util.memory.available_bytes`; None: not
+    checked); names the size needed and the ``streaming`` alternative, which reads one tensor at a time."""
+    from .._util.memory import available_bytes, gib
+
+    free = (available or available_bytes)()
+    if free is None:
+        return
+    params = sum(i.nbytes // max(i.dtype.itemsize, 1) for c in ckpts for i in c.lazy().infos.values())
+    need = 4 * params * COPIES[command] + (4 * params // len(ckpts) if command == "merge" else 0)
+    if need > free:
+        raise ConfigError(f"{command} in memory needs about {gib(need)} for these {len(ckpts)} models in float32 "
+                          f"({params:,} parameters in all), and {gib(free)} is available: {streaming} reads one tensor "
+                          "at a time and fits models larger than memory")
+
+
 def load_lms(ckpts: list[Checkpoint], command: str, dataset: str | None, data, limit_train: int | None):
     """``(wrapped models, text bundle)``: the text first (refusals before any weights), then every model, checked to
     share one config and to take the tokenizer's ids."""
@@ -35,6 +58,9 @@ def load_lms(ckpts: list[Checkpoint], command: str, dataset: str | None, data, l
     from .pair import check_vocabulary, hf_text_data
 
     bundle = hf_text_data(ckpts, command, dataset, data, limit_train)
+    streaming = ("streaming weight matching (--method weight)" if command == "align"
+                 else "a streamed merge (--align weight or none)")
+    check_fits_in_memory(ckpts, command, streaming)
     models = [c.load().float() for c in ckpts]
     for m in models[1:]:
         check_same_config(models[0], m)
