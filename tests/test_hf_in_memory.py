@@ -10,6 +10,7 @@ import pytest
 import torch
 import transformers as T
 from cli_runner import run_cli
+from hf_tiny import randomize
 from user_data_fixtures import tiny_llamas
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -96,3 +97,47 @@ def test_a_pair_that_does_not_fit_in_memory_is_refused_with_the_size_and_the_str
     monkeypatch.setattr(memory, "available_bytes", lambda: 1 << 40)  # the control: with room, the check passes
     monkeypatch.undo()
     run_cli("align", *dirs, "--method", "activation", "--dataset", corpus, "--out", tmp_path / "ok")
+
+
+@pytest.fixture(scope="module")
+def vits(tmp_path_factory):
+    """Two random tiny ViT image classifiers (1 channel, 16×16, classes a/b/c) and an image folder of PNGs whose
+    class is a planted brightness pattern."""
+    import numpy as np
+    from user_data_fixtures import write_pngs
+
+    root = tmp_path_factory.mktemp("hf-vit")
+    cfg = T.ViTConfig(hidden_size=32, num_attention_heads=4, intermediate_size=64, num_hidden_layers=2, image_size=16,
+                      patch_size=4, num_channels=1, num_labels=3, id2label={0: "a", 1: "b", 2: "c"},
+                      label2id={"a": 0, "b": 1, "c": 2})
+    dirs = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        d = root / f"vit{seed}"
+        randomize(T.ViTForImageClassification(cfg), seed).save_pretrained(d)
+        dirs.append(d)
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 3, 90)
+    images = (rng.random((90, 16, 16)) * 80 + labels[:, None, None] * 80).astype(np.uint8)
+    for split, idx in (("train", slice(0, 60)), ("test", slice(60, 90))):
+        write_pngs(root / "images" / split, images[idx], labels[idx], ["a", "b", "c"])
+    return dirs, root / "images"
+
+
+def test_image_classifiers_in_memory_on_an_image_folder(vits, tmp_path):
+    dirs, images = vits
+    run_cli("align", *dirs, "--method", "activation", "--dataset", images, "--out", tmp_path / "al")
+    x = torch.rand(2, 1, 16, 16)
+    with torch.no_grad():
+        got, want = (T.ViTForImageClassification.from_pretrained(d).eval()(pixel_values=x).logits
+                     for d in (tmp_path / "al", dirs[1]))
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    res = run_cli("merge", *dirs, "--align", "activation", "--dataset", images, "--out", tmp_path / "m")
+    assert "accuracy" in res.output and json.loads((tmp_path / "m" / "merge.json").read_text())["test"]["n"] == 30
+    run_cli("barrier", *dirs, "--dataset", images, "--method", "naive", "--method", "activation", "--lambdas", "3",
+            "--out", tmp_path / "b")
+    assert set(json.loads((tmp_path / "b" / "results.json").read_text())["barriers"]) == {"naive", "activation"}
+    run_cli("check", *dirs, "--dataset", images, "--max-batches", "1", "--out", tmp_path / "c")
+    bad = run_cli("align", *dirs, "--method", "activation", "--dataset", "fashion-mnist", "--out", tmp_path / "x",
+                  ok=False)
+    assert bad.exit_code == 2 and "image folder" in bad.output
