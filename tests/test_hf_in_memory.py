@@ -141,3 +141,12 @@ def test_image_classifiers_in_memory_on_an_image_folder(vits, tmp_path):
     bad = run_cli("align", *dirs, "--method", "activation", "--dataset", "fashion-mnist", "--out", tmp_path / "x",
                   ok=False)
     assert bad.exit_code == 2 and "image folder" in bad.output
+
+
+def test_eval_scores_an_image_classifier_on_its_image_folder(vits, tmp_path):
+    dirs, images = vits
+    run_cli("eval", dirs[0], "--dataset", images, "--out", tmp_path / "e")
+    r = json.loads((tmp_path / "e" / "results.json").read_text())
+    assert r["test"]["n"] == 30 and 0 <= r["test"]["acc"] <= 1 and "perplexity" not in r["test"]
+    bad = run_cli("eval", dirs[0], "--tasks", "x", "--out", tmp_path / "e2", ok=False)
+    assert bad.exit_code == 2

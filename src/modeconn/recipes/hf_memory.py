@@ -124,7 +124,7 @@ def load_models(ckpts: list[Checkpoint], command: str, dataset: str | None, data
     return [wrap(m, bundle) for m in models], bundle
 
 
-def _inner(wrapped: nn.Module) -> nn.Module:
+def hf_model(wrapped: nn.Module) -> nn.Module:
     """The Hugging Face model a :data:`TASKS` wrapper holds."""
     return next(getattr(wrapped, attr) for _, _, attr in TASKS.values() if hasattr(wrapped, attr))
 
@@ -135,7 +135,7 @@ def _save(tmp: Path, wrapped: nn.Module, source: Path, records: dict[str, Any]) 
     from .._util.jsonio import write_json
     from ..io.hf import side_files
 
-    _inner(wrapped).save_pretrained(tmp)
+    hf_model(wrapped).save_pretrained(tmp)
     for name, file in side_files(source).items():
         if not (tmp / name).exists():
             shutil.copyfile(file, tmp / name)
