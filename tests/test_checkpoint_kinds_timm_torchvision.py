@@ -293,3 +293,16 @@ def test_pth_of_plain_tensors_loads_and_key_errors_name_the_key(tmp_path):
         torch.save(state, d / "model.pt")
         with pytest.raises(StateDictMismatchError, match="classifier.1.bias" if name != "unexpected" else "head.extra"):
             open_checkpoint(d).load()
+
+
+def test_barrier_and_eval_on_torchvision_and_eval_on_timm(tv_pair, timm_pair, data, tmp_path):
+    run_cli("barrier", *tv_pair, "--dataset", "cifar10", "--data", data, "--lambdas", "3", "--method", "naive",
+            "--out", tmp_path / "bar")
+    assert json.loads((tmp_path / "bar" / "results.json").read_text())["barriers"]["naive"]
+    res = run_cli("path", *tv_pair, "--method", "linear", "--dataset", "cifar10", "--data", data, "--eval-limit", "50",
+                  "--out", tmp_path / "p", ok=False)
+    assert res.exit_code in (0, 3) and (tmp_path / "p" / "results.json").is_file(), res.output  # 3: incomplete path
+    for name, ckpt in (("tv", tv_pair[0]), ("timm", timm_pair[0])):
+        run_cli("eval", ckpt, "--dataset", "cifar10", "--data", data, "--out", tmp_path / name)
+        r = json.loads((tmp_path / name / "results.json").read_text())
+        assert r["dataset"]["name"] == "cifar10" and 0 <= r["test"]["acc"] <= 1 and "perplexity" not in r["test"]

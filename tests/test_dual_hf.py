@@ -81,6 +81,12 @@ def test_dual_matching_of_hugging_face_causal_lms_through_the_cli(family, tokeni
     run_cli("barrier", tmp_path / "out" / "a", tmp_path / "out" / "b", "--dataset", "austen", "--method", "naive",
             "--lambdas", "3", "--eval-limit", "4", "--limit-train", "16", "--out", tmp_path / "barrier")
     assert json.loads((tmp_path / "barrier" / "results.json").read_text())["barriers"]["naive"]
+    res = run_cli("path", tmp_path / "out" / "a", tmp_path / "out" / "b", "--dataset", "austen", "--method", "linear",
+                  "--eval-limit", "4", "--limit-train", "16", "--sub-points", "1", "--out", tmp_path / "path", ok=False)
+    assert res.exit_code in (0, 3) and (tmp_path / "path" / "results.json").is_file(), res.output  # 3: incomplete
+    run_cli("check", tmp_path / "out" / "a", tmp_path / "out" / "b", "--dataset", "austen", "--limit-train", "32",
+            "--max-batches", "1", "--eval-limit", "4", "--out", tmp_path / "check")
+    assert (tmp_path / "check" / "report.md").is_file()
 
     from modeconn.symmetry import absorb_normalization
 

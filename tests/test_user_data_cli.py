@@ -15,8 +15,7 @@ import transformers as T
 
 import modeconn.data
 from cli_runner import run_cli
-from hf_tiny import randomize
-from user_data_fixtures import sentencepiece_dir, sentences, write_pngs
+from user_data_fixtures import tiny_llamas, write_pngs
 
 T.logging.set_verbosity_error()
 
@@ -24,22 +23,7 @@ T.logging.set_verbosity_error()
 @pytest.fixture(scope="module")
 def llamas(tmp_path_factory):
     """Two random tiny Llamas sharing a SentencePiece tokenizer.model, and a .jsonl corpus."""
-    root = tmp_path_factory.mktemp("llamas")
-    sp = sentencepiece_dir(root / "sp", "\n".join(sentences(200)))
-    cfg = T.LlamaConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
-                        num_hidden_layers=2, vocab_size=64, max_position_embeddings=32, bos_token_id=1, eos_token_id=2)
-    dirs = []
-    for seed in (0, 1):
-        torch.manual_seed(seed)
-        d = root / f"lm{seed}"
-        randomize(T.LlamaForCausalLM(cfg), seed).save_pretrained(d)
-        for f in sp.iterdir():
-            shutil.copy(f, d / f.name)
-        assert not (d / "tokenizer.json").exists()
-        dirs.append(d)
-    corpus = root / "corpus.jsonl"
-    corpus.write_text("\n".join(json.dumps({"text": t, "n": i}) for i, t in enumerate(sentences(150, seed=5))))
-    return dirs, corpus
+    return tiny_llamas(tmp_path_factory.mktemp("llamas"))
 
 
 def test_barrier_on_a_jsonl_corpus_with_a_sentencepiece_tokenizer(llamas, tmp_path):

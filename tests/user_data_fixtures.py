@@ -57,3 +57,30 @@ def write_pngs(root: Path, images: np.ndarray, labels: np.ndarray, names: list[s
         folder.mkdir(parents=True, exist_ok=True)
         Image.fromarray(image).save(folder / f"{i:04d}.png")
     return root
+
+
+def tiny_llamas(root: Path) -> tuple[list[Path], Path]:
+    """Two random tiny Llamas sharing a SentencePiece ``tokenizer.model`` (no ``tokenizer.json``), and a ``.jsonl``
+    corpus: ``([dir A, dir B], corpus)``."""
+    import shutil
+
+    import torch
+    import transformers as T
+
+    from hf_tiny import randomize
+
+    sp = sentencepiece_dir(root / "sp", "\n".join(sentences(200)))
+    cfg = T.LlamaConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
+                        num_hidden_layers=2, vocab_size=64, max_position_embeddings=32, bos_token_id=1, eos_token_id=2)
+    dirs = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        d = root / f"lm{seed}"
+        randomize(T.LlamaForCausalLM(cfg), seed).save_pretrained(d)
+        for f in sp.iterdir():
+            shutil.copy(f, d / f.name)
+        assert not (d / "tokenizer.json").exists()
+        dirs.append(d)
+    corpus = root / "corpus.jsonl"
+    corpus.write_text("\n".join(json.dumps({"text": t, "n": i}) for i, t in enumerate(sentences(150, seed=5))))
+    return dirs, corpus

@@ -22,7 +22,8 @@ def eval_command(
     eval_limit: int | None = typer.Option(None, min=1, help="score the first N examples (blocks) of the test split"),
     tasks: str | None = typer.Option(None, help="comma-separated lm-evaluation-harness tasks (causal LMs; built-in "
                                      "names or local YAML tasks from --include-path; pip install 'modeconn\\[eval]')"),
-    include_path: Path | None = typer.Option(None, help="directory of local lm-eval task YAML files"),
+    include_path: Path | None = typer.Option(None, help="directory of local lm-eval task YAML files (a task may run "
+                                             "Python it names with !function: point this only at tasks you trust)"),
     limit: float | None = typer.Option(None, help="lm-eval: at most N documents per task (or a fraction in (0, 1))"),
     num_fewshot: int | None = typer.Option(None, min=0, help="lm-eval: few-shot examples (default: each task's own)"),
     batch_size: int = typer.Option(8, min=1, help="lm-eval: requests per batch"),

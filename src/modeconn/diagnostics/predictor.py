@@ -10,8 +10,10 @@ Both map ``x`` to a barrier (nats) through::
 
 i.e. ``B̂ = exp(intercept) · x^slope``. The coefficients are least-squares fits on pairs with measured unaligned
 barriers (``modeconn experiment check-calibration``); the interval is the fit's residual quantiles ``[Q_LO, Q_HI]``
-(multiplicative). The aligned predictions have lines of their own, fitted to barriers measured after that alignment:
-``x = 1 − q̄(π)`` for weight matching's and for activation matching's permutation.
+(multiplicative). The aligned predictions read the same line at ``x = 1 − q̄(π)`` for weight matching's and activation
+matching's permutation; ``check`` takes lines of their own where a calibration gives them (``"weight_matched"``,
+``"activation_matched"``) — the shipped one does not: on the calibration population such lines, fitted to aligned
+barriers, rank held-out aligned barriers worse than the pair line does (docs/results/check-calibration).
 """
 
 from __future__ import annotations

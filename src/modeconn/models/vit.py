@@ -63,6 +63,18 @@ class ViTClassifier(nn.Module):
         self.in_shape = tuple(int(s) for s in in_shape)
         self.num_classes = int(config.num_labels)
 
+    @classmethod
+    def wrap(cls, model: nn.Module, in_shape: tuple[int, int, int]) -> ViTClassifier:
+        """Wrap a loaded Hugging Face image classifier (``pixel_values`` → ``logits``, ``config.num_labels``: ViT,
+        DeiT …), so that modeconn's evaluation, alignment and paths treat it like its own models. The wrapper holds
+        ``model`` itself (no copy)."""
+        self = cls.__new__(cls)
+        nn.Module.__init__(self)
+        self.model = model
+        self.in_shape = tuple(int(s) for s in in_shape)
+        self.num_classes = int(model.config.num_labels)
+        return self
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` (N, C, H, W) floating point, ``(C, H, W)`` = ``in_shape`` → logits (N, K) in x's dtype.
 

@@ -128,11 +128,16 @@ def _align_hf(ckpts: list[Checkpoint], out: Path, plan: AlignPlan, progress, log
         from .align_lm import align_lm
 
         return align_lm(ckpts, out, plan, progress, log)
+    if plan.method.needs_data:  # activation / learned matching: both causal LMs in memory, with text data
+        from .hf_memory import align_in_memory, check_text_given
+
+        check_text_given(opts.dataset, "--method", opts.method, "streaming weight matching (--method weight) aligns")
+        return align_in_memory(ckpts, out, replace(plan, config=_in_memory_config(plan, ckpts[0].kind.label)), log)
     check_single_process()
     if not plan.method.streams:
         raise ConfigError(f"Hugging Face checkpoint directories are aligned by streaming weight matching (--method "
-                          f"weight) or by dual / one-sided learned matching of causal LMs (got {opts.method!r}): "
-                          "activation and learned (STE) matching of Hugging Face models are not offered yet")
+                          f"weight), by activation / learned matching or by dual / one-sided learned matching of "
+                          f"causal LMs in memory (got {opts.method!r})")
     path = "streaming weight matching of Hugging Face checkpoint directories (it reads no data)"
     check_scope(opts, ("seed", "restarts", "max_iter", "groups", "device"), path, ALIGN_SCOPES)
     if opts.groups not in _HF_GROUPS:

@@ -119,9 +119,13 @@ def _load_modeconn(ckpts: list[Checkpoint], opts, _state) -> tuple[nn.Module, nn
 def _precheck_hf(ckpts: list[Checkpoint], opts):
     """Causal LMs and their text (a registered text dataset or the user's corpus, tokenized with the first
     checkpoint's own tokenizer; returned), read and checked before any weights are read."""
+    from .hf_memory import check_fits_in_memory
     from .pair import hf_text_data
 
-    return hf_text_data(ckpts, "--method dual / one-sided", opts.dataset, opts.data, opts.limit_train)
+    bundle = hf_text_data(ckpts, "--method dual / one-sided", opts.dataset, opts.data, opts.limit_train)
+    if not opts.shard:  # sharded: each process holds its share (docs/results/dual-memory has the memory model)
+        check_fits_in_memory(ckpts, "dual", "full-group streaming weight matching (--method weight --groups full)")
+    return bundle
 
 
 def _load_hf(ckpts: list[Checkpoint], opts, bundle) -> tuple[nn.Module, nn.Module, Any]:

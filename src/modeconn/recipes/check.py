@@ -51,25 +51,18 @@ def _load_in_memory(ckpts, opts: CheckOptions):
     return models, ckpts[0].config, ckpts[0].feed(opts.dataset, opts.data, opts.limit_train)
 
 
-def _load_causal_lms(ckpts, opts: CheckOptions):
-    """Hugging Face (or absorbed) causal LMs, wrapped as token ids → logits, and the text of ``--dataset`` (a
-    registered text dataset or the user's corpus) tokenized with the first checkpoint's tokenizer — read and checked
-    before any weights (:func:`~.pair.hf_text_data`)."""
-    from ..models.causal_lm import CausalLM
-    from ..symmetry import check_same_config
-    from .pair import check_vocabulary, hf_text_data
+def _load_hugging_face(ckpts, opts: CheckOptions):
+    """Hugging Face causal LMs (text) or image classifiers (an image folder), wrapped to map a batch to logits, and
+    their data — read and checked before any weights (:func:`~.hf_memory.load_models`)."""
+    from .hf_memory import load_models
 
-    bundle = hf_text_data(ckpts, "check", opts.dataset, opts.data, opts.limit_train)
-    models = [c.load().float() for c in ckpts]
-    if len(models) == 2:
-        check_same_config(*models)
-    check_vocabulary(ckpts[0], models[0], bundle)
-    return [CausalLM.wrap(m, bundle.input_shape[0]) for m in models], dict(ckpts[0].config), bundle
+    models, bundle = load_models(ckpts, "check", opts.dataset, opts.data, opts.limit_train)
+    return models, dict(ckpts[0].config), bundle
 
 
 CHECKPOINT_KINDS["modeconn"].supports("check", _load_in_memory)
-CHECKPOINT_KINDS["huggingface"].supports("check", _load_causal_lms)
-CHECKPOINT_KINDS["absorbed"].supports("check", _load_causal_lms)
+CHECKPOINT_KINDS["huggingface"].supports("check", _load_hugging_face)
+CHECKPOINT_KINDS["absorbed"].supports("check", _load_hugging_face)
 register_in_memory("check", _load_in_memory)
 
 

@@ -3,9 +3,10 @@ language models) and, for causal language models, lm-evaluation-harness tasks (:
 
 * modeconn checkpoints: the recorded (or named) dataset's test split; loss in nats (cross-entropy), accuracy a
   fraction; token models per token.
-* Hugging Face causal LMs (``…ForCausalLM``): a text dataset tokenized with the checkpoint's own tokenizer in blocks
-  of ``min(128, max_position_embeddings)`` tokens, loss in nats per token, perplexity ``exp(loss)``; lm-eval tasks
-  (``--tasks``) on the model as loaded.
+* Hugging Face causal LMs (``…ForCausalLM``): a text dataset or the user's corpus tokenized with the checkpoint's own
+  tokenizer in blocks of ``min(128, max_position_embeddings)`` tokens, loss in nats per token, perplexity
+  ``exp(loss)``; lm-eval tasks (``--tasks``) on the model as loaded. Image classifiers: the user's image folder with
+  the checkpoint's own preprocessing, loss and accuracy.
 
 Everything is checked before any weights are read (output target, tasks known to lm-eval, dataset, kind); the
 results are written atomically (``results.json``, ``report.md``). A NaN/Inf loss or score is an error.
@@ -155,24 +156,25 @@ def _eval_in_memory(ckpt: Checkpoint, opts: EvalOptions) -> Evaluand:
 
 
 def _eval_hf(ckpt: Checkpoint, opts: EvalOptions) -> Evaluand:
-    from ..models.causal_lm import CausalLM
-    from .pair import check_vocabulary, hf_text_data
+    """A Hugging Face causal LM (text; lm-eval tasks) or image classifier (an image folder), its data read and checked
+    before any weights (:func:`~.hf_memory.load_models`)."""
+    from .hf_memory import hf_model, load_models
 
     if opts.dataset is None and not opts.tasks:
-        raise ConfigError(f"{ckpt.describe()} records no dataset: pass --dataset (a text dataset or your corpus) "
-                          "and/or --tasks (lm-eval tasks)")
-    bundle = hf_text_data([ckpt], "eval", opts.dataset, opts.data, opts.limit_train) if opts.dataset else None
-    if bundle is None:
+        raise ConfigError(f"{ckpt.describe()} records no dataset: pass --dataset (a text dataset, your corpus or your "
+                          "image folder) and/or --tasks (lm-eval tasks)")
+    if opts.tasks:
         _check_causal_lm(ckpt)
     harness_tokenizer = _hf_tokenizer(ckpt) if opts.tasks else None
-    lm = ckpt.load().float()
-    ev = Evaluand(lm, lm=lm, tokenizer=harness_tokenizer,
-                  info={"architecture": (ckpt.config.get("architectures") or [None])[0]})
-    if bundle is not None:
-        check_vocabulary(ckpt, lm, bundle)
-        ev.bundle, ev.model = bundle, CausalLM.wrap(lm, bundle.input_shape[0])
-        ev.info["context_length"] = bundle.input_shape[0]
-    return ev
+    info = {"architecture": (ckpt.config.get("architectures") or [None])[0]}
+    if opts.dataset is None:
+        lm = ckpt.load().float()
+        return Evaluand(lm, lm=lm, tokenizer=harness_tokenizer, info=info)
+    (model,), bundle = load_models([ckpt], "eval", opts.dataset, opts.data, opts.limit_train)
+    lm = hf_model(model) if hasattr(model, "lm") else None
+    if lm is not None:
+        info["context_length"] = bundle.input_shape[0]
+    return Evaluand(model, bundle, lm=lm, tokenizer=harness_tokenizer, info=info)
 
 
 def _check_causal_lm(ckpt: Checkpoint) -> None:

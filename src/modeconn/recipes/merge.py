@@ -88,6 +88,9 @@ def check_merge_scope(given: MergeOptions, plan: MergePlan, first: Checkpoint) -
 
 def _hf_scope(plan: MergePlan, first: Checkpoint) -> tuple[set[str], str, dict[str, str]]:
     opts = plan.opts
+    if plan.align is not None and plan.align.needs_data:  # in memory, on text (recipes.hf_memory)
+        return ({"dataset", "data", "limit_train"}, f"merging Hugging Face causal LMs in memory (--align {opts.align}, "
+                f"--rule {opts.rule}) on text", IN_MEMORY_EXCLUDED)
     return ({"dtype", "device"}, f"merging Hugging Face checkpoints (--align {opts.align}, --rule {opts.rule}), done "
             "without data", {})
 
@@ -115,6 +118,12 @@ def _merge_hf(ckpts: list[Checkpoint], out: Path, plan: MergePlan, progress, log
     from .hf_stream import merge_hf_plan
     from .merge_recipe import CARD_NAME, RECIPE_NAME, card_text, recipe_refs, recipe_text
 
+    if plan.align is not None and plan.align.needs_data:
+        from .hf_memory import check_no_dtype, check_text_given, merge_in_memory
+
+        check_text_given(plan.opts.dataset, "--align", plan.opts.align, "--align 'weight' or 'none' merge")
+        check_no_dtype(plan)
+        return merge_in_memory(ckpts, out, plan, log)
     check_single_process()
 
     def files(rec: dict) -> dict:

@@ -39,16 +39,13 @@ def _in_memory(ckpts, command, dataset, data, limit_train):
     return ma, mb, ckpts[0].config, ckpts[0].feed(dataset, data, limit_train)
 
 
-def _hf_causal_lm(ckpts, command, dataset, data, limit_train):
-    from ..models.causal_lm import CausalLM
-    from ..symmetry import check_same_config
+def _hugging_face(ckpts, command, dataset, data, limit_train):
+    """Hugging Face causal LMs (text) or image classifiers (an image folder), in memory
+    (:func:`~.hf_memory.load_models`)."""
+    from .hf_memory import load_models
 
-    bundle = hf_text_data(ckpts, command, dataset, data, limit_train)
-    ma, mb = (c.load().float() for c in ckpts)
-    check_same_config(ma, mb)
-    check_vocabulary(ckpts[0], ma, bundle)
-    context = bundle.input_shape[0]
-    return CausalLM.wrap(ma, context), CausalLM.wrap(mb, context), dict(ckpts[0].config), bundle
+    (ma, mb), bundle = load_models(ckpts, command, dataset, data, limit_train)
+    return ma, mb, dict(ckpts[0].config), bundle
 
 
 def hf_text_data(ckpts, command: str, dataset: str | None, data, limit_train):
@@ -82,8 +79,8 @@ def check_vocabulary(ckpt, model, bundle) -> None:
 
 
 CHECKPOINT_KINDS["modeconn"].supports("pair", _in_memory)
-CHECKPOINT_KINDS["huggingface"].supports("pair", _hf_causal_lm)
-CHECKPOINT_KINDS["absorbed"].supports("pair", _hf_causal_lm)  # e.g. dual-matched LayerNorm-family endpoints
+CHECKPOINT_KINDS["huggingface"].supports("pair", _hugging_face)
+CHECKPOINT_KINDS["absorbed"].supports("pair", _hugging_face)  # e.g. dual-matched LayerNorm-family endpoints
 register_in_memory("pair", _in_memory)
 
 

@@ -1,0 +1,51 @@
+"""The tutorials run end to end at their quick size (examples/tutorial_*.py, shown in the docs): a user's timm models
+and image folder, and a user's Hugging Face causal LMs with a SentencePiece tokenizer and a .jsonl corpus, through the
+command line; their outputs are checked."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_timm_tutorial(tmp_path, shared_data, monkeypatch):
+    import timm
+
+    monkeypatch.setenv("MODECONN_DATA", str(shared_data))
+    results = _load("tutorial_timm_fashion").main(tmp_path, quick=True)
+    assert results["check"]["pair"]["relationship"]["name"] and "naive" in results["barrier"]["barriers"]
+    assert results["path"]["method"] == "bezier"
+    # the aligned B is a timm checkpoint computing B's function; the merge reloads through timm
+    x = torch.rand(3, 1, 28, 28)
+    b, aligned = (timm.create_model(f"local-dir:{tmp_path / d}", pretrained=True).eval() for d in ("model-b", "b-aligned"))
+    with torch.no_grad():
+        torch.testing.assert_close(aligned(x), b(x), atol=1e-4, rtol=1e-4)
+    merged = timm.create_model(f"local-dir:{tmp_path / 'merged'}", pretrained=True).eval()
+    assert merged(x).shape == (3, 10)
+
+
+def test_hugging_face_tutorial(tmp_path, shared_data, monkeypatch):
+    monkeypatch.setenv("MODECONN_DATA", str(shared_data))
+    results = _load("tutorial_hf_lms").main(tmp_path, quick=True)
+    assert not (tmp_path / "lm-a" / "tokenizer.json").exists() and (tmp_path / "lm-a" / "tokenizer.model").is_file()
+    assert {"naive", "weight", "activation"} <= set(results["barrier"]["barriers"])
+    ev = results["eval"]
+    assert math.isclose(ev["test"]["perplexity"], math.exp(ev["test"]["loss"]), rel_tol=1e-9)
+    assert 0 <= ev["lm_eval"]["tasks"]["austen_choice"]["acc"] <= 1
+    assert json.loads((tmp_path / "dual" / "alignment.json").read_text())["formats"] == {"a": "stock", "b": "stock"}
+    assert results["generated"].startswith("It is a truth universally")
