@@ -5,6 +5,7 @@
   with their settings, Hugging Face families, experiments, checkpoint kinds), read from the registries themselves;
 - ``architecture-layers.md`` is not a page: the layer table of ``tests/test_layering.py`` (the table that test holds
   the imports to) is spliced into ``architecture.md`` where it says ``{{ layer_table }}``;
+- ``tutorials/*.md`` for ``examples/tutorial_*.py`` (run by ``tests/test_tutorials.py``): docstring and code;
 - ``changelog.md``: the repository's ``CHANGELOG.md`` (its ``docs/`` links made relative to the site).
 
 So a new command, option, registry entry or layer shows up in the site without editing a page.
@@ -108,7 +109,7 @@ def registries_page() -> str:
              "accept. Each section names the registry object, so `REGISTRY.get(name)` in Python gives the entry",
              "(a typo raises `ConfigError` with a \"did you mean\"). How to add an entry:",
              "[Extending modeconn](../extending/index.md).", ""]
-    for section in (_alignment, _merge_rules, _path_methods, _families, _experiments, _checkpoint_kinds):
+    for section in (_alignment, _merge_rules, _path_methods, _families, _experiments, _checkpoint_kinds, _capabilities):
         lines += section()
     return "\n".join(lines) + "\n"
 
@@ -185,6 +186,29 @@ def _checkpoint_kinds() -> list[str]:
                            for k in CHECKPOINT_KINDS.values()])
 
 
+def _capabilities() -> list[str]:
+    from modeconn.recipes import capabilities
+
+    return ["## Commands × checkpoint kinds", "",
+            "`modeconn.recipes.capabilities`, read from the kinds' operations: what each command does on each kind, or",
+            "why it refuses.", "", capabilities.markdown().strip(), ""]
+
+
+# ------------------------------------------------------------------------------------------------ example scripts
+def example_page(script: Path) -> str:
+    """A page for one of ``examples/tutorial_*.py`` (run by ``tests/test_tutorials.py``): its docstring, then its code."""
+    doc = ast.get_docstring(ast.parse(script.read_text())) or ""
+    title, _, rest = doc.partition("\n")
+    return (f"# {title.removeprefix('Tutorial: ').strip()}\n\n{rest.strip()}\n\n"
+            f"The script, `examples/{script.name}` (the test suite runs it at its quick size):\n\n"
+            f"```python\n{script.read_text()}```\n")
+
+
+def example_scripts() -> dict[str, Path]:
+    return {f"tutorials/{p.stem.removeprefix('tutorial_').replace('_', '-')}.md": p
+            for p in sorted((ROOT / "examples").glob("tutorial_*.py"))}
+
+
 # ------------------------------------------------------------------------------------------------ architecture
 def layer_table() -> str:
     """The layer table of ``tests/test_layering.py``'s docstring as a markdown table."""
@@ -217,6 +241,8 @@ def on_files(files, config):
 
     for uri, make in GENERATED.items():
         files.append(File.generated(config, uri, content=make()))
+    for uri, script in example_scripts().items():
+        files.append(File.generated(config, uri, content=example_page(script)))
     return files
 
 
