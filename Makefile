@@ -1,4 +1,5 @@
-# Two set-up commands for a fresh machine: `make demo` (the main job) and `make test` (the test suite).
+# Two set-up commands for a fresh machine: `make demo` (the main job) and `make test` (the test suite);
+# `make docs` builds the documentation site into site/ (mkdocs build --strict).
 # Both create the virtual environment in .venv on first use and reuse it afterwards.
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -10,7 +11,7 @@ export MODECONN_DATA
 OMP_NUM_THREADS ?= 1
 export OMP_NUM_THREADS
 
-.PHONY: demo test test-fast lint bench clean
+.PHONY: demo test test-fast lint docs bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -33,6 +34,9 @@ test-fast: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests
 
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict --site-dir site
+
 bench: $(STAMP)
 	$(PY) -m pip install -q rebasin
 	$(PY) -m pip install -q 'lapx>=0.5'
@@ -41,4 +45,4 @@ bench: $(STAMP)
 		../$(PY) bench_evaluate_path.py && ../$(PY) bench_wm_scaling.py && ../$(PY) bench_dual_step.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs site .pytest_cache

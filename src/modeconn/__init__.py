@@ -1,10 +1,12 @@
 """modeconn: mode connectivity toolkit for PyTorch.
 
-    import modeconn as mc
-    spec = mc.symmetry_spec(model, example_input)
-    res = mc.weight_matching(spec, sd_a, sd_b)
-    curve = mc.evaluate_path(model, sd_a, spec.apply(sd_b, res.element), loader)
-    curve.barrier("mean")
+```python
+import modeconn as mc
+spec = mc.symmetry_spec(model, example_input)
+res = mc.weight_matching(spec, sd_a, sd_b)
+curve = mc.evaluate_path(model, sd_a, spec.apply(sd_b, res.element), loader)
+curve.barrier("mean")
+```
 """
 
 __version__ = "0.1.0"

@@ -41,7 +41,7 @@ def _main(version: bool = typer.Option(False, "--version", callback=_show_versio
     """modeconn: mode connectivity for PyTorch — align, interpolate, measure barriers, merge."""
 
 DATA_HELP = ("data directory (default: $MODECONN_DATA, which defaults to shared/data beside the checkout or "
-             "../shared/data from the working directory; then standard places; see README 'Data')")
+             "../shared/data from the working directory; then standard places; see the docs' Data guide)")
 DOWNLOAD_HELP = "download MNIST / Fashion-MNIST (SHA-256 verified) if not found on disk; other datasets are never downloaded"
 RESTARTS_HELP = ("weight matching (every checkpoint kind): the most runs (default 1; more runs start from kicks of the "
                  "best element and stop once one does not beat the best)")
@@ -74,7 +74,7 @@ def live_help(**helps: Callable[[], str]) -> type[TyperCommand]:
 DATASET_HELP = ("a registered dataset (digits, mnist, fashion-mnist, cifar10, cifar100, austen) or the PATH of your own "
                 "data: a text corpus (.txt, .jsonl/.json, .csv, .parquet, a datasets save_to_disk directory; tokenized "
                 "with the checkpoint's tokenizer) or an image folder (one sub-folder per class; the model's own "
-                "preprocessing); a path that does not exist is an error (README 'Your data'). Default: the dataset "
+                "preprocessing); a path that does not exist is an error (docs: Data, 'Your data'). Default: the dataset "
                 "recorded in the (first) checkpoint's config.json")
 SPLIT_HELP = ("your data: the held-out part — a split of a save_to_disk directory, or a second file; default: the "
               "folder's test/ or val/ (images), else a seeded 10% (--seed)")

@@ -71,7 +71,7 @@ def align(
 
     Hugging Face checkpoint directories (config.json with model_type; model.safetensors or shards with
     model.safetensors.index.json) of a supported family (Llama, Mistral, Qwen, Gemma, Phi, OLMo, Falcon, BLOOM, GPT-NeoX …;
-    see the README's table): streaming weight matching (--method weight only)
+    the docs' Transformers guide lists them): streaming weight matching (--method weight only)
     that reads one tensor at a time, so models larger than memory work; permutation groups (residual, per-head
     q·k and v·o, FFN), no normalization absorption. --out gets B's layout (same shard files and index), B's
     config.json and other side files, and alignment.json. Try --max-iter 2 on large models

@@ -21,7 +21,7 @@ def eval_command(
                                            "tokenizer's blocks)"),
     eval_limit: int | None = typer.Option(None, min=1, help="score the first N examples (blocks) of the test split"),
     tasks: str | None = typer.Option(None, help="comma-separated lm-evaluation-harness tasks (causal LMs; built-in "
-                                     "names or local YAML tasks from --include-path; pip install 'modeconn[eval]')"),
+                                     "names or local YAML tasks from --include-path; pip install 'modeconn\\[eval]')"),
     include_path: Path | None = typer.Option(None, help="directory of local lm-eval task YAML files (a task may run "
                                              "Python it names with !function: point this only at tasks you trust)"),
     limit: float | None = typer.Option(None, help="lm-eval: at most N documents per task (or a fraction in (0, 1))"),

@@ -69,7 +69,8 @@ def merge(
     merge is written shard by shard in the first model's layout with the base's (else the first's) config and
     tokenizer files, merge.json, the recipe it ran (merge_recipe.yml) and a model card (README.md); no BatchNorm step
     and no evaluation (no data is read). -o key=value sets any option of the --align method's config class (every
-    WeightMatchingConfig field on Hugging Face checkpoints). Rules other than linear come from mergekit (pip install 'modeconn[mergekit]').
+    WeightMatchingConfig field on Hugging Face checkpoints). Rules other than linear come from mergekit
+    (pip install 'modeconn\\[mergekit]').
     """
     from ..recipes.merge import MergeOptions, merge as run_merge
 

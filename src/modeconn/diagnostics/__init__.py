@@ -1,4 +1,4 @@
-"""``modeconn check``: "will these two merge?" without evaluating the path (docs/methods.md §1, "Prediction"; issue #19).
+"""``modeconn check``: "will these two merge?" without evaluating the path (docs/methods.md §1, "Prediction").
 
 - :func:`check` — relationship, identifiability and predicted barriers of a pair (or of model A alone: its twin);
 - :mod:`~modeconn.diagnostics.pair` — per-space activation statistics, CKA, per-layer weight cosine;

@@ -1,5 +1,5 @@
 """One-model diagnostics of ``modeconn check``: how strongly each layer's permutation symmetry is broken on the
-data it sees (docs/methods.md §1, seed 000), from model A alone.
+data it sees (docs/methods.md §1), from model A alone.
 
 For every Linear / Conv2d layer (``groups = 1``) whose output axis is a permutation space of the spec, with inputs
 ``X`` (the layer's actual inputs on the data; a convolution's as unfolded patches) and effective weights

@@ -1,5 +1,5 @@
 """``modeconn experiment check-calibration``: how well ``modeconn check`` predicts measured barriers (docs/methods.md §1,
-"Prediction"; issue #19).
+"Prediction").
 
 A population of model pairs in families (:data:`FAMILIES`): MNIST MLPs, standard and W-asymmetric over the σ_F grid;
 fine-tunes of one MNIST MLP base; synthetic subspace mixtures over the intrinsic dimension k (σ_F = 1) and over the

@@ -1,4 +1,4 @@
-"""Neuron-identifiability experiments (docs/methods.md §1, seed 000): when does *unaligned* LMC appear?
+"""Neuron-identifiability experiments (docs/methods.md §1): when does *unaligned* LMC appear?
 
 - ``identifiability-sigma``: W-asymmetric MLPs on MNIST for σ_F ∈ {0, 0.25, 0.5, 1, 2} and a standard MLP;
   unaligned vs weight-matched barrier, identity/optimal activation-matching ratio, test accuracy.

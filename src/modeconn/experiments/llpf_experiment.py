@@ -1,4 +1,4 @@
-"""`modeconn experiment llpf`: low-loss paths between independently trained BN ResNet20s (docs/methods.md §2, seed 001).
+"""`modeconn experiment llpf`: low-loss paths between independently trained BN ResNet20s (docs/methods.md §2).
 
 Trains three ResNet20-style models with BatchNorm on Fashion-MNIST — A (seed 0) and B (seed 1) with weight
 decay 5e-4, C (seed 2) without — then, between A and B:

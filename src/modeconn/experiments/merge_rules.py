@@ -1,4 +1,4 @@
-"""`modeconn experiment merge-rules`: practitioners' merge rules on two independently trained LMs (issue #22).
+"""`modeconn experiment merge-rules`: practitioners' merge rules on two independently trained LMs.
 
 Two GPT-NeoX-configured causal LMs (the pair of ``transformer-wm``: seeds 0 and 1, the Austen text, byte-level BPE)
 are merged by each rule of :data:`RULES` — modeconn's weighted average and mergekit's task arithmetic, TIES, DARE
@@ -107,7 +107,7 @@ def run_merge_rules(out: str | Path, *, size: LMSize | None = None, data: str | 
         loader = make_loader(test, 16)
         pairs, stats = aligned_pairs(models, log)
         results = {
-            "task": "merge rules on two independently trained GPT-NeoX LMs (issue #22)", "size": asdict(size),
+            "task": "merge rules on two independently trained GPT-NeoX LMs", "size": asdict(size),
             "data": {"train_tokens": int(bundle.train.tensors[0].numel()), "test_blocks": len(test)},
             "endpoints": {n: evaluate_model(m, loader, where=f"model {n}")["loss"] for n, m in zip("AB", models,
                                                                                                    strict=True)},

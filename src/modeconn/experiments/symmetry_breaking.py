@@ -1,6 +1,6 @@
 """`modeconn experiment symmetry-breaking`: which symmetry-breaking methods give unaligned LMC (docs/methods.md §1).
 
-Seed 000's remaining parts (issue #19): its baselines, its k-sweep (b) and its ViT results (d).
+The neuron-identifiability paper's remaining parts: its baselines, its k-sweep (b) and its ViT results (d).
 
 Three parts, one report:
 
@@ -258,7 +258,7 @@ def report(results: dict[str, Any]) -> str:
         "## vit-tiny on Fashion-MNIST: standard vs W-asymmetric linears", "", _table(results["vit"]), "",
         f"## Intrinsic dimension k ({results['k']['dataset']})", "",
         "Paper: W-asymmetric MLPs at σ_F = 1 on its synthetic mixtures (its exact mixture settings are not ours; "
-        "see the README).", "",
+        "see the findings in docs/results/index.md).", "",
         _k_table(results["k"]), "", "![summary](summary.png)", ""])
 
 

@@ -1,4 +1,4 @@
-"""`modeconn experiment zoo`: real torchvision and timm model definitions through modeconn (issue #18).
+"""`modeconn experiment zoo`: real torchvision and timm model definitions through modeconn.
 
 For each model (random initialisation, 10 classes; two independently initialised copies A and B):
 
@@ -225,7 +225,7 @@ def run_zoo(out: str | Path, *, size: ZooSize | None = None, data: str | Path | 
             except Exception as exc:  # noqa: BLE001 — a refusal (or a crash) is a result, recorded with its message
                 rows[name] = {"status": "refused", "error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
             log(f"{name}: {rows[name]['status']}")
-        results = {"task": "real torchvision/timm definitions through modeconn (issue #18)", "versions": versions,
+        results = {"task": "real torchvision/timm definitions through modeconn", "versions": versions,
                    "size": asdict(size), "models": rows}
         return write_results(tmp, results, report, start)
 

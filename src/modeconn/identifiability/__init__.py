@@ -1,4 +1,4 @@
-"""Neuron identifiability and symmetry breaking: pure tensor math (docs/methods.md §1; seed 000).
+"""Neuron identifiability and symmetry breaking: pure tensor math (docs/methods.md §1).
 
 No models and no data loading here — every function takes tensors (or arrays) and returns tensors or floats.
 

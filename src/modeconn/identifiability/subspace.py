@@ -1,6 +1,6 @@
 """Input subspaces: orthonormal bases, coherence, PCA estimate, separation of projected centers.
 
-docs/methods.md §1 (Neuron identifiability, seed 000): the data live on ``X ⊂ span(U)``, ``U`` a ``d_in × k``
+docs/methods.md §1 (Neuron identifiability): the data live on ``X ⊂ span(U)``, ``U`` a ``d_in × k``
 matrix with orthonormal columns; a neuron with fixed offset row ``f_i`` sees only its projected center
 ``b_i = Uᵀ f_i ∈ R^k``.
 """
@@ -72,11 +72,13 @@ def estimate_subspace(
     variance ratio of component ``l`` is ``s_l² / Σ_l' s_l'²``. Each column's sign is fixed so that its entry of
     largest magnitude is positive (deterministic output).
 
+    Exactly one of ``k`` / ``explained_variance`` must be given.
+
     Args:
         X: ``(N, d)`` samples (rows).
         k: number of components, ``1 ≤ k ≤ min(N, d)``; or
         explained_variance: in ``(0, 1]``: the smallest ``k`` whose cumulative explained ratio reaches it.
-        Exactly one of ``k`` / ``explained_variance`` must be given.
+
     Returns:
         ``(U, ratio)``: ``U`` ``(d, k)`` float64 with orthonormal columns, ``ratio`` ``(k,)`` float64 (non-increasing;
         all zeros if ``X`` has zero variance, which is only allowed with ``k``).

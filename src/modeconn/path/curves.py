@@ -210,8 +210,11 @@ def train_curve(
     Returns: the trained curve; ``curve.history`` (per-step training losses) and ``curve.compute``
         (``grad_evals``, ``wall_time_s``).
 
-    Raises: ConfigError (unknown option or bad value, named), StateDictMismatchError, DeviceMismatchError,
-        NonFiniteError (loss became NaN/Inf; the step is named).
+    Raises:
+        ConfigError: an unknown option or a bad value, named.
+        StateDictMismatchError: the endpoints do not fit the model.
+        DeviceMismatchError: tensors on different devices.
+        NonFiniteError: the loss became NaN/Inf; the step is named.
     """
     cfg = CurveConfig.from_any(config, **options)
     kind, control_points, steps, lr = cfg.kind, cfg.control_points, cfg.steps, cfg.lr

@@ -498,8 +498,9 @@ class Path:
 
         Returns: :class:`PathCurve` (``lambdas`` = ``t``); ``info`` has method, compute and the path's info.
 
-        Raises: StateDictMismatchError (another model), ConfigError (bad ``bn``/``sub_points``/split, missing
-            ``bn_loader``).
+        Raises:
+            StateDictMismatchError: another model.
+            ConfigError: bad ``bn``/``sub_points``/split, missing ``bn_loader``.
         """
         if bn not in PATH_BN_POLICIES:
             raise ConfigError(f"unknown bn policy {bn!r} for Path.evaluate; valid: {', '.join(PATH_BN_POLICIES)}")
