@@ -111,6 +111,23 @@ def report(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _plot_swap_costs(ax, layers: dict[str, Any]) -> None:
+    """Per layer of A, the relative swap cost; where every defined cost is 0 (a standard network: nothing breaks its
+    permutation symmetry) the panel says so instead of drawing bars of height 0."""
+    costs = [np.nan if v["relative_swap_cost"] is None else v["relative_swap_cost"] for v in layers.values()]
+    ax.set_title("per layer of A: relative swap cost")
+    defined = [c for c in costs if not np.isnan(c)]
+    if not defined or not any(defined):
+        why = ("no layer has a defined swap cost" if not defined else
+               "0 in every layer: no symmetry breaking\n(a standard network: every unit\npermutation keeps the function)")
+        ax.text(0.5, 0.5, why, ha="center", va="center", transform=ax.transAxes)
+        ax.set_xticks([])
+        ax.set_yticks([])
+        return
+    ax.bar(range(len(costs)), costs)
+    ax.set_xticks(range(len(costs)), list(layers), rotation=30, fontsize=7)
+
+
 def plot(results: dict[str, Any], path: Path) -> None:
     """Predicted barriers with intervals; per space q and CKA (pair); per layer relative swap cost."""
     import matplotlib
@@ -137,11 +154,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
         axes[1].set_xticks(x, list(sp), rotation=30, fontsize=7)
         axes[1].legend(fontsize=7)
     axes[1].set_title("per space: mean unit correlation q, CKA")
-    lay = results["layers"]
-    axes[2].bar(range(len(lay)), [np.nan if v["relative_swap_cost"] is None else v["relative_swap_cost"]
-                                  for v in lay.values()])
-    axes[2].set_xticks(range(len(lay)), list(lay), rotation=30, fontsize=7)
-    axes[2].set_title("per layer of A: relative swap cost")
+    _plot_swap_costs(axes[2], results["layers"])
     for ax in axes:
         ax.grid(alpha=0.3)
     fig.tight_layout()
