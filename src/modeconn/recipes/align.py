@@ -237,22 +237,22 @@ def _align_in_memory(ckpts: list[Checkpoint], out: Path, plan: AlignPlan) -> Out
     res = run_align(method, spec, ma, ma.state_dict(), mb.state_dict(), bundle, config=plan.config)
     mb_aligned = copy.deepcopy(mb)
     mb_aligned.load_state_dict(res.apply(mb.state_dict()))
-    _check_same_function(mb, mb_aligned, x0)
+    check_same_function(mb, mb_aligned, x0)
     path = ckpts[1].save(out, mb_aligned, config={"aligned_to": model_names([ckpts[0].path])[0], "alignment": method},
                          keep_source=True,
                          metrics={"alignment": {"method": method, "objective": res.objective, "stats": res.stats}},
-                         extra_json={"alignment.json": {**res.to_json(), "options": _given(plan.config)}},
+                         extra_json={"alignment.json": {**res.to_json(), "options": given_options(plan.config)}},
                          overwrite=opts.overwrite, inputs=[c.path for c in ckpts], command="align")
     line = f"{method} matching objective {res.objective:.4f} ({len(spec.spaces)} spaces)"
     return Outcome(path, "config.json, model.safetensors, alignment.json", (line,), "aligned checkpoint")
 
 
-def _given(config) -> dict[str, Any]:
+def given_options(config) -> dict[str, Any]:
     """The config fields set by an option (flag or ``-o``), for the record."""
     return config.model_dump(mode="json", exclude_unset=True)
 
 
-def _check_same_function(m1, m2, x) -> None:
+def check_same_function(m1, m2, x) -> None:
     with torch.no_grad():
         y1, y2 = m1.eval()(x), m2.eval()(x)
     if not torch.allclose(y1, y2, atol=1e-4, rtol=1e-4):

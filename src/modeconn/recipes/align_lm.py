@@ -130,15 +130,10 @@ def _precheck_hf(ckpts: list[Checkpoint], opts):
 
 def _load_hf(ckpts: list[Checkpoint], opts, bundle) -> tuple[nn.Module, nn.Module, Any]:
     """Both causal LMs in memory (float32), wrapped as token ids → logits, with their text."""
-    from ..models.causal_lm import CausalLM
-    from ..symmetry import check_same_config
-    from .pair import check_vocabulary
+    from .hf_memory import load_wrapped
 
-    ma, mb = (c.load().float() for c in ckpts)
-    check_same_config(ma, mb)
-    check_vocabulary(ckpts[0], ma, bundle)
-    context = bundle.input_shape[0]
-    return CausalLM.wrap(ma, context), CausalLM.wrap(mb, context), bundle
+    ma, mb = load_wrapped(ckpts, bundle)
+    return ma, mb, bundle
 
 
 LM_LOADERS = {

@@ -158,7 +158,7 @@ def _eval_in_memory(ckpt: Checkpoint, opts: EvalOptions) -> Evaluand:
 def _eval_hf(ckpt: Checkpoint, opts: EvalOptions) -> Evaluand:
     """A Hugging Face causal LM (text; lm-eval tasks) or image classifier (an image folder), its data read and checked
     before any weights (:func:`~.hf_memory.load_models`)."""
-    from .hf_memory import hf_model, load_models
+    from .hf_memory import load_models
 
     if opts.dataset is None and not opts.tasks:
         raise ConfigError(f"{ckpt.describe()} records no dataset: pass --dataset (a text dataset, your corpus or your "
@@ -171,7 +171,7 @@ def _eval_hf(ckpt: Checkpoint, opts: EvalOptions) -> Evaluand:
         lm = ckpt.load().float()
         return Evaluand(lm, lm=lm, tokenizer=harness_tokenizer, info=info)
     (model,), bundle = load_models([ckpt], "eval", opts.dataset, opts.data, opts.limit_train)
-    lm = hf_model(model) if hasattr(model, "lm") else None
+    lm = getattr(model, "lm", None)  # causal LMs: the transformers model inside the wrapper
     if lm is not None:
         info["context_length"] = bundle.input_shape[0]
     return Evaluand(model, bundle, lm=lm, tokenizer=harness_tokenizer, info=info)

@@ -107,21 +107,27 @@ logits; the attribute of the wrapper holding the Hugging Face model)."""
 
 
 def load_models(ckpts: list[Checkpoint], command: str, dataset: str | None, data, limit_train: int | None):
-    """``(wrapped models, bundle)``: the data first (refusals before any weights), then every model, checked to share
-    one config (and, for LMs, to take the tokenizer's ids), each wrapped to map a batch of the data to logits."""
+    """``(wrapped models, bundle)``: the data first and the memory check (refusals before any weights), then the
+    models (:func:`load_wrapped`)."""
+    read, _, _ = TASKS[_task(ckpts[0])]
+    bundle = read(ckpts, command, dataset, data, limit_train)
+    check_fits_in_memory(ckpts, command, STREAMING.get(command))
+    return load_wrapped(ckpts, bundle), bundle
+
+
+def load_wrapped(ckpts: list[Checkpoint], bundle) -> list[nn.Module]:
+    """Every model in float32, checked to share one config (and, for LMs, to take the ids of the tokenizer that made
+    ``bundle``), each wrapped to map a batch of ``bundle`` to logits."""
     from ..symmetry import check_same_config
     from .pair import check_vocabulary
 
     task = _task(ckpts[0])
-    read, wrap, _ = TASKS[task]
-    bundle = read(ckpts, command, dataset, data, limit_train)
-    check_fits_in_memory(ckpts, command, STREAMING.get(command))
     models = [c.load().float() for c in ckpts]
     for m in models[1:]:
         check_same_config(models[0], m)
     if task == "causal_lm":
         check_vocabulary(ckpts[0], models[0], bundle)
-    return [wrap(m, bundle) for m in models], bundle
+    return [TASKS[task][1](m, bundle) for m in models]
 
 
 def hf_model(wrapped: nn.Module) -> nn.Module:
@@ -149,7 +155,7 @@ def align_in_memory(ckpts: list[Checkpoint], out: Path, plan, log: Log) -> Outco
     from ..diagnostics.compare import align as run_align
     from ..experiments.output import output_directory
     from ..symmetry import symmetry_spec
-    from .align import _check_same_function, _given
+    from .align import check_same_function, given_options
 
     opts, method = plan.opts, plan.method.name
     (ma, mb), bundle = load_models(ckpts, "align", opts.dataset, opts.data, opts.limit_train)
@@ -159,8 +165,8 @@ def align_in_memory(ckpts: list[Checkpoint], out: Path, plan, log: Log) -> Outco
     res = run_align(method, spec, ma, ma.state_dict(), mb.state_dict(), bundle, config=plan.config)
     aligned = copy.deepcopy(mb)
     aligned.load_state_dict(res.apply(mb.state_dict()))
-    _check_same_function(mb, aligned, x0)
-    record = {**res.to_json(), "options": _given(plan.config), "dataset": bundle.name}
+    check_same_function(mb, aligned, x0)
+    record = {**res.to_json(), "options": given_options(plan.config), "dataset": bundle.name}
     with output_directory(out, opts.overwrite, inputs=[c.path for c in ckpts], command="align") as tmp:
         _save(tmp, aligned, ckpts[1].path, {"alignment.json": record})
     line = f"{method} matching objective {res.objective:.4f} ({len(spec.spaces)} spaces)"
@@ -175,12 +181,12 @@ def merge_in_memory(ckpts: list[Checkpoint], out: Path, plan, log: Log) -> Outco
     from ..experiments.output import output_directory
     from ..path import evaluate_model, merge
     from ..symmetry import symmetry_spec
-    from .merge_modeconn import _aligned, _record
+    from .merge_modeconn import aligned_state_dicts, merge_record
 
     opts = plan.opts
     models, bundle = load_models(ckpts, "merge", opts.dataset, opts.data, opts.limit_train)
     spec = symmetry_spec(models[0], bundle.train.tensors[0][:2])
-    sds = _aligned(plan, spec, models, bundle, log)
+    sds = aligned_state_dicts(plan, spec, models, bundle, log)
     log(f"merging {len(sds)} models ({plan.rule.name})")
     merged = merge(sds, plan.weights, spec=spec, normalize=False, rule=plan.rule, settings=plan.settings)
     result = copy.deepcopy(models[0])
@@ -188,7 +194,7 @@ def merge_in_memory(ckpts: list[Checkpoint], out: Path, plan, log: Log) -> Outco
     test = evaluate_model(result, make_loader(bundle.test, 8), where="merged model, split 'test'")
     if hasattr(result, "lm"):
         test["perplexity"] = math.exp(test["loss"])
-    record = {**_record(plan, bundle.name), "test": test}
+    record = {**merge_record(plan, bundle.name), "test": test}
     with output_directory(out, opts.overwrite, inputs=[c.path for c in ckpts], command="merge") as tmp:
         _save(tmp, result, ckpts[0].path, {"merge.json": record})
     scores = f"perplexity {test['perplexity']:.4g}" if "perplexity" in test else f"accuracy {100 * test['acc']:.2f}%"

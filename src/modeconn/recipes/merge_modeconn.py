@@ -72,7 +72,7 @@ def merge_in_memory(plan: MergePlan, out: Path, log: Log = print):
                           f"{ckpts[0].describe()} records no dataset: pass --dataset, or --bn interpolate / keep")
     x0 = bundle.train.tensors[0][:2] if bundle is not None else ckpts[0].example_input()
     spec = symmetry_spec(models[0], x0)
-    sds = _aligned(plan, spec, models, bundle, log)
+    sds = aligned_state_dicts(plan, spec, models, bundle, log)
     bn_loader = make_loader(bundle.train, 512, shuffle=True, seed=opts.seed) if bundle is not None else None
     log(f"averaging {len(sds)} models (bn={opts.bn})")
     with_model = bundle is not None or opts.bn in ("interpolate", "keep")  # these need no data
@@ -83,12 +83,12 @@ def merge_in_memory(plan: MergePlan, out: Path, log: Log = print):
     check_bn_statistics(result, "merged model")
     metrics = ({"test": evaluate_model(result, make_loader(bundle.test, 512), where="merged model, split 'test'")}
                if bundle is not None else {})
-    path = ckpts[0].save(out, result, config=_record(plan, name), metrics=metrics or None, overwrite=opts.overwrite,
+    path = ckpts[0].save(out, result, config=merge_record(plan, name), metrics=metrics or None, overwrite=opts.overwrite,
                          inputs=paths, command="merge")
     return path, metrics
 
 
-def _aligned(plan: MergePlan, spec, models, bundle, log: Log) -> list[dict]:
+def aligned_state_dicts(plan: MergePlan, spec, models, bundle, log: Log) -> list[dict]:
     """Every model's state dict, the second on aligned to the first by the plan's method (its registry entry and
     config object; as stored for ``--align none``)."""
     sds = [m.state_dict() for m in models]
@@ -104,7 +104,7 @@ def _aligned(plan: MergePlan, spec, models, bundle, log: Log) -> list[dict]:
     return aligned
 
 
-def _record(plan: MergePlan, dataset: str | None) -> dict:
+def merge_record(plan: MergePlan, dataset: str | None) -> dict:
     """What the merged checkpoint's config records: inputs, rule, weights applied, alignment and its settings."""
     from ..io.hf import model_names
 
