@@ -84,3 +84,48 @@ def tiny_llamas(root: Path) -> tuple[list[Path], Path]:
     corpus = root / "corpus.jsonl"
     corpus.write_text("\n".join(json.dumps({"text": t, "n": i}) for i, t in enumerate(sentences(150, seed=5))))
     return dirs, corpus
+
+
+ENCODER_LABELS = ("calm", "busy", "odd")
+
+
+def wordpiece_dir(directory: Path) -> Path:
+    """A directory holding a BERT WordPiece ``vocab.txt`` of :data:`WORDS` (+ ``tokenizer_config.json``) only."""
+    directory.mkdir(parents=True, exist_ok=True)
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", *sorted(set(WORDS))]
+    (directory / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    (directory / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "BertTokenizer",
+                                                                 "do_lower_case": True}))
+    return directory
+
+
+def tiny_berts(root: Path, head: str) -> tuple[list[Path], Path]:
+    """Two random tiny BERTs (``head``: ``"masked_lm"`` or ``"classifier"`` — three classes named
+    :data:`ENCODER_LABELS`) sharing a WordPiece vocabulary, and a ``.jsonl`` corpus of texts with a ``label`` field
+    (class names): ``([dir A, dir B], corpus)``."""
+    import shutil
+
+    import torch
+    import transformers as T
+
+    from hf_tiny import randomize
+
+    wp = wordpiece_dir(root / "wp")
+    n_vocab = len((wp / "vocab.txt").read_text().split())
+    cfg = T.BertConfig(vocab_size=n_vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                       intermediate_size=64, max_position_embeddings=64, num_labels=len(ENCODER_LABELS),
+                       id2label=dict(enumerate(ENCODER_LABELS)), label2id={n: i for i, n in enumerate(ENCODER_LABELS)},
+                       pad_token_id=0)
+    cls = T.BertForMaskedLM if head == "masked_lm" else T.BertForSequenceClassification
+    dirs = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        d = root / f"{head}{seed}"
+        randomize(cls(cfg), seed).save_pretrained(d)
+        for f in wp.iterdir():
+            shutil.copy(f, d / f.name)
+        dirs.append(d)
+    corpus = root / "labelled.jsonl"
+    texts = sentences(90, seed=7)
+    corpus.write_text("\n".join(json.dumps({"text": t, "label": ENCODER_LABELS[len(t.split()) % 3]}) for t in texts))
+    return dirs, corpus

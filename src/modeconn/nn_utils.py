@@ -40,13 +40,21 @@ def batchnorm_modules(model: nn.Module) -> list[nn.Module]:
     return [m for m in model.modules() if isinstance(m, _BN_TYPES) and m.track_running_stats]
 
 
+IGNORE_INDEX = -100
+"""The label of a position that is not scored (``torch.nn.functional.cross_entropy``'s default ignore index)."""
+
+
 def flatten_sequence_logits(logits: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Sequence outputs as per-token predictions: logits ``(B, T, V)`` and labels ``(B, T)`` become
     ``(B·T, V)`` and ``(B·T,)`` (views where possible), so a classification loss on them is a per-token loss
-    (language models: next-token cross-entropy). Any other shapes (e.g. ``(B, K)`` with ``(B,)``) are
-    returned unchanged."""
+    (language models: next-token cross-entropy). Positions labelled :data:`IGNORE_INDEX` (``-100``, Hugging Face's
+    convention: the unmasked tokens of a masked-LM block) are left out, so losses, accuracies and token counts are
+    over the scored tokens only. Any other shapes (e.g. ``(B, K)`` with ``(B,)``) are returned unchanged."""
     if logits.ndim == 3 and y.ndim == 2 and tuple(logits.shape[:2]) == tuple(y.shape):
-        return logits.reshape(-1, logits.shape[-1]), y.reshape(-1)
+        logits, y = logits.reshape(-1, logits.shape[-1]), y.reshape(-1)
+        scored = y != IGNORE_INDEX
+        if not bool(scored.all()):
+            logits, y = logits[scored], y[scored]
     return logits, y
 
 

@@ -79,6 +79,8 @@ DATASET_HELP = ("a registered dataset (digits, mnist, fashion-mnist, cifar10, ci
 SPLIT_HELP = ("your data: the held-out part — a split of a save_to_disk directory, or a second file; default: the "
               "folder's test/ or val/ (images), else a seeded 10% (--seed)")
 TEXT_FIELD_HELP = "your text corpus: the field (.jsonl/.json/.csv/.parquet/saved column) holding the text"
+LABEL_FIELD_HELP = ("your labelled texts (sequence classifiers): the field holding each text's label, a class index or "
+                    "a name of the model's id2label")
 CONTEXT_LENGTH_HELP = "your text corpus: tokens per block (default min(128, the model's max_position_embeddings))"
 
 
@@ -90,19 +92,24 @@ def text_field_option() -> Any:
     return typer.Option("text", "--text-field", help=TEXT_FIELD_HELP)
 
 
+def label_field_option() -> Any:
+    return typer.Option("label", "--label-field", help=LABEL_FIELD_HELP)
+
+
 def context_length_option() -> Any:
     return typer.Option(None, "--context-length", min=1, help=CONTEXT_LENGTH_HELP)
 
 
 @contextmanager
 def user_data(dataset: str | None, split: str | None, text_field: str, context_length: int | None,
-              seed: int | None) -> Iterator[None]:
+              seed: int | None, label_field: str = "label") -> Iterator[None]:
     """Read the user's data (a ``--dataset`` path) with these options inside the block; ConfigError (inside
     :func:`errors_exit`) for options of the user's data given with a registered dataset name."""
     from ..data import UserDataOptions, user_data_options, user_data_path
     from ..errors import ConfigError
 
-    options = UserDataOptions(split=split, text_field=text_field, context_length=context_length, seed=seed or 0)
+    options = UserDataOptions(split=split, text_field=text_field, label_field=label_field,
+                              context_length=context_length, seed=seed or 0)
     if options.given() and user_data_path(dataset) is None:
         given = f"--dataset {dataset!r} is not a path" if dataset else "no --dataset is given"
         raise ConfigError(f"{', '.join(options.given())} apply to your own data (--dataset PATH); {given}")

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import typer
 
-from ._app import (DATA_HELP, DATASET_HELP, DEVICE_HELP, DOWNLOAD_HELP, MAX_ITER_HELP, METHOD_OPTION_HELP,
-                   OVERWRITE_HELP, RESTARTS_HELP, app, console, errors_exit, live_help, log, parse_kv,
-                   progress_bar, user_data)
+from ._app import (DATASET_HELP, DATA_HELP, DEVICE_HELP, DOWNLOAD_HELP, MAX_ITER_HELP, METHOD_OPTION_HELP,
+                   OVERWRITE_HELP, RESTARTS_HELP, app, console, context_length_option, errors_exit, label_field_option,
+                   live_help, log, parse_kv, progress_bar, split_option, text_field_option, user_data)
 from ._print import show
 
 
@@ -36,6 +36,10 @@ def align(
     method: str = typer.Option("weight", help=_method_help()),
     option: list[str] = typer.Option([], "--option", "-o", help=METHOD_OPTION_HELP),
     dataset: str | None = typer.Option(None, help="data for activation/learned matching: " + DATASET_HELP),
+    split: str | None = split_option(),
+    text_field: str = text_field_option(),
+    label_field: str = label_field_option(),
+    context_length: int | None = context_length_option(),
     data: Path | None = typer.Option(None, help=DATA_HELP),
     download: bool = typer.Option(False, help=DOWNLOAD_HELP),
     limit_train: int | None = typer.Option(None, min=1, help="methods that read data: the first N training examples"),
@@ -103,7 +107,7 @@ def align(
                         parameterization=parameterization, batch_size=batch_size, restarts=restarts,
                         max_iter=max_iter, groups=groups, overwrite=overwrite, device=device, shard=shard,
                         options=parse_kv(option, "--option"))
-    with errors_exit(download), user_data(dataset, None, "text", None, seed), progress_bar() as progress:
+    with errors_exit(download), user_data(dataset, split, text_field, context_length, seed, label_field), progress_bar() as progress:
         outcome = run_align(a, b, out, opts, progress=progress, log=log,
                                 note=lambda s: console.print(f"[yellow]{s}[/]"))
     show(outcome)

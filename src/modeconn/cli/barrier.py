@@ -6,8 +6,8 @@ from pathlib import Path
 
 import typer
 
-from ._app import (DATA_HELP, DATASET_HELP, DOWNLOAD_HELP, METHOD_OPTION_HELP, OVERWRITE_HELP, app, check_out,
-                   console, context_length_option, errors_exit, live_help, log, parse_kv, progress_bar,
+from ._app import (DATASET_HELP, DATA_HELP, DOWNLOAD_HELP, METHOD_OPTION_HELP, OVERWRITE_HELP, app, check_out, console,
+                   context_length_option, errors_exit, label_field_option, live_help, log, parse_kv, progress_bar,
                    split_option, text_field_option, two_arg, user_data, written)
 from .tables import comparison_table
 
@@ -29,6 +29,7 @@ def barrier(
     dataset: str | None = typer.Option(None, help=DATASET_HELP),
     split: str | None = split_option(),
     text_field: str = text_field_option(),
+    label_field: str = label_field_option(),
     context_length: int | None = context_length_option(),
     data: Path | None = typer.Option(None, help=DATA_HELP),
     download: bool = typer.Option(False, help=DOWNLOAD_HELP),
@@ -54,7 +55,7 @@ def barrier(
     out = out or default_out("barrier")
     with errors_exit(download):
         check_out(out, [a, b, data], overwrite)
-        with user_data(dataset, split, text_field, context_length, seed), progress_bar() as progress:
+        with user_data(dataset, split, text_field, context_length, seed, label_field), progress_bar() as progress:
             comparison = run_barrier(a, b, method, out, options=parse_kv(option, "--option"), dataset=dataset,
                                      data=data, limit_train=limit_train, bn=bn, lambdas=lambdas, eval_limit=eval_limit,
                                      seed=seed, overwrite=overwrite, log=log, progress=two_arg(progress, "path points"))

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import typer
 
-from ._app import DATA_HELP, DATASET_HELP, DOWNLOAD_HELP, OVERWRITE_HELP, app, check_out, errors_exit, log, user_data
+from ._app import (DATASET_HELP, DATA_HELP, DOWNLOAD_HELP, OVERWRITE_HELP, app, check_out, context_length_option,
+                   errors_exit, label_field_option, log, split_option, text_field_option, user_data)
 from ._print import show
 
 
@@ -15,6 +16,10 @@ def check(
     a: Path = typer.Argument(..., help="checkpoint directory of model A"),
     b: Path | None = typer.Argument(None, help="checkpoint directory of model B (omit: predict for a twin of A)"),
     dataset: str | None = typer.Option(None, help=DATASET_HELP),
+    split: str | None = split_option(),
+    text_field: str = text_field_option(),
+    label_field: str = label_field_option(),
+    context_length: int | None = context_length_option(),
     data: Path | None = typer.Option(None, help=DATA_HELP),
     download: bool = typer.Option(False, help=DOWNLOAD_HELP),
     limit_train: int | None = typer.Option(None, min=1, help="use only the first N training examples"),
@@ -40,6 +45,6 @@ def check(
                         eval_limit=eval_limit, seed=seed, overwrite=overwrite, device=device)
     with errors_exit(download):
         check_out(out, [a, b, data], overwrite)
-        with user_data(dataset, None, "text", None, seed):  # the seed of an image folder's held-out share
+        with user_data(dataset, split, text_field, context_length, seed, label_field):  # the seed of an image folder's held-out share
             outcome = run_check(a, b, out, opts, log=log)
     show(outcome)

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import typer
 
-from ._app import DATA_HELP, DOWNLOAD_HELP, OVERWRITE_HELP, app, errors_exit, log
+from ._app import (DATA_HELP, DOWNLOAD_HELP, OVERWRITE_HELP, app, context_length_option, errors_exit,
+                   label_field_option, log, split_option, text_field_option, user_data)
 from ._print import show
 
 
@@ -15,6 +16,10 @@ def eval_command(
     model: Path = typer.Argument(..., help="checkpoint directory: a modeconn checkpoint or a Hugging Face causal LM"),
     dataset: str | None = typer.Option(None, help="dataset to score the held-out (test) split of (default: the one "
                                        "recorded in a modeconn checkpoint; Hugging Face causal LMs: a text dataset)"),
+    split: str | None = split_option(),
+    text_field: str = text_field_option(),
+    label_field: str = label_field_option(),
+    context_length: int | None = context_length_option(),
     data: Path | None = typer.Option(None, help=DATA_HELP),
     download: bool = typer.Option(False, help=DOWNLOAD_HELP),
     limit_train: int | None = typer.Option(None, min=1, help="use only the first N training examples (text: the "
@@ -43,6 +48,6 @@ def eval_command(
                        tasks=tuple(t.strip() for t in tasks.split(",") if t.strip()) if tasks is not None else (),
                        include_path=include_path, limit=limit, num_fewshot=num_fewshot, batch_size=batch_size,
                        seed=seed, overwrite=overwrite)
-    with errors_exit(download):
+    with errors_exit(download), user_data(dataset, split, text_field, context_length, seed, label_field):
         outcome = evaluate(model, out or default_out("eval"), opts, log=log)
     show(outcome)

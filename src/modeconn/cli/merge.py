@@ -6,8 +6,9 @@ from pathlib import Path
 
 import typer
 
-from ._app import (DATA_HELP, DATASET_HELP, DEVICE_HELP, MAX_ITER_HELP, METHOD_OPTION_HELP, OVERWRITE_HELP,
-                   RESTARTS_HELP, app, console, errors_exit, live_help, log, parse_kv, progress_bar, user_data)
+from ._app import (DATASET_HELP, DATA_HELP, DEVICE_HELP, MAX_ITER_HELP, METHOD_OPTION_HELP, OVERWRITE_HELP,
+                   RESTARTS_HELP, app, console, context_length_option, errors_exit, label_field_option, live_help, log,
+                   parse_kv, progress_bar, split_option, text_field_option, user_data)
 from ._print import show
 
 
@@ -48,6 +49,10 @@ def merge(
     option: list[str] = typer.Option([], "--option", "-o", help=METHOD_OPTION_HELP),
     bn: str = typer.Option("reset", help="BatchNorm policy after averaging: reset, interpolate, repair"),
     dataset: str | None = typer.Option(None, help="data for BN reset / REPAIR / activation matching: " + DATASET_HELP),
+    split: str | None = split_option(),
+    text_field: str = text_field_option(),
+    label_field: str = label_field_option(),
+    context_length: int | None = context_length_option(),
     data: Path | None = typer.Option(None, help=DATA_HELP),
     limit_train: int | None = typer.Option(None, min=1),
     seed: int | None = typer.Option(None, help="seed of weight matching's restarts and of randomised rules (DARE, "
@@ -79,7 +84,7 @@ def merge(
                         limit_train=limit_train, seed=seed, restarts=restarts, max_iter=max_iter,
                         overwrite=overwrite, base=base, params=tuple(param), dtype=dtype, config=config,
                         device=device, options=parse_kv(option, "--option"))
-    with errors_exit(), user_data(dataset, None, "text", None, seed), progress_bar() as progress:
+    with errors_exit(), user_data(dataset, split, text_field, context_length, seed, label_field), progress_bar() as progress:
         outcome = run_merge(models or [], out, opts, progress=progress, log=log,
                             note=lambda s: console.print(f"note: {s}"))
     show(outcome)

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import typer
 
-from ._app import (DATA_HELP, DATASET_HELP, DOWNLOAD_HELP, app, check_out, console, context_length_option, errors_exit, log,
-                   parse_kv, progress_bar, split_option, text_field_option, two_arg, user_data, written)
+from ._app import (DATASET_HELP, DATA_HELP, DOWNLOAD_HELP, app, check_out, console, context_length_option, errors_exit,
+                   label_field_option, log, parse_kv, progress_bar, split_option, text_field_option, two_arg, user_data,
+                   written)
 from .tables import report_text
 
 
@@ -29,6 +30,7 @@ def path_command(
     dataset: str | None = typer.Option(None, help=DATASET_HELP),
     split: str | None = split_option(),
     text_field: str = text_field_option(),
+    label_field: str = label_field_option(),
     context_length: int | None = context_length_option(),
     data: Path | None = typer.Option(None, help=DATA_HELP),
     download: bool = typer.Option(False, help=DOWNLOAD_HELP),
@@ -60,7 +62,7 @@ def path_command(
     with errors_exit(download):
         check_out(out, [a, b, data], overwrite or resume)  # --resume continues modeconn's own run there
         options = parse_kv(option, "--option")
-        with user_data(dataset, split, text_field, context_length, seed), progress_bar() as progress:
+        with user_data(dataset, split, text_field, context_length, seed, label_field), progress_bar() as progress:
             results = run_path(a, b, method, options, out, dataset=dataset, data=data, limit_train=limit_train,
                                budget=budget, eval_limit=eval_limit, sub_points=sub_points, seed=seed, resume=resume,
                                overwrite=overwrite, continuity_tol=continuity_tol, log=log,

@@ -1,4 +1,4 @@
-"""The options of the user's own data (``--split``, ``--text-field``, ``--context-length``, the seed of the held-out
+"""The options of the user's own data (``--split``, ``--text-field``, ``--label-field``, ``--context-length``, the seed of the held-out
 split), set once by the command line around a command (:func:`user_data_options`) and read where the data is loaded —
 the same pattern as :func:`~modeconn.data.locate.downloads_allowed`, so no recipe signature carries them."""
 
@@ -24,6 +24,8 @@ class UserDataOptions:
             None: a seeded ``heldout_fraction`` of the data (image folders: a ``test``/``val`` sub-folder when there
             is one).
         text_field: the column of ``.jsonl``/``.json``/``.csv``/``.parquet``/saved data that holds the text.
+        label_field: the column holding each text's label, read for sequence classifiers (an integer class index or
+            a name of the model's ``id2label``).
         context_length: tokens per block; None: ``min(128, max_position_embeddings)``.
         heldout_fraction: share held out when no split is named, in ``(0, 1)``.
         seed: seed of that held-out choice (the command's ``--seed``).
@@ -31,6 +33,7 @@ class UserDataOptions:
 
     split: str | None = None
     text_field: str = "text"
+    label_field: str = "label"
     context_length: int | None = None
     heldout_fraction: float = DEFAULT_HELDOUT_FRACTION
     seed: int = 0
@@ -44,6 +47,7 @@ class UserDataOptions:
     def given(self) -> list[str]:
         """The command-line options set to something other than their default (for refusing them by name)."""
         return [flag for flag, value, default in (("--split", self.split, None), ("--text-field", self.text_field, "text"),
+                                                  ("--label-field", self.label_field, "label"),
                                                   ("--context-length", self.context_length, None))
                 if value != default]
 

@@ -106,18 +106,21 @@ def _blocks_or_error(ids: np.ndarray, context: int, where: str) -> TensorDataset
     return sets
 
 
-def _split_blocks(train: TensorDataset, corpus: Corpus, opts: UserDataOptions) -> tuple[TensorDataset, TensorDataset]:
+def split_heldout(train: TensorDataset, source: str, opts: UserDataOptions,
+                  unit: str = "block of text") -> tuple[TensorDataset, TensorDataset]:
+    """``train`` split into (train, held-out): a seeded ``opts.heldout_fraction`` held out, at least one ``unit``;
+    DataError naming ``source`` when there is only one."""
     n = len(train)
     if n < 2:
-        raise DataError(f"{corpus.source}: one block of text, nothing left to hold out; give more text, a shorter "
-                        "--context-length or a held-out split (--split)")
+        raise DataError(f"{source}: one {unit}, nothing left to hold out; give more text, a shorter --context-length "
+                        "or a held-out split (--split)")
     train_idx, test_idx = split_indices(n, opts.heldout_fraction, opts.seed)
-    if len(test_idx) == 0:  # always hold out at least one block
+    if len(test_idx) == 0:  # always hold out at least one
         train_idx, test_idx = train_idx[1:], train_idx[:1]
     return tuple(TensorDataset(*(t[torch.from_numpy(idx)] for t in train.tensors)) for idx in (train_idx, test_idx))
 
 
-def _limit(ds: TensorDataset, limit: int | None) -> TensorDataset:
+def limit_rows(ds: TensorDataset, limit: int | None) -> TensorDataset:
     return ds if limit is None else TensorDataset(*(t[:limit] for t in ds.tensors))
 
 
@@ -144,12 +147,12 @@ def user_text_bundle(path: str | os.PathLike, tokenizer: Any, *, max_positions: 
     corpus = read_corpus(path, text_field=opts.text_field, split=opts.split)
     train = _blocks_or_error(token_stream(tokenizer, corpus.train), context, corpus.source)
     if corpus.heldout is None:
-        train, test = _split_blocks(train, corpus, opts)
+        train, test = split_heldout(train, corpus.source, opts)
         heldout = f"{opts.heldout_fraction:g} of the blocks, seed {opts.seed}"
     else:
         test = _blocks_or_error(token_stream(tokenizer, corpus.heldout), context, str(corpus.heldout_source))
         heldout = str(corpus.heldout_source)
-    return _bundle(Path(path), tokenizer, corpus, context, _limit(train, limit_train), _limit(test, limit_test),
+    return _bundle(Path(path), tokenizer, corpus, context, limit_rows(train, limit_train), limit_rows(test, limit_test),
                    {"context_length": context, "text_field": opts.text_field, "held_out": heldout})
 
 

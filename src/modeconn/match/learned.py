@@ -128,6 +128,19 @@ def learned_matching(
     return _Run(spec, model, sd_a, sd_b, loader, cfg, loss_fn, progress).run()
 
 
+def tied_aliases(model: nn.Module) -> dict[str, str]:
+    """Parameter names that share their tensor with an earlier one (tied weights, e.g. a masked LM's decoder and its
+    word embeddings) → that earlier name."""
+    first: dict[int, str] = {}
+    aliases = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in first:
+            aliases[name] = first[id(p)]
+        else:
+            first[id(p)] = name
+    return aliases
+
+
 class _Run:
     """One STE learned-matching call: setup (checks, proxy, initial permutation) → one :meth:`step` per Adam step →
     finish (the final projection)."""
@@ -145,6 +158,7 @@ class _Run:
         self.progress = reporter(progress, step_loss_legacy, what="learned matching")
         self.work = copy.deepcopy(model).to(self.device).train()
         param_keys = [k for k, _ in self.work.named_parameters()]
+        self.aliases = tied_aliases(self.work)
         self.a = {k: v.detach().to(torch.float32) if v.is_floating_point() else v.detach().clone() for k, v in sd_a.items()}
         self.b = {k: v.to(torch.float32) if v.is_floating_point() else v for k, v in sd_b.items()}
         self.proxy = {k: self.a[k].clone().requires_grad_(True) for k in param_keys}
@@ -175,8 +189,9 @@ class _Run:
             if k in self.proxy:
                 ste = self.proxy[k] + (bk.to(torch.float32) - self.proxy[k]).detach()
                 theta[k] = (1 - lam) * t + lam * ste
-            else:
+            elif k not in self.aliases:
                 theta[k] = torch.lerp(t, bk.to(torch.float32), lam) if t.is_floating_point() else t.clone()
+        theta.update({alias: theta[k] for alias, k in self.aliases.items()})  # tied: one tensor, one gradient
         return theta
 
     def step(self, step: int) -> None:
@@ -186,7 +201,8 @@ class _Run:
         lam = draw_lambda(cfg.lambda_schedule, cfg.lambda_value, cfg.lambda_width, self.gen, torch.float32)
         theta = self._path_point(lam)
         x, y, *_ = next(self.batches)
-        loss = self.loss_fn(functional_call(self.work, theta, (x.to(self.device),)), y.to(self.device))
+        loss = self.loss_fn(functional_call(self.work, theta, (x.to(self.device),), tie_weights=False),
+                            y.to(self.device))
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         self.opt.step()

@@ -15,7 +15,8 @@ from ..checkpoints import CHECKPOINT_KINDS
 COMMANDS = {"align": "align", "merge": "merge", "barrier": "pair", "path": "pair", "check": "check", "eval": "evaluate"}
 """Command → the checkpoint-kind operation it dispatches through."""
 
-_HF_DATA = "causal LMs on text (a registered text dataset or your corpus), image classifiers on your image folder"
+_HF_DATA = ("causal and masked LMs on text (a registered text dataset or your corpus), sequence classifiers on your "
+            "labelled texts, image classifiers on your image folder")
 NOTES = {
     ("modeconn", "align"): "weight, activation, learned (STE); language models also dual / one-sided",
     ("modeconn", "merge"): "every rule; --align weight / activation / none; BatchNorm reset / REPAIR; scored",
@@ -30,7 +31,8 @@ NOTES = {
     ("huggingface", "barrier"): _HF_DATA,
     ("huggingface", "path"): _HF_DATA,
     ("huggingface", "check"): _HF_DATA,
-    ("huggingface", "eval"): "loss and perplexity (causal LMs), accuracy (image classifiers); lm-eval tasks",
+    ("huggingface", "eval"): ("loss and perplexity (causal and masked LMs), accuracy (sequence and image "
+                              "classifiers); lm-eval tasks (causal LMs)"),
     ("absorbed", "barrier"): "dual-matched causal LMs on text",
     ("absorbed", "path"): "dual-matched causal LMs on text",
     ("absorbed", "check"): "dual-matched causal LMs on text",

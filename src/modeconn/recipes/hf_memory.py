@@ -1,11 +1,13 @@
 """Hugging Face models in memory: the alignment methods that read data (activation matching, learned STE matching)
-for ``align`` and ``merge --align``, on the data of the model's task (:data:`TASKS`): causal LMs on text — a
-registered text dataset or the user's corpus, tokenized with the checkpoint's own tokenizer
-(:func:`~.pair.hf_text_data`) —, image classifiers on the user's image folder with the checkpoint's own preprocessing;
-the data is read and checked before any weights.
+for ``align`` and ``merge --align``, barriers, paths, ``check`` and ``eval``, on the data of the model's task
+(:data:`TASKS`): causal LMs on text — a registered text dataset or the user's corpus, tokenized with the checkpoint's
+own tokenizer (:func:`~.pair.hf_text_data`) —, masked LMs on the same text as fixed masked blocks, sequence
+classifiers on the user's labelled texts (:mod:`modeconn.data.user_encoder`), image classifiers on the user's image
+folder with the checkpoint's own preprocessing; the data is read and checked before any weights.
 
 Both models are loaded in float32 and wrapped to map a batch of the data to logits
-(:class:`~modeconn.models.causal_lm.CausalLM`, :class:`~modeconn.models.vit.ViTClassifier`), their permutation spec
+(:class:`~modeconn.models.causal_lm.CausalLM`, :class:`~modeconn.models.encoder.MaskedLM`,
+:class:`~modeconn.models.encoder.SequenceClassifier`, :class:`~modeconn.models.vit.ViTClassifier`), their permutation spec
 traced through the Hugging Face adapters, and
 the result written as a stock Hugging Face checkpoint (``save_pretrained``, the source's tokenizer, processor and side
 files): ``from_pretrained`` loads it. The aligned B is checked to compute B's function; the merge is scored on the
@@ -57,15 +59,22 @@ def check_fits_in_memory(ckpts: list[Checkpoint], command: str, streaming: str |
                           f"({params:,} parameters in all), and {gib(free)} is available{alternative}")
 
 
+ARCHITECTURE_SUFFIXES = {"ForCausalLM": "causal_lm", "ForMaskedLM": "masked_lm",
+                         "ForSequenceClassification": "sequence_classifier",
+                         "ForImageClassification": "image_classifier"}
+"""The end of ``config.architectures[0]`` → the task it is read in memory as (:data:`TASKS`)."""
+
+
 def _task(ckpt: Checkpoint) -> str:
-    """``"causal_lm"`` or ``"image_classifier"`` from ``config.architectures``; ConfigError for another task."""
+    """The :data:`TASKS` entry of ``config.architectures``; ConfigError for another task."""
     arch = str((ckpt.config.get("architectures") or ["?"])[0])
-    for suffix, task in (("ForCausalLM", "causal_lm"), ("ForImageClassification", "image_classifier")):
+    for suffix, task in ARCHITECTURE_SUFFIXES.items():
         if arch.endswith(suffix):
             return task
-    raise ConfigError(f"{ckpt.path} is a {arch}: modeconn reads Hugging Face causal LMs (…ForCausalLM, with text) and "
-                      "image classifiers (…ForImageClassification, with an image folder) in memory; other tasks are "
-                      "aligned by streaming weight matching (--method weight), which reads no data")
+    raise ConfigError(f"{ckpt.path} is a {arch}: modeconn reads Hugging Face causal LMs and masked LMs (with text), "
+                      "sequence classifiers (with labelled text) and image classifiers (with an image folder) in "
+                      "memory; other tasks are aligned by streaming weight matching (--method weight), which reads "
+                      "no data")
 
 
 def _image_data(ckpts: list[Checkpoint], command: str, dataset: str | None, data, limit_train: int | None):
@@ -89,10 +98,58 @@ def _text_data(ckpts: list[Checkpoint], command: str, dataset: str | None, data,
     return hf_text_data(ckpts, command, dataset, data, limit_train)
 
 
+def _masked_text_data(ckpts: list[Checkpoint], command: str, dataset: str | None, data, limit_train: int | None):
+    """Masked-LM blocks (:mod:`modeconn.data.user_encoder`) of the user's corpus or a registered text dataset,
+    tokenized with the checkpoint's own tokenizer, masked with ``--seed``."""
+    import dataclasses
+
+    from ..data import user_data_options
+    from ..data.user_encoder import masked_context, masked_lm_bundle
+    from ..data.user_options import current_user_data_options
+    from ..data.user_text import load_checkpoint_tokenizer, max_positions
+    from .pair import text_blocks
+
+    tokenizer = load_checkpoint_tokenizer(ckpts[0].path)
+    opts = current_user_data_options()
+    inner = masked_context(tokenizer, max_positions(ckpts[0].config), opts.context_length)
+    with user_data_options(dataclasses.replace(opts, context_length=inner)):
+        blocks = text_blocks(ckpts, command, dataset, data, limit_train)
+    return masked_lm_bundle(blocks, tokenizer, opts.seed)
+
+
+def _labelled_text_data(ckpts: list[Checkpoint], command: str, dataset: str | None, data, limit_train: int | None):
+    """The user's labelled texts (``--text-field``, ``--label-field``) for sequence classifiers, tokenized with the
+    checkpoint's own tokenizer (:func:`modeconn.data.user_encoder.text_classification_bundle`)."""
+    from ..data import user_data_path
+    from ..data.user_encoder import text_classification_bundle
+    from ..data.user_options import current_user_data_options
+    from ..data.user_text import load_checkpoint_tokenizer
+
+    path = user_data_path(dataset)  # DataError for a path that does not exist
+    if path is None:
+        raise ConfigError(f"{command} reads Hugging Face sequence classifiers with your labelled texts (a .jsonl, "
+                          f".json, .csv, .parquet file or a saved dataset with text and label fields): pass --dataset "
+                          f"PATH (got {dataset!r})")
+    return text_classification_bundle(path, load_checkpoint_tokenizer(ckpts[0].path), ckpts[0].config,
+                                      options=current_user_data_options(), limit_train=limit_train)
+
+
 def _wrap_lm(model: nn.Module, bundle) -> nn.Module:
     from ..models.causal_lm import CausalLM
 
     return CausalLM.wrap(model, bundle.input_shape[0])
+
+
+def _wrap_masked_lm(model: nn.Module, bundle) -> nn.Module:
+    from ..models.encoder import MaskedLM
+
+    return MaskedLM(model, bundle.input_shape[0])
+
+
+def _wrap_text_classifier(model: nn.Module, bundle) -> nn.Module:
+    from ..models.encoder import SequenceClassifier
+
+    return SequenceClassifier(model, bundle.input_shape[0], bundle.pad_token_id)
 
 
 def _wrap_classifier(model: nn.Module, bundle) -> nn.Module:
@@ -101,7 +158,9 @@ def _wrap_classifier(model: nn.Module, bundle) -> nn.Module:
     return ViTClassifier.wrap(model, tuple(bundle.input_shape))
 
 
-TASKS = {"causal_lm": (_text_data, _wrap_lm, "lm"), "image_classifier": (_image_data, _wrap_classifier, "model")}
+TASKS = {"causal_lm": (_text_data, _wrap_lm, "lm"), "masked_lm": (_masked_text_data, _wrap_masked_lm, "lm"),
+         "sequence_classifier": (_labelled_text_data, _wrap_text_classifier, "model"),
+         "image_classifier": (_image_data, _wrap_classifier, "model")}
 """Hugging Face task → (its data, read and checked before any weights; the wrapper mapping a batch of that data to
 logits; the attribute of the wrapper holding the Hugging Face model)."""
 
@@ -125,7 +184,7 @@ def load_wrapped(ckpts: list[Checkpoint], bundle) -> list[nn.Module]:
     models = [c.load().float() for c in ckpts]
     for m in models[1:]:
         check_same_config(models[0], m)
-    if task == "causal_lm":
+    if task in ("causal_lm", "masked_lm"):
         check_vocabulary(ckpts[0], models[0], bundle)
     return [TASKS[task][1](m, bundle) for m in models]
 

@@ -53,21 +53,29 @@ def hf_text_data(ckpts, command: str, dataset: str | None, data, limit_train):
     corpus (a path) or a registered text dataset, tokenized with the first checkpoint's own tokenizer. ConfigError for
     another dataset or a checkpoint that is not a causal LM; DataError for a path that does not exist, a tokenizer
     that cannot be read, or bad data (:mod:`modeconn.data`)."""
+    archs = [(c.config.get("architectures") or ["?"])[0] for c in ckpts]
+    if not all(str(x).endswith("ForCausalLM") for x in archs):
+        raise ConfigError(f"{command} on Hugging Face checkpoints needs causal LMs (…ForCausalLM); got {archs}")
+    return text_blocks(ckpts, command, dataset, data, limit_train)
+
+
+def text_blocks(ckpts, command: str, dataset: str | None, data, limit_train):
+    """Blocks of the user's corpus or a registered text dataset, tokenized with the first checkpoint's own tokenizer
+    (:func:`hf_text_data`, without its causal-LM check); the block length is the current user-data options'
+    ``context_length``, else ``min(128, max_position_embeddings)``."""
     from ..data import TEXT_DATASETS, load_dataset, user_data_for_checkpoint, user_data_path
+    from ..data.user_options import current_user_data_options
     from ..data.user_text import context_length_for, load_fast_tokenizer, max_positions
 
     path = user_data_path(dataset)  # DataError for a path that does not exist
     if path is None and dataset not in TEXT_DATASETS:
-        raise ConfigError(f"{command} evaluates modeconn checkpoints (on their recorded dataset) or Hugging Face causal "
-                          f"LMs on a text dataset: pass --dataset {' or '.join(TEXT_DATASETS.names())} or the path of "
-                          f"your corpus (got {dataset!r})")
-    archs = [(c.config.get("architectures") or ["?"])[0] for c in ckpts]
-    if not all(str(x).endswith("ForCausalLM") for x in archs):
-        raise ConfigError(f"{command} on Hugging Face checkpoints needs causal LMs (…ForCausalLM); got {archs}")
+        raise ConfigError(f"{command} evaluates modeconn checkpoints (on their recorded dataset) or Hugging Face "
+                          f"language models on a text dataset: pass --dataset {' or '.join(TEXT_DATASETS.names())} or "
+                          f"the path of your corpus (got {dataset!r})")
     if path is not None:
         return user_data_for_checkpoint(ckpts[0].path, ckpts[0].config, path, limit_train=limit_train)
     tokenizer = load_fast_tokenizer(ckpts[0].path)  # tokenizer.json, SentencePiece or BPE files; else DataError
-    context = context_length_for(max_positions(ckpts[0].config), None)
+    context = context_length_for(max_positions(ckpts[0].config), current_user_data_options().context_length)
     return load_dataset(dataset, data, limit_train=limit_train, tokenizer=tokenizer, context_length=context)
 
 
