@@ -11,7 +11,7 @@ import torch
 import transformers as T
 from cli_runner import run_cli
 from hf_tiny import randomize
-from user_data_fixtures import tiny_llamas
+from user_data_fixtures import tiny_causal_lms, tiny_llamas
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 T.logging.set_verbosity_error()
@@ -150,3 +150,20 @@ def test_eval_scores_an_image_classifier_on_its_image_folder(vits, tmp_path):
     assert r["test"]["n"] == 30 and 0 <= r["test"]["acc"] <= 1 and "perplexity" not in r["test"]
     bad = run_cli("eval", dirs[0], "--tasks", "x", "--out", tmp_path / "e2", ok=False)
     assert bad.exit_code == 2
+
+
+@pytest.mark.parametrize("family", ["qwen2", "gpt_neox"])
+def test_other_causal_lm_families_align_merge_barrier_check_and_eval(family, tmp_path):
+    """The in-memory commands on Qwen2 (Q/K/V biases, GQA) and GPT-NeoX (fused per-head QKV, partial rotary, parallel
+    residual) causal LMs with the user's corpus: the aligned B computes B, the merge with weights 1,0 computes A."""
+    dirs, corpus = tiny_causal_lms(tmp_path / "lms", family)
+    run_cli("align", *dirs, "--method", "activation", "--dataset", corpus, "--out", tmp_path / "out")
+    ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(_logits(tmp_path / "out", ids), _logits(dirs[1], ids), atol=1e-4, rtol=1e-4)
+    run_cli("merge", *dirs, "--align", "activation", "--weights", "1,0", "--dataset", corpus, "--out", tmp_path / "a")
+    torch.testing.assert_close(_logits(tmp_path / "a", ids), _logits(dirs[0], ids), atol=1e-4, rtol=1e-4)
+    run_cli("barrier", *dirs, "--dataset", corpus, "--method", "naive", "--method", "activation", "--lambdas", "3",
+            "--out", tmp_path / "b")
+    run_cli("check", *dirs, "--dataset", corpus, "--max-batches", "1", "--out", tmp_path / "c")
+    run_cli("eval", tmp_path / "a", "--dataset", corpus, "--out", tmp_path / "e")
+    assert json.loads((tmp_path / "e" / "results.json").read_text())["test"]["perplexity"] > 1

@@ -59,9 +59,24 @@ def write_pngs(root: Path, images: np.ndarray, labels: np.ndarray, names: list[s
     return root
 
 
-def tiny_llamas(root: Path) -> tuple[list[Path], Path]:
-    """Two random tiny Llamas sharing a SentencePiece ``tokenizer.model`` (no ``tokenizer.json``), and a ``.jsonl``
-    corpus: ``([dir A, dir B], corpus)``."""
+def _causal_config(family: str):
+    import transformers as T
+
+    common = dict(num_hidden_layers=2, vocab_size=64, max_position_embeddings=32, bos_token_id=1, eos_token_id=2)
+    configs = {
+        "llama": lambda: T.LlamaConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+                                       intermediate_size=64, **common),
+        "qwen2": lambda: T.Qwen2Config(hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+                                       intermediate_size=64, **common),
+        "gpt_neox": lambda: T.GPTNeoXConfig(hidden_size=32, num_attention_heads=4, intermediate_size=64,
+                                            rotary_pct=0.5, **common),
+    }
+    return configs[family]()
+
+
+def tiny_causal_lms(root: Path, family: str = "llama") -> tuple[list[Path], Path]:
+    """Two random tiny causal LMs of ``family`` (llama, qwen2, gpt_neox) sharing a SentencePiece ``tokenizer.model``
+    (no ``tokenizer.json``), and a ``.jsonl`` corpus: ``([dir A, dir B], corpus)``."""
     import shutil
 
     import torch
@@ -70,13 +85,12 @@ def tiny_llamas(root: Path) -> tuple[list[Path], Path]:
     from hf_tiny import randomize
 
     sp = sentencepiece_dir(root / "sp", "\n".join(sentences(200)))
-    cfg = T.LlamaConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
-                        num_hidden_layers=2, vocab_size=64, max_position_embeddings=32, bos_token_id=1, eos_token_id=2)
+    cfg = _causal_config(family)
     dirs = []
     for seed in (0, 1):
         torch.manual_seed(seed)
         d = root / f"lm{seed}"
-        randomize(T.LlamaForCausalLM(cfg), seed).save_pretrained(d)
+        randomize(T.AutoModelForCausalLM.from_config(cfg), seed).save_pretrained(d)
         for f in sp.iterdir():
             shutil.copy(f, d / f.name)
         assert not (d / "tokenizer.json").exists()
@@ -84,6 +98,12 @@ def tiny_llamas(root: Path) -> tuple[list[Path], Path]:
     corpus = root / "corpus.jsonl"
     corpus.write_text("\n".join(json.dumps({"text": t, "n": i}) for i, t in enumerate(sentences(150, seed=5))))
     return dirs, corpus
+
+
+def tiny_llamas(root: Path) -> tuple[list[Path], Path]:
+    """Two random tiny Llamas sharing a SentencePiece ``tokenizer.model`` (no ``tokenizer.json``), and a ``.jsonl``
+    corpus: ``([dir A, dir B], corpus)``."""
+    return tiny_causal_lms(root, "llama")
 
 
 ENCODER_LABELS = ("calm", "busy", "odd")

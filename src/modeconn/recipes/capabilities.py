@@ -2,7 +2,7 @@
 operations (:mod:`modeconn.checkpoints`) so that it cannot claim what the code does not do.
 
 A cell is supported when the kind has the command's operation (its own, or the generic in-memory one); its text is
-:data:`NOTES`' entry, and :data:`TESTED_BY` names the test that runs it through the command line on tiny real models.
+:data:`NOTES`' entry, and :data:`TESTED_BY` names the tests that run it through the command line on tiny real models.
 A cell without the operation is refused, for the reason :data:`REFUSED` states (the command's error names the kinds it
 reads). ``tests/test_capabilities.py`` holds all three to the code.
 """
@@ -54,19 +54,27 @@ REFUSED = {
 """Why a command refuses a kind (the cells without the operation)."""
 
 _TIMM = "tests/test_checkpoint_kinds_timm_torchvision.py"
-TESTED_BY = {
+_HF_FAMILIES = "tests/test_hf_in_memory.py::test_other_causal_lm_families_align_merge_barrier_check_and_eval"
+_ENCODERS = "tests/test_hf_encoders.py::test_merge_barrier_check_eval_and_path_on_an_encoder"
+_ENCODERS_ALIGN = "tests/test_hf_encoders.py::test_align_an_encoder_writes_a_stock_checkpoint_computing_b"
+TESTED_BY: dict[tuple[str, str], str | tuple[str, ...]] = {
     ("modeconn", "align"): "tests/test_cli.py::test_train_barrier_align_merge",
     ("modeconn", "merge"): "tests/test_cli.py::test_train_barrier_align_merge",
     ("modeconn", "barrier"): "tests/test_cli.py::test_train_barrier_align_merge",
     ("modeconn", "path"): "tests/test_paths_cli.py::test_every_method_through_the_cli_gives_a_saved_path_with_the_checkpoints_as_endpoints",
     ("modeconn", "check"): "tests/test_user_data_cli.py::test_modeconn_checkpoints_on_an_image_folder",
     ("modeconn", "eval"): "tests/test_eval.py::test_a_modeconn_checkpoint_is_scored_on_its_recorded_dataset",
-    ("huggingface", "align"): "tests/test_hf_in_memory.py::test_align_in_memory_writes_a_stock_checkpoint_computing_b",
-    ("huggingface", "merge"): "tests/test_hf_in_memory.py::test_merge_align_activation_on_a_corpus_then_eval_and_check",
-    ("huggingface", "barrier"): "tests/test_hf_in_memory.py::test_image_classifiers_in_memory_on_an_image_folder",
-    ("huggingface", "path"): "tests/test_user_data_cli.py::test_path_on_a_jsonl_corpus",
-    ("huggingface", "check"): "tests/test_check_hf.py::test_check_reads_hugging_face_causal_lms_and_recognises_a_permuted_copy",
-    ("huggingface", "eval"): "tests/test_eval.py::test_lm_eval_scores_through_modeconn_equal_lm_evals_own_entry_point",
+    ("huggingface", "align"): ("tests/test_hf_in_memory.py::test_align_in_memory_writes_a_stock_checkpoint_computing_b",
+                               _HF_FAMILIES, _ENCODERS_ALIGN),
+    ("huggingface", "merge"): ("tests/test_hf_in_memory.py::test_merge_align_activation_on_a_corpus_then_eval_and_check",
+                               _HF_FAMILIES, _ENCODERS),
+    ("huggingface", "barrier"): ("tests/test_hf_in_memory.py::test_image_classifiers_in_memory_on_an_image_folder",
+                                 _HF_FAMILIES, _ENCODERS),
+    ("huggingface", "path"): ("tests/test_user_data_cli.py::test_path_on_a_jsonl_corpus", _ENCODERS),
+    ("huggingface", "check"): ("tests/test_check_hf.py::test_check_reads_hugging_face_causal_lms_and_recognises_a_permuted_copy",
+                               _HF_FAMILIES, _ENCODERS),
+    ("huggingface", "eval"): ("tests/test_eval.py::test_lm_eval_scores_through_modeconn_equal_lm_evals_own_entry_point",
+                              _HF_FAMILIES, _ENCODERS),
     ("absorbed", "barrier"): "tests/test_dual_hf.py::test_dual_matching_of_hugging_face_causal_lms_through_the_cli",
     ("absorbed", "path"): "tests/test_dual_hf.py::test_dual_matching_of_hugging_face_causal_lms_through_the_cli",
     ("absorbed", "check"): "tests/test_dual_hf.py::test_dual_matching_of_hugging_face_causal_lms_through_the_cli",
@@ -84,7 +92,7 @@ TESTED_BY = {
     ("torchvision", "check"): f"{_TIMM}::test_check_on_torchvision",
     ("torchvision", "eval"): f"{_TIMM}::test_barrier_and_eval_on_torchvision_and_eval_on_timm",
 }
-"""The test that runs each supported cell through the command line."""
+"""The test (or tests: one per model family or task) that runs each supported cell through the command line."""
 
 
 def table() -> list[dict[str, object]]:
