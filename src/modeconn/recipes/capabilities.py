@@ -55,6 +55,7 @@ REFUSED = {
 
 _TIMM = "tests/test_checkpoint_kinds_timm_torchvision.py"
 _HF_FAMILIES = "tests/test_hf_in_memory.py::test_other_causal_lm_families_align_merge_barrier_check_and_eval"
+_VIT = "tests/test_hf_in_memory.py::test_image_classifiers_in_memory_on_an_image_folder"
 _ENCODERS = "tests/test_hf_encoders.py::test_merge_barrier_check_eval_and_path_on_an_encoder"
 _ENCODERS_ALIGN = "tests/test_hf_encoders.py::test_align_an_encoder_writes_a_stock_checkpoint_computing_b"
 TESTED_BY: dict[tuple[str, str], str | tuple[str, ...]] = {
@@ -65,16 +66,16 @@ TESTED_BY: dict[tuple[str, str], str | tuple[str, ...]] = {
     ("modeconn", "check"): "tests/test_user_data_cli.py::test_modeconn_checkpoints_on_an_image_folder",
     ("modeconn", "eval"): "tests/test_eval.py::test_a_modeconn_checkpoint_is_scored_on_its_recorded_dataset",
     ("huggingface", "align"): ("tests/test_hf_in_memory.py::test_align_in_memory_writes_a_stock_checkpoint_computing_b",
-                               _HF_FAMILIES, _ENCODERS_ALIGN),
+                               _HF_FAMILIES, _ENCODERS_ALIGN, _VIT),
     ("huggingface", "merge"): ("tests/test_hf_in_memory.py::test_merge_align_activation_on_a_corpus_then_eval_and_check",
-                               _HF_FAMILIES, _ENCODERS),
-    ("huggingface", "barrier"): ("tests/test_hf_in_memory.py::test_image_classifiers_in_memory_on_an_image_folder",
-                                 _HF_FAMILIES, _ENCODERS),
+                               _HF_FAMILIES, _ENCODERS, _VIT),
+    ("huggingface", "barrier"): (_VIT, _HF_FAMILIES, _ENCODERS),
     ("huggingface", "path"): ("tests/test_user_data_cli.py::test_path_on_a_jsonl_corpus", _ENCODERS),
     ("huggingface", "check"): ("tests/test_check_hf.py::test_check_reads_hugging_face_causal_lms_and_recognises_a_permuted_copy",
-                               _HF_FAMILIES, _ENCODERS),
+                               _HF_FAMILIES, _ENCODERS, _VIT),
     ("huggingface", "eval"): ("tests/test_eval.py::test_lm_eval_scores_through_modeconn_equal_lm_evals_own_entry_point",
-                              _HF_FAMILIES, _ENCODERS),
+                              _HF_FAMILIES, _ENCODERS,
+                              "tests/test_hf_in_memory.py::test_eval_scores_an_image_classifier_on_its_image_folder"),
     ("absorbed", "barrier"): "tests/test_dual_hf.py::test_dual_matching_of_hugging_face_causal_lms_through_the_cli",
     ("absorbed", "path"): "tests/test_dual_hf.py::test_dual_matching_of_hugging_face_causal_lms_through_the_cli",
     ("absorbed", "check"): "tests/test_dual_hf.py::test_dual_matching_of_hugging_face_causal_lms_through_the_cli",
