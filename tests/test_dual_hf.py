@@ -165,3 +165,35 @@ def test_sharded_two_processes_equal_one_process_on_a_hugging_face_pair(tokenize
     delta = max(float((one[k] - two[k]).abs().max()) for k in one)
     assert delta <= 1e-4, delta
     assert json.loads((tmp_path / "two" / "alignment.json").read_text())["world_size"] == 2
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_merge_align_dual_writes_a_scored_merge_and_weights_one_zero_compute_a(family, tokenizer, tmp_path):
+    """`merge --align dual`: the two dual-matched endpoints merged in the absorbed space, scored and written as the
+    family can hold it (stock / absorbed); with weights 1,0 the merge is the transformed A, which computes A — a merge
+    of untransformed weights or of the wrong side would not."""
+    dirs = _pair(tmp_path, family, tokenizer)
+    common = ["--align", "dual", "--dataset", "austen", "-o", "steps=2", "--limit-train", "32"]
+    res = run_cli("merge", *dirs, *common, "--out", tmp_path / "m")
+    record = json.loads((tmp_path / "m" / "merge.json").read_text())
+    assert record["align"] == "dual" and record["format"] == FORMAT[family] and record["test"]["perplexity"] > 1
+    assert "perplexity" in res.output
+    run_cli("eval", tmp_path / "m", "--dataset", "austen", "--limit-train", "32", "--out", tmp_path / "e")
+    scored = json.loads((tmp_path / "e" / "results.json").read_text())["test"]
+    assert scored["loss"] == pytest.approx(record["test"]["loss"], rel=1e-4)  # the written merge is the scored one
+    run_cli("merge", *dirs, *common, "--weights", "1,0", "--out", tmp_path / "a")
+    ids = torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        ref = T.AutoModelForCausalLM.from_pretrained(dirs[0]).eval()(input_ids=ids).logits
+        got = _load(tmp_path / "a", FORMAT[family])(input_ids=ids).logits
+    assert (got - ref).abs().max() <= 1e-3 * max(1.0, float(ref.abs().max()))
+
+
+def test_merge_align_dual_refuses_three_models_and_dtype(tokenizer, tmp_path):
+    dirs = _pair(tmp_path, "llama", tokenizer)
+    res = run_cli("merge", *dirs, dirs[0], "--align", "dual", "--dataset", "austen", "--out", tmp_path / "o", ok=False)
+    assert res.exit_code == 2 and "two language models" in res.output, res.output
+    res = run_cli("merge", *dirs, "--align", "dual", "--dataset", "austen", "--dtype", "bfloat16",
+                  "--out", tmp_path / "o", ok=False)
+    assert res.exit_code == 2 and "--dtype" in res.output, res.output
+    assert not (tmp_path / "o").exists()

@@ -24,7 +24,8 @@ def _align_help() -> str:
     from ..recipes.merge_plan import align_choices
 
     return ("align every model to the first: " + ", ".join(align_choices()) + " (Hugging Face checkpoints: weight "
-            "or none); -o sets the method's options")
+            "or none streamed, activation in memory, dual / one-sided for two causal LMs); -o sets the method's "
+            "options")
 
 
 @app.command(cls=live_help(align_method=_align_help, rule=_rule_help))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -190,34 +190,17 @@ def align_lm_checkpoints(ma: nn.Module, mb: nn.Module, bundle, out: Path, config
     ConfigError for a non-empty ``out`` without ``overwrite`` (rank 0, before any work)."""
     from contextlib import nullcontext
 
-    from ..match import dual_matching, one_sided_matching, weight_matching
     from ..match.distributed import barrier, current_rank
-    from ..symmetry import absorb_normalization
-    from ..symmetry.hf import check_same_config, hf_symmetry_spec
 
-    check_same_config(ma, mb)
     writer = current_rank() == 0
     log = log if writer else _silent
     with output_directory(out, overwrite) if writer else nullcontext() as tmp:
         t0 = time.perf_counter()
-        abs_a, abs_b = absorb_normalization(ma), absorb_normalization(mb)
-        sa, sb = abs_a.state_dict(), abs_b.state_dict()
-        spec = hf_symmetry_spec(abs_a, groups=GROUPS)
-        wm_options = {k: v for k, v in (("restarts", restarts), ("max_iter", max_iter)) if v is not None}
-        seed = config.seed
-        wm = weight_matching(spec, sa, sb, seed=seed, **wm_options)
-        log(f"weight matching: objective {wm.objective:.4f} ({len(spec.spaces)} spaces)")
-        loader = make_loader(bundle.train, batch_size, shuffle=True, seed=seed)
-        fn = dual_matching if method == "dual" else one_sided_matching
-        on_device = [{k: v.to(device) for k, v in sd.items()} for sd in (sa, sb)]
-        res = fn(spec, abs_a, *on_device, loader, config, weight_alignment=wm, progress=progress, shard=shard)
-        checks = _write_aligned(tmp, res, (ma, mb), (abs_a, abs_b), (sa, sb), bundle.train.tensors[0][:2],
+        run = learn_transforms(ma, mb, bundle, config, method=method, batch_size=batch_size, progress=progress,
+                               log=log, device=device, shard=shard, restarts=restarts, max_iter=max_iter)
+        checks = _write_aligned(tmp, run.result, (ma, mb), run.absorbed, run.state_dicts, bundle.train.tensors[0][:2],
                                 sources) if writer else {}
-        record = {"method": method, "one_sided": method != "dual", "groups": GROUPS, "spaces": list(spec.spaces),
-                  "options": {**config.model_dump(exclude={"one_sided", "checkpoint_every"}),
-                              "batch_size": batch_size, "shard": shard, "device": str(device), **wm_options},
-                  "world_size": res.stats["world_size"], "wm_objective": wm.objective, "objective": res.objective,
-                  "first_loss": float(res.history[0][0]) if res.history and res.history[0] else None,
+        record = {**run.record(method, batch_size, shard, device),
                   "max_logit_change_after_reload": {side: c["max_abs_diff"] for side, c in checks.items()},
                   "formats": {side: c["format"] for side, c in checks.items()}, "seconds": time.perf_counter() - t0,
                   "files": {"a": "a/", "b": "b/", "transforms": "transforms.safetensors"}}
@@ -225,6 +208,57 @@ def align_lm_checkpoints(ma: nn.Module, mb: nn.Module, bundle, out: Path, config
             write_json(tmp / "alignment.json", record, nan="null", default=str)
     barrier()
     return record
+
+
+@dataclass
+class LearnedRun:
+    """Both endpoints absorbed (``absorbed``, their ``state_dicts``), the full-group ``spec`` (:data:`GROUPS`), the
+    weight matching that started the learned matching (``wm``, with its ``wm_options``) and the learned ``result``
+    (:class:`~modeconn.match.DualAlignment`: ``apply_a`` / ``apply_b``)."""
+
+    absorbed: tuple[nn.Module, nn.Module]
+    state_dicts: tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]
+    spec: Any
+    wm: Any
+    wm_options: dict[str, int]
+    config: DualMatchingConfig
+    result: Any
+
+    def record(self, method: str, batch_size: int, shard: bool, device) -> dict[str, Any]:
+        """What ``alignment.json`` (and a merge's record) says about the run."""
+        res = self.result
+        return {"method": method, "one_sided": method != "dual", "groups": GROUPS, "spaces": list(self.spec.spaces),
+                "options": {**self.config.model_dump(exclude={"one_sided", "checkpoint_every"}),
+                            "batch_size": batch_size, "shard": shard, "device": str(device), **self.wm_options},
+                "world_size": res.stats["world_size"], "wm_objective": self.wm.objective, "objective": res.objective,
+                "first_loss": float(res.history[0][0]) if res.history and res.history[0] else None}
+
+    def transformed(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """Both absorbed endpoints' state dicts with their learned transforms applied."""
+        return self.result.apply_a(self.state_dicts[0]), self.result.apply_b(self.state_dicts[1])
+
+
+def learn_transforms(ma: nn.Module, mb: nn.Module, bundle, config: DualMatchingConfig, *, method: str,
+                     batch_size: int, progress=None, log: Log = print, device: str | torch.device = "cpu",
+                     shard: bool = False, restarts: int | None = None, max_iter: int | None = None) -> LearnedRun:
+    """Absorb both models, bind :data:`GROUPS`, weight-match, and learn the transforms (``method``: ``"dual"`` or
+    ``"learned"`` = one-sided) on ``bundle``'s training split (see :func:`align_lm_checkpoints` for the options)."""
+    from ..match import dual_matching, one_sided_matching, weight_matching
+    from ..symmetry import absorb_normalization
+    from ..symmetry.hf import check_same_config, hf_symmetry_spec
+
+    check_same_config(ma, mb)
+    abs_a, abs_b = absorb_normalization(ma), absorb_normalization(mb)
+    sa, sb = abs_a.state_dict(), abs_b.state_dict()
+    spec = hf_symmetry_spec(abs_a, groups=GROUPS)
+    wm_options = {k: v for k, v in (("restarts", restarts), ("max_iter", max_iter)) if v is not None}
+    wm = weight_matching(spec, sa, sb, seed=config.seed, **wm_options)
+    log(f"weight matching: objective {wm.objective:.4f} ({len(spec.spaces)} spaces)")
+    loader = make_loader(bundle.train, batch_size, shuffle=True, seed=config.seed)
+    fn = dual_matching if method == "dual" else one_sided_matching
+    on_device = [{k: v.to(device) for k, v in sd.items()} for sd in (sa, sb)]
+    res = fn(spec, abs_a, *on_device, loader, config, weight_alignment=wm, progress=progress, shard=shard)
+    return LearnedRun((abs_a, abs_b), (sa, sb), spec, wm, wm_options, config, res)
 
 
 def _silent(_: str) -> None:
@@ -244,7 +278,7 @@ def _write_aligned(tmp: Path, res, models, absorbed, state_dicts, x: torch.Tenso
                                                            (res.apply_a, res.apply_b), strict=True)):
         m = copy.deepcopy(base)
         m.load_state_dict(apply(sd))
-        fmt, reloaded = _save_endpoint(m, tmp / side, sources[i] if sources is not None else None)
+        fmt, reloaded = save_endpoint(m, tmp / side, sources[i] if sources is not None else None)
         with torch.no_grad():
             ref = model.eval()(x)
             got = reloaded(input_ids=x).logits
@@ -258,18 +292,23 @@ def _write_aligned(tmp: Path, res, models, absorbed, state_dicts, x: torch.Tenso
     return checks
 
 
-def _save_endpoint(model: nn.Module, out: Path, source: Path | None) -> tuple[str, nn.Module]:
+def save_endpoint(model: nn.Module, out: Path, source: Path | None, *, into_staging: bool = False
+                  ) -> tuple[str, nn.Module]:
     """Write one transformed endpoint to ``out``: a stock checkpoint (``from_pretrained`` loads it) with ``source``'s
-    side files where a stock model represents it, else an absorbed checkpoint. Returns the format and the reloaded
-    model."""
+    side files where a stock model represents it, else an absorbed checkpoint. ``into_staging``: ``out`` is a staging
+    directory modeconn made (:func:`~modeconn.experiments.output.output_directory`), written into as it is. Returns the
+    format and the reloaded model."""
     import shutil
 
     from ..io.hf import side_files
     from ..symmetry import load_absorbed, save_absorbed
+    from ..symmetry.absorb import write_absorbed_files
     from ..symmetry.absorb_export import stock_model
 
     stock = stock_model(model) if source is not None else None
-    if stock is None:
+    if stock is None and into_staging:
+        write_absorbed_files(model, out)
+    elif stock is None:
         save_absorbed(model, out)
     else:
         stock.save_pretrained(out)

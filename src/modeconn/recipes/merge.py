@@ -88,9 +88,9 @@ def check_merge_scope(given: MergeOptions, plan: MergePlan, first: Checkpoint) -
 
 def _hf_scope(plan: MergePlan, first: Checkpoint) -> tuple[set[str], str, dict[str, str]]:
     opts = plan.opts
-    if plan.align is not None and plan.align.needs_data:  # in memory, on text (recipes.hf_memory)
-        return ({"dataset", "data", "limit_train"}, f"merging Hugging Face causal LMs in memory (--align {opts.align}, "
-                f"--rule {opts.rule}) on text", IN_MEMORY_EXCLUDED)
+    if plan.align is not None and plan.align.needs_data:  # in memory, on data (recipes.hf_memory, recipes.merge_lm)
+        return ({"dataset", "data", "limit_train"}, f"merging Hugging Face models in memory (--align {opts.align}, "
+                f"--rule {opts.rule}) on their data", IN_MEMORY_EXCLUDED)
     return ({"dtype", "device"}, f"merging Hugging Face checkpoints (--align {opts.align}, --rule {opts.rule}), done "
             "without data", {})
 
@@ -104,6 +104,11 @@ def _in_memory_scope(plan: MergePlan, first: Checkpoint) -> tuple[set[str], str,
 
 def _merge_in_memory(ckpts: list[Checkpoint], out: Path, plan: MergePlan, progress, log: Log) -> Outcome:
     from .merge_modeconn import merge_in_memory
+
+    if plan.align is not None and plan.align.needs_continuous:
+        from .merge_lm import merge_lm
+
+        return merge_lm(ckpts, out, plan, progress, log)
 
     if plan.dtype is not None or plan.out_dtype is not None:
         raise ConfigError(f"--dtype / dtype apply to Hugging Face checkpoints; {ckpts[0].kind.label} checkpoints keep "
@@ -120,9 +125,12 @@ def _merge_hf(ckpts: list[Checkpoint], out: Path, plan: MergePlan, progress, log
 
     if plan.align is not None and plan.align.needs_data:
         from .hf_memory import check_no_dtype, check_text_given, merge_in_memory
+        from .merge_lm import merge_lm
 
         check_text_given(plan.opts.dataset, "--align", plan.opts.align, "--align 'weight' or 'none' merge")
         check_no_dtype(plan)
+        if plan.align.needs_continuous:
+            return merge_lm(ckpts, out, plan, progress, log)
         return merge_in_memory(ckpts, out, plan, log)
     check_single_process()
 

@@ -70,9 +70,9 @@ class MergePlan:
 
 
 def align_choices() -> tuple[str, ...]:
-    """``--align`` values, read from the registry when asked: the methods that do not train on the models, and
-    ``none``."""
-    return (*command_line_methods(learns=False), "none")
+    """``--align`` values, read from the registry when asked: the methods that do not train on the models, those that
+    learn continuous transforms of language models (dual, one-sided: :mod:`~.merge_lm`), and ``none``."""
+    return (*command_line_methods(learns=False), *command_line_methods(continuous=True), "none")
 
 
 def plan_merge(models: Sequence[Path], opts: MergeOptions) -> MergePlan:

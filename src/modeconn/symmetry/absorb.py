@@ -275,19 +275,35 @@ def save_absorbed(model: nn.Module, directory: str | os.PathLike, *, overwrite: 
     Raises ConfigError if the model was not produced by :func:`absorb_normalization`; CheckpointError for a target
     that may not be written.
     """
-    from ..io import atomic_directory, save_state_dict
-    from ..io.lazy import ABSORBED_STEM, weight_names
+    from ..io import atomic_directory
 
+    _absorbed_hf(model)  # refused before the directory is touched
+    with atomic_directory(directory, overwrite, "absorbed checkpoint", command="save_absorbed") as tmp:
+        write_absorbed_files(model, tmp)
+    return Path(directory)
+
+
+def _absorbed_hf(model: nn.Module) -> tuple[nn.Module, Any]:
+    """``(the Hugging Face model, its absorption note)``; ConfigError if it was not absorbed."""
     _, hf = _require_hf(model)
     note = getattr(hf.config, ABSORBED_KEY, None)
     if not note:
         raise ConfigError(f"{type(hf).__name__} is not an absorbed model (config has no {ABSORBED_KEY!r}); "
                           "use save_pretrained for ordinary models")
+    return hf, note
+
+
+def write_absorbed_files(model: nn.Module, directory: str | os.PathLike) -> None:
+    """The files of an absorbed checkpoint (:func:`save_absorbed`) written into ``directory`` as it is — a staging
+    directory the caller made and publishes atomically (e.g. a merge's output). ConfigError if the model was not
+    produced by :func:`absorb_normalization`."""
+    from ..io import save_state_dict
+    from ..io.lazy import ABSORBED_STEM, weight_names
+
+    hf, note = _absorbed_hf(model)
     cfg = absorbed_config_json(hf.config.to_dict(), note, type(hf).__name__, recorded_name(hf.config.name_or_path))
-    with atomic_directory(directory, overwrite, "absorbed checkpoint", command="save_absorbed") as tmp:
-        write_json(tmp / "config.json", cfg, sort_keys=True, default=str)
-        save_state_dict(tmp / weight_names(ABSORBED_STEM)[0], hf.state_dict(), {"modeconn": ABSORBED_KEY})
-    return Path(directory)
+    write_json(Path(directory) / "config.json", cfg, sort_keys=True, default=str)
+    save_state_dict(Path(directory) / weight_names(ABSORBED_STEM)[0], hf.state_dict(), {"modeconn": ABSORBED_KEY})
 
 
 def absorption_record(st: Structure) -> dict[str, Any]:
