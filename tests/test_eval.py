@@ -176,3 +176,36 @@ def test_a_non_finite_score_is_an_error_not_a_result():
         _scores({"word_perplexity,none": float("inf")}, "t")
     with pytest.raises(NonFiniteError, match="'acc'"):
         _scores({"acc,none": float("nan")}, "t")
+
+
+@pytest.mark.slow
+def test_merge_eval_scores_the_written_merge_into_merge_json_and_the_card(lm_dir, tasks_dir, tmp_path):
+    """`merge --eval TASKS`: the merge as written is scored (the same scores `eval --tasks` gives on it), and the
+    scores are in merge.json and the model card."""
+    import shutil
+
+    from hf_tiny import randomize
+
+    other = tmp_path / "other"
+    shutil.copytree(lm_dir, other)
+    randomize(T.GPTNeoXForCausalLM.from_pretrained(other), 1).save_pretrained(other)
+    res = run_cli("merge", lm_dir, other, "--align", "none", "--eval", "tiny_mc", "--include-path", tasks_dir,
+                  "--out", tmp_path / "m")
+    assert "lm-eval tiny_mc" in res.output
+    scores = json.loads((tmp_path / "m" / "merge.json").read_text())["lm_eval"]["tasks"]["tiny_mc"]
+    assert "lm-eval tiny\\_mc: acc" in (tmp_path / "m" / "README.md").read_text()
+    run_cli("eval", tmp_path / "m", "--tasks", "tiny_mc", "--include-path", tasks_dir, "--out", tmp_path / "e")
+    assert _results(tmp_path / "e")["lm_eval"]["tasks"]["tiny_mc"] == pytest.approx(scores)
+
+
+def test_merge_eval_is_refused_before_any_work_where_it_cannot_apply(lm_dir, tasks_dir, tmp_path):
+    run_cli("train", "--out", tmp_path / "m", "--dataset", "digits", "--epochs", "1", "-m", "width=8", "-m", "depth=1")
+    res = run_cli("merge", tmp_path / "m", tmp_path / "m", "--eval", "tiny_mc", "--include-path", tasks_dir,
+                  "--out", tmp_path / "o", ok=False)
+    assert res.exit_code == 2 and "causal LMs" in res.output and not (tmp_path / "o").exists(), res.output
+    res = run_cli("merge", lm_dir, lm_dir, "--align", "none", "--eval", "no_such_task", "--include-path", tasks_dir,
+                  "--out", tmp_path / "o", ok=False)
+    assert res.exit_code == 2 and "no_such_task" in res.output and not (tmp_path / "o").exists(), res.output
+    res = run_cli("merge", lm_dir, lm_dir, "--align", "none", "--include-path", tasks_dir, "--out", tmp_path / "o",
+                  ok=False)
+    assert res.exit_code == 2 and "--include-path" in res.output and "--eval" in res.output, res.output

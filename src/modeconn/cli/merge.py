@@ -62,6 +62,11 @@ def merge(
     max_iter: int | None = typer.Option(None, min=1, help=MAX_ITER_HELP),
     overwrite: bool = typer.Option(False, help=OVERWRITE_HELP),
     device: str | None = typer.Option(None, help=DEVICE_HELP),
+    eval_tasks: str | None = typer.Option(None, "--eval", help="Hugging Face causal LMs: score the written merge on "
+                                          "these comma-separated lm-evaluation-harness tasks (merge.json, model card; "
+                                          "pip install 'modeconn\\[eval]')"),
+    include_path: Path | None = typer.Option(None, help="--eval: a directory of local lm-eval task YAML files (a task "
+                                             "may run Python it names: point this only at tasks you trust)"),
 ) -> None:
     """Merge two or more checkpoints into one.
 
@@ -84,7 +89,9 @@ def merge(
                         normalize=normalize, rule=rule, align=align_method, bn=bn, dataset=dataset, data=data,
                         limit_train=limit_train, seed=seed, restarts=restarts, max_iter=max_iter,
                         overwrite=overwrite, base=base, params=tuple(param), dtype=dtype, config=config,
-                        device=device, options=parse_kv(option, "--option"))
+                        device=device, options=parse_kv(option, "--option"),
+                        eval_tasks=tuple(t.strip() for t in (eval_tasks or "").split(",") if t.strip()),
+                        include_path=include_path)
     with errors_exit(), user_data(dataset, split, text_field, context_length, seed, label_field), progress_bar() as progress:
         outcome = run_merge(models or [], out, opts, progress=progress, log=log,
                             note=lambda s: console.print(f"note: {s}"))

@@ -27,7 +27,7 @@ NOTES = {
     ("huggingface", "align"): ("streaming weight matching (permutation or full group, models larger than memory); "
                                f"activation / learned in memory ({_HF_DATA}); dual / one-sided for causal LMs"),
     ("huggingface", "merge"): ("streamed (--align weight / none; every rule, mergekit's included); --align activation "
-                               f"in memory ({_HF_DATA}), scored; --align dual / one-sided for two causal LMs"),
+                               f"in memory ({_HF_DATA}), scored; --align dual / one-sided for two causal LMs; --eval lm-eval tasks"),
     ("huggingface", "barrier"): _HF_DATA,
     ("huggingface", "path"): _HF_DATA,
     ("huggingface", "check"): _HF_DATA,

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -175,6 +175,43 @@ def _eval_hf(ckpt: Checkpoint, opts: EvalOptions) -> Evaluand:
     if lm is not None:
         info["context_length"] = bundle.input_shape[0]
     return Evaluand(model, bundle, lm=lm, tokenizer=harness_tokenizer, info=info)
+
+
+def check_harness_target(ckpt: Checkpoint, tasks, include_path: Path | None) -> None:
+    """ConfigError, before any work, unless ``ckpt`` is a Hugging Face causal LM and ``tasks`` are known to lm-eval
+    (with the local tasks of ``include_path``): what a merge scored with ``--eval`` needs."""
+    from ..diagnostics.harness import check_tasks
+
+    if ckpt.kind.name != "huggingface":
+        raise ConfigError(f"--eval (lm-eval tasks) scores merges of Hugging Face causal LMs; {ckpt.describe()} is "
+                          "not one")
+    _check_causal_lm(ckpt)
+    check_tasks(tasks, include_path)
+
+
+def score_merge(outcome: Outcome, tasks, include_path: Path | None, seed: int, log: Log) -> Outcome:
+    """Score the merge written to ``outcome.path`` on lm-eval ``tasks`` (the merged checkpoint as written, loaded
+    back: stock or absorbed) and record the scores in its ``merge.json`` (``lm_eval``) and model card, both replaced
+    atomically. NonFiniteError for a NaN/Inf score (the merge stays; its records say nothing of the scores)."""
+    import json
+
+    from .._util.atomic import atomic_write_text
+    from .._util.jsonio import write_json
+    from ..diagnostics.harness import harness_scores
+    from .merge_recipe import CARD_NAME, RECIPE_NAME, card_text
+
+    out = Path(outcome.out)
+    ckpt = open_checkpoint(out)
+    log(f"lm-eval tasks on the merge: {', '.join(tasks)}")
+    lm = ckpt.load().float()
+    scores = harness_scores(lm, _hf_tokenizer(ckpt), tuple(tasks), include_path=include_path, seed=seed)
+    record = {**json.loads((out / "merge.json").read_text()), "lm_eval": scores}
+    write_json(out / "merge.json", record, nan="null", default=str)
+    if (out / CARD_NAME).is_file() and (out / RECIPE_NAME).is_file():
+        atomic_write_text(out / CARD_NAME, card_text(out.name, record, (out / RECIPE_NAME).read_text()))
+    lines = tuple(f"lm-eval {task}: " + ", ".join(f"{k} {v:.4g}" for k, v in s.items())
+                  for task, s in scores["tasks"].items())
+    return replace(outcome, lines=(*outcome.lines, *lines))
 
 
 def _check_causal_lm(ckpt: Checkpoint) -> None:

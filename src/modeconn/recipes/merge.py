@@ -49,7 +49,16 @@ def merge(models: Sequence[Path], out: Path, opts: MergeOptions = MergeOptions()
     if handler is None:
         raise refuse_kind("merge", "merge", ckpts[0])
     path, excluded = check_merge_scope(given, plan, ckpts[0])
-    return handler(ckpts, Path(out), with_alignment(plan, given, path, excluded), progress, log)
+    if opts.eval_tasks:
+        from .evaluate import check_harness_target
+
+        check_harness_target(ckpts[0], opts.eval_tasks, opts.include_path)
+    outcome = handler(ckpts, Path(out), with_alignment(plan, given, path, excluded), progress, log)
+    if opts.eval_tasks:
+        from .evaluate import score_merge
+
+        outcome = score_merge(outcome, opts.eval_tasks, opts.include_path, plan.settings.seed, log)
+    return outcome
 
 
 _WM = "weight matching (--align weight)"
@@ -62,6 +71,7 @@ MERGE_SCOPES = {
     "restarts": _WM, "max_iter": _WM,
     "device": f"{_WM} and the merge arithmetic of Hugging Face checkpoints",
     "normalize": "--weights of a rule that averages all models (linear, slerp …)",
+    "include_path": "--eval (lm-eval tasks)",
 }
 """Every ``merge`` option that some path does not use → where it applies (the others apply everywhere). ``--seed``
 applies everywhere: it seeds every random choice of the run (alignment, randomised rules, BatchNorm batches), and a
@@ -78,6 +88,8 @@ def check_merge_scope(given: MergeOptions, plan: MergePlan, first: Checkpoint) -
     used = {n for n in ("restarts", "max_iter") if n in fields}
     if plan.rule.weights == "all" and opts.weights is not None:
         used.add("normalize")
+    if opts.eval_tasks:
+        used.add("include_path")
     scope = first.kind.operation("merge_scope")
     extra, path, excluded = (scope(plan, first) if scope is not None
                              else (set(), f"merging {first.kind.label} checkpoints (--align {opts.align}, "

@@ -26,7 +26,8 @@ class MergeOptions:
     of the models (as given); ``params``: ``name=value`` strings (``--param``); ``dtype``: output dtype name;
     ``config``: a recipe file (:mod:`modeconn.recipes.merge_recipe`); ``seed``, ``restarts``, ``max_iter``: ``None``
     where not given (a recipe's value, else the default: seed 0); ``options``: the alignment method's further
-    settings (``-o key=value``, fields of its config class)."""
+    settings (``-o key=value``, fields of its config class); ``eval_tasks``: lm-evaluation-harness tasks the written
+    merge is scored on (``include_path``: a directory of local task YAML files)."""
 
     weights: Sequence[str | float] | None = None
     normalize: bool = True
@@ -46,6 +47,8 @@ class MergeOptions:
     config: Path | None = None
     device: str | None = None
     options: Mapping[str, Any] = field(default_factory=dict)
+    eval_tasks: Sequence[str] = ()
+    include_path: Path | None = None
 
 
 @dataclass(frozen=True)

@@ -336,6 +336,19 @@ def _code(value: Any) -> str:
     return f"{fence} {text} {fence}"
 
 
+def _evaluation_lines(rec: dict[str, Any]) -> list[str]:
+    """The card's evaluation section: the held-out scores and the lm-eval scores the merge record holds, if any."""
+    lines = []
+    if rec.get("test"):
+        t = rec["test"]
+        lines.append(f"- held-out loss: {t['loss']:.4f} nats" + (f", perplexity {t['perplexity']:.4g}"
+                                                                 if "perplexity" in t else ""))
+    for task, scores in ((rec.get("lm_eval") or {}).get("tasks") or {}).items():
+        lines.append(f"- lm-eval {markdown_escape(task)}: " + ", ".join(f"{markdown_escape(k)} {v:.4g}"
+                                                                       for k, v in scores.items()))
+    return ["", "## Evaluation", "", *lines] if lines else []
+
+
 def card_text(title: str, rec: dict[str, Any], recipe: str) -> str:
     """A model card (README.md) for a merged model: what was merged, how, and the recipe (names, never absolute
     paths). The front matter is emitted by a YAML dumper and names in the body are escaped, so a model or output name
@@ -360,5 +373,6 @@ def card_text(title: str, rec: dict[str, Any], recipe: str) -> str:
     ]
     if rec.get("seed") is not None:
         lines.append(f"- seed: {rec['seed']}")
+    lines += _evaluation_lines(rec)
     lines += ["", "## Recipe", "", *_fenced(recipe.rstrip(), "yaml"), ""]
     return "\n".join(lines)
