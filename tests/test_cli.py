@@ -69,7 +69,7 @@ def test_bad_inputs_are_clear(digits_pair, tmp_path):
     res = _run("barrier", a, b, "--bn", "rest", ok=False)
     assert "unknown bn policy" in res.output
     res = _run("merge", a, b, "--align", "dual", "--out", tmp_path / "d", ok=False)
-    assert "merges Hugging Face causal LMs" in res.output and not (tmp_path / "d").exists()
+    assert "merges Hugging Face causal LMs and ViT" in res.output and not (tmp_path / "d").exists()
     res = _run("barrier", a, tmp_path / "nope", ok=False)
     assert "nope" in res.output
     pick = tmp_path / "pick"

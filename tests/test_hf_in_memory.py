@@ -167,3 +167,42 @@ def test_other_causal_lm_families_align_merge_barrier_check_and_eval(family, tmp
     run_cli("check", *dirs, "--dataset", corpus, "--max-batches", "1", "--out", tmp_path / "c")
     run_cli("eval", tmp_path / "a", "--dataset", corpus, "--out", tmp_path / "e")
     assert json.loads((tmp_path / "e" / "results.json").read_text())["test"]["perplexity"] > 1
+
+
+def test_dual_matching_of_vit_classifiers_through_the_cli(vits, tmp_path):
+    """`align --method dual` and `merge --align dual` on ViT image classifiers with an image folder: each absorbed
+    endpoint computes its checkpoint's logits, barrier reads the endpoints (accuracy along the path), and the merge
+    with weights 1,0 computes A."""
+    from modeconn.symmetry import load_absorbed
+
+    dirs, images = vits
+    run_cli("align", *dirs, "--method", "dual", "--dataset", images, "--steps", "3", "--batch-size", "8",
+            "--out", tmp_path / "dual")
+    assert json.loads((tmp_path / "dual" / "alignment.json").read_text())["formats"] == {"a": "absorbed",
+                                                                                        "b": "absorbed"}
+    x = torch.rand(2, 1, 16, 16)
+    for side, d in zip("ab", dirs, strict=True):
+        with torch.no_grad():
+            want = T.ViTForImageClassification.from_pretrained(d).eval()(pixel_values=x).logits
+            got = load_absorbed(tmp_path / "dual" / side).eval()(pixel_values=x).logits
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    run_cli("barrier", tmp_path / "dual" / "a", tmp_path / "dual" / "b", "--dataset", images, "--method", "naive",
+            "--lambdas", "3", "--out", tmp_path / "b")
+    curve = json.loads((tmp_path / "b" / "results.json").read_text())["barriers"]["naive"]["test"]
+    assert 0 <= curve["midpoint_acc"] <= 1
+    run_cli("eval", tmp_path / "dual" / "b", "--dataset", images, "--out", tmp_path / "e")
+    run_cli("eval", dirs[1], "--dataset", images, "--out", tmp_path / "e0")
+    scored = [json.loads((tmp_path / d / "results.json").read_text())["test"] for d in ("e", "e0")]
+    assert scored[0]["loss"] == pytest.approx(scored[1]["loss"], abs=1e-5)  # dual matching keeps B's function
+    run_cli("check", tmp_path / "dual" / "a", tmp_path / "dual" / "b", "--dataset", images, "--max-batches", "1",
+            "--out", tmp_path / "c")
+    res = run_cli("path", tmp_path / "dual" / "a", tmp_path / "dual" / "b", "--dataset", images, "--method", "linear",
+                  "--sub-points", "1", "--out", tmp_path / "p", ok=False)
+    assert res.exit_code in (0, 3), res.output
+    res = run_cli("merge", *dirs, "--align", "dual", "--dataset", images, "-o", "steps=3", "--weights", "1,0",
+                  "--out", tmp_path / "m")
+    assert "accuracy" in res.output and "perplexity" not in res.output
+    with torch.no_grad():
+        want = T.ViTForImageClassification.from_pretrained(dirs[0]).eval()(pixel_values=x).logits
+        got = load_absorbed(tmp_path / "m").eval()(pixel_values=x).logits
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)

@@ -49,3 +49,17 @@ def test_hugging_face_tutorial(tmp_path, shared_data, monkeypatch):
     assert 0 <= ev["lm_eval"]["tasks"]["austen_choice"]["acc"] <= 1
     assert json.loads((tmp_path / "dual" / "alignment.json").read_text())["formats"] == {"a": "stock", "b": "stock"}
     assert results["generated"].startswith("It is a truth universally")
+
+
+def test_pythia_dual_tutorial(tmp_path, shared_data, monkeypatch):
+    """Seed 004's pipeline on checkpoints a user holds: GPT-NeoX pair → check → weight matching (full group) and dual
+    matching → barriers on a held-out file → merge --align dual scored on a local lm-eval task → eval → generate."""
+    monkeypatch.setenv("MODECONN_DATA", str(shared_data))
+    results = _load("tutorial_pythia_dual").main(tmp_path, quick=True)
+    assert set(results["barriers"]) == {"naive", "wm", "dual"}
+    assert all(math.isfinite(v) for v in results["barriers"].values())
+    merge = results["merge"]
+    assert merge["align"] == "dual" and merge["format"] == "absorbed"  # LayerNorm family: absorbed, not stock
+    assert 0 <= merge["lm_eval"]["tasks"]["austen_next"]["acc"] <= 1
+    assert results["eval"]["test"]["loss"] == pytest.approx(merge["test"]["loss"], rel=1e-4)
+    assert results["generated"].startswith("It is a truth universally")

@@ -116,20 +116,26 @@ def _load_modeconn(ckpts: list[Checkpoint], opts, _state) -> tuple[nn.Module, nn
     return ma, mb, dataset_for(ckpts[0].config, opts.dataset, opts.data, opts.limit_train)
 
 
+DUAL_TASKS = ("causal_lm", "image_classifier")
+"""The Hugging Face tasks dual / one-sided matching reads (:data:`~.hf_memory.TASKS`): transformers whose
+normalizations absorb into the full group — causal LMs on text, ViT / DeiT image classifiers on an image folder."""
+
+
 def _precheck_hf(ckpts: list[Checkpoint], opts):
     """Causal LMs and their text (a registered text dataset or the user's corpus, tokenized with the first
-    checkpoint's own tokenizer; returned), read and checked before any weights are read."""
-    from .hf_memory import check_fits_in_memory
-    from .pair import hf_text_data
+    checkpoint's own tokenizer), or image classifiers and the user's image folder (the checkpoint's preprocessing);
+    returned, read and checked before any weights are read."""
+    from .hf_memory import check_fits_in_memory, read_data
 
-    bundle = hf_text_data(ckpts, "--method dual / one-sided", opts.dataset, opts.data, opts.limit_train)
+    bundle = read_data(ckpts, "--method dual / one-sided", opts.dataset, opts.data, opts.limit_train,
+                       tasks=DUAL_TASKS)
     if not opts.shard:  # sharded: each process holds its share (docs/results/dual-memory has the memory model)
         check_fits_in_memory(ckpts, "dual", "full-group streaming weight matching (--method weight --groups full)")
     return bundle
 
 
 def _load_hf(ckpts: list[Checkpoint], opts, bundle) -> tuple[nn.Module, nn.Module, Any]:
-    """Both causal LMs in memory (float32), wrapped as token ids → logits, with their text."""
+    """Both models in memory (float32), wrapped as a batch of their data → logits, with the data."""
     from .hf_memory import load_wrapped
 
     ma, mb = load_wrapped(ckpts, bundle)
@@ -138,7 +144,8 @@ def _load_hf(ckpts: list[Checkpoint], opts, bundle) -> tuple[nn.Module, nn.Modul
 
 LM_LOADERS = {
     "modeconn": (_precheck_modeconn, _load_modeconn, lambda ckpts: None, "modeconn language models"),
-    "huggingface": (_precheck_hf, _load_hf, lambda ckpts: tuple(c.path for c in ckpts), "Hugging Face causal LMs"),
+    "huggingface": (_precheck_hf, _load_hf, lambda ckpts: tuple(c.path for c in ckpts),
+                    "Hugging Face causal LMs and image classifiers"),
 }
 """Checkpoint kind → (checks before any weights are read, returning what loading needs; loading of both endpoints and
 the training data; the source directories whose endpoints may be written as stock checkpoints (None: absorbed
@@ -272,6 +279,7 @@ def _write_aligned(tmp: Path, res, models, absorbed, state_dicts, x: torch.Tenso
     compare its logits on ``x`` with its original model's (ConfigError beyond 1e-3 relative). Returns per side the
     max |Δlogit| and the format written (``"stock"`` or ``"absorbed"``)."""
     from ..io import save_state_dict
+    from .hf_memory import rewrap
 
     checks = {}
     for i, (side, model, base, sd, apply) in enumerate(zip("ab", models, absorbed, state_dicts,
@@ -281,7 +289,7 @@ def _write_aligned(tmp: Path, res, models, absorbed, state_dicts, x: torch.Tenso
         fmt, reloaded = save_endpoint(m, tmp / side, sources[i] if sources is not None else None)
         with torch.no_grad():
             ref = model.eval()(x)
-            got = reloaded(input_ids=x).logits
+            got = rewrap(model, reloaded).eval()(x)
         diff = float((got - ref).abs().max())
         if diff > 1e-3 * max(1.0, float(ref.abs().max())):
             raise ConfigError(f"internal error: the saved endpoint {side} changed the function "

@@ -17,6 +17,7 @@ COMMANDS = {"align": "align", "merge": "merge", "barrier": "pair", "path": "pair
 
 _HF_DATA = ("causal and masked LMs on text (a registered text dataset or your corpus), sequence classifiers on your "
             "labelled texts, image classifiers on your image folder")
+_ABSORBED = "dual-matched causal LMs on text, ViT classifiers on your image folder"
 NOTES = {
     ("modeconn", "align"): "weight, activation, learned (STE); language models also dual / one-sided",
     ("modeconn", "merge"): "every rule; --align weight / activation / none; BatchNorm reset / REPAIR; scored",
@@ -25,18 +26,19 @@ NOTES = {
     ("modeconn", "check"): "relationship, identifiability, predicted barriers",
     ("modeconn", "eval"): "loss and accuracy on the test split",
     ("huggingface", "align"): ("streaming weight matching (permutation or full group, models larger than memory); "
-                               f"activation / learned in memory ({_HF_DATA}); dual / one-sided for causal LMs"),
+                               f"activation / learned in memory ({_HF_DATA}); dual / one-sided for causal LMs and ViT classifiers"),
     ("huggingface", "merge"): ("streamed (--align weight / none; every rule, mergekit's included); --align activation "
-                               f"in memory ({_HF_DATA}), scored; --align dual / one-sided for two causal LMs; --eval lm-eval tasks"),
+                               f"in memory ({_HF_DATA}), scored; --align dual / one-sided for two causal LMs or ViTs; "
+                               "--eval lm-eval tasks"),
     ("huggingface", "barrier"): _HF_DATA,
     ("huggingface", "path"): _HF_DATA,
     ("huggingface", "check"): _HF_DATA,
     ("huggingface", "eval"): ("loss and perplexity (causal and masked LMs), accuracy (sequence and image "
                               "classifiers); lm-eval tasks (causal LMs)"),
-    ("absorbed", "barrier"): "dual-matched causal LMs on text",
-    ("absorbed", "path"): "dual-matched causal LMs on text",
-    ("absorbed", "check"): "dual-matched causal LMs on text",
-    ("absorbed", "eval"): "loss and perplexity on text",
+    ("absorbed", "barrier"): _ABSORBED,
+    ("absorbed", "path"): _ABSORBED,
+    ("absorbed", "check"): _ABSORBED,
+    ("absorbed", "eval"): "loss and perplexity on text, loss and accuracy on images",
 }
 for _kind in ("timm", "torchvision"):
     NOTES |= {(_kind, "align"): "weight, activation, learned (STE); written as the same kind",
@@ -55,6 +57,8 @@ REFUSED = {
 
 _TIMM = "tests/test_checkpoint_kinds_timm_torchvision.py"
 _HF_FAMILIES = "tests/test_hf_in_memory.py::test_other_causal_lm_families_align_merge_barrier_check_and_eval"
+_DUAL_LM = "tests/test_dual_hf.py::test_dual_matching_of_hugging_face_causal_lms_through_the_cli"
+_DUAL_VIT = "tests/test_hf_in_memory.py::test_dual_matching_of_vit_classifiers_through_the_cli"
 _VIT = "tests/test_hf_in_memory.py::test_image_classifiers_in_memory_on_an_image_folder"
 _ENCODERS = "tests/test_hf_encoders.py::test_merge_barrier_check_eval_and_path_on_an_encoder"
 _ENCODERS_ALIGN = "tests/test_hf_encoders.py::test_align_an_encoder_writes_a_stock_checkpoint_computing_b"
@@ -76,10 +80,10 @@ TESTED_BY: dict[tuple[str, str], str | tuple[str, ...]] = {
     ("huggingface", "eval"): ("tests/test_eval.py::test_lm_eval_scores_through_modeconn_equal_lm_evals_own_entry_point",
                               _HF_FAMILIES, _ENCODERS,
                               "tests/test_hf_in_memory.py::test_eval_scores_an_image_classifier_on_its_image_folder"),
-    ("absorbed", "barrier"): "tests/test_dual_hf.py::test_dual_matching_of_hugging_face_causal_lms_through_the_cli",
-    ("absorbed", "path"): "tests/test_dual_hf.py::test_dual_matching_of_hugging_face_causal_lms_through_the_cli",
-    ("absorbed", "check"): "tests/test_dual_hf.py::test_dual_matching_of_hugging_face_causal_lms_through_the_cli",
-    ("absorbed", "eval"): "tests/test_dual_hf.py::test_dual_matching_of_hugging_face_causal_lms_through_the_cli",
+    ("absorbed", "barrier"): (_DUAL_LM, _DUAL_VIT),
+    ("absorbed", "path"): (_DUAL_LM, _DUAL_VIT),
+    ("absorbed", "check"): (_DUAL_LM, _DUAL_VIT),
+    ("absorbed", "eval"): (_DUAL_LM, _DUAL_VIT),
     ("timm", "align"): f"{_TIMM}::test_align_timm_writes_a_timm_directory_computing_b",
     ("timm", "merge"): f"{_TIMM}::test_merge_timm_reloads_identically",
     ("timm", "barrier"): f"{_TIMM}::test_barrier_and_path_on_timm",

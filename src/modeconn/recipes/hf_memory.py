@@ -168,10 +168,31 @@ logits; the attribute of the wrapper holding the Hugging Face model)."""
 def load_models(ckpts: list[Checkpoint], command: str, dataset: str | None, data, limit_train: int | None):
     """``(wrapped models, bundle)``: the data first and the memory check (refusals before any weights), then the
     models (:func:`load_wrapped`)."""
-    read, _, _ = TASKS[_task(ckpts[0])]
-    bundle = read(ckpts, command, dataset, data, limit_train)
+    bundle = read_data(ckpts, command, dataset, data, limit_train)
     check_fits_in_memory(ckpts, command, STREAMING.get(command))
     return load_wrapped(ckpts, bundle), bundle
+
+
+def read_data(ckpts: list[Checkpoint], command: str, dataset: str | None, data, limit_train: int | None,
+              tasks: tuple[str, ...] | None = None):
+    """The data of the checkpoints' task (:data:`TASKS`), read and checked before any weights; ConfigError for a
+    task outside ``tasks`` (None: any), naming the tasks ``command`` reads."""
+    task = _task(ckpts[0])
+    if tasks is not None and task not in tasks:
+        arch = (ckpts[0].config.get("architectures") or ["?"])[0]
+        raise ConfigError(f"{command} reads Hugging Face {' and '.join(t.replace('_', ' ') + 's' for t in tasks)}; "
+                          f"{ckpts[0].path} is a {arch}")
+    return TASKS[task][0](ckpts, command, dataset, data, limit_train)
+
+
+def rewrap(wrapped: nn.Module, model: nn.Module) -> nn.Module:
+    """A copy of the :data:`TASKS` wrapper ``wrapped`` holding the Hugging Face ``model`` instead of its own (e.g. an
+    endpoint reloaded from disk, fed the same batches)."""
+    other = copy.copy(wrapped)
+    other._modules = dict(wrapped._modules)
+    attr = next(attr for _, _, attr in TASKS.values() if attr in wrapped._modules)
+    other._modules[attr] = model
+    return other
 
 
 def load_wrapped(ckpts: list[Checkpoint], bundle) -> list[nn.Module]:
@@ -236,9 +257,8 @@ def align_in_memory(ckpts: list[Checkpoint], out: Path, plan, log: Log) -> Outco
 def merge_in_memory(ckpts: list[Checkpoint], out: Path, plan, log: Log) -> Outcome:
     """Align every model to the first by ``plan.align`` (a method that reads data), merge by the plan's rule and
     weights, score the merge on the held-out split, and write it as a Hugging Face checkpoint with ``merge.json``."""
-    from ..data import make_loader
     from ..experiments.output import output_directory
-    from ..path import evaluate_model, merge
+    from ..path import merge
     from ..symmetry import symmetry_spec
     from .merge_modeconn import aligned_state_dicts, merge_record
 
@@ -250,16 +270,25 @@ def merge_in_memory(ckpts: list[Checkpoint], out: Path, plan, log: Log) -> Outco
     merged = merge(sds, plan.weights, spec=spec, normalize=False, rule=plan.rule, settings=plan.settings)
     result = copy.deepcopy(models[0])
     result.load_state_dict(merged)
-    test = evaluate_model(result, make_loader(bundle.test, 8), where="merged model, split 'test'")
-    if hasattr(result, "lm"):
-        test["perplexity"] = math.exp(test["loss"])
+    test, line = score_merged(result, bundle)
     record = {**merge_record(plan, bundle.name), "test": test}
     with output_directory(out, opts.overwrite, inputs=[c.path for c in ckpts], command="merge") as tmp:
         _save(tmp, result, ckpts[0].path, {"merge.json": record})
-    scores = f"perplexity {test['perplexity']:.4g}" if "perplexity" in test else f"accuracy {100 * test['acc']:.2f}%"
-    line = f"merged model: {bundle.name} test loss {test['loss']:.4f} nats, {scores}"
     return Outcome(Path(out), "config.json, model.safetensors, tokenizer files, merge.json", (line,),
                    "merged checkpoint")
+
+
+def score_merged(wrapped: nn.Module, bundle) -> tuple[dict[str, float], str]:
+    """A merged model's held-out scores (loss in nats — per token for language models, with perplexity —, accuracy;
+    NonFiniteError for NaN/Inf) and the line that reports them."""
+    from ..data import make_loader
+    from ..path import evaluate_model
+
+    test = evaluate_model(wrapped, make_loader(bundle.test, 8), where="merged model, split 'test'")
+    if hasattr(wrapped, "lm"):
+        test["perplexity"] = math.exp(test["loss"])
+    scores = f"perplexity {test['perplexity']:.4g}" if "perplexity" in test else f"accuracy {100 * test['acc']:.2f}%"
+    return test, f"merged model: {bundle.name} test loss {test['loss']:.4f} nats, {scores}"
 
 
 def check_text_given(dataset: str | None, option: str, method: str, streaming: str) -> None:
