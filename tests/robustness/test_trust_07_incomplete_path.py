@@ -62,13 +62,14 @@ def test_the_cli_exits_3_after_writing_everything_and_0_for_a_complete_path(tmp_
     assert {"results.json", "report.md", "path_loss.png", "path"} <= {p.name for p in (tmp_path / "broken").iterdir()}
     assert results(tmp_path / "broken")["complete"] is False
     ok = run_cli("path", a, b, "--method", "linear", "-o", "n=11", *common, "--out", tmp_path / "line")
-    assert "complete (reaches B" in ok.output and results(tmp_path / "line")["complete"] is True
+    assert "continuous (reaches B" in ok.output and results(tmp_path / "line")["complete"] is True
 
 
 def test_complete_is_not_low_loss_a_linear_path_over_a_barrier_is_complete(tmp_path):
     res = quick_run(tmp_path / "out", "linear", {"n": 11})
     assert_trustworthy(res)
     assert res["complete"] is True and res["summary"]["peak_over_endpoints"] > 0.1  # a real barrier, honestly shown
+    assert res["low_loss"]["low_loss"] is False and "NOT low-loss" in res["headline"]
 
 
 @pytest.mark.parametrize("case", ["cross-sphere truncated", "llpf stopped early", "no continuity check"])
@@ -143,3 +144,41 @@ def test_the_trained_pair_has_a_barrier_so_the_broken_jump_is_visible():
 
     curve = linear_path(a.state_dict(), b.state_dict(), 5).evaluate(a, DataLoader(digits().train, batch_size=512))
     assert curve.peak() - max(curve.values("eval")[[0, -1]]) > 0.3
+
+
+def test_every_report_shows_the_linear_path_beside_the_path_and_says_whether_it_is_low_loss(tmp_path):
+    """A searched path's results, report and headline carry the straight line A → B as the baseline (evaluated the
+    same way), and the verdict separates continuous from low-loss."""
+    res = quick_run(tmp_path / "out", "bezier", {"steps": 20, "control_points": 1})
+    assert set(res["linear"]) >= {"peak_train_loss", "dense_peak_train_loss"}
+    low = res["low_loss"]
+    assert low["low_loss"] == (low["dense_peak"] <= low["endpoint_max"] + low["margin"])
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "| linear" in report and "straight line A → B" in report
+    if res["complete"]:
+        assert "the linear path's peak train loss" in res["headline"]
+        assert ("**Low-loss**" if low["low_loss"] else "**Not low-loss**") in report
+    # the linear path over the digits pair's barrier is higher than the searched path's points would suggest
+    assert res["linear"]["peak_train_loss"] > max(res["endpoint_train_loss"]) + 0.1
+
+
+def test_ctrl_c_says_how_to_resume_a_checkpointing_search(tmp_path, monkeypatch):
+    import modeconn.recipes.path as recipe
+
+    a, b = save_pair(tmp_path)
+
+    def interrupted(*args, **kwargs):
+        recipe.work_dir_for(tmp_path / "p").mkdir()  # the search had checkpointed
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(recipe, "path", interrupted)
+    res = run_cli("path", a, b, "--dataset", "digits", "--out", tmp_path / "p", ok=False)
+    assert res.exit_code == 130 and "--resume" in res.output and "--overwrite" in res.output, res.output
+    monkeypatch.setattr(recipe, "path", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+    res = run_cli("path", a, b, "--dataset", "digits", "--out", tmp_path / "q", ok=False)
+    assert res.exit_code == 130 and "nothing was written" in res.output, res.output
+
+
+def test_a_budget_too_small_for_the_schedule_names_one_that_fits(tmp_path):
+    with pytest.raises(ConfigError, match=r"--budget 6 or more, or -o ticks=4"):
+        quick_run(tmp_path / "out", "llpf", budget=4)

@@ -52,8 +52,12 @@ def path_command(
     LLPF checkpoints as it runs: kill it and rerun with --resume to continue.
     Everything is written to a temporary sibling that replaces --out in one step at the end.
 
+    The report, results.json and path_loss.png show the straight line A → B beside the path, and say whether the
+    path is low-loss (dense peak within 0.1 nats of the higher endpoint) apart from whether it is continuous.
+
     Exit status: 0 for a complete path (it reaches B and every segment passes the continuity check), 3 for an
-    incomplete one (all outputs are still written; report.md and results.json say why), 2 for an error.
+    incomplete one (all outputs are still written; report.md and results.json say why), 2 for an error, 130 when
+    interrupted (Ctrl-C; an LLPF search continues with --resume).
     """
     from ..experiments.output import default_out
     from ..recipes.path import INCOMPLETE_EXIT_CODE, path as run_path
@@ -62,11 +66,17 @@ def path_command(
     with errors_exit(download):
         check_out(out, [a, b, data], overwrite or resume)  # --resume continues modeconn's own run there
         options = parse_kv(option, "--option")
-        with user_data(dataset, split, text_field, context_length, seed, label_field), progress_bar() as progress:
-            results = run_path(a, b, method, options, out, dataset=dataset, data=data, limit_train=limit_train,
-                               budget=budget, eval_limit=eval_limit, sub_points=sub_points, seed=seed, resume=resume,
-                               overwrite=overwrite, continuity_tol=continuity_tol, log=log,
-                               progress=two_arg(progress, "search / evaluation"))
+        try:
+            with user_data(dataset, split, text_field, context_length, seed, label_field), progress_bar() as progress:
+                results = run_path(a, b, method, options, out, dataset=dataset, data=data, limit_train=limit_train,
+                                   budget=budget, eval_limit=eval_limit, sub_points=sub_points, seed=seed,
+                                   resume=resume, overwrite=overwrite, continuity_tol=continuity_tol, log=log,
+                                   progress=two_arg(progress, "search / evaluation"))
+        except KeyboardInterrupt:
+            from ..recipes.path import interrupted_note
+
+            console.print(interrupted_note(out, method), style="bold yellow", markup=False)
+            raise typer.Exit(code=130) from None
     console.print(report_text(results["headline"]), style=None if results["complete"] else "bold red", markup=False)
     written(out, "path/, results.json, report.md, path_loss.png")
     if not results["complete"]:

@@ -228,8 +228,9 @@ def _check_budget(mode: str, c: Mapping[str, Any]) -> None:
     ticks = c["ticks"] + (c["m2o_max_ticks"] if mode == "cross" else 0)
     if budget < ticks:
         what = f"m2o_max_ticks + ticks = {ticks}" if mode == "cross" else f"ticks = {ticks}"
+        fits = f"-o ticks={budget - ticks + c['ticks']}" if budget - ticks + c["ticks"] >= 1 else "fewer m2o_max_ticks"
         raise ConfigError(f"budget of {budget} gradient evaluations cannot pay one refinement step per tick "
-                          f"({what}); lower the ticks or raise the budget")
+                          f"({what}): give --budget {ticks} or more, or {fits} with this budget")
 
 
 def _endpoint_device(model: nn.Module, sd_a: StateDict, sd_b: StateDict | None) -> torch.device:

@@ -11,6 +11,9 @@ what makes its numbers trustworthy (issue #14):
 - a gradient-evaluation ``budget`` every method honours, stated with its spend (``results["budget"]``), and a
   bounded, stated evaluation (``max_points`` stored LLPF points, ``eval_limit`` examples per split;
   ``results["evaluation"]``);
+- *low-loss* is a second, separate verdict: the dense peak train loss is within :data:`LOW_LOSS_MARGIN` nats of
+  the higher endpoint — a complete path may be continuous and still high; the linear path A → B is evaluated
+  beside every other method's (``results["linear"]``, the report's table, ``path_loss.png``) as the baseline;
 - one atomic output: everything is assembled in a uniquely named temporary sibling of ``out`` and swapped in
   at the end; an LLPF search runs in a modeconn-owned, locked work directory next to ``out``
   (:class:`SearchWorkDir`) that survives a kill and is resumed (fingerprint and digests checked) or discarded.
@@ -48,6 +51,10 @@ from ..experiments.output import write_json
 StateDict = Mapping[str, torch.Tensor]
 INCOMPLETE_EXIT_CODE = 3
 """Exit status of ``modeconn path`` when the path is incomplete (after all outputs are written)."""
+LOW_LOSS_MARGIN = 0.1
+"""A path is *low-loss* when its dense peak train loss is at most this many nats above the higher endpoint's."""
+LINEAR_POINTS = 11
+"""Points of the linear path evaluated beside a searched one (its baseline)."""
 DEFAULT_MAX_POINTS = 64
 """Default bound on the points an LLPF search stores (and so on the points evaluated)."""
 WORK_SUFFIX = "modeconn-work"
@@ -200,21 +207,47 @@ def _sweep_leftovers(out: FsPath) -> None:
 # ------------------------------------------------------------------------------------------------- the recipe
 
 
+def interrupted_note(out: str | FsPath, method: str) -> str:
+    """What a user is told when a ``path`` run is interrupted (Ctrl-C): how to continue a checkpointing search whose
+    work directory survives, or that nothing was written."""
+    work = work_dir_for(out)
+    if work.is_dir():
+        return (f"interrupted: the {method} search so far is kept in {work}; run the same command with --resume to "
+                "continue it, or with --overwrite to discard it and start again")
+    return f"interrupted: nothing was written to {out}"
+
+
 def _same_point(p: StateDict, q: StateDict) -> bool:
     return p.keys() == q.keys() and all(torch.equal(p[k].detach().cpu(), q[k].detach().cpu()) for k in p)
 
 
+def low_loss(results: Mapping[str, Any]) -> dict[str, Any]:
+    """Whether the path is low-loss: its dense peak train loss within :data:`LOW_LOSS_MARGIN` of the higher endpoint
+    (``{"low_loss", "dense_peak", "endpoint_max", "margin"}``)."""
+    peak, ends = results["summary"]["dense_peak_train_loss"], max(results["endpoint_train_loss"])
+    return {"low_loss": bool(peak <= ends + LOW_LOSS_MARGIN), "dense_peak": peak, "endpoint_max": ends,
+            "margin": LOW_LOSS_MARGIN}
+
+
+def _linear_text(results: Mapping[str, Any]) -> str:
+    lin = results.get("linear")
+    return "" if lin is None else f"; the linear path's peak train loss {lin['peak_train_loss']:.4f}"
+
+
 def completeness_headline(method: str, results: Mapping[str, Any]) -> str:
-    """One line for the terminal: counts, and either the trustworthy numbers of a complete path or, loudly, why
-    the path is incomplete (with the dense peak of the worst failing segment)."""
+    """One line for the terminal: counts; whether the path is continuous (reaches B, every segment passes the
+    continuity check) and, separately, low-loss (:func:`low_loss`) with the linear path's peak beside it — or,
+    loudly, why the path is incomplete (with the dense peak of the worst failing segment)."""
     r, c = results["summary"], results["completeness"]
     budget = results["budget"]["requested"]
     spent = f"{r['grad_evals']} gradient evaluations" + (f" (budget {budget})" if budget is not None else "")
     base = f"{method}: {r['points']} points, {spent}, {r['wall_time_s']:.1f} s search"
     if c["complete"]:
-        return (f"{base}; complete (reaches B, every segment within {c['continuity_tol']:g} of its ends): peak train "
-                f"loss {r['peak_train_loss']:.4f} (endpoints {max(results['endpoint_train_loss']):.4f}), dense peak "
-                f"{r['dense_peak_train_loss']:.4f}")
+        low = results["low_loss"]
+        verdict = ("LOW-LOSS" if low["low_loss"] else "NOT low-loss") + (
+            f" (dense peak {low['dense_peak']:.4f} vs endpoints {low['endpoint_max']:.4f} + {low['margin']:g})")
+        return (f"{base}; continuous (reaches B, every segment within {c['continuity_tol']:g} of its ends), "
+                f"{verdict}: peak train loss {r['peak_train_loss']:.4f}{_linear_text(results)}")
     text = f"{base}; INCOMPLETE PATH: {'; '.join(c['reasons'])}"
     worst = c["worst_segment"]
     if worst is not None:
@@ -225,10 +258,16 @@ def completeness_headline(method: str, results: Mapping[str, Any]) -> str:
     return text
 
 
-def _report(results: Mapping[str, Any], row: Mapping[str, Any]) -> str:
+def _report(results: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str:
     c, ev, b = results["completeness"], results["evaluation"], results["budget"]
-    verdict = (f"**Complete**: the path reaches B and every segment passes the continuity check (sub-points rise "
-               f"at most {c['continuity_tol']:g} nats above the segment's ends)." if c["complete"] else
+    low = results["low_loss"]
+    verdict = (f"**Continuous**: the path reaches B and every segment passes the continuity check (sub-points rise "
+               f"at most {c['continuity_tol']:g} nats above the segment's ends). " + (
+                   f"**Low-loss**: its dense peak train loss {low['dense_peak']:.4f} is within {low['margin']:g} "
+                   f"nats of the higher endpoint ({low['endpoint_max']:.4f})." if low["low_loss"] else
+                   f"**Not low-loss**: its dense peak train loss {low['dense_peak']:.4f} is more than "
+                   f"{low['margin']:g} nats above the higher endpoint ({low['endpoint_max']:.4f}).")
+               if c["complete"] else
                "**INCOMPLETE PATH** — " + "; ".join(c["reasons"]) + (
                    f". The failing segment's dense peak is {c['worst_segment']['dense_peak']:.4f}: the peak at the "
                    "points is not the path's peak." if c["worst_segment"] else "."))
@@ -239,9 +278,23 @@ def _report(results: Mapping[str, Any], row: Mapping[str, Any]) -> str:
             f"test examples (`--eval-limit`: {ev.get('eval_limit') or 'none, every example'})"
             + (f"; BatchNorm statistics recomputed at every point from {ev['bn_batches']} training "
                                  "batches." if ev["has_batchnorm"] else " (the model has no BatchNorm)."))
-    return (f"# {results['task']}\n\n{verdict}\n\n{budget} {size}\n\n{rows_table([row])}\n\n"
+    baseline = ("" if len(rows) < 2 else
+                f" The `linear` row is the straight line A → B ({LINEAR_POINTS} points, evaluated the same way): the "
+                "baseline the path is to improve on.")
+    return (f"# {results['task']}\n\n{verdict}\n\n{budget} {size}\n\n{rows_table(list(rows))}\n\n"
             "Losses are cross-entropy (nats); 'dense peak' includes the linear sub-points between consecutive points "
-            "(continuity check).\n\n![loss along the path](path_loss.png)\n")
+            f"(continuity check).{baseline}\n\n![loss along the path](path_loss.png)\n")
+
+
+def _linear_baseline(model_a: nn.Module, sd_a: StateDict, sd_b: StateDict, bundle: DatasetBundle,
+                     eval_limit: int | None, bn_batches: int, seed: int, progress) -> tuple[Path, PathCurve]:
+    """The straight line A → B at :data:`LINEAR_POINTS` points, evaluated as a found path is (no sub-points: a
+    straight line is its own interpolation)."""
+    linear = PATH_METHODS.get("linear")
+    ctx = SearchContext(None, None, False, None, None, {})
+    path = linear.run(model_a, sd_a, sd_b, bundle.train, {"n": LINEAR_POINTS}, ctx)
+    return path, evaluate_found_path(path, model_a, bundle, eval_limit=eval_limit, bn_batches=bn_batches,
+                                     sub_points=0, seed=seed, progress=progress)
 
 
 def _search(out: FsPath, tmp: FsPath, m: PathMethod, model_a: nn.Module, sd_a: StateDict, sd_b: StateDict,
@@ -311,8 +364,19 @@ def run_path(out: str | FsPath, method: str, model_a: nn.Module, model_b: nn.Mod
                                         sub_points=sub_points, seed=seed, progress=progress)
             results, row = _path_results(method, names, bundle, options, budget, eval_limit, limit_train,
                                          continuity_tol, path, curve, sd_b)
+            curves, rows = {method: curve}, [row]
+            if method != "linear":
+                log(f"evaluating the linear path ({LINEAR_POINTS} points) beside it")
+                lin_path, lin_curve = _linear_baseline(model_a, sd_a, sd_b, bundle, eval_limit, bn_batches, seed,
+                                                       progress)
+                lin_row = path_row("linear", lin_curve, lin_path, max(results["endpoint_train_loss"]),
+                                   continuity_tol=continuity_tol, reached_b=True)
+                results["linear"] = {k: lin_row[k] for k in ("peak_train_loss", "dense_peak_train_loss",
+                                                             "peak_test_loss", "min_test_acc")}
+                results["headline"] = completeness_headline(method, results)
+                curves["linear"], rows = lin_curve, [row, lin_row]
             results["seconds"] = time.perf_counter() - start
-            _write_outputs(tmp, method, results, row, curve, bundle, eval_limit)
+            _write_outputs(tmp, results, rows, curves, bundle, eval_limit)
             if work is not None:
                 work.retire()  # last step before the swap: afterwards no stale search sits next to the result
     except BaseException:
@@ -344,19 +408,21 @@ def _path_results(method: str, names: tuple[str, str], bundle: DatasetBundle, op
                     "limit_train": limit_train, "eval_limit": eval_limit},
         "endpoint_train_loss": ends, "summary": row, "curve": curve.to_json(), "path_info": path.info,
     }
+    results["low_loss"] = low_loss(results)
     results["headline"] = completeness_headline(method, results)
     return results, row
 
 
-def _write_outputs(tmp: FsPath, method: str, results: dict[str, Any], row: dict[str, Any], curve: PathCurve,
-                   bundle: DatasetBundle, eval_limit: int | None) -> None:
-    """``path_loss.png``, ``results.json`` and ``report.md`` into the run's temporary directory."""
+def _write_outputs(tmp: FsPath, results: dict[str, Any], rows: Sequence[dict[str, Any]],
+                   curves: Mapping[str, PathCurve], bundle: DatasetBundle, eval_limit: int | None) -> None:
+    """``path_loss.png`` (the path and, beside it, the linear path), ``results.json`` and ``report.md`` into the
+    run's temporary directory."""
     ex = results["evaluation"]["examples"]
-    plot_path_losses({method: curve}, tmp / "path_loss.png", title=results["task"],
+    plot_path_losses(curves, tmp / "path_loss.png", title=results["task"],
                      note=f"Evaluated — train: {ex['train']} of {len(bundle.train)} examples; test: {ex['test']} of "
                           f"{len(bundle.test)} (--eval-limit {eval_limit})")
     write_json(tmp / "results.json", results)
-    (tmp / "report.md").write_text(_report(results, row))  # tmp becomes out in one swap: no per-file temp
+    (tmp / "report.md").write_text(_report(results, rows))  # tmp becomes out in one swap: no per-file temp
 
 
 def path(a: FsPath, b: FsPath, method: str, options: Mapping[str, Any], out: FsPath, *, dataset: str | None = None,
