@@ -46,17 +46,18 @@ def _tokenizer(words: list[str], added: list[str]):
 
 
 def _save(d: Path, family: str, words: list[str], added: list[str], seed: int, dtype, extra_rows: int = 0,
-          weights: dict | None = None) -> Path:
+          weights: dict | None = None, tie: bool = False, template: str | None = None) -> Path:
     tok = _tokenizer(words, added)
     model_cls, config_cls = CONFIGS[family]
     cfg = config_cls(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
                      num_hidden_layers=2, vocab_size=len(tok) + extra_rows, max_position_embeddings=32,
-                     bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
+                     bos_token_id=1, eos_token_id=2, tie_word_embeddings=tie)
     torch.manual_seed(seed)
     model = randomize(model_cls(cfg), seed)
     if weights is not None:
         model.load_state_dict(weights)
     model.to(dtype).save_pretrained(d, max_shard_size="20KB")
+    tok.chat_template = template
     tok.save_pretrained(d)
     return d
 
@@ -182,6 +183,19 @@ def test_each_tokenizer_key_equals_mergekit(models, tmp_path, extra):
 def test_chat_template_alone_equals_mergekit(models, tmp_path, template):
     """Models of one vocabulary: the base's tokenizer written again with the template, the rows as they are."""
     out = _parity(_recipe(models["llama", torch.float32], "slerp", "ad", {"chat_template": template}), tmp_path)
+    _reruns(out, tmp_path)
+
+
+def test_tied_embeddings_and_auto_template(tmp_path):
+    """Tied input and output embeddings (one stored tensor) in the union; `chat_template: auto` takes the template the
+    models have."""
+    root = tmp_path / "tied"
+    _save(root / "a", "llama", WORDS, [], 0, torch.float32, tie=True)
+    _save(root / "b", "llama", _orders(1) + ["zz"], ["<tool>"], 1, torch.float32, tie=True, template=JINJA)
+    _save(root / "c", "llama", _orders(2), [], 2, torch.float32, extra_rows=2, tie=True)
+    assert "lm_head.weight" not in LazyCheckpoint(root / "a")
+    out = _parity(_recipe(root, "ties", "abc", {"tokenizer_source": "union", "chat_template": "auto"}), tmp_path)
+    assert (out / "chat_template.jinja").read_text() == JINJA
     _reruns(out, tmp_path)
 
 
