@@ -123,7 +123,7 @@ def merge_hf_plan(plan: MergePlan, out: PathLike, *,
               "dtype": _dtype_name(plan.dtype), "out_dtype": _dtype_name(plan.out_dtype), "alignments": alignments,
               "input_dtypes": sorted({_dtype_name(i.dtype) for c in ckpts for i in c.infos.values()
                                       if i.dtype.is_floating_point}),
-              "tokenizer": tokenizer_record(plan.tokenizer, names)}
+              **({"tokenizer": tokenizer_record(plan.tokenizer, names)} if plan.tokenizer is not None else {})}
     src = paths[settings.base if settings.base is not None else 0]
     extra = files(record) if callable(files) else (files or {})
     side = side_files(src)
