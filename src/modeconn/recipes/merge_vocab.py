@@ -175,7 +175,10 @@ def _tokenizer(path: Path, where: str):
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(str(path), use_fast=True)
+        # a local directory (never a hub id); no local_files_only: transformers writes it into tokenizer_config.json
+        if not Path(path).is_dir():
+            raise OSError(f"{path} is not a directory")
+        return AutoTokenizer.from_pretrained(str(path), use_fast=True, trust_remote_code=False)
     except (OSError, ValueError, TypeError, KeyError) as err:
         raise ConfigError(f"{where}: the tokenizer keys need each model's tokenizer; {path} has none that loads "
                           f"({type(err).__name__}: {err})") from None
@@ -224,7 +227,7 @@ def _reloaded(tok):
 
     with tempfile.TemporaryDirectory() as d:
         tok.save_pretrained(d, legacy_format=False, safe_serialization=True)
-        return AutoTokenizer.from_pretrained(d, use_fast=True)
+        return AutoTokenizer.from_pretrained(d, use_fast=True, trust_remote_code=False)
 
 
 def _perm(vocab: dict[str, int], own: dict[str, int], size: int, rows: int) -> torch.Tensor:
