@@ -199,9 +199,11 @@ def example_page(script: Path) -> str:
     """A page for one of ``examples/tutorial_*.py`` (run by ``tests/test_tutorials.py``): its docstring, then its code."""
     doc = ast.get_docstring(ast.parse(script.read_text())) or ""
     title, _, rest = doc.partition("\n")
+    helpers = script.parent / "cli_helpers.py"
     return (f"# {title.removeprefix('Tutorial: ').strip()}\n\n{rest.strip()}\n\n"
             f"The script, `examples/{script.name}` (the test suite runs it at its quick size):\n\n"
-            f"```python\n{script.read_text()}```\n")
+            f"```python\n{script.read_text()}```\n\n"
+            f"The helpers it imports, `examples/{helpers.name}`:\n\n```python\n{helpers.read_text()}```\n")
 
 
 def example_scripts() -> dict[str, Path]:

@@ -17,29 +17,14 @@ Run it: ``python examples/tutorial_hf_lms.py OUT_DIR [--quick]`` (``--quick``: t
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import torch
 import transformers as T
 
-TASK = """task: austen_choice
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {file}
-test_split: test
-output_type: multiple_choice
-doc_to_text: "{{{{context}}}}"
-doc_to_choice: "{{{{choices}}}}"
-doc_to_target: label
-metric_list:
-  - metric: acc
-"""
+from cli_helpers import choice_task, modeconn, run_tutorial
 
 
 def austen_paragraphs(limit_chars: int) -> list[str]:
@@ -86,30 +71,6 @@ def train(seed: int, ids: torch.Tensor, vocab: int, steps: int) -> T.LlamaForCau
     return model.eval()
 
 
-def modeconn(*args) -> str:
-    """``modeconn ARGS`` in a fresh process, as a user types it; its output."""
-    print("$", " ".join(["modeconn", *map(str, args)]), flush=True)
-    res = subprocess.run([sys.executable, "-m", "modeconn", *map(str, args)], capture_output=True, text=True,
-                         check=False)
-    print(res.stdout[-1500:], res.stderr[-1500:] if res.returncode else "", flush=True)
-    if res.returncode != 0:
-        raise SystemExit(f"modeconn {args[0]} failed with exit status {res.returncode}")
-    return res.stdout
-
-
-def write_task(directory: Path, paragraphs: list[str]) -> Path:
-    """A local lm-eval task: continue a sentence with its true next words or with words from another paragraph."""
-    directory.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for i, p in enumerate(paragraphs[:40]):
-        words, other = p.split(), paragraphs[-1 - i].split()
-        rows.append({"context": " ".join(words[:6]), "choices": [" " + " ".join(words[6:9]), " " + " ".join(other[:3])],
-                     "label": 0})
-    (directory / "austen_choice.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (directory / "austen_choice.yaml").write_text(TASK.format(file=directory / "austen_choice.jsonl"))
-    return directory
-
-
 def main(out: Path, quick: bool) -> dict:
     paragraphs = austen_paragraphs(60_000 if quick else 600_000)
     corpus = out / "austen.jsonl"
@@ -131,7 +92,7 @@ def main(out: Path, quick: bool) -> dict:
     modeconn("barrier", out / "dual" / "a", out / "dual" / "b", "--dataset", corpus, "--method", "naive",
              "--lambdas", "5", *limit, "--out", out / "barrier-dual")
     modeconn("merge", a, b, "--align", "activation", "--dataset", corpus, *limit, "--out", out / "merged")
-    tasks = write_task(out / "tasks", paragraphs)
+    tasks = choice_task(out / "tasks", "austen_choice", paragraphs)
     modeconn("eval", out / "merged", "--dataset", corpus, "--tasks", "austen_choice", "--include-path", tasks,
              "--out", out / "eval")
     merged = T.AutoModelForCausalLM.from_pretrained(out / "merged")
@@ -144,8 +105,4 @@ def main(out: Path, quick: bool) -> dict:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("out", type=Path)
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args()
-    main(args.out, args.quick)
+    run_tutorial(main, __doc__)

@@ -1,4 +1,4 @@
-"""Tutorial: dual matching (LMC-DM) of two Pythia-shaped language models, from the command line.
+"""Tutorial: Dual matching (LMC-DM) of two Pythia-shaped language models, from the command line.
 
 Two GPT-NeoX causal LMs shaped like Pythia (4 layers × 256, 8 heads, parallel residual, rotary on a quarter of each
 head; the quick size is smaller) are trained from different seeds in a plain PyTorch loop on Jane Austen's novels, with
@@ -23,28 +23,14 @@ runs). The full size trains for about half an hour on two CPU cores; its measure
 
 from __future__ import annotations
 
-import argparse
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import torch
 import transformers as T
 
-TASK = """task: austen_next
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {file}
-test_split: test
-output_type: multiple_choice
-doc_to_text: "{{{{context}}}}"
-doc_to_choice: "{{{{choices}}}}"
-doc_to_target: label
-metric_list:
-  - metric: acc
-"""
+from cli_helpers import choice_task, modeconn, run_tutorial
+
 SIZES = {"quick": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=256),
          "full": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=8, intermediate_size=1024)}
 TRAINING = {"quick": dict(chars=80_000, vocab=512, steps=40, learn=5),
@@ -92,30 +78,6 @@ def train(seed: int, ids: torch.Tensor, vocab: int, size: dict, steps: int) -> T
     return model.eval()
 
 
-def modeconn(*args) -> str:
-    """``modeconn ARGS`` in a fresh process, as a user types it; its output."""
-    print("$", " ".join(["modeconn", *map(str, args)]), flush=True)
-    res = subprocess.run([sys.executable, "-m", "modeconn", *map(str, args)], capture_output=True, text=True,
-                         check=False)
-    print(res.stdout[-1500:], res.stderr[-1500:] if res.returncode else "", flush=True)
-    if res.returncode != 0:
-        raise SystemExit(f"modeconn {args[0]} failed with exit status {res.returncode}")
-    return res.stdout
-
-
-def write_task(directory: Path, held_out: list[str]) -> Path:
-    """A local lm-eval task: continue a held-out sentence with its true next words or with another paragraph's."""
-    directory.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for i, p in enumerate(held_out[:40]):
-        words, other = p.split(), held_out[-1 - i].split()
-        rows.append({"context": " ".join(words[:6]), "choices": [" " + " ".join(words[6:9]), " " + " ".join(other[:3])],
-                     "label": 0})
-    (directory / "austen_next.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (directory / "austen_next.yaml").write_text(TASK.format(file=directory / "austen_next.jsonl"))
-    return directory
-
-
 def barrier_of(out: Path) -> float:
     return json.loads((out / "results.json").read_text())["barriers"]["naive"]["test"]["barrier_mean_loss"]
 
@@ -145,7 +107,7 @@ def main(out: Path, quick: bool) -> dict:
                          "dual": (out / "dual" / "a", out / "dual" / "b")}.items():
         modeconn("barrier", x, y, *data, "--method", "naive", "--lambdas", "3" if quick else "11", *limit,
                  "--out", out / f"barrier-{name}")
-    tasks = write_task(out / "tasks", paragraphs(held_text))
+    tasks = choice_task(out / "tasks", "austen_next", paragraphs(held_text))
     modeconn("merge", a, b, "--align", "dual", *data, *learn, *limit, "--eval", "austen_next", "--include-path", tasks,
              "--out", out / "merged")
     modeconn("eval", out / "merged", *data, "--out", out / "eval")
@@ -163,8 +125,4 @@ def main(out: Path, quick: bool) -> dict:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("out", type=Path)
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args()
-    main(args.out, args.quick)
+    run_tutorial(main, __doc__)

@@ -11,16 +11,15 @@ runs). Every command's outputs land under OUT_DIR.
 
 from __future__ import annotations
 
-import argparse
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import timm
 import torch
 import torch.nn.functional as F
+
+from cli_helpers import modeconn, run_tutorial
 
 CLASSES = ["t-shirt", "trouser", "pullover", "dress", "coat", "sandal", "shirt", "sneaker", "bag", "boot"]
 
@@ -70,17 +69,6 @@ def save(model: torch.nn.Module, directory: Path) -> Path:
     return directory
 
 
-def modeconn(*args) -> str:
-    """``modeconn ARGS`` in a fresh process, as a user types it; its output."""
-    cmd = [sys.executable, "-m", "modeconn", *map(str, args)]
-    print("$", " ".join(["modeconn", *map(str, args)]), flush=True)
-    res = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    print(res.stdout[-1500:], res.stderr[-1500:] if res.returncode else "", flush=True)
-    if res.returncode not in (0, 3):  # 3: path found but incomplete (still written and reported)
-        raise SystemExit(f"modeconn {args[0]} failed with exit status {res.returncode}")
-    return res.stdout
-
-
 def main(out: Path, quick: bool) -> dict:
     limit, epochs = (600, 1) if quick else (10000, 3)
     xtr, ytr, xte, yte = fashion_mnist(limit)
@@ -92,13 +80,9 @@ def main(out: Path, quick: bool) -> dict:
     modeconn("align", a, b, "--method", "activation", "--dataset", data, "--out", out / "b-aligned")
     modeconn("merge", a, b, "--align", "activation", "--dataset", data, "--out", out / "merged")
     modeconn("path", a, b, "--method", "bezier", "--dataset", data, "--budget", "40" if quick else "400",
-             "--eval-limit", "200", "--out", out / "path")
+             "--eval-limit", "200", "--out", out / "path", ok=(0, 3))
     return {name: json.loads((out / name / "results.json").read_text()) for name in ("check", "barrier", "path")}
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("out", type=Path)
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args()
-    main(args.out, args.quick)
+    run_tutorial(main, __doc__)

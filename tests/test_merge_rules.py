@@ -186,7 +186,7 @@ def test_recipe_with_align_section_and_written_recipe_reruns_to_the_same_bytes(t
     ({"slices": []}, "'slices' is not supported"),
     ({"parameters": {"t": [0.0, 0.5, 1.0]}}, "gradients"),
     ({"merge_method": "tiess"}, "ties"),
-    ({"tokenizer_source": "union"}, "only 'base'"),
+    ({"tokenizer_source": "union"}, "need each model's tokenizer"),
     ({"align": {"method": "activation"}}, "align.method"),
     ({"align": {"refrence": "m0"}}, "align.refrence"),
     ({"models": [{"model": "nowhere"}, {"model": "m1"}]}, "'nowhere' not found"),

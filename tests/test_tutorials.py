@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
 
 def _load(name: str):
+    if str(EXAMPLES) not in sys.path:  # the tutorials import their shared helpers (examples/cli_helpers.py)
+        sys.path.insert(0, str(EXAMPLES))
     spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -216,7 +216,8 @@ def stream_merge(spec: SymmetrySpec | None, srcs: Sequence[Checkpoint], out: Pat
                  files: Mapping[str, Any] | None = None, overwrite: bool = False,
                  progress: Progress | None = None, normalize: bool = True, rule: str | MergeRule = "linear",
                  settings: RuleSettings | None = None, dtype: torch.dtype | None = None,
-                 out_dtype: torch.dtype | None = None, device: str | torch.device | None = None) -> Path:
+                 out_dtype: torch.dtype | None = None, device: str | torch.device | None = None,
+                 fill: Callable[[str, list[torch.Tensor]], list[torch.Tensor]] | None = None) -> Path:
     """Write the merge of two or more checkpoints, ``rule((g_i · θ_i)_i)`` (default ``Σ_i w_i · (g_i · θ_i)``), to
     ``out``, tensor by tensor, in the first one's layout (as :func:`modeconn.path.interpolate.weighted_average`:
     fp32 accumulation, the first model's dtype unless ``out_dtype``, integer tensors kept exactly, every floating
@@ -239,6 +240,8 @@ def stream_merge(spec: SymmetrySpec | None, srcs: Sequence[Checkpoint], out: Pat
             tensors' dtype.
         device: where the arithmetic runs (``None``/``"cpu"``: the CPU, as before; ``"cuda"`` …; a ``torch.device``
             is taken as resolved): each tensor's inputs are copied there and the result back.
+        fill: ``fill(key, tensors)`` → the tensors the rule merges, from the models' tensors of ``key`` after their
+            elements (e.g. the rows of tokens a model lacks, :meth:`modeconn.recipes.merge_vocab.Vocabulary.filler`).
     Returns: ``out``, created atomically. Peak memory: :data:`~modeconn.io.lazy.READ_AHEAD` + 1 keys' tensors per
         model read, the fp32 sum, :data:`~modeconn.io.lazy.WRITE_BEHIND` + 1 results.
     Raises: ConfigError (fewer than two models, bad weights or rule settings, elements not one per model, a device
@@ -269,7 +272,8 @@ def stream_merge(spec: SymmetrySpec | None, srcs: Sequence[Checkpoint], out: Pat
 
     def produce(key: str) -> torch.Tensor:
         stored = zip(ckpts, reader.get(key), elements, caches, strict=True)
-        return merge_one(key, [_tensor(spec, _source(spec, c, key), t, g, cache) for c, t, g, cache in stored])
+        tensors = [_tensor(spec, _source(spec, c, key), t, g, cache) for c, t, g, cache in stored]
+        return merge_one(key, tensors if fill is None else fill(key, tensors))
 
     tick = (lambda d, t: progress("writing", d, t)) if progress is not None else None
     with _reader(spec, ckpts, write_order(layout)) as reader:
@@ -320,21 +324,40 @@ def _layout_in(layout: ShardLayout, dtype: torch.dtype | None) -> ShardLayout:
 
 
 def open_hf_checkpoints(paths: Sequence[PathLike], out: PathLike, overwrite: bool,
-               groups: str | Mapping[str, str | None] | None = "permutation"):
+               groups: str | Mapping[str, str | None] | None = "permutation", vocabulary=None):
     """Every cheap check before heavy work: one vocabulary, configs agree, weights complete, spec fits (``groups``
-    ``None``: no spec, names/shapes/dtype kinds only), ``out`` writable. Returns ``(spec or None, lazy ckpts)``."""
+    ``None``: no spec, names/shapes/dtype kinds only), ``out`` writable. Returns ``(spec or None, lazy ckpts)``.
+
+    ``vocabulary``: the models' rows in a new vocabulary (``vocabulary.rows`` tokens; ``vocabulary.views(ckpts,
+    keys)`` gives each checkpoint's token-indexed tensors ``keys`` in it, e.g. a
+    :class:`~modeconn.recipes.merge_vocab.Vocabulary`): the tokenizers may differ, and the checkpoints returned are
+    those views (the spec is the first model's in the new vocabulary)."""
     _check_target(Path(out), overwrite, paths)
     for p in paths:
         if not is_hf_checkpoint(p):
             raise CheckpointError(f"{p}: not a Hugging Face checkpoint directory (config.json with model_type)")
-    check_vocabularies(paths)
-    configs = check_same_hf_configs(paths)
+    if vocabulary is None:
+        check_vocabularies(paths)
+    configs = check_same_hf_configs(paths, None if vocabulary is None else vocabulary.rows)
     for p in paths:  # side files that would be copied to --out: no symlink out of the checkpoint
         side_files(p)
     ckpts = [LazyCheckpoint(p) for p in paths]
+    if vocabulary is not None:
+        ckpts = vocabulary.views(ckpts, token_tensor_names(configs[0], Path(paths[0])))
     spec = None if groups is None else hf_checkpoint_spec(paths[0], groups, config=configs[0], checkpoint=ckpts[0])
     _check_inputs(spec, ckpts, [])
     return spec, ckpts
+
+
+def token_tensor_names(config, path: Path) -> list[str]:
+    """The stored names of the token-indexed tensors (token axis first) of the model ``config`` describes: its input
+    embeddings and output embeddings (as the model class names them; a tied one is listed too)."""
+    from .symmetry.hf.config_check import build_meta_model
+
+    model = build_meta_model(config, path / CONFIG_NAME)
+    names = checkpoint_tensor_names(model)
+    ends = {id(m) for m in (model.get_input_embeddings(), model.get_output_embeddings()) if m is not None}
+    return [names[f"{n}.weight"] for n, m in model.named_modules() if id(m) in ends and f"{n}.weight" in names]
 
 
 __all__ = [

@@ -235,17 +235,18 @@ def open_checkpoint(path: str | os.PathLike) -> Checkpoint:
                           "a torchvision one 'torchvision_model'")
 
 
-def open_checkpoints(paths: Sequence[str | os.PathLike]) -> list[Checkpoint]:
+def open_checkpoints(paths: Sequence[str | os.PathLike], same_vocabulary: bool = True) -> list[Checkpoint]:
     """:func:`open_checkpoint` on each path; CheckpointError naming every path and its kind if they differ; ConfigError
     naming the first differing token when their tokenizers number tokens differently, or the one without tokenizer
-    files (:func:`~modeconn.io.vocabulary.check_vocabularies`: every command combining models combines embedding rows)."""
+    files (:func:`~modeconn.io.vocabulary.check_vocabularies`: every command combining models combines embedding rows;
+    ``same_vocabulary=False``: not checked, for a merge that builds one vocabulary of theirs)."""
     from ..io.vocabulary import check_vocabularies
 
     ckpts = [open_checkpoint(p) for p in paths]
     if len({c.kind.name for c in ckpts}) > 1:
         kinds = ", ".join(c.describe() for c in ckpts)
         raise CheckpointError(f"mixed checkpoint kinds: {kinds}; all inputs must be of one kind")
-    if len(ckpts) > 1:
+    if len(ckpts) > 1 and same_vocabulary:
         check_vocabularies([c.path for c in ckpts])
     return ckpts
 

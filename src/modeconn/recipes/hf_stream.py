@@ -13,6 +13,7 @@ import torch
 from ..errors import ConfigError
 from .._util.jsonio import write_json
 from ..io import CONFIG_NAME
+from ..io.safe import read_json_object
 from ..io.hf import PathLike, model_names, resolve_checkpoint_path, side_files
 from ..io.lazy import LazyCheckpoint, ShardLayout, write_like
 from ..match.result import Alignment
@@ -22,6 +23,7 @@ from ..stream import merged_keys, open_hf_checkpoints, stream_apply, stream_merg
 from ..symmetry import Element
 from ..symmetry.hf import FULL_GROUPS
 from .merge_plan import MergePlan
+from .merge_tokenizer import tokenizer_record
 
 Progress = Callable[[str, int, int], None]
 """``progress(stage, done, total)``: the stage (``"run 1/1 sweep 2"``, ``"writing"``), units done and their total."""
@@ -106,7 +108,9 @@ def merge_hf_plan(plan: MergePlan, out: PathLike, *,
     paths, rule, settings, w = plan.models, plan.rule, plan.settings, plan.weights
     if rule.random and settings.seed is None:
         settings = dataclasses.replace(settings, seed=plan.opts.seed or 0)
-    spec, ckpts = open_hf_checkpoints(paths, out, plan.opts.overwrite, None if plan.align is None else plan.groups)
+    vocab = _vocabulary(plan, settings)
+    spec, ckpts = open_hf_checkpoints(paths, out, plan.opts.overwrite, None if plan.align is None else plan.groups,
+                                      vocabulary=vocab if vocab is not None and vocab.remap else None)
     check_filters(settings, merged_keys(ckpts[0].meta()))  # a filter that selects nothing: before the alignment
     names = model_names(paths)
     elements, alignments = _align_to_first(spec, ckpts, names, plan.align_config, progress)
@@ -118,13 +122,28 @@ def merge_hf_plan(plan: MergePlan, out: PathLike, *,
               "model_params": [dict(p) for p in settings.model_params], "seed": settings.seed if rule.random else None,
               "dtype": _dtype_name(plan.dtype), "out_dtype": _dtype_name(plan.out_dtype), "alignments": alignments,
               "input_dtypes": sorted({_dtype_name(i.dtype) for c in ckpts for i in c.infos.values()
-                                      if i.dtype.is_floating_point})}
+                                      if i.dtype.is_floating_point}),
+              **({"tokenizer": tokenizer_record(plan.tokenizer, names)} if plan.tokenizer is not None else {})}
     src = paths[settings.base if settings.base is not None else 0]
     extra = files(record) if callable(files) else (files or {})
+    side = side_files(src)
+    if vocab is not None:
+        side = vocab.side_files(side, read_json_object(src / CONFIG_NAME, "config file"))
+    fill = vocab.filler(ckpts) if vocab is not None and vocab.remap else None
     stream_merge(spec, ckpts, out, weights=w, normalize=False, elements=elements, rule=rule, settings=settings,
-                 dtype=plan.dtype, out_dtype=plan.out_dtype, files={**side_files(src), **extra, "merge.json": record},
-                 overwrite=plan.opts.overwrite, progress=progress, device=plan.device)
+                 dtype=plan.dtype, out_dtype=plan.out_dtype, files={**side, **extra, "merge.json": record},
+                 overwrite=plan.opts.overwrite, progress=progress, device=plan.device, fill=fill)
     return record
+
+
+def _vocabulary(plan: MergePlan, settings: RuleSettings):
+    """The output vocabulary of a recipe with tokenizer keys (:mod:`~.merge_vocab`; None without them)."""
+    if plan.tokenizer is None:
+        return None
+    from .merge_vocab import plan_vocabulary
+
+    return plan_vocabulary(plan.tokenizer, plan.models, settings.base, aligned=plan.align is not None,
+                           dtype=plan.dtype, where=str(plan.opts.config))
 
 
 def _dtype_name(dtype: torch.dtype | None) -> str | None:

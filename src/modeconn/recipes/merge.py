@@ -44,7 +44,8 @@ def merge(models: Sequence[Path], out: Path, opts: MergeOptions = MergeOptions()
             and not weights_sum_to_one([float(w) for w in opts.weights]):
         note(f"--weights {','.join(map(str, opts.weights))} normalised to sum 1: "
              f"{','.join(f'{w:g}' for w in plan.weights)} (--no-normalize uses them as given)")
-    ckpts = open_checkpoints(plan.models)
+    remaps = plan.tokenizer is not None and plan.tokenizer.source is not None  # one vocabulary built of theirs
+    ckpts = open_checkpoints(plan.models, same_vocabulary=not remaps)
     handler = ckpts[0].kind.operation("merge")
     if handler is None:
         raise refuse_kind("merge", "merge", ckpts[0])
@@ -125,6 +126,7 @@ def _merge_in_memory(ckpts: list[Checkpoint], out: Path, plan: MergePlan, progre
     if plan.dtype is not None or plan.out_dtype is not None:
         raise ConfigError(f"--dtype / dtype apply to Hugging Face checkpoints; {ckpts[0].kind.label} checkpoints keep "
                           "their dtype")
+    _no_tokenizer_keys(plan, f"{ckpts[0].kind.label} checkpoints, which have no tokenizer")
     path, metrics = merge_in_memory(plan, out, log)
     lines = (f"merged model: test acc {100 * metrics['test']['acc']:.2f}%, test loss {metrics['test']['loss']:.4f}",
              ) if metrics else ()
@@ -141,6 +143,8 @@ def _merge_hf(ckpts: list[Checkpoint], out: Path, plan: MergePlan, progress, log
 
         check_text_given(plan.opts.dataset, "--align", plan.opts.align, "--align 'weight' or 'none' merge")
         check_no_dtype(plan)
+        _no_tokenizer_keys(plan, f"merges aligned in memory (--align {plan.opts.align}); they apply to streaming "
+                           "merges (align: weight or none)")
         if plan.align.needs_continuous:
             return merge_lm(ckpts, out, plan, progress, log)
         return merge_in_memory(ckpts, out, plan, log)
@@ -156,6 +160,13 @@ def _merge_hf(ckpts: list[Checkpoint], out: Path, plan: MergePlan, progress, log
         lines += (f"inputs in {', '.join(rec['input_dtypes'])}: written in the first model's dtype (--dtype chooses)",)
     return Outcome(Path(out), f"config.json, safetensors shards and index as the first model, merge.json, {RECIPE_NAME}, "
                    f"{CARD_NAME}", lines, "merged checkpoint")
+
+
+def _no_tokenizer_keys(plan: MergePlan, why: str) -> None:
+    tok = plan.tokenizer
+    if tok is not None:
+        key = "tokenizer" if tok.section else "tokenizer_source" if tok.source is not None else "chat_template"
+        raise ConfigError(f"{plan.opts.config}: {key}: the tokenizer keys do not apply to {why}")
 
 
 CHECKPOINT_KINDS["modeconn"].supports("merge", _merge_in_memory)

@@ -57,7 +57,9 @@ class MergePlan:
     values filled in), the ``rule``'s registry entry and ``settings``, the ``weights`` as the rule uses them (floats,
     normalised where the rule averages and ``normalize`` holds), the alignment method's entry (``align``; None for
     ``--align none``) and config object (``align_config``, set by :func:`with_alignment` once the checkpoints' kind
-    is known), the ``device``, the ``dtype`` inputs are cast to, the ``out_dtype`` written, the alignment ``groups``."""
+    is known), the ``device``, the ``dtype`` inputs are cast to, the ``out_dtype`` written, the alignment ``groups``;
+    ``tokenizer``: a recipe's tokenizer keys (:class:`~.merge_tokenizer.TokenizerRecipe`; None: the base's tokenizer
+    files copied)."""
 
     models: list[Path]
     opts: MergeOptions
@@ -70,6 +72,7 @@ class MergePlan:
     out_dtype: torch.dtype | None = None
     groups: Any = "permutation"
     align_config: Any = None
+    tokenizer: Any = None
 
 
 def align_choices() -> tuple[str, ...]:
@@ -128,8 +131,9 @@ def _from_recipe(models: Sequence[Path], opts: MergeOptions) -> MergePlan:
                    max_iter=_one_value("max_iter", r.max_iter, opts.max_iter, opts.config, "align."))
     settings = RuleSettings(base=r.base, params=r.params, seed=seed,
                             model_params=r.model_params if any(r.model_params) else ())
-    return checked_plan([resolve_checkpoint_path(m) for m in r.models], opts, weights, settings, dtype=r.dtype,
+    plan = checked_plan([resolve_checkpoint_path(m) for m in r.models], opts, weights, settings, dtype=r.dtype,
                         out_dtype=opts.dtype, groups=r.groups)
+    return replace(plan, tokenizer=r.tokenizer)
 
 
 def _one_value(key: str, recipe: int | None, option: int | None, file: Path, prefix: str = "") -> int | None:

@@ -12,7 +12,9 @@ Supported subset of mergekit's ``MergeConfiguration`` (anything else is refused,
     parameters: {density: [{filter: mlp, value: 0.3}, {value: 0.5}], normalize: true}   # scalars or filter lists
     dtype: float32                          # inputs cast to it before the rule
     out_dtype: bfloat16                     # dtype written
-    tokenizer_source: base                  # only `base` (tokenizer files come from the base, else the first model)
+    tokenizer_source: union                 # union, base or a model; or a `tokenizer:` section; `chat_template`
+                                            #   (modeconn.recipes.merge_tokenizer; without them the base's, else
+                                            #   the first model's, tokenizer files are copied)
     seed: 0                                 # modeconn's: seeds a randomised rule (DARE, DELLA) and the alignment
     align:                                  # modeconn's: not part of mergekit's schema
       method: weight                        # weight (streaming weight matching) or none
@@ -23,8 +25,7 @@ Supported subset of mergekit's ``MergeConfiguration`` (anything else is refused,
       seed: 0                               # the alignment's seed where it differs from `seed`
 
 Relative model paths are taken relative to the recipe's directory (else the working directory). Parameter
-gradients (lists of numbers interpolated across layers), ``slices``, ``modules``, ``tokenizer``, ``chat_template``
-and ``tokenizer_source: union`` are not supported.
+gradients (lists of numbers interpolated across layers), ``slices`` and ``modules`` are not supported.
 
 The recipe a merge writes beside its output (:data:`RECIPE_NAME`, :func:`recipe_text`) records everything a re-run
 needs — the seed, the alignment's settings, the weights as applied — and names each model so that it resolves from
@@ -44,8 +45,10 @@ from typing import Any
 import yaml
 
 from ..errors import ConfigError
+from . import merge_tokenizer
+from .merge_tokenizer import TokenizerRecipe, parse_tokenizer
 
-KEYS = ("merge_method", "base_model", "models", "parameters", "dtype", "out_dtype", "tokenizer_source", "seed",
+KEYS = ("merge_method", "base_model", "models", "parameters", "dtype", "out_dtype", *merge_tokenizer.KEYS, "seed",
         "align")
 ALIGN_KEYS = ("method", "groups", "reference", "restarts", "max_iter", "seed")
 DTYPES = ("float32", "float16", "bfloat16", "float64")
@@ -57,7 +60,8 @@ class Recipe:
     """A parsed recipe: ``models`` (paths, the alignment reference first), ``refs`` (as written), ``rule``, ``base``
     (index or None), ``weights`` (per model, None where not given), ``params`` (shared), ``model_params``,
     ``dtype`` / ``out_dtype`` (names or None), ``align`` and ``groups``; ``seed`` (the run's), ``align_seed``,
-    ``restarts`` and ``max_iter`` (the alignment's; None where the recipe gives none)."""
+    ``restarts`` and ``max_iter`` (the alignment's; None where the recipe gives none); ``tokenizer``: the tokenizer
+    keys (:class:`~.merge_tokenizer.TokenizerRecipe`, models by index; None where the recipe has none)."""
 
     models: list[Path]
     refs: list[str]
@@ -74,6 +78,7 @@ class Recipe:
     align_seed: int | None = None
     restarts: int | None = None
     max_iter: int | None = None
+    tokenizer: TokenizerRecipe | None = None
 
 
 def load_recipe(file: Path) -> Recipe:
@@ -98,16 +103,14 @@ def load_recipe(file: Path) -> Recipe:
     order = _reference_first(refs, align.get("reference"), file)
     refs, per_model = [refs[i] for i in order], [per_model[i] for i in order]
     shared = _params(raw.get("parameters"), "parameters", file)
-    if raw.get("tokenizer_source") not in (None, "base", base):
-        raise ConfigError(f"{file}: tokenizer_source {raw['tokenizer_source']!r}: only 'base' is supported (tokenizer "
-                          "files come from the base model, else the first)")
     return Recipe(models=[resolve_model_ref(r, file) for r in refs], refs=refs, rule=raw["merge_method"],
                   base=None if base is None else refs.index(base),
                   weights=[_weight(p, shared, i, file) for i, p in enumerate(per_model)], params=shared,
                   model_params=per_model, dtype=_dtype(raw, "dtype", file), out_dtype=_dtype(raw, "out_dtype", file),
                   align=align.get("method", "weight"), groups=align.get("groups", "permutation"),
                   seed=_int(raw, "seed", file, 0), align_seed=_int(align, "seed", file, 0, "align."),
-                  restarts=_int(align, "restarts", file, 1, "align."), max_iter=_int(align, "max_iter", file, 1, "align."))
+                  restarts=_int(align, "restarts", file, 1, "align."), max_iter=_int(align, "max_iter", file, 1, "align."),
+                  tokenizer=parse_tokenizer(raw, refs, file))
 
 
 def _read(file: Path) -> dict[str, Any]:
@@ -268,6 +271,7 @@ def recipe_text(rec: dict[str, Any], groups: Any = "permutation", refs: Sequence
     out: dict[str, Any] = {"merge_method": rec["rule"],
                            **({"base_model": refs[names.index(base)]} if base is not None else {}), "models": models}
     out.update({k: rec[k] for k in ("dtype", "out_dtype") if rec.get(k)})
+    out.update(merge_tokenizer.tokenizer_keys(rec.get("tokenizer"), names, refs))
     params = dict(rec.get("params") or {})
     if rec["rule"] == "linear" and weights is not None:
         params["normalize"] = False

@@ -41,12 +41,16 @@ def hf_config(path: PathLike):
                           f"(model_type {raw['model_type']!r}): {err}") from None
 
 
-def check_same_hf_configs(paths: Sequence[PathLike]) -> list:
+def check_same_hf_configs(paths: Sequence[PathLike], vocab_size: int | None = None) -> list:
     """The configs of ``paths`` (see :func:`hf_config`); ConfigError naming every field that differs from the first
-    (fields that do not change the computed function — names, dtype, attention backend … — are ignored)."""
+    (fields that do not change the computed function — names, dtype, attention backend … — are ignored). With
+    ``vocab_size`` (models merged into one new vocabulary), every config's vocabulary size is set to it first."""
     from . import config_differences
 
     configs = [hf_config(p) for p in paths]
+    if vocab_size is not None:
+        for cfg in configs:
+            cfg.get_text_config().vocab_size = vocab_size
     problems = []
     for p, cfg in zip(paths[1:], configs[1:], strict=False):
         problems += [f"{p}: {d}" for d in config_differences(configs[0], cfg)]
