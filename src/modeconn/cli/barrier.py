@@ -6,8 +6,8 @@ from pathlib import Path
 
 import typer
 
-from ._app import (DATA_HELP, DATASET_HELP, DOWNLOAD_HELP, METHOD_OPTION_HELP, OVERWRITE_HELP, app, check_out,
-                   console, context_length_option, errors_exit, live_help, log, parse_kv, progress_bar,
+from ._app import (DATASET_HELP, METHOD_OPTION_HELP, app, check_out, console, context_length_option, data_option,
+                   download_option, errors_exit, live_help, log, overwrite_option, parse_kv, progress_bar,
                    split_option, text_field_option, two_arg, user_data, written)
 from .tables import comparison_table
 
@@ -16,7 +16,7 @@ def _method_help() -> str:
     """The methods registered when help is shown (:func:`~._app.live_help`)."""
     from ..diagnostics.compare import method_labels
 
-    return "alignment method (repeatable): " + ", ".join(f"{k} ({v})" for k, v in method_labels().items())
+    return "alignment method, repeatable: " + ", ".join(method_labels()) + " (modeconn list methods)"
 
 
 @app.command(cls=live_help(method=_method_help))
@@ -24,23 +24,21 @@ def barrier(
     a: Path = typer.Argument(..., help="checkpoint directory of model A"),
     b: Path = typer.Argument(..., help="checkpoint directory of model B"),
     method: list[str] = typer.Option(["naive", "weight", "activation"], "--method", help=_method_help()),
-    option: list[str] = typer.Option([], "--option", "-o", help=METHOD_OPTION_HELP + "; each key goes to every "
-                                     "--method whose config has that field (--seed, not -o seed, seeds them all)"),
+    option: list[str] = typer.Option([], "--option", "-o", help=METHOD_OPTION_HELP + " (to every --method that has "
+                                     "it)"),
     dataset: str | None = typer.Option(None, help=DATASET_HELP),
     split: str | None = split_option(),
     text_field: str = text_field_option(),
     context_length: int | None = context_length_option(),
-    data: Path | None = typer.Option(None, help=DATA_HELP),
-    download: bool = typer.Option(False, help=DOWNLOAD_HELP),
+    data: Path | None = data_option(),
+    download: bool = download_option(),
     bn: str = typer.Option("reset", help="BatchNorm policy: reset, interpolate, keep, repair"),
     lambdas: int = typer.Option(25, min=2, help="points on the path, endpoints included"),
-    eval_limit: int | None = typer.Option(None, min=1, help="evaluate on the first N examples of each split (recorded "
-                                          "in report.md, results.json and the figure)"),
+    eval_limit: int | None = typer.Option(None, min=1, help="evaluate on the first N examples of each split"),
     limit_train: int | None = typer.Option(None, min=1, help="use only the first N training examples"),
-    seed: int = typer.Option(0, help="seed of the alignment methods with random choices and of the batches that "
-                             "re-estimate BatchNorm statistics / REPAIR"),
+    seed: int = typer.Option(0, help="seed of the methods' random choices and the BatchNorm batches"),
     out: Path | None = typer.Option(None, help="output directory (default runs/barrier-<time>)"),
-    overwrite: bool = typer.Option(False, help=OVERWRITE_HELP),
+    overwrite: bool = overwrite_option(),
 ) -> None:
     """Barriers between two checkpoints, naive and after each alignment method.
 

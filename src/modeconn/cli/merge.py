@@ -6,76 +6,63 @@ from pathlib import Path
 
 import typer
 
-from ._app import (DATA_HELP, DATASET_HELP, DEVICE_HELP, MAX_ITER_HELP, METHOD_OPTION_HELP, OVERWRITE_HELP,
-                   RESTARTS_HELP, app, console, errors_exit, live_help, log, parse_kv, progress_bar, user_data)
+from ._app import (DATASET_HELP, DEVICE_HELP, MAX_ITER_HELP, METHOD_OPTION_HELP, RESTARTS_HELP, app, console,
+                   data_option, errors_exit, live_help, log, overwrite_option, parse_kv, progress_bar, user_data)
 from ._print import show
 
 
 def _rule_help() -> str:
+    """The rules registered when help is shown (:func:`~._app.live_help`)."""
     from ..path.merge_rules import MERGE_RULES
 
-    return "merge rule: " + "; ".join(f"{r.name} — {r.summary} ({r.source})" + (f" [params: {', '.join(r.params)}]" if r.params else "")
-                                      for r in map(MERGE_RULES.get, MERGE_RULES))
+    return "merge rule: " + ", ".join(r.name for r in MERGE_RULES.entries()) + " (modeconn list rules)"
 
 
 def _align_help() -> str:
     """The --align choices registered when help is shown (:func:`~._app.live_help`)."""
     from ..recipes.merge_plan import align_choices
 
-    return ("align every model to the first: " + ", ".join(align_choices()) + " (Hugging Face checkpoints: weight "
-            "or none); -o sets the method's options")
+    return "align every model to the first: " + ", ".join(align_choices()) + " (Hugging Face: weight or none)"
 
 
 @app.command(cls=live_help(align_method=_align_help, rule=_rule_help))
 def merge(
-    models: list[Path] = typer.Argument(None, help="two or more checkpoint directories or Hugging Face cache entries "
-                                        "(models--ORG--NAME); the first is the reference (omit with --config)"),
+    models: list[Path] = typer.Argument(None, help="two or more checkpoint directories (or Hugging Face cache "
+                                        "entries); the first is the reference"),
     out: Path = typer.Option(..., help="checkpoint directory for the merged model"),
-    config: Path | None = typer.Option(None, help="a merge recipe (mergekit's YAML schema, a subset, plus an align: "
-                                       "section; see modeconn.recipes.merge_recipe) instead of models and rule options"),
-    weights: str | None = typer.Option(None, help="comma-separated weights, one per model (default uniform); "
-                                       "non-negative and normalised to sum 1 unless --no-normalize; task-vector rules "
-                                       "(ties, dare_*, task_arithmetic …) take them as given, default 1, base ignored"),
-    normalize: bool = typer.Option(True, "--normalize/--no-normalize", help="normalise --weights to sum 1 (default); "
-                                   "--no-normalize: any finite weights as given (task-arithmetic sums, extrapolation)"),
+    config: Path | None = typer.Option(None, help="a merge recipe (mergekit's YAML, plus align:) instead of models "
+                                       "and rule options"),
+    weights: str | None = typer.Option(None, help="comma-separated weights, one per model (default uniform)"),
+    no_normalize: bool = typer.Option(False, "--no-normalize", help="take --weights as given (default: normalised "
+                                      "to sum 1)"),
     rule: str = typer.Option("linear", help=_rule_help()),
     base: str | None = typer.Option(None, help="the base model of a task-vector rule or SLERP (one of the models)"),
-    param: list[str] = typer.Option([], "--param", help="a rule parameter name=value, repeatable (e.g. density=0.5, "
-                                    "t=0.3; mergekit's names)"),
-    dtype: str | None = typer.Option(None, help="Hugging Face checkpoints: dtype of the output (float32, float16, "
-                                     "bfloat16; default: the first model's)"),
+    param: list[str] = typer.Option([], "--param", help="a rule parameter name=value, repeatable (e.g. density=0.5)"),
+    dtype: str | None = typer.Option(None, help="Hugging Face: dtype of the output (default: the first model's)"),
     align_method: str = typer.Option("weight", "--align", help=_align_help()),
     option: list[str] = typer.Option([], "--option", "-o", help=METHOD_OPTION_HELP),
     bn: str = typer.Option("reset", help="BatchNorm policy after averaging: reset, interpolate, repair"),
-    dataset: str | None = typer.Option(None, help="data for BN reset / REPAIR / activation matching: " + DATASET_HELP),
-    data: Path | None = typer.Option(None, help=DATA_HELP),
-    limit_train: int | None = typer.Option(None, min=1),
-    seed: int | None = typer.Option(None, help="seed of weight matching's restarts and of randomised rules (DARE, "
-                                    "DELLA); default 0, or the recipe's (--config)"),
+    dataset: str | None = typer.Option(None, help="data for BatchNorm / activation matching: " + DATASET_HELP),
+    data: Path | None = data_option(),
+    limit_train: int | None = typer.Option(None, min=1, help="use only the first N training examples"),
+    seed: int | None = typer.Option(None, help="seed of the restarts and randomised rules (default 0)"),
     restarts: int | None = typer.Option(None, min=1, help=RESTARTS_HELP),
     max_iter: int | None = typer.Option(None, min=1, help=MAX_ITER_HELP),
-    overwrite: bool = typer.Option(False, help=OVERWRITE_HELP),
+    overwrite: bool = overwrite_option(),
     device: str | None = typer.Option(None, help=DEVICE_HELP),
 ) -> None:
     """Merge two or more checkpoints into one.
 
-    Aligns every model to the first (unless --align none), merges them with --rule (default: the weighted average
-    with --weights), re-estimates BatchNorm statistics (reset) or applies REPAIR, evaluates on the test split and
-    writes a checkpoint. A merged model whose BatchNorm statistics are invalid or that computes NaN/Inf is refused;
-    nothing is written.
-
-    Hugging Face checkpoint directories (config.json with model_type, safetensors shards or one file): --align
-    weight (streaming weight matching) or none (any architecture with matching tensor names and shapes), then the
-    merge is written shard by shard in the first model's layout with the base's (else the first's) config and
-    tokenizer files, merge.json, the recipe it ran (merge_recipe.yml) and a model card (README.md); no BatchNorm step
-    and no evaluation (no data is read). -o key=value sets any option of the --align method's config class (every
-    WeightMatchingConfig field on Hugging Face checkpoints). Rules other than linear come from mergekit
-    (pip install 'modeconn\\[mergekit]').
+    Aligns every model to the first (unless --align none), merges them with --rule (default: the weighted average),
+    re-estimates BatchNorm statistics or applies REPAIR, evaluates and writes a checkpoint; a merge with invalid
+    statistics or NaN/Inf outputs is refused. Hugging Face checkpoints are merged shard by shard with their config,
+    tokenizer, the recipe it ran and a model card. Task-vector rules take --weights as given. Rules other than
+    linear need mergekit: pip install 'modeconn\\[mergekit]'. Docs: the Merge guide.
     """
     from ..recipes.merge import MergeOptions, merge as run_merge
 
     opts = MergeOptions(weights=[w.strip() for w in weights.split(",")] if weights else None,
-                        normalize=normalize, rule=rule, align=align_method, bn=bn, dataset=dataset, data=data,
+                        normalize=not no_normalize, rule=rule, align=align_method, bn=bn, dataset=dataset, data=data,
                         limit_train=limit_train, seed=seed, restarts=restarts, max_iter=max_iter,
                         overwrite=overwrite, base=base, params=tuple(param), dtype=dtype, config=config,
                         device=device, options=parse_kv(option, "--option"))

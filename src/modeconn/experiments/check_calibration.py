@@ -412,6 +412,6 @@ def run_calibration(out: Path, *, size: Size, data: Path | None = None, overwrit
 
 
 register_experiment(Experiment(
-    name="check-calibration", doc=__doc__.split("\n", 1)[0].split(": ", 1)[1], sizes=SIZES, run=run_calibration,
+    name="check-calibration", doc=__doc__.split(": ", 1)[1], sizes=SIZES, run=run_calibration,
     report=report, outputs=("report.md", "results.json", "calibration.png"),
     overrides={o: o for o in ("pairs", "epochs", "width", "limit_train")}))
