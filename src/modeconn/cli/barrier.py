@@ -8,7 +8,7 @@ import typer
 
 from ._app import (DATASET_HELP, METHOD_OPTION_HELP, app, check_out, console, context_length_option, data_option,
                    download_option, errors_exit, live_help, log, overwrite_option, parse_kv, progress_bar,
-                   split_option, text_field_option, two_arg, user_data, written)
+                   split_option, text_field_option, user_data, written)
 from .tables import comparison_table
 
 
@@ -55,6 +55,6 @@ def barrier(
         with user_data(dataset, split, text_field, context_length, seed), progress_bar() as progress:
             comparison = run_barrier(a, b, method, out, options=parse_kv(option, "--option"), dataset=dataset,
                                      data=data, limit_train=limit_train, bn=bn, lambdas=lambdas, eval_limit=eval_limit,
-                                     seed=seed, overwrite=overwrite, log=log, progress=two_arg(progress, "path points"))
+                                     seed=seed, overwrite=overwrite, log=log, progress=progress)
     console.print(comparison_table(comparison.to_json(), "test"))
     written(out, "report.md, results.json, barrier.png")

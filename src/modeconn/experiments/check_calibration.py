@@ -263,7 +263,7 @@ def time_cost(a, b, bundle, log: Log) -> dict[str, float]:
     t0 = time.perf_counter()
     check(a, b, data=bundle)
     t1 = time.perf_counter()
-    compare_alignments(a, a.state_dict(), b.state_dict(), bundle, ["naive", "weight", "activation"])
+    compare_alignments(a, a.state_dict(), b.state_dict(), bundle, ["naive", "weight", "activation"], progress=False)
     t2 = time.perf_counter()
     log(f"cost: check {t1 - t0:.1f} s, barrier {t2 - t1:.1f} s")
     return {"check_seconds": t1 - t0, "barrier_seconds": t2 - t1, "ratio": (t1 - t0) / (t2 - t1)}

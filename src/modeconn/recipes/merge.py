@@ -108,7 +108,7 @@ def _merge_in_memory(ckpts: list[Checkpoint], out: Path, plan: MergePlan, progre
     if plan.dtype is not None or plan.out_dtype is not None:
         raise ConfigError(f"--dtype / dtype apply to Hugging Face checkpoints; {ckpts[0].kind.label} checkpoints keep "
                           "their dtype")
-    path, metrics = merge_in_memory(plan, out, log)
+    path, metrics = merge_in_memory(plan, out, log, progress)
     lines = (f"merged model: test acc {100 * metrics['test']['acc']:.2f}%, test loss {metrics['test']['loss']:.4f}",
              ) if metrics else ()
     return Outcome(path, "config.json, model.safetensors, metrics.json", lines, "merged checkpoint")
@@ -123,7 +123,7 @@ def _merge_hf(ckpts: list[Checkpoint], out: Path, plan: MergePlan, progress, log
 
         check_text_given(plan.opts.dataset, "--align", plan.opts.align, "--align 'weight' or 'none' merge")
         check_no_dtype(plan)
-        return merge_in_memory(ckpts, out, plan, log)
+        return merge_in_memory(ckpts, out, plan, log, progress)
     check_single_process()
 
     def files(rec: dict) -> dict:
