@@ -1,5 +1,5 @@
-"""Progress of the long phases in the API: activation matching and the barrier comparison (whose alignment phase
-ran silent for minutes) report each stage through the one protocol; their default ``progress=True`` draws tqdm bars
+"""Progress of the long phases in the API: activation matching, the barrier comparison (whose alignment phase
+ran silent for minutes) and check report each stage through the one protocol; their default ``progress=True`` draws tqdm bars
 on stderr and ``progress=False`` is silent."""
 
 from __future__ import annotations
@@ -52,4 +52,20 @@ def test_the_barrier_comparison_reports_its_alignment_and_path_phases(digits_pai
     assert "activation statistics" in capsys.readouterr().err  # the default: tqdm bars
     compare_alignments(a, a.state_dict(), b.state_dict(), bundle, ["activation"], lambdas=3, eval_limit=50,
                        progress=False)
+    assert capsys.readouterr().err == ""
+
+
+def test_check_reports_its_phases(digits_pair, capsys):
+    bundle, a, b = digits_pair
+    calls = []
+    mc.check(a, b, data=bundle, max_batches=1, eval_limit=50,
+             progress=lambda stage, done, total, **m: calls.append((stage, done, total, m.get("phase"))))
+    phases = [c for c in calls if c[0] == "check"]
+    assert phases == [("check", 0, 4, "endpoints"), ("check", 1, 4, "realization costs"),
+                      ("check", 2, 4, "weight matching"), ("check", 3, 4, "activations"), ("check", 4, 4, None)]
+    assert any(c[0].startswith("run 1/") for c in calls)  # weight matching's own sweeps
+    capsys.readouterr()
+    mc.check(a, b, data=bundle, max_batches=1, eval_limit=50)
+    assert "check" in capsys.readouterr().err
+    mc.check(a, b, data=bundle, max_batches=1, eval_limit=50, progress=False)
     assert capsys.readouterr().err == ""

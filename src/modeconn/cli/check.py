@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from ._app import (DATASET_HELP, app, check_out, data_option, download_option, errors_exit, log, overwrite_option,
-                   user_data)
+                   progress_bar, user_data)
 from ._print import show
 
 
@@ -42,6 +42,6 @@ def check(
                         eval_limit=eval_limit, seed=seed, overwrite=overwrite, device=device)
     with errors_exit(download):
         check_out(out, [a, b, data], overwrite)
-        with user_data(dataset, None, "text", None, seed):  # the seed of an image folder's held-out share
-            outcome = run_check(a, b, out, opts, log=log)
+        with user_data(dataset, None, "text", None, seed), progress_bar() as progress:  # seed: your folder's split
+            outcome = run_check(a, b, out, opts, log=log, progress=progress)
     show(outcome)

@@ -151,7 +151,7 @@ def measure_pair(family: str, label: str, pair: int, a, b, bundle, lambdas: int)
     t0 = time.perf_counter()
     measured = pair_metrics(a, b, bundle, lambdas, activation_barrier=True)
     t1 = time.perf_counter()
-    res = check(a, b, data=bundle)
+    res = check(a, b, data=bundle, progress=False)
     t2 = time.perf_counter()
     why = res.prediction["not_applicable"] or res.prediction["twin"].get("not_applicable")
     if why:
@@ -261,7 +261,7 @@ def time_cost(a, b, bundle, log: Log) -> dict[str, float]:
     from ..diagnostics.compare import compare_alignments
 
     t0 = time.perf_counter()
-    check(a, b, data=bundle)
+    check(a, b, data=bundle, progress=False)
     t1 = time.perf_counter()
     compare_alignments(a, a.state_dict(), b.state_dict(), bundle, ["naive", "weight", "activation"], progress=False)
     t2 = time.perf_counter()
