@@ -69,3 +69,15 @@ def test_check_reports_its_phases(digits_pair, capsys):
     assert "check" in capsys.readouterr().err
     mc.check(a, b, data=bundle, max_batches=1, eval_limit=50, progress=False)
     assert capsys.readouterr().err == ""
+
+
+def test_weight_matching_and_evaluate_path_take_progress_true(digits_pair, capsys):
+    bundle, a, b = digits_pair
+    spec = mc.symmetry_spec(a, bundle.train.tensors[0][:2])
+    mc.weight_matching(spec, a.state_dict(), b.state_dict(), progress=True)
+    mc.evaluate_path(a, a.state_dict(), b.state_dict(), {"test": _loader(bundle)}, lambdas=3, progress=True)
+    err = capsys.readouterr().err
+    assert "sweep" in err and "path points" in err
+    mc.weight_matching(spec, a.state_dict(), b.state_dict(), progress=False)
+    mc.evaluate_path(a, a.state_dict(), b.state_dict(), {"test": _loader(bundle)}, lambdas=3, progress=False)
+    assert capsys.readouterr().err == ""
