@@ -20,11 +20,11 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, 
 
 from ..errors import ModeconnError
 
-DATA_HELP = "data directory (default: $MODECONN_DATA, else shared/data; docs: Data guide)"
+DATA_HELP = "data directory (default: $MODECONN_DATA, else shared/data; docs: Data)"
 DOWNLOAD_HELP = "download MNIST / Fashion-MNIST if missing (SHA-256 verified)"
 RESTARTS_HELP = "weight matching: the most runs (default 1)"
 MAX_ITER_HELP = "weight matching: the most sweeps per run (default 100)"
-DEVICE_HELP = "device of the matching and merge arithmetic: cpu, cuda, cuda:1, mps … (default cpu)"
+DEVICE_HELP = "where matching and merging compute: cpu (default), cuda, mps …"
 OVERWRITE_HELP = "replace a non-empty --out that modeconn wrote"
 METHOD_OPTION_HELP = "a method setting key=value, repeatable; the settings: modeconn list settings METHOD"
 DATASET_HELP = "a dataset (modeconn list datasets) or the PATH of your data (docs: Data); default: the checkpoint's"
@@ -64,7 +64,14 @@ class Command(TyperCommand):
             if param.name in self.live:
                 param.help = self.live[param.name]()
         _short_metavars(self.get_params(ctx))
-        super().format_help(ctx, formatter)
+        folded = {p: (p.secondary_opts, p.help) for p in self.params if getattr(p, "secondary_opts", None)}
+        for param, (secondary, text) in folded.items():  # "--no-x" in the text, not in a column of its own
+            param.secondary_opts, param.help = [], f"{text or ''} (off: {', '.join(secondary)})".strip()
+        try:
+            super().format_help(ctx, formatter)
+        finally:
+            for param, (secondary, text) in folded.items():
+                param.secondary_opts, param.help = secondary, text
 
 
 class _Group(TyperGroup):

@@ -22,7 +22,7 @@ def _method_help() -> str:
 
 @app.command(cls=live_help(method=_method_help))
 def align(
-    a: Path = typer.Argument(..., help="checkpoint directory of the reference model A (modeconn or Hugging Face)"),
+    a: Path = typer.Argument(..., help="checkpoint directory of the reference model A"),
     b: Path = typer.Argument(..., help="checkpoint directory of model B (to be moved into A's basin)"),
     out: Path = typer.Option(..., help="checkpoint directory for the aligned B (plus alignment.json)"),
     method: str = typer.Option("weight", help=_method_help()),

@@ -15,7 +15,8 @@ def _rule_help() -> str:
     """The rules registered when help is shown (:func:`~._app.live_help`)."""
     from ..path.merge_rules import MERGE_RULES
 
-    return "merge rule: " + ", ".join(r.name for r in MERGE_RULES.entries()) + " (modeconn list rules)"
+    names = [r.name for r in MERGE_RULES.entries()]
+    return f"merge rule: {', '.join(names[:4])} … ({len(names)} rules: modeconn list rules)"
 
 
 def _align_help() -> str:
@@ -30,11 +31,9 @@ def merge(
     models: list[Path] = typer.Argument(None, help="two or more checkpoint directories (or Hugging Face cache "
                                         "entries); the first is the reference"),
     out: Path = typer.Option(..., help="checkpoint directory for the merged model"),
-    config: Path | None = typer.Option(None, help="a merge recipe (mergekit's YAML, plus align:) instead of models "
-                                       "and rule options"),
+    config: Path | None = typer.Option(None, help="a merge recipe (mergekit's YAML) instead of models and rules"),
     weights: str | None = typer.Option(None, help="comma-separated weights, one per model (default uniform)"),
-    no_normalize: bool = typer.Option(False, "--no-normalize", help="take --weights as given (default: normalised "
-                                      "to sum 1)"),
+    normalize: bool = typer.Option(True, "--normalize/--no-normalize", help="normalise --weights to sum 1"),
     rule: str = typer.Option("linear", help=_rule_help()),
     base: str | None = typer.Option(None, help="the base model of a task-vector rule or SLERP (one of the models)"),
     param: list[str] = typer.Option([], "--param", help="a rule parameter name=value, repeatable (e.g. density=0.5)"),
@@ -53,16 +52,14 @@ def merge(
 ) -> None:
     """Merge two or more checkpoints into one.
 
-    Aligns every model to the first (unless --align none), merges them with --rule (default: the weighted average),
-    re-estimates BatchNorm statistics or applies REPAIR, evaluates and writes a checkpoint; a merge with invalid
-    statistics or NaN/Inf outputs is refused. Hugging Face checkpoints are merged shard by shard with their config,
-    tokenizer, the recipe it ran and a model card. Task-vector rules take --weights as given. Rules other than
-    linear need mergekit: pip install 'modeconn\\[mergekit]'. Docs: the Merge guide.
+    Aligns every model to the first (unless --align none), merges them by --rule, fixes BatchNorm statistics,
+    evaluates and writes a checkpoint (Hugging Face: shard by shard, with a model card). Rules other than linear
+    need pip install 'modeconn\\[mergekit]'. Docs: the Merge guide.
     """
     from ..recipes.merge import MergeOptions, merge as run_merge
 
     opts = MergeOptions(weights=[w.strip() for w in weights.split(",")] if weights else None,
-                        normalize=not no_normalize, rule=rule, align=align_method, bn=bn, dataset=dataset, data=data,
+                        normalize=normalize, rule=rule, align=align_method, bn=bn, dataset=dataset, data=data,
                         limit_train=limit_train, seed=seed, restarts=restarts, max_iter=max_iter,
                         overwrite=overwrite, base=base, params=tuple(param), dtype=dtype, config=config,
                         device=device, options=parse_kv(option, "--option"))
