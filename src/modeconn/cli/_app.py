@@ -22,9 +22,9 @@ from ..errors import ModeconnError
 
 DATA_HELP = "data directory (default: $MODECONN_DATA, else shared/data; docs: Data)"
 DOWNLOAD_HELP = "download MNIST / Fashion-MNIST if missing (SHA-256 verified)"
-RESTARTS_HELP = "weight matching: the most runs (default 1)"
-MAX_ITER_HELP = "weight matching: the most sweeps per run (default 100)"
-DEVICE_HELP = "where matching and merging compute: cpu (default), cuda, mps …"
+RESTARTS_HELP = "weight: the most runs (default 1)"
+MAX_ITER_HELP = "weight: the most sweeps per run (default 100)"
+DEVICE_HELP = "device: cpu (default), cuda, mps …"
 OVERWRITE_HELP = "replace a non-empty --out that modeconn wrote"
 METHOD_OPTION_HELP = "a method setting key=value, repeatable; the settings: modeconn list settings METHOD"
 DATASET_HELP = "a dataset (modeconn list datasets) or the PATH of your data (docs: Data); default: the checkpoint's"
@@ -54,12 +54,16 @@ class Command(TyperCommand):
     """Every command's class: its help is the docstring's paragraphs re-wrapped at the terminal's width, with short
     metavars (INT, PATH …) so that the option texts keep most of an 80-column line; options named in :attr:`live`
     get their help text from ``live[name]()`` each time help is shown (texts naming a registry's entries name those
-    registered by then, not at import)."""
+    registered by then, not at import), and :attr:`live_epilog` gives the text shown under the options (full-width
+    lists such as the methods with their summaries)."""
 
     live: dict[str, Callable[[], str]] = {}
+    live_epilog: Callable[[], str] | None = None
 
     def format_help(self, ctx, formatter) -> None:
         self.help = unwrapped(self.help)
+        if self.live_epilog is not None:
+            self.epilog = unwrapped(self.live_epilog())
         for param in self.params:
             if param.name in self.live:
                 param.help = self.live[param.name]()
@@ -90,9 +94,10 @@ def _short_metavars(params) -> None:
             param.metavar = _metavar(param)
 
 
-def live_help(**helps: Callable[[], str]) -> type[Command]:
-    """A :class:`Command` class whose options named in ``helps`` get their help text from ``helps[name]()``."""
-    return type("LiveHelpCommand", (Command,), {"live": helps})
+def live_help(epilog: Callable[[], str] | None = None, **helps: Callable[[], str]) -> type[Command]:
+    """A :class:`Command` class whose options named in ``helps`` get their help text from ``helps[name]()`` and whose
+    epilog (shown under the options) is ``epilog()``, each time help is shown."""
+    return type("LiveHelpCommand", (Command,), {"live": helps, "live_epilog": staticmethod(epilog) if epilog else None})
 
 
 class _App(typer.Typer):

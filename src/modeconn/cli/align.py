@@ -16,46 +16,50 @@ def _method_help() -> str:
     """The methods registered when help is shown (:func:`~._app.live_help`)."""
     from ..match.methods import command_line_methods
 
-    return ("alignment method: " + ", ".join(command_line_methods() + command_line_methods(continuous=True))
-            + " (modeconn list methods)")
+    return "alignment method: " + ", ".join(command_line_methods() + command_line_methods(continuous=True)) + " (below)"
 
 
-@app.command(cls=live_help(method=_method_help))
+def _epilog() -> str:
+    """The methods with their summaries and the Hugging Face families, registered when help is shown."""
+    from ..match.methods import ALIGNMENT_METHODS, command_line_methods
+    from ..symmetry.hf.registry import ADAPTERS
+
+    methods = [ALIGNMENT_METHODS.get(m) for m in command_line_methods() + command_line_methods(continuous=True)]
+    return ("Methods (modeconn list methods): " + "; ".join(f"{m.name} — {m.summary}" for m in methods)
+            + ".\n\nHugging Face model types (modeconn list families): " + ", ".join(ADAPTERS) + ".")
+
+
+@app.command(cls=live_help(_epilog, method=_method_help))
 def align(
     a: Path = typer.Argument(..., help="checkpoint directory of the reference model A"),
-    b: Path = typer.Argument(..., help="checkpoint directory of model B (to be moved into A's basin)"),
+    b: Path = typer.Argument(..., help="checkpoint directory of model B"),
     out: Path = typer.Option(..., help="checkpoint directory for the aligned B (plus alignment.json)"),
     method: str = typer.Option("weight", help=_method_help()),
     option: list[str] = typer.Option([], "--option", "-o", help=METHOD_OPTION_HELP),
     dataset: str | None = typer.Option(None, help="methods that read data: " + DATASET_HELP),
     data: Path | None = data_option(),
     download: bool = download_option(),
-    limit_train: int | None = typer.Option(None, min=1, help="methods that read data: the first N training examples"),
-    seed: int | None = typer.Option(None, help="seed of the methods with random choices (default 0)"),
-    steps: int | None = typer.Option(None, min=1, help="learned matching: Adam steps (default 200; vision 300)"),
-    lr: float | None = typer.Option(None, help="learned matching: Adam learning rate (default 0.01; vision 0.001)"),
-    lambda_schedule: str | None = typer.Option(None, help="learned matching: λ per step: uniform, narrow or fixed"),
-    lambda_value: float | None = typer.Option(None, help="learned matching: centre λ₀ of narrow / fixed (default 0.5)"),
-    parameterization: str | None = typer.Option(None, help="dual / one-sided: cayley, matrix_exp or unconstrained"),
-    batch_size: int | None = typer.Option(None, min=1, help="dual / one-sided: blocks per step (default 16)"),
+    limit_train: int | None = typer.Option(None, min=1, help="the first N training examples"),
+    seed: int | None = typer.Option(None, help="random seed (default 0)"),
+    steps: int | None = typer.Option(None, min=1, help="learned: Adam steps (default 200)"),
+    lr: float | None = typer.Option(None, help="learned: Adam lr (default 0.01)"),
+    lambda_schedule: str | None = typer.Option(None, help="learned: uniform, narrow or fixed λ"),
+    lambda_value: float | None = typer.Option(None, help="learned: λ₀ (default 0.5)"),
+    parameterization: str | None = typer.Option(None, help="dual: cayley, matrix_exp or unconstrained"),
+    batch_size: int | None = typer.Option(None, min=1, help="dual: blocks per step (16)"),
     restarts: int | None = typer.Option(None, min=1, help=RESTARTS_HELP),
     max_iter: int | None = typer.Option(None, min=1, help=MAX_ITER_HELP),
-    groups: str = typer.Option("permutation", help="Hugging Face: permutation (B's layout) or full (orthogonal "
-                               "residual, per-head QK/OV; writes a/ and b/)"),
+    groups: str = typer.Option("permutation", help="Hugging Face: permutation, or full (orthogonal residual …)"),
     overwrite: bool = overwrite_option(),
     device: str | None = typer.Option(None, help=DEVICE_HELP),
-    shard: bool = typer.Option(False, "--shard", help="dual / one-sided under torchrun: shard the endpoints, "
-                               "transforms and Adam state over the processes"),
+    shard: bool = typer.Option(False, "--shard", help="dual under torchrun: shard endpoints and Adam state"),
 ) -> None:
     """Align B to A and write the aligned B as a checkpoint directory.
 
-    The aligned B computes the same function as B (checked on an input batch); alignment.json records the group
-    element, objective and timings. Hugging Face directories (modeconn list families) are aligned by streaming
-    weight matching, so models larger than memory work; causal LMs with --method dual or one-sided also learn the
-    continuous symmetries (writes a/, b/ and transforms.safetensors; torchrun splits the batches).
-
-    An option the method does not use on the checkpoints' kind is refused, naming why. Docs: the Align,
-    Transformers and Multi-process guides.
+    The aligned B computes B's function (checked); alignment.json records the element, objective and timings.
+    Hugging Face directories stream one tensor at a time (models larger than memory); dual and one-sided learn
+    the continuous symmetries of causal LMs. An option the method does not use is refused by name. Docs: the
+    Align, Transformers and Multi-process guides.
     """
     from ..recipes.align import AlignOptions, align as run_align
 

@@ -6,13 +6,21 @@ from pathlib import Path
 
 import typer
 
-from ._app import app, check_out, console, data_option, download_option, errors_exit, log, overwrite_option, written
+from ._app import (app, check_out, console, data_option, download_option, errors_exit, live_help, log, overwrite_option,
+                   written)
 from .tables import report_text
 
 
-@app.command()
+def _name_help() -> str:
+    """The experiments registered when help is shown (:func:`~._app.live_help`)."""
+    from ..experiments import EXPERIMENTS
+
+    return "experiment: " + ", ".join(EXPERIMENTS) + " (modeconn list experiments)"
+
+
+@app.command(cls=live_help(name=_name_help))
 def experiment(
-    name: str = typer.Argument(..., help="experiment name (modeconn list experiments)"),
+    name: str = typer.Argument(..., help=_name_help()),
     quick: bool = typer.Option(False, "--quick", help="the small CI size instead of the full size"),
     size: str | None = typer.Option(None, "--size", metavar="NAME",
                                     help="a named size: quick, full (default) or one the experiment adds"),

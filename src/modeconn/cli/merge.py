@@ -15,8 +15,7 @@ def _rule_help() -> str:
     """The rules registered when help is shown (:func:`~._app.live_help`)."""
     from ..path.merge_rules import MERGE_RULES
 
-    names = [r.name for r in MERGE_RULES.entries()]
-    return f"merge rule: {', '.join(names[:4])} … ({len(names)} rules: modeconn list rules)"
+    return "merge rule: " + ", ".join(r.name for r in MERGE_RULES.entries()) + " (modeconn list rules)"
 
 
 def _align_help() -> str:
