@@ -14,7 +14,7 @@ from test_docs import ISSUE_REFS
 from typer.testing import CliRunner
 
 from modeconn.cli import app
-from modeconn.cli._app import Command
+from modeconn.cli._help import Command
 
 COLUMNS = 80
 MAX_LINES = 80

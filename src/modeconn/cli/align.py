@@ -7,8 +7,8 @@ from pathlib import Path
 import typer
 
 from ._app import (DATASET_HELP, DEVICE_HELP, MAX_ITER_HELP, METHOD_OPTION_HELP, RESTARTS_HELP, app, console,
-                   data_option, download_option, errors_exit, live_help, log, overwrite_option, parse_kv,
-                   progress_bar, user_data)
+                   data_option, download_option, errors_exit, log, overwrite_option, parse_kv, progress_bar, user_data)
+from ._help import live_help
 from ._print import show
 
 

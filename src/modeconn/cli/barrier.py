@@ -7,8 +7,9 @@ from pathlib import Path
 import typer
 
 from ._app import (DATASET_HELP, METHOD_OPTION_HELP, app, check_out, console, context_length_option, data_option,
-                   download_option, errors_exit, live_help, log, overwrite_option, parse_kv, progress_bar,
-                   split_option, text_field_option, user_data, written)
+                   download_option, errors_exit, log, overwrite_option, parse_kv, progress_bar, split_option,
+                   text_field_option, user_data, written)
+from ._help import live_help
 from .tables import comparison_table
 
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import typer
 
-from ._app import (app, check_out, console, data_option, download_option, errors_exit, live_help, log, overwrite_option,
-                   written)
+from ._app import (app, check_out, console, data_option, download_option, errors_exit, log, overwrite_option, written)
+from ._help import live_help
 from .tables import report_text
 
 

@@ -6,9 +6,10 @@ from pathlib import Path
 
 import typer
 
-from ._app import (DATASET_HELP, app, check_out, console, context_length_option, data_option,
-                   download_option, errors_exit, live_help, log, overwrite_option, parse_kv, progress_bar, split_option,
-                   text_field_option, two_arg, user_data, written)
+from ._app import (DATASET_HELP, app, check_out, console, context_length_option, data_option, download_option,
+                   errors_exit, log, overwrite_option, parse_kv, progress_bar, split_option, text_field_option, two_arg,
+                   user_data, written)
+from ._help import live_help
 from .tables import report_text
 
 
