@@ -14,7 +14,6 @@ So a new command, option, registry entry or layer shows up in the site without e
 from __future__ import annotations
 
 import ast
-import inspect
 import re
 from pathlib import Path
 
@@ -49,149 +48,11 @@ def _help_section(title: str, argv: list[str], app, columns: int) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------- registry reference
-def _cell(text: object) -> str:
-    return " ".join(str(text).split()).replace("``", "`").replace("|", "\\|") if text not in (None, "") else "—"
-
-
-def _table(header: list[str], rows: list[list[object]]) -> list[str]:
-    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    out += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
-    return out + [""]
-
-
-def attribute_docs(cls: type) -> dict[str, str]:
-    """``{field: text}`` from a Google-style ``Attributes:`` section of ``cls``'s docstring."""
-    doc = inspect.getdoc(cls) or ""
-    if "Attributes:" not in doc:
-        return {}
-    out: dict[str, str] = {}
-    current = None
-    for line in doc.split("Attributes:", 1)[1].splitlines():
-        m = re.match(r"^    ([\w, ]+):\s*(.*)$", line)
-        if m:
-            names = [n.strip() for n in m.group(1).split(",")]
-            for n in names:
-                out[n] = m.group(2)
-            current = names
-        elif line.startswith("        ") and current:
-            for n in current:
-                out[n] += " " + line.strip()
-        elif line.strip() and not line.startswith(" "):
-            break
-    return out
-
-
-def settings_table(cls: type) -> list[str]:
-    """A config class's fields: name, default, description (from its ``Attributes:``)."""
-    docs = attribute_docs(cls)
-    rows = []
-    for name, field in cls.model_fields.items():
-        default = "required" if field.is_required() else repr(field.default)
-        rows.append([f"`{name}`", f"`{default}`", docs.get(name, field.description or "")])
-    return _table(["setting", "default", "meaning"], rows) if rows else ["(no settings)", ""]
-
-
-def _config_of(check) -> type | None:
-    """The config class a path method's ``check`` validates with (held in its closure), if any."""
-    from pydantic import BaseModel
-
-    for cell in getattr(check, "__closure__", None) or ():
-        value = cell.cell_contents
-        if isinstance(value, type) and issubclass(value, BaseModel):
-            return value
-    return None
-
-
 def registries_page() -> str:
-    """Markdown: every registry, entry by entry."""
-    lines = ["# Registries", "",
-             "Generated at build time from the registries themselves: every name the command line and the API",
-             "accept. Each section names the registry object, so `REGISTRY.get(name)` in Python gives the entry",
-             "(a typo raises `ConfigError` with a \"did you mean\"). How to add an entry:",
-             "[Extending modeconn](../extending/index.md).", ""]
-    for section in (_alignment, _merge_rules, _path_methods, _families, _experiments, _checkpoint_kinds, _capabilities):
-        lines += section()
-    return "\n".join(lines) + "\n"
+    """Markdown: every registry, entry by entry (the sections ``modeconn list`` prints, from the same code)."""
+    from modeconn.recipes.registries import registries_page as page
 
-
-def _alignment() -> list[str]:
-    from modeconn.match.methods import ALIGNMENT_METHODS
-
-    entries = ALIGNMENT_METHODS.entries()
-    lines = ["## Alignment methods", "", "`modeconn.match.methods.ALIGNMENT_METHODS` — `modeconn align --method`,",
-             "`modeconn barrier --method`, `modeconn merge --align`.", ""]
-    lines += _table(["name", "what it does", "needs data", "streams", "command line"],
-                    [[f"`{e.name}`", e.summary, "yes" if e.needs_data else "no", "yes" if e.streams else "no",
-                      "yes" if e.command_line else "no"] for e in entries])
-    for e in entries:
-        lines += [f"### `{e.name}`", "", f"Paper: {_cell(e.paper)}.", "",
-                  f"Groups it solves: {', '.join(f'`{g}`' for g in e.supported_groups())}.", "",
-                  f"Settings (`{e.config.__name__}`):", ""] + settings_table(e.config)
-    return lines
-
-
-def _merge_rules() -> list[str]:
-    from modeconn.path.merge_rules import MERGE_RULES
-
-    lines = ["## Merge rules", "", "`modeconn.path.merge_rules.MERGE_RULES` — `modeconn merge --rule`,",
-             "`merge_method:` in a recipe.", ""]
-    lines += _table(["name", "what it does", "base model", "parameters (`--param`)", "needs"],
-                    [[f"`{r.name}`", r.summary, r.base, ", ".join(r.params), r.requires or ""]
-                     for r in MERGE_RULES.entries()])
-    return lines + ["Sources:", ""] + [f"- `{r.name}`: {_cell(r.source)}" for r in MERGE_RULES.entries()] + [""]
-
-
-def _path_methods() -> list[str]:
-    from modeconn.path.methods import PATH_METHODS
-
-    lines = ["## Path methods", "", "`modeconn.path.methods.PATH_METHODS` — `modeconn path --method`; settings are",
-             "given as `-o key=value` (command line) or the `options` mapping of `find_path`.", ""]
-    lines += _table(["name", "what it does", "checkpoints and resumes"],
-                    [[f"`{m.name}`", m.summary, "yes" if m.checkpoints else "no"] for m in PATH_METHODS.entries()])
-    for m in PATH_METHODS.entries():
-        cfg = _config_of(m.check)
-        if cfg is not None:
-            lines += [f"### `{m.name}`", "", f"Settings (`{cfg.__name__}`), given as `-o key=value`:", ""] + settings_table(cfg)
-    return lines
-
-
-def _families() -> list[str]:
-    from modeconn.symmetry.hf.registry import ADAPTERS
-
-    lines = ["## Hugging Face families", "", "`modeconn.symmetry.hf.registry.ADAPTERS`, keyed by `config.model_type`.",
-             "A model type without an entry is tried against every registered layout and kept only if a random",
-             "element of the group keeps its outputs.", ""]
-    return lines + _table(["model type", "model classes", "normalization absorption"],
-                          [[f"`{a.family}`", ", ".join(a.classes), "yes" if a.absorb is None else f"no: {a.absorb}"]
-                           for a in ADAPTERS.entries()])
-
-
-def _experiments() -> list[str]:
-    from modeconn.experiments import EXPERIMENTS
-
-    lines = ["## Experiments", "", "`modeconn.experiments.EXPERIMENTS` — `modeconn experiment NAME [--quick]`.", ""]
-    return lines + _table(["name", "what it measures", "sizes", "outputs"],
-                          [[f"`{e.name}`", e.doc.split("\n\n")[0], ", ".join(e.sizes), ", ".join(e.outputs)]
-                           for e in EXPERIMENTS.entries()])
-
-
-def _checkpoint_kinds() -> list[str]:
-    from modeconn.checkpoints import CHECKPOINT_KINDS
-
-    lines = ["## Checkpoint kinds", "", "`modeconn.checkpoints.CHECKPOINT_KINDS`, in detection order (the first kind",
-             "whose `detect` accepts a directory's `config.json` opens it).", ""]
-    return lines + _table(["name", "label", "streams", "in memory (every in-memory command)", "operations of its own"],
-                          [[f"`{k.name}`", k.label, "yes" if k.streams else "no",
-                            "yes" if getattr(k, "in_memory", False) else "no", ", ".join(sorted(k.operations))]
-                           for k in CHECKPOINT_KINDS.values()])
-
-
-def _capabilities() -> list[str]:
-    from modeconn.recipes import capabilities
-
-    return ["## Commands × checkpoint kinds", "",
-            "`modeconn.recipes.capabilities`, read from the kinds' operations: what each command does on each kind, or",
-            "why it refuses.", "", capabilities.markdown().strip(), ""]
+    return page()
 
 
 # ------------------------------------------------------------------------------------------------ example scripts
@@ -228,9 +89,10 @@ def layer_table() -> str:
         else:
             rows[-1][1] += " " + names
             rows[-1][2] += " " + what
-    md = _table(["rank", "packages / modules", "what"], [[r[0], r[1].replace("``", "`"), r[2].replace("``", "`")]
-                                                       for r in rows])
-    return "\n".join(md)
+    from modeconn.recipes.registries import markdown_table
+
+    return "\n".join(markdown_table(["rank", "packages / modules", "what"],
+                                    [[r[0], r[1].replace("``", "`"), r[2].replace("``", "`")] for r in rows]))
 
 
 # ------------------------------------------------------------------------------------------------ mkdocs hooks

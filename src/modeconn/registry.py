@@ -15,6 +15,14 @@ from .errors import ConfigError
 T = TypeVar("T")
 
 
+def unknown_name(kind: str, name: object, choices) -> ConfigError:
+    """The error for an unknown ``name`` of ``kind``: the valid ``choices``, and the closest one ("did you mean")."""
+    choices = sorted(choices)
+    close = difflib.get_close_matches(str(name), choices, n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    return ConfigError(f"unknown {kind} {name!r}; valid {kind}s: {', '.join(choices)}.{hint}")
+
+
 class Registry(Generic[T]):
     """A mapping from names to objects of one kind (``kind`` is used in error messages)."""
 
@@ -38,11 +46,7 @@ class Registry(Generic[T]):
         try:
             return self._items[name]
         except KeyError:
-            close = difflib.get_close_matches(str(name), self._items, n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise ConfigError(
-                f"unknown {self.kind} {name!r}; valid {self.kind}s: {', '.join(sorted(self._items))}.{hint}"
-            ) from None
+            raise unknown_name(self.kind, name, self._items) from None
 
     def names(self) -> list[str]:
         return sorted(self._items)

@@ -4,21 +4,36 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import typer
-from typer.core import TyperCommand
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
                            TimeRemainingColumn)
 
 from ..errors import ModeconnError
+from ._help import App, Group
 
-app = typer.Typer(
+DATA_HELP = "data directory (default: $MODECONN_DATA, else shared/data; docs: Data)"
+DOWNLOAD_HELP = "download MNIST / Fashion-MNIST if missing (SHA-256 verified)"
+RESTARTS_HELP = "weight: the most runs (default 1)"
+MAX_ITER_HELP = "weight: the most sweeps per run (default 100)"
+DEVICE_HELP = "device: cpu (default), cuda, mps …"
+OVERWRITE_HELP = "replace a non-empty --out that modeconn wrote"
+METHOD_OPTION_HELP = "a method setting key=value, repeatable; the settings: modeconn list settings METHOD"
+DATASET_HELP = "a dataset (modeconn list datasets) or the PATH of your data (docs: Data); default: the checkpoint's"
+SPLIT_HELP = "your data: the held-out split or file (default: test/ or val/, else a seeded 10%)"
+TEXT_FIELD_HELP = "your text corpus: the field holding the text"
+LABEL_FIELD_HELP = "your labelled texts: the field holding the label"
+CONTEXT_LENGTH_HELP = "your text corpus: tokens per block (default ≤ 128)"
+
+
+app = App(
+    cls=Group,
     help="modeconn: mode connectivity for PyTorch — align, interpolate, measure barriers, merge.",
     no_args_is_help=True,
     add_completion=False,
@@ -40,48 +55,16 @@ def _main(version: bool = typer.Option(False, "--version", callback=_show_versio
                                        help="print the version and exit")) -> None:
     """modeconn: mode connectivity for PyTorch — align, interpolate, measure barriers, merge."""
 
-DATA_HELP = ("data directory (default: $MODECONN_DATA, which defaults to shared/data beside the checkout or "
-             "../shared/data from the working directory; then standard places; see the docs' Data guide)")
-DOWNLOAD_HELP = "download MNIST / Fashion-MNIST (SHA-256 verified) if not found on disk; other datasets are never downloaded"
-RESTARTS_HELP = ("weight matching (every checkpoint kind): the most runs (default 1; more runs start from kicks of the "
-                 "best element and stop once one does not beat the best)")
-MAX_ITER_HELP = "weight matching (every checkpoint kind): the most sweeps per run (default 100)"
-DEVICE_HELP = ("where weight matching's score products and the merge arithmetic run: cpu, cuda, cuda:1, mps … "
-               "(default: the CPU, as before; an unavailable device is an error before any work)")
-OVERWRITE_HELP = "replace a non-empty --out, if modeconn wrote it (inputs and other folders are never replaced)"
-METHOD_OPTION_HELP = ("a setting of the alignment method, key=value, repeatable (the value read as JSON, else as a "
-                      "string): any field of the method's config class (e.g. -o restart_rtol=0 -o restart_init=scratch "
-                      "for weight matching, -o max_batches=4 for activation matching). The dedicated flags (--seed, "
-                      "--restarts, --max-iter …) are shorthands for fields of the same name. Checked by the config "
-                      "before any work: an unknown key (the method's fields are named), a bad value, a key the "
-                      "checkpoints' path does not use or one also given by its flag is refused")
+def data_option() -> Any:
+    return typer.Option(None, "--data", help=DATA_HELP)
 
 
-def live_help(**helps: Callable[[], str]) -> type[TyperCommand]:
-    """A command class whose options named in ``helps`` get their help text from ``helps[name]()`` each time help
-    is shown: texts that list a registry (methods, rules) name the entries registered by then, not at import."""
-
-    class LiveHelpCommand(TyperCommand):
-        def format_help(self, ctx, formatter) -> None:
-            for param in self.params:
-                if param.name in helps:
-                    param.help = helps[param.name]()
-            super().format_help(ctx, formatter)
-
-    return LiveHelpCommand
+def download_option() -> Any:
+    return typer.Option(False, "--download", help=DOWNLOAD_HELP)
 
 
-DATASET_HELP = ("a registered dataset (digits, mnist, fashion-mnist, cifar10, cifar100, austen) or the PATH of your own "
-                "data: a text corpus (.txt, .jsonl/.json, .csv, .parquet, a datasets save_to_disk directory; tokenized "
-                "with the checkpoint's tokenizer) or an image folder (one sub-folder per class; the model's own "
-                "preprocessing); a path that does not exist is an error (docs: Data, 'Your data'). Default: the dataset "
-                "recorded in the (first) checkpoint's config.json")
-SPLIT_HELP = ("your data: the held-out part — a split of a save_to_disk directory, or a second file; default: the "
-              "folder's test/ or val/ (images), else a seeded 10% (--seed)")
-TEXT_FIELD_HELP = "your text corpus: the field (.jsonl/.json/.csv/.parquet/saved column) holding the text"
-LABEL_FIELD_HELP = ("your labelled texts (sequence classifiers): the field holding each text's label, a class index or "
-                    "a name of the model's id2label")
-CONTEXT_LENGTH_HELP = "your text corpus: tokens per block (default min(128, the model's max_position_embeddings))"
+def overwrite_option(help: str = OVERWRITE_HELP) -> Any:
+    return typer.Option(False, "--overwrite", help=help)
 
 
 def split_option() -> Any:

@@ -6,9 +6,10 @@ from pathlib import Path
 
 import typer
 
-from ._app import (DATASET_HELP, DATA_HELP, DOWNLOAD_HELP, METHOD_OPTION_HELP, OVERWRITE_HELP, app, check_out, console,
-                   context_length_option, errors_exit, label_field_option, live_help, log, parse_kv, progress_bar,
-                   split_option, text_field_option, two_arg, user_data, written)
+from ._app import (DATASET_HELP, METHOD_OPTION_HELP, app, check_out, console, context_length_option, data_option,
+                   download_option, errors_exit, label_field_option, log, overwrite_option, parse_kv, progress_bar,
+                   split_option, text_field_option, user_data, written)
+from ._help import live_help
 from .tables import comparison_table
 
 
@@ -16,7 +17,7 @@ def _method_help() -> str:
     """The methods registered when help is shown (:func:`~._app.live_help`)."""
     from ..diagnostics.compare import method_labels
 
-    return "alignment method (repeatable): " + ", ".join(f"{k} ({v})" for k, v in method_labels().items())
+    return "alignment method, repeatable: " + ", ".join(method_labels()) + " (modeconn list methods)"
 
 
 @app.command(cls=live_help(method=_method_help))
@@ -24,24 +25,22 @@ def barrier(
     a: Path = typer.Argument(..., help="checkpoint directory of model A"),
     b: Path = typer.Argument(..., help="checkpoint directory of model B"),
     method: list[str] = typer.Option(["naive", "weight", "activation"], "--method", help=_method_help()),
-    option: list[str] = typer.Option([], "--option", "-o", help=METHOD_OPTION_HELP + "; each key goes to every "
-                                     "--method whose config has that field (--seed, not -o seed, seeds them all)"),
+    option: list[str] = typer.Option([], "--option", "-o", help=METHOD_OPTION_HELP + " (to every --method that has "
+                                     "it)"),
     dataset: str | None = typer.Option(None, help=DATASET_HELP),
     split: str | None = split_option(),
     text_field: str = text_field_option(),
     label_field: str = label_field_option(),
     context_length: int | None = context_length_option(),
-    data: Path | None = typer.Option(None, help=DATA_HELP),
-    download: bool = typer.Option(False, help=DOWNLOAD_HELP),
+    data: Path | None = data_option(),
+    download: bool = download_option(),
     bn: str = typer.Option("reset", help="BatchNorm policy: reset, interpolate, keep, repair"),
     lambdas: int = typer.Option(25, min=2, help="points on the path, endpoints included"),
-    eval_limit: int | None = typer.Option(None, min=1, help="evaluate on the first N examples of each split (recorded "
-                                          "in report.md, results.json and the figure)"),
+    eval_limit: int | None = typer.Option(None, min=1, help="evaluate on the first N examples of each split"),
     limit_train: int | None = typer.Option(None, min=1, help="use only the first N training examples"),
-    seed: int = typer.Option(0, help="seed of the alignment methods with random choices and of the batches that "
-                             "re-estimate BatchNorm statistics / REPAIR"),
+    seed: int = typer.Option(0, help="seed of the methods' random choices and the BatchNorm batches"),
     out: Path | None = typer.Option(None, help="output directory (default runs/barrier-<time>)"),
-    overwrite: bool = typer.Option(False, help=OVERWRITE_HELP),
+    overwrite: bool = overwrite_option(),
 ) -> None:
     """Barriers between two checkpoints, naive and after each alignment method.
 
@@ -58,6 +57,6 @@ def barrier(
         with user_data(dataset, split, text_field, context_length, seed, label_field), progress_bar() as progress:
             comparison = run_barrier(a, b, method, out, options=parse_kv(option, "--option"), dataset=dataset,
                                      data=data, limit_train=limit_train, bn=bn, lambdas=lambdas, eval_limit=eval_limit,
-                                     seed=seed, overwrite=overwrite, log=log, progress=two_arg(progress, "path points"))
+                                     seed=seed, overwrite=overwrite, log=log, progress=progress)
     console.print(comparison_table(comparison.to_json(), "test"))
     written(out, "report.md, results.json, barrier.png")

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import typer
 
-from ._app import (DATASET_HELP, DATA_HELP, DOWNLOAD_HELP, OVERWRITE_HELP, app, check_out, context_length_option,
-                   errors_exit, label_field_option, log, split_option, text_field_option, user_data)
+from ._app import (DATASET_HELP, app, check_out, context_length_option, data_option, download_option, errors_exit,
+                   label_field_option, log, overwrite_option, progress_bar, split_option, text_field_option, user_data)
 from ._print import show
 
 
@@ -20,22 +20,23 @@ def check(
     text_field: str = text_field_option(),
     label_field: str = label_field_option(),
     context_length: int | None = context_length_option(),
-    data: Path | None = typer.Option(None, help=DATA_HELP),
-    download: bool = typer.Option(False, help=DOWNLOAD_HELP),
+    data: Path | None = data_option(),
+    download: bool = download_option(),
     limit_train: int | None = typer.Option(None, min=1, help="use only the first N training examples"),
     max_batches: int = typer.Option(5, min=1, help="training batches (of 500) for activations and layer inputs"),
     eval_limit: int = typer.Option(2000, min=1, help="test examples for the endpoints' loss"),
-    seed: int = typer.Option(0),
+    seed: int = typer.Option(0, help="seed of the batches (and of your image folder's held-out share)"),
     out: Path | None = typer.Option(None, help="output directory (default runs/check-<time>)"),
-    overwrite: bool = typer.Option(False, help=OVERWRITE_HELP),
-    device: str | None = typer.Option(None, help="where the forward passes and weight matching's score products run: "
-                                      "cpu, cuda, cuda:1, mps … (default: the CPU)"),
+    overwrite: bool = overwrite_option(),
+    device: str | None = typer.Option(None, help="device of the forward passes and matching: cpu, cuda, mps … "
+                                      "(default cpu)"),
 ) -> None:
-    """Will A and B merge? Predicts, without evaluating the interpolation path, the test-loss barrier_mean of
-    merging them as they are and after weight / activation matching, a go / no-go verdict (barrier_mean below
-    0.1 nats) and the method to use; with A alone, whether an independently trained twin of A would merge
-    without alignment. Writes report.md, results.json and check.png (relationship: weight cosine, CKA;
-    identifiability: identity / optimal activation-matching ratio, realization and swap costs, k, ν(U)).
+    """Will A and B merge? Predicts the barrier without evaluating the path.
+
+    Predicts the test-loss barrier_mean of merging A and B as they are and after weight / activation matching, a go
+    / no-go verdict (barrier_mean below 0.1 nats) and the method to use; with A alone, whether an independently
+    trained twin of A would merge without alignment. Writes report.md, results.json and check.png. Docs: the "Will
+    these merge?" guide.
     """
     from ..experiments.output import default_out
     from ..recipes.check import CheckOptions, run_check
@@ -45,6 +46,7 @@ def check(
                         eval_limit=eval_limit, seed=seed, overwrite=overwrite, device=device)
     with errors_exit(download):
         check_out(out, [a, b, data], overwrite)
-        with user_data(dataset, split, text_field, context_length, seed, label_field):  # the seed of an image folder's held-out share
-            outcome = run_check(a, b, out, opts, log=log)
+        # the seed also draws your data's held-out share
+        with user_data(dataset, split, text_field, context_length, seed, label_field), progress_bar() as progress:
+            outcome = run_check(a, b, out, opts, log=log, progress=progress)
     show(outcome)

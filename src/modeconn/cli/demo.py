@@ -6,14 +6,14 @@ from pathlib import Path
 
 import typer
 
-from ._app import OVERWRITE_HELP, app, check_out, console, errors_exit, log, written
+from ._app import app, check_out, console, errors_exit, log, overwrite_option, written
 from .tables import comparison_table
 
 
 @app.command()
 def demo(
-    out: Path | None = typer.Option(None, help="output directory (default runs/demo-<time>); must not exist or be empty"),
-    overwrite: bool = typer.Option(False, help=OVERWRITE_HELP),
+    out: Path | None = typer.Option(None, help="output directory (default runs/demo-<time>)"),
+    overwrite: bool = overwrite_option(),
     epochs: int | None = typer.Option(None, min=1, help="training epochs per model (default 40)"),
     seed_a: int = typer.Option(0, help="seed of model A"),
     seed_b: int = typer.Option(1, help="seed of model B"),

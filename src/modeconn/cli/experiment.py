@@ -6,34 +6,37 @@ from pathlib import Path
 
 import typer
 
-from ._app import DATA_HELP, DOWNLOAD_HELP, OVERWRITE_HELP, app, check_out, console, errors_exit, log, written
+from ._app import (app, check_out, console, data_option, download_option, errors_exit, log, overwrite_option, written)
+from ._help import live_help
 from .tables import report_text
 
 
-def _help() -> str:
+def _name_help() -> str:
+    """The experiments registered when help is shown (:func:`~._app.live_help`)."""
     from ..experiments import EXPERIMENTS
-    from ..experiments.registry import experiments_help
 
-    return ("Run a named experiment; writes results.json, report.md and its figures.\n\n" + experiments_help()
-            + "\n\nValid names: " + ", ".join(EXPERIMENTS))
+    return "experiment: " + ", ".join(EXPERIMENTS) + " (modeconn list experiments)"
 
 
-@app.command(help=_help())
+@app.command(cls=live_help(name=_name_help))
 def experiment(
-    name: str = typer.Argument(..., help="experiment name (listed above)"),
-    quick: bool = typer.Option(False, help="the small CI size (minutes on 2 cores) instead of the full size"),
+    name: str = typer.Argument(..., help=_name_help()),
+    quick: bool = typer.Option(False, "--quick", help="the small CI size instead of the full size"),
     size: str | None = typer.Option(None, "--size", metavar="NAME",
-                                    help="a named size of the experiment (quick, full, or one it adds, e.g. large "
-                                         "for lmc-dm); default full, or quick with --quick"),
+                                    help="a named size: quick, full (default) or one the experiment adds"),
     pairs: int | None = typer.Option(None, min=1, help="model pairs per setting (default: 1 quick, 3 full)"),
     epochs: int | None = typer.Option(None, min=1, help="training epochs per model (default per experiment)"),
     width: int | None = typer.Option(None, min=1, help="hidden width of the models (default per experiment)"),
     limit_train: int | None = typer.Option(None, min=1, help="training examples per model (default per size)"),
-    data: Path | None = typer.Option(None, help=DATA_HELP),
-    download: bool = typer.Option(False, help=DOWNLOAD_HELP),
+    data: Path | None = data_option(),
+    download: bool = download_option(),
     out: Path | None = typer.Option(None, help="output directory (default runs/<name>-<time>)"),
-    overwrite: bool = typer.Option(False, help=OVERWRITE_HELP),
+    overwrite: bool = overwrite_option(),
 ) -> None:
+    """Run a registered experiment (modeconn list experiments); writes results.json, report.md and its figures.
+
+    Docs: Results (the generated reports) and Extending modeconn (adding an experiment).
+    """
     from ..experiments import EXPERIMENTS
     from ..experiments.output import default_out
 

@@ -28,6 +28,7 @@ from torch import nn
 from ..checks import check_finite
 from ..data import DatasetBundle, make_loader
 from ..errors import ConfigError
+from ..match.progress import reporter
 from ..nn_utils import model_device
 from .pair import SPACE_STATISTICS, collect, space_statistics, weight_cosines
 from .predictor import GO_THRESHOLD, LogLinear, not_applicable
@@ -230,7 +231,8 @@ def _predict(pair: Mapping[str, Any] | None, layers, calibration: Mapping[str, L
 
 def check(model_a: nn.Module, model_b: nn.Module | None = None, *, data: DatasetBundle, max_batches: int = 5,
           batch_size: int = 500, eval_limit: int = 2000, seed: int = 0,
-          calibration: Mapping[str, LogLinear] | None = None, device: str | torch.device | None = None) -> CheckResult:
+          calibration: Mapping[str, LogLinear] | None = None, device: str | torch.device | None = None,
+          progress: Callable[..., None] | bool = True) -> CheckResult:
     """Will ``model_a`` and ``model_b`` merge without alignment? With ``model_a`` alone: would an independently
     trained twin of it (same architecture, fixed structure and data, another seed)?
 
@@ -246,6 +248,9 @@ def check(model_a: nn.Module, model_b: nn.Module | None = None, *, data: Dataset
             fit shipped in :mod:`modeconn.diagnostics.calibration`.
         device: where the forward passes and weight matching's score products run (copies of the models are moved
             there; ``None``: the models' own device). ConfigError naming ``device`` if it is not available.
+        progress: ``progress("check", phases done, phases, phase=next phase)`` between the phases (endpoints,
+            realization costs, then for a pair weight matching — which reports its own sweeps — and activations;
+            :mod:`modeconn.match.progress`); True (default): tqdm bars on stderr; False: silent.
     Returns:
         :class:`CheckResult`: ``prediction["unaligned" | "weight_matched" | "activation_matched" | "twin"]`` each
         ``{"barrier_mean", "low", "high"}`` (test loss, nats; ``low ≤ barrier_mean ≤ high``) or, where its diagnostic
@@ -270,13 +275,19 @@ def check(model_a: nn.Module, model_b: nn.Module | None = None, *, data: Dataset
     train = make_loader(data.train, batch_size, shuffle=True, seed=seed)
     test = make_loader(torch.utils.data.Subset(data.test, range(min(eval_limit, len(data.test)))), 1000)
     models = [model_a] if model_b is None else [model_a, model_b]
+    phase = _phases(reporter(progress), ["endpoints", "realization costs"]
+                    + ([] if model_b is None else ["weight matching", "activations"]))
+    phase()
     endpoints = [_endpoint(m, test) for m in models]
+    phase()
     layers = model_identifiability(model_a, spec, train, max_batches, seed)
     pair: dict[str, Any] = {}
     features = None
     if model_b is not None:
         sa, sb = model_a.state_dict(), model_b.state_dict()
-        wm = weight_matching(spec, sa, sb)
+        tick = phase()
+        wm = weight_matching(spec, sa, sb, progress=tick)
+        phase()
         corr, samples, _, constant = collect(spec, model_a, model_b, train, max_batches, seed)
         spaces = space_statistics(spec, corr, samples, wm.element, constant)
         cosines = weight_cosines(spec, sa, sb, wm.apply(sb))
@@ -285,9 +296,23 @@ def check(model_a: nn.Module, model_b: nn.Module | None = None, *, data: Dataset
         rel = first(RELATIONSHIPS, features) if why is None else Rule(UNDETERMINED, bool, f"{NOT_APPLICABLE}: {why}")
         pair = {"spaces": spaces, "weights": cosines, "features": features,
                 "relationship": {"name": rel.name, "advice": rel.advice}}
+    phase()
     prediction = _predict(features, layers, calibration)
     rec = _recommend(prediction, pair)
     return CheckResult(data.name, endpoints, layers, prediction, rec, pair, time.perf_counter() - start)
+
+
+def _phases(tick, names: list[str]) -> Callable[[], Callable[..., None]]:
+    """``next_phase()``: reports ``tick("check", done, len(names), phase=the phase starting)`` and returns ``tick``
+    (for a phase that reports its own steps); the last call reports every phase done."""
+    done = iter(range(len(names) + 1))
+
+    def next_phase() -> Callable[..., None]:
+        i = next(done)
+        tick("check", i, len(names), **({"phase": names[i]} if i < len(names) else {}))
+        return tick
+
+    return next_phase
 
 
 def _on_device(model_a: nn.Module, model_b: nn.Module | None, device) -> tuple[nn.Module, nn.Module | None]:

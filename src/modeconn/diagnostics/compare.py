@@ -14,6 +14,7 @@ from ..data import DatasetBundle, make_loader
 from ..errors import ConfigError
 from ..match import Alignment
 from ..match.methods import ALIGNMENT_METHODS
+from ..match.progress import reporter
 from ..path import Curve, evaluate_model, evaluate_path, merge
 from ..path.batchnorm import fixed_batches
 from ..symmetry import SymmetrySpec, symmetry_spec
@@ -113,7 +114,7 @@ def _jsonable(stats: dict) -> dict:
 def align(method: str, spec: SymmetrySpec, model: nn.Module, sd_a: StateDict, sd_b: StateDict,
           bundle: DatasetBundle, *, seed: int = 0, batch_size: int = 256, learned_steps: int = 300,
           device: str | None = None, overrides: Mapping[str, Any] | None = None,
-          config: StrictConfig | None = None) -> Alignment | None:
+          config: StrictConfig | None = None, progress: Callable[..., None] | bool = False) -> Alignment | None:
     """Run one alignment method of :data:`METHODS` through its registry entry (``naive`` returns None).
 
     Methods that read activations get the training split in order (batches of ``batch_size``); methods that learn
@@ -122,7 +123,8 @@ def align(method: str, spec: SymmetrySpec, model: nn.Module, sd_a: StateDict, sd
     ``--device`` for any other method. ``overrides``: further fields of the method's config class (a ``seed`` there
     replaces ``seed``, data order included; ConfigError naming an unknown field). ``config``: instead of
     ``overrides``, the method's validated config object (its fields set there win; ``seed`` and ``learned_steps``
-    fill the ones it leaves unset)."""
+    fill the ones it leaves unset). ``progress``: the method's progress (:mod:`modeconn.match.progress`), given to
+    the methods that report it (the data-driven ones)."""
     if method == "naive":
         return None
     entry = ALIGNMENT_METHODS.get(method)
@@ -141,7 +143,8 @@ def align(method: str, spec: SymmetrySpec, model: nn.Module, sd_a: StateDict, sd
         learns = entry.inputs == "model_and_state_dicts"
         loader = (make_loader(bundle.train, 128, shuffle=True, seed=seed) if learns
                   else make_loader(bundle.train, batch_size, shuffle=False))
-    return entry.align(spec, sd_a, sd_b, model=model, loader=loader, config=config, **options)
+    runtime = {"progress": progress} if entry.needs_data else {}
+    return entry.align(spec, sd_a, sd_b, model=model, loader=loader, config=config, **options, **runtime)
 
 
 def _instance(template: nn.Module, sd: StateDict) -> nn.Module:
@@ -166,7 +169,7 @@ def compare_alignments(
     eval_limit: int | None = None,
     learned_steps: int = 300,
     on_step: Callable[[str], None] | None = None,
-    progress: Callable[[int, int], None] | None = None,
+    progress: Callable[..., None] | bool = True,
     configs: Mapping[str, StrictConfig] | None = None,
 ) -> Comparison:
     """Align B to A with each method, evaluate the linear path on train and test, merge at λ=½.
@@ -176,7 +179,10 @@ def compare_alignments(
     are re-estimated (``bn``) on one fixed list of shuffled (``seed``) training batches, drawn once and shared
     by every method's path and midpoint merge: the merge at λ=½ is the path's point at λ=½ (same weights, same
     BN batches), so its loss equals the curve's there whenever the λ grid contains ½. Returns a
-    :class:`Comparison`. ``configs``: per method its validated config object (:func:`align`'s ``config``). Raises
+    :class:`Comparison`. ``configs``: per method its validated config object (:func:`align`'s ``config``).
+    ``progress``: ``progress(stage, done, total, **metrics)`` (:mod:`modeconn.match.progress`) through each method's
+    alignment (the data-driven ones report theirs) and its path points; True (default): tqdm bars on stderr;
+    False: silent. Raises
     ConfigError when the bundle's examples do not have the model's ``in_shape``
     (before tracing); NonFiniteError (naming λ/split, or the merged model and split) for a NaN/Inf
     logit or loss.
@@ -194,11 +200,12 @@ def compare_alignments(
     bn_loader = fixed_batches(make_loader(bundle.train, batch_size, shuffle=True, seed=seed), BN_BATCHES)
     result = Comparison(spec=spec, eval_limit=eval_limit,
                         examples={"train": (len(train_eval), len(bundle.train)), "test": (len(test_eval), len(bundle.test))})
+    tick = reporter(progress)
     for method in methods:
         if on_step:
             on_step(f"aligning: {method_label(method)}")
         res = align(method, spec, model, sd_a, sd_b, bundle, seed=seed, learned_steps=learned_steps,
-                    config=(configs or {}).get(method))
+                    config=(configs or {}).get(method), progress=tick)
         sd_b_aligned = dict(sd_b) if res is None else res.apply(sd_b)
         result.alignments[method] = res
         result.aligned_b[method] = sd_b_aligned
@@ -206,7 +213,7 @@ def compare_alignments(
             on_step(f"evaluating path: {method_label(method)}")
         result.curves[method] = evaluate_path(
             model, sd_a, sd_b_aligned, loaders, lambdas=lambdas, bn=bn, bn_loader=bn_loader, spec=spec,
-            progress=progress,
+            progress=lambda done, total, m=method: tick(f"path points ({m})", done, total),
         )
         merged = merge([sd_a, sd_b_aligned], model=model, bn=bn, bn_loader=bn_loader, spec=spec)
         m = _instance(model, merged)

@@ -151,7 +151,7 @@ def measure_pair(family: str, label: str, pair: int, a, b, bundle, lambdas: int)
     t0 = time.perf_counter()
     measured = pair_metrics(a, b, bundle, lambdas, activation_barrier=True)
     t1 = time.perf_counter()
-    res = check(a, b, data=bundle)
+    res = check(a, b, data=bundle, progress=False)
     t2 = time.perf_counter()
     why = res.prediction["not_applicable"] or res.prediction["twin"].get("not_applicable")
     if why:
@@ -261,9 +261,9 @@ def time_cost(a, b, bundle, log: Log) -> dict[str, float]:
     from ..diagnostics.compare import compare_alignments
 
     t0 = time.perf_counter()
-    check(a, b, data=bundle)
+    check(a, b, data=bundle, progress=False)
     t1 = time.perf_counter()
-    compare_alignments(a, a.state_dict(), b.state_dict(), bundle, ["naive", "weight", "activation"])
+    compare_alignments(a, a.state_dict(), b.state_dict(), bundle, ["naive", "weight", "activation"], progress=False)
     t2 = time.perf_counter()
     log(f"cost: check {t1 - t0:.1f} s, barrier {t2 - t1:.1f} s")
     return {"check_seconds": t1 - t0, "barrier_seconds": t2 - t1, "ratio": (t1 - t0) / (t2 - t1)}
@@ -412,6 +412,6 @@ def run_calibration(out: Path, *, size: Size, data: Path | None = None, overwrit
 
 
 register_experiment(Experiment(
-    name="check-calibration", doc=__doc__.split("\n", 1)[0].split(": ", 1)[1], sizes=SIZES, run=run_calibration,
+    name="check-calibration", doc=__doc__.split(": ", 1)[1], sizes=SIZES, run=run_calibration,
     report=report, outputs=("report.md", "results.json", "calibration.png"),
     overrides={o: o for o in ("pairs", "epochs", "width", "limit_train")}))

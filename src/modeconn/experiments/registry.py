@@ -28,8 +28,9 @@ class Experiment:
 
     Attributes:
         name: the registry name (``modeconn experiment NAME``).
-        doc: its description; the first line, without a leading "`modeconn experiment NAME`: ", is the
-            one-line :attr:`summary` of ``--help``, naming the docs/methods.md section whose claim it checks.
+        doc: its description; the first paragraph, without a leading "`modeconn experiment NAME`: ", is the
+            :attr:`summary` that ``modeconn list experiments`` prints, naming the docs/methods.md section whose
+            claim it checks.
         sizes: ``{"quick": size, "full": size, ...}``, frozen dataclasses of the run's settings; sizes beyond
             ``quick`` and ``full`` are picked by name (``--size NAME``).
         run: ``run(out, *, size, data, overwrite, log) -> results`` writing ``results.json``, ``report.md`` and its
@@ -52,7 +53,7 @@ class Experiment:
 
     @property
     def summary(self) -> str:
-        first = self.doc.strip().splitlines()[0]
+        first = " ".join(self.doc.strip().split("\n\n")[0].split())
         return first.split("`: ", 1)[-1] if first.startswith("`modeconn") else first
 
     def size_name(self, quick: bool = False, name: str | None = None) -> str:
@@ -123,7 +124,3 @@ def register_experiment(experiment: Experiment) -> Experiment:
     EXPERIMENTS.register(experiment.name)(experiment)
     return experiment
 
-
-def experiments_help() -> str:
-    """One line per registered experiment, for the command line's help."""
-    return "\n\n".join(f"{e.name}: {e.summary}" for e in map(EXPERIMENTS.get, EXPERIMENTS))

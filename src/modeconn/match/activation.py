@@ -132,7 +132,7 @@ def activation_matching(
     loader: Iterable,
     config: ActivationMatchingConfig | Mapping[str, Any] | None = None,
     *,
-    progress: Callable[..., None] | None = None,
+    progress: Callable[..., None] | bool = True,
     **options: Any,
 ) -> Alignment:
     """Align model B to model A by matching activations on ``loader``.
@@ -146,7 +146,7 @@ def activation_matching(
             ``max_batches``.
         progress: ``progress("activation statistics", batches, total)`` after every batch (``total``: max_batches,
             else the loader's length when it has one, else None) and ``progress("assignment", spaces, total)``
-            after every LAP (:mod:`modeconn.match.progress`).
+            after every LAP (:mod:`modeconn.match.progress`); True (default): a tqdm bar on stderr; False: silent.
     Returns: :class:`Alignment` (``objective_sense="maximize"``) whose ``objective`` is the total matched
         correlation and ``stats`` hold per-space mean matched correlation, ``identity_ratio`` (objective of the
         identity permutation / optimal objective, per space: → 1 when the units are already aligned, the

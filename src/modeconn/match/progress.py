@@ -6,6 +6,9 @@ learned method, ``lam=`` its λ). Metrics are passed only to callbacks that take
 three positional parameters alone is called without them. Learned and dual matching used to call
 ``progress(step, steps, loss)``: a callback without ``**metrics`` passed to them is still called that way, with a
 DeprecationWarning.
+
+In the API ``progress=True`` (the default of the long phases, e.g. activation matching) draws a tqdm bar per stage
+on stderr (:func:`tqdm_progress`; ``TQDM_DISABLE=1`` hides it); ``progress=False`` (or None) is silent.
 """
 
 from __future__ import annotations
@@ -36,14 +39,42 @@ def _silent(stage: str, done: int, total: int | None, **metrics: Any) -> None:
     """The reporter when no callback is given."""
 
 
-def reporter(progress: Callable[..., Any] | None, legacy: Legacy | None = None, *, what: str = "") -> ProgressFn:
+def tqdm_progress(file: Any = None) -> ProgressFn:
+    """A reporter drawing one tqdm bar per stage (on stderr, or ``file``), with the metrics as its postfix; a bar
+    closes when its stage ends or the next stage begins."""
+    from tqdm.auto import tqdm
+
+    state: dict[str, Any] = {"bar": None, "stage": None}
+
+    def update(stage: str, done: int, total: int | None = None, **metrics: Any) -> None:
+        bar = state["bar"]
+        if bar is None or state["stage"] != stage or done < bar.n:
+            if bar is not None:
+                bar.close()
+            bar = state["bar"] = tqdm(total=total, desc=stage, leave=False, dynamic_ncols=True, file=file)
+            state["stage"] = stage
+        if metrics:
+            bar.set_postfix(metrics, refresh=False)
+        bar.update(done - bar.n)
+        if total is not None and done >= total:
+            bar.close()
+            state["bar"] = None
+
+    return update
+
+
+def reporter(progress: Callable[..., Any] | bool | None, legacy: Legacy | None = None, *,
+             what: str = "") -> ProgressFn:
     """A ``(stage, done, total, **metrics)`` function calling ``progress`` the way it accepts.
 
-    ``progress`` None: a no-op. Taking ``**metrics``: called as is. Otherwise: ``legacy(progress, stage, done,
+    ``progress`` None or False: a no-op. True: a tqdm bar per stage (:func:`tqdm_progress`). Taking ``**metrics``:
+    called as is. Otherwise: ``legacy(progress, stage, done,
     total, metrics)`` when given (after a DeprecationWarning naming ``what``), else ``progress(stage, done, total)``.
     """
-    if progress is None:
+    if progress is None or progress is False:
         return _silent
+    if progress is True:
+        return tqdm_progress()
     if takes_metrics(progress):
         return progress
     if legacy is None:

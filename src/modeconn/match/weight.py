@@ -65,6 +65,7 @@ from ..symmetry import AxisBinding, Element, SymmetrySpec
 from . import solvers
 from .lap import LapTimer, lap_method, solve_lap
 from .options import Int, PositiveInt, Real
+from .progress import tqdm_progress
 from .score_terms import ScoreTerms, assignment_score, unit_matrix
 from .result import Alignment
 from .weight_stream import _Float32, _Stream
@@ -175,7 +176,7 @@ DEFAULTS = WeightMatchingConfig()
 
 def weight_matching(spec: SymmetrySpec, sd_a: StateDict, sd_b: StateDict,
                     config: WeightMatchingConfig | Mapping[str, Any] | None = None, *,
-                    progress: Progress | None = None, **options: Any) -> Alignment:
+                    progress: Progress | bool | None = None, **options: Any) -> Alignment:
     """Align ``sd_b`` to ``sd_a`` by weight matching (module docstring; Ainsworth et al. 2023, Alg. 1, with restarts).
 
     Args:
@@ -188,7 +189,7 @@ def weight_matching(spec: SymmetrySpec, sd_a: StateDict, sd_b: StateDict,
             ``restarts``, ``restart_rtol``, ``restart_init``, ``max_iter``, ``rtol``, ``seed``, ``init``, ``keys``,
             ``chunk``, ``device``.
         progress: called as ``progress(stage, done, total)`` after every space (``stage`` e.g. ``"run 1/4 sweep
-            2"``; :mod:`modeconn.match.progress`).
+            2"``; :mod:`modeconn.match.progress`); True: tqdm bars on stderr; None or False: silent.
     Returns: :class:`Alignment` (``objective_sense="maximize"``) with ``element`` (apply to B), ``objective`` (``J``,
         or ``J̃`` when a space is not isometric — see the module docstring), ``history`` (objective per sweep per
         run) and ``stats``: ``restarts_run``, ``restarts_stopped_by`` (``"bound"``, ``"no_gain"`` or
@@ -201,7 +202,7 @@ def weight_matching(spec: SymmetrySpec, sd_a: StateDict, sd_b: StateDict,
         LAP); CheckpointError if a lazy checkpoint's file changes while it is read.
     """
     cfg = WeightMatchingConfig.from_any(config, **options)  # typos and bad values fail here, before any work
-    return _Run(spec, sd_a, sd_b, cfg, progress).run()
+    return _Run(spec, sd_a, sd_b, cfg, tqdm_progress() if progress is True else progress or None).run()
 
 
 class _Run:

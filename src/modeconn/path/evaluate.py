@@ -136,6 +136,16 @@ def _keep_a_stats(sd: dict, sd_a: StateDict, model: nn.Module) -> dict:
     return sd
 
 
+def _two_arg_progress(progress):
+    """``progress`` as a ``(i, total)`` callback or None: True gives a tqdm bar ("path points"), False None."""
+    if progress is True:
+        from ..match.progress import tqdm_progress
+
+        tick = tqdm_progress()
+        return lambda done, total: tick("path points", done, total)
+    return progress or None
+
+
 def evaluate_path(
     model: nn.Module,
     sd_a: StateDict,
@@ -149,7 +159,7 @@ def evaluate_path(
     spec: SymmetrySpec | None = None,
     loss_fn: LossFn | None = None,
     max_batches: int | None = None,
-    progress: Callable[[int, int], None] | None = None,
+    progress: Callable[[int, int], None] | bool | None = None,
 ) -> Curve:
     """Loss and accuracy of ``θ(λ) = (1−λ)θ_A + λθ_B`` on a λ grid.
 
@@ -170,7 +180,8 @@ def evaluate_path(
         spec: the symmetry spec (for ``repair``; traced from the first batch when None).
         loss_fn: ``loss_fn(logits, y)`` returning the *summed* loss (default cross-entropy).
         max_batches: evaluate on the first batches of each split only.
-        progress: called as ``progress(i, total)`` after each point.
+        progress: called as ``progress(i, total)`` after each point; True: a tqdm bar on stderr; None or False:
+            silent.
     Returns: :class:`Curve` with per-λ ``loss`` and ``acc`` per split; ``.barrier("mean")`` etc.
     Raises: ConfigError (bad λ grid, bn policy, missing bn_loader), StateDictMismatchError,
         DeviceMismatchError, NonFiniteError (NaN/Inf weights) — all before any forward pass; NonFiniteError
@@ -178,6 +189,7 @@ def evaluate_path(
         running_mean) and naming λ and split for a NaN/Inf logit or loss: a curve never holds a non-finite value.
     """
     grid = lambda_grid(lambdas)
+    progress = _two_arg_progress(progress)
     check_bn_policy(bn)
     check_compatible([model.state_dict(), sd_a, sd_b], ["model", "A", "B"])
     check_fixed_structure(model, [sd_a, sd_b], ["A", "B"])

@@ -132,7 +132,8 @@ def _align_hf(ckpts: list[Checkpoint], out: Path, plan: AlignPlan, progress, log
         from .hf_memory import align_in_memory, check_text_given
 
         check_text_given(opts.dataset, "--method", opts.method, "streaming weight matching (--method weight) aligns")
-        return align_in_memory(ckpts, out, replace(plan, config=_in_memory_config(plan, ckpts[0].kind.label)), log)
+        return align_in_memory(ckpts, out, replace(plan, config=_in_memory_config(plan, ckpts[0].kind.label)), log,
+                               progress)
     check_single_process()
     if not plan.method.streams:
         raise ConfigError(f"Hugging Face checkpoint directories are aligned by streaming weight matching (--method "
@@ -193,7 +194,7 @@ def _align_modeconn(ckpts: list[Checkpoint], out: Path, plan: AlignPlan, progres
     if method not in offered:
         raise ConfigError(f"--method {method} is not offered here; choose one of "
                           f"{', '.join(offered + command_line_methods(continuous=True))}")
-    return _align_in_memory(ckpts, out, replace(plan, config=_in_memory_config(plan, ckpts[0].kind.label)))
+    return _align_in_memory(ckpts, out, replace(plan, config=_in_memory_config(plan, ckpts[0].kind.label)), progress)
 
 
 _METHOD_OPTIONS = ("seed", "steps", "lr", "lambda_schedule", "lambda_value", "restarts", "max_iter", "device")
@@ -218,12 +219,13 @@ def _align_kind(ckpts: list[Checkpoint], out: Path, plan: AlignPlan, progress, l
         raise ConfigError(f"--method {plan.method.name} is not offered for {ckpts[0].kind.label} checkpoints; choose "
                           f"one of {', '.join(offered)} ({', '.join(command_line_methods(continuous=True))}: "
                           "language models)")
-    return _align_in_memory(ckpts, out, replace(plan, config=_in_memory_config(plan, ckpts[0].kind.label)))
+    return _align_in_memory(ckpts, out, replace(plan, config=_in_memory_config(plan, ckpts[0].kind.label)), progress)
 
 
-def _align_in_memory(ckpts: list[Checkpoint], out: Path, plan: AlignPlan) -> Outcome:
+def _align_in_memory(ckpts: list[Checkpoint], out: Path, plan: AlignPlan, progress=None) -> Outcome:
     """Align B to A in memory through the kind's hooks (load, feed, example input, save): the aligned B is checked to
-    compute B's function and written as a checkpoint of the same kind with ``alignment.json``."""
+    compute B's function and written as a checkpoint of the same kind with ``alignment.json``; ``progress``: the
+    method's (:mod:`modeconn.match.progress`)."""
     from ..checkpoints import load_same_architecture
     from ..diagnostics.compare import align as run_align
     from ..io.hf import model_names
@@ -234,7 +236,7 @@ def _align_in_memory(ckpts: list[Checkpoint], out: Path, plan: AlignPlan) -> Out
     bundle = ckpts[0].feed(opts.dataset, opts.data, opts.limit_train) if plan.method.needs_data else None
     x0 = bundle.train.tensors[0][:2] if bundle is not None else ckpts[0].example_input()
     spec = symmetry_spec(ma, x0)
-    res = run_align(method, spec, ma, ma.state_dict(), mb.state_dict(), bundle, config=plan.config)
+    res = run_align(method, spec, ma, ma.state_dict(), mb.state_dict(), bundle, config=plan.config, progress=progress)
     mb_aligned = copy.deepcopy(mb)
     mb_aligned.load_state_dict(res.apply(mb.state_dict()))
     check_same_function(mb, mb_aligned, x0)

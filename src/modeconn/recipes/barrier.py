@@ -23,11 +23,12 @@ def run_barrier(out: str | Path, model_a: nn.Module, model_b: nn.Module, bundle:
                 methods: Sequence[str], *, bn: str = "reset", lambdas: int = 25, eval_limit: int | None = None,
                 seed: int = 0, overwrite: bool = False, names: tuple[str, str] = ("A", "B"),
                 inputs: Sequence[str | Path] = (), log: Callable[[str], None] = print,
-                progress: Callable[[int, int], None] | None = None,
+                progress: Callable[..., None] | None = None,
                 configs: Mapping[str, StrictConfig] | None = None) -> Comparison:
     """Compare alignment methods on two models and write the report into ``out`` (atomically; ``inputs`` are the
     checkpoint directories, which ``out`` may not be, contain or lie inside); ``configs``: per method its config
-    object (:func:`method_configs`)."""
+    object (:func:`method_configs`); ``progress(stage, done, total, **metrics)``: each method's alignment and path
+    points (:func:`~modeconn.diagnostics.compare.compare_alignments`), None: silent."""
     start = time.perf_counter()
     with output_directory(out, overwrite, inputs=inputs, command="barrier") as tmp:
         comparison = compare_alignments(model_a, model_a.state_dict(), model_b.state_dict(), bundle, methods,
@@ -49,7 +50,7 @@ def run_barrier(out: str | Path, model_a: nn.Module, model_b: nn.Module, bundle:
 def barrier(a: Path, b: Path, methods: Sequence[str], out: Path, *, dataset: str | None = None,
             data: Path | None = None, limit_train: int | None = None, bn: str = "reset", lambdas: int = 25,
             eval_limit: int | None = None, seed: int = 0, overwrite: bool = False, log: Callable[[str], None] = print,
-            progress: Callable[[int, int], None] | None = None, options: Mapping[str, Any] | None = None) -> Comparison:
+            progress: Callable[..., None] | None = None, options: Mapping[str, Any] | None = None) -> Comparison:
     """The back-end of ``modeconn barrier``: the method names, their ``-o`` options (:func:`method_configs`) and the
     BatchNorm policy checked, the pair and its data loaded (:func:`~modeconn.recipes.pair.load_pair_and_data`),
     options that would do nothing refused, then :func:`run_barrier`. Raises ConfigError (every check before the comparison starts)."""

@@ -66,9 +66,10 @@ CHECKPOINT_KINDS["absorbed"].supports("check", _load_hugging_face)
 register_in_memory("check", _load_in_memory)
 
 
-def run_check(a: Path, b: Path | None, out: Path, opts: CheckOptions, log=print) -> Outcome:
+def run_check(a: Path, b: Path | None, out: Path, opts: CheckOptions, log=print, progress=None) -> Outcome:
     """Check one pair (or model A alone) and write the report into ``out`` atomically (``out`` may not be, contain
-    or lie inside an input; an existing ``out`` is replaced only with ``overwrite`` and only if modeconn wrote it)."""
+    or lie inside an input; an existing ``out`` is replaced only with ``overwrite`` and only if modeconn wrote it);
+    ``progress``: :func:`~modeconn.diagnostics.check`'s (None: silent)."""
     from ..diagnostics import check
     from ..experiments.output import output_directory, write_json
     from .check_report import plot, report, summary_lines
@@ -82,7 +83,7 @@ def run_check(a: Path, b: Path | None, out: Path, opts: CheckOptions, log=print)
         models, _, bundle = load_models(a, b, opts)
         log(f"checking {a}" + ("" if b is None else f" and {b}") + f" on {bundle.name}")
         res = check(*models, data=bundle, max_batches=opts.max_batches, eval_limit=opts.eval_limit, seed=opts.seed,
-                    device=opts.device)
+                    device=opts.device, progress=progress)
         results: dict[str, Any] = {"task": "check", "models": [str(p) for p in (a, b) if p is not None],
                                    **res.to_json(), "seconds": time.perf_counter() - start}
         write_json(tmp / "results.json", results)

@@ -39,7 +39,7 @@ def run_demo(out: str | Path, *, seeds: tuple[int, int] = (0, 1), epochs: int | 
                                                                   "dataset": "digits"})
             models.append(model)
         comparison = compare_alignments(models[0], models[0].state_dict(), models[1].state_dict(), bundle, methods,
-                                        seed=seeds[0], on_step=log)
+                                        seed=seeds[0], on_step=log, progress=progress)
         results = {
             "task": "demo: two MLPs on scikit-learn digits",
             "model": {"architecture": "mlp", **DEMO_MODEL},

@@ -229,9 +229,9 @@ def _save(tmp: Path, wrapped: nn.Module, source: Path, records: dict[str, Any]) 
         write_json(tmp / name, payload, nan="null", default=str)
 
 
-def align_in_memory(ckpts: list[Checkpoint], out: Path, plan, log: Log) -> Outcome:
-    """Align B to A by ``plan.method`` (a method that reads data, with its resolved config ``plan.config``) and write
-    the aligned B as a Hugging Face checkpoint with ``alignment.json``."""
+def align_in_memory(ckpts: list[Checkpoint], out: Path, plan, log: Log, progress=None) -> Outcome:
+    """Align B to A by ``plan.method`` (a method that reads data, with its resolved config ``plan.config``; it reports
+    to ``progress``) and write the aligned B as a Hugging Face checkpoint with ``alignment.json``."""
     from ..diagnostics.compare import align as run_align
     from ..experiments.output import output_directory
     from ..symmetry import symmetry_spec
@@ -242,7 +242,7 @@ def align_in_memory(ckpts: list[Checkpoint], out: Path, plan, log: Log) -> Outco
     x0 = bundle.train.tensors[0][:2]
     spec = symmetry_spec(ma, x0)
     log(f"{plan.method.display}: {len(spec.spaces)} spaces, {len(bundle.train)} training blocks")
-    res = run_align(method, spec, ma, ma.state_dict(), mb.state_dict(), bundle, config=plan.config)
+    res = run_align(method, spec, ma, ma.state_dict(), mb.state_dict(), bundle, config=plan.config, progress=progress)
     aligned = copy.deepcopy(mb)
     aligned.load_state_dict(res.apply(mb.state_dict()))
     check_same_function(mb, aligned, x0)
@@ -254,7 +254,7 @@ def align_in_memory(ckpts: list[Checkpoint], out: Path, plan, log: Log) -> Outco
                    "aligned checkpoint")
 
 
-def merge_in_memory(ckpts: list[Checkpoint], out: Path, plan, log: Log) -> Outcome:
+def merge_in_memory(ckpts: list[Checkpoint], out: Path, plan, log: Log, progress=None) -> Outcome:
     """Align every model to the first by ``plan.align`` (a method that reads data), merge by the plan's rule and
     weights, score the merge on the held-out split, and write it as a Hugging Face checkpoint with ``merge.json``."""
     from ..experiments.output import output_directory
@@ -265,7 +265,7 @@ def merge_in_memory(ckpts: list[Checkpoint], out: Path, plan, log: Log) -> Outco
     opts = plan.opts
     models, bundle = load_models(ckpts, "merge", opts.dataset, opts.data, opts.limit_train)
     spec = symmetry_spec(models[0], bundle.train.tensors[0][:2])
-    sds = aligned_state_dicts(plan, spec, models, bundle, log)
+    sds = aligned_state_dicts(plan, spec, models, bundle, log, progress)
     log(f"merging {len(sds)} models ({plan.rule.name})")
     merged = merge(sds, plan.weights, spec=spec, normalize=False, rule=plan.rule, settings=plan.settings)
     result = copy.deepcopy(models[0])

@@ -127,7 +127,7 @@ def _merge_in_memory(ckpts: list[Checkpoint], out: Path, plan: MergePlan, progre
         raise ConfigError(f"--dtype / dtype apply to Hugging Face checkpoints; {ckpts[0].kind.label} checkpoints keep "
                           "their dtype")
     _no_tokenizer_keys(plan, f"{ckpts[0].kind.label} checkpoints, which have no tokenizer")
-    path, metrics = merge_in_memory(plan, out, log)
+    path, metrics = merge_in_memory(plan, out, log, progress)
     lines = (f"merged model: test acc {100 * metrics['test']['acc']:.2f}%, test loss {metrics['test']['loss']:.4f}",
              ) if metrics else ()
     return Outcome(path, "config.json, model.safetensors, metrics.json", lines, "merged checkpoint")
@@ -147,7 +147,7 @@ def _merge_hf(ckpts: list[Checkpoint], out: Path, plan: MergePlan, progress, log
                            "merges (align: weight or none)")
         if plan.align.needs_continuous:
             return merge_lm(ckpts, out, plan, progress, log)
-        return merge_in_memory(ckpts, out, plan, log)
+        return merge_in_memory(ckpts, out, plan, log, progress)
     check_single_process()
 
     def files(rec: dict) -> dict:

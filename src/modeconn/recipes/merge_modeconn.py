@@ -57,7 +57,7 @@ def run_merge(paths: Sequence[Path], out: Path, *, weights: Sequence[float] | No
     return merge_in_memory(with_alignment(plan, opts, path, IN_MEMORY_EXCLUDED), out, log)
 
 
-def merge_in_memory(plan: MergePlan, out: Path, log: Log = print):
+def merge_in_memory(plan: MergePlan, out: Path, log: Log = print, progress=None):
     """Run a resolved merge ``plan`` on checkpoints of a kind loaded in memory (see :func:`run_merge`); returns
     (output path, test metrics or {})."""
     paths, opts = plan.models, plan.opts
@@ -72,7 +72,7 @@ def merge_in_memory(plan: MergePlan, out: Path, log: Log = print):
                           f"{ckpts[0].describe()} records no dataset: pass --dataset, or --bn interpolate / keep")
     x0 = bundle.train.tensors[0][:2] if bundle is not None else ckpts[0].example_input()
     spec = symmetry_spec(models[0], x0)
-    sds = aligned_state_dicts(plan, spec, models, bundle, log)
+    sds = aligned_state_dicts(plan, spec, models, bundle, log, progress)
     bn_loader = make_loader(bundle.train, 512, shuffle=True, seed=opts.seed) if bundle is not None else None
     log(f"averaging {len(sds)} models (bn={opts.bn})")
     with_model = bundle is not None or opts.bn in ("interpolate", "keep")  # these need no data
@@ -88,9 +88,9 @@ def merge_in_memory(plan: MergePlan, out: Path, log: Log = print):
     return path, metrics
 
 
-def aligned_state_dicts(plan: MergePlan, spec, models, bundle, log: Log) -> list[dict]:
+def aligned_state_dicts(plan: MergePlan, spec, models, bundle, log: Log, progress=None) -> list[dict]:
     """Every model's state dict, the second on aligned to the first by the plan's method (its registry entry and
-    config object; as stored for ``--align none``)."""
+    config object; as stored for ``--align none``); a method that reads data reports to ``progress``."""
     sds = [m.state_dict() for m in models]
     entry = plan.align
     if entry is None:
@@ -99,7 +99,8 @@ def aligned_state_dicts(plan: MergePlan, spec, models, bundle, log: Log) -> list
     aligned = [sds[0]]
     for p, sd in zip(plan.models[1:], sds[1:], strict=True):
         log(f"aligning {p} to {plan.models[0]} ({entry.display})")
-        res = entry.align(spec, sds[0], sd, model=models[0], loader=loader, config=plan.align_config)
+        runtime = {"progress": progress} if entry.needs_data else {}
+        res = entry.align(spec, sds[0], sd, model=models[0], loader=loader, config=plan.align_config, **runtime)
         aligned.append(res.apply(sd))
     return aligned
 
