@@ -1,6 +1,7 @@
 """Every registry entry reaches the command line: each alignment method the command line offers, merge rule, path
-method, experiment and Hugging Face family is named in its command's ``--help`` (generated from the registry, so a new
-entry is one registration), and each hand list beside a registry equals what the registry derives."""
+method and experiment is named in its command's ``--help``, and each Hugging Face family in ``modeconn list families``
+(the long list a help points to), all generated from the registries, so a new entry is one registration; and each hand
+list beside a registry equals what the registry derives."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from modeconn.symmetry.hf.registry import ADAPTERS
 
 
 def help_words(command: str) -> set[str]:
-    res = CliRunner().invoke(app, [command, "--help"], env={"COLUMNS": "400"})
+    res = CliRunner().invoke(app, command.split() if " " in command else [command, "--help"], env={"COLUMNS": "400"})
     assert res.exit_code == 0, res.output
     return set(re.findall(r"[\w-]+", res.output))
 
@@ -30,7 +31,7 @@ REGISTRIES = {
     "merge rules": ("merge", lambda: list(MERGE_RULES)),
     "path methods": ("path", lambda: list(PATH_METHODS)),
     "experiments": ("experiment", lambda: list(EXPERIMENTS)),
-    "Hugging Face families": ("align", lambda: list(ADAPTERS)),
+    "Hugging Face families": ("list families", lambda: list(ADAPTERS)),
 }
 
 

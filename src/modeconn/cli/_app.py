@@ -22,13 +22,13 @@ DATA_HELP = "data directory (default: $MODECONN_DATA, else shared/data; docs: Da
 DOWNLOAD_HELP = "download MNIST / Fashion-MNIST if missing (SHA-256 verified)"
 RESTARTS_HELP = "weight: the most runs (default 1)"
 MAX_ITER_HELP = "weight: the most sweeps per run (default 100)"
-DEVICE_HELP = "device: cpu (default), cuda, mps …"
+DEVICE_HELP = "cpu (default), cuda, mps …"
 OVERWRITE_HELP = "replace a non-empty --out that modeconn wrote"
 METHOD_OPTION_HELP = "a method setting key=value, repeatable; the settings: modeconn list settings METHOD"
 DATASET_HELP = "a dataset (modeconn list datasets) or the PATH of your data (docs: Data); default: the checkpoint's"
-SPLIT_HELP = "your data: the held-out split or file (default: test/ or val/, else a seeded 10%)"
-TEXT_FIELD_HELP = "your text corpus: the field holding the text"
-LABEL_FIELD_HELP = "your labelled texts: the field holding the label"
+SPLIT_HELP = "your data: the held-out split or file (default: test/, val/ or 10%)"
+TEXT_FIELD_HELP = "your text's field (default text)"
+LABEL_FIELD_HELP = "your texts' label field (default label)"
 CONTEXT_LENGTH_HELP = "your text corpus: tokens per block (default ≤ 128)"
 
 
@@ -72,11 +72,11 @@ def split_option() -> Any:
 
 
 def text_field_option() -> Any:
-    return typer.Option("text", "--text-field", help=TEXT_FIELD_HELP)
+    return typer.Option("text", "--text-field", help=TEXT_FIELD_HELP, show_default=False)
 
 
 def label_field_option() -> Any:
-    return typer.Option("label", "--label-field", help=LABEL_FIELD_HELP)
+    return typer.Option("label", "--label-field", help=LABEL_FIELD_HELP, show_default=False)
 
 
 def context_length_option() -> Any:

@@ -21,13 +21,13 @@ def _method_help() -> str:
 
 
 def _epilog() -> str:
-    """The methods with their summaries and the Hugging Face families, registered when help is shown."""
+    """The methods with their summaries, registered when help is shown; the Hugging Face families are a
+    ``modeconn list families`` away."""
     from ..match.methods import ALIGNMENT_METHODS, command_line_methods
-    from ..symmetry.hf.registry import ADAPTERS
 
     methods = [ALIGNMENT_METHODS.get(m) for m in command_line_methods() + command_line_methods(continuous=True)]
     return ("Methods (modeconn list methods): " + "; ".join(f"{m.name} — {m.summary}" for m in methods)
-            + ".\n\nHugging Face model types (modeconn list families): " + ", ".join(ADAPTERS) + ".")
+            + ".\n\nHugging Face model types: modeconn list families.")
 
 
 @app.command(cls=live_help(_epilog, method=_method_help))
@@ -37,7 +37,7 @@ def align(
     out: Path = typer.Option(..., help="checkpoint directory for the aligned B (plus alignment.json)"),
     method: str = typer.Option("weight", help=_method_help()),
     option: list[str] = typer.Option([], "--option", "-o", help=METHOD_OPTION_HELP),
-    dataset: str | None = typer.Option(None, help="methods that read data: " + DATASET_HELP),
+    dataset: str | None = typer.Option(None, help=DATASET_HELP),
     split: str | None = split_option(),
     text_field: str = text_field_option(),
     label_field: str = label_field_option(),
@@ -48,7 +48,7 @@ def align(
     seed: int | None = typer.Option(None, help="random seed (default 0)"),
     steps: int | None = typer.Option(None, min=1, help="learned: Adam steps (default 200)"),
     lr: float | None = typer.Option(None, help="learned: Adam lr (default 0.01)"),
-    lambda_schedule: str | None = typer.Option(None, help="learned: uniform, narrow or fixed λ"),
+    lambda_schedule: str | None = typer.Option(None, help="learned: λ uniform, narrow or fixed"),
     lambda_value: float | None = typer.Option(None, help="learned: λ₀ (default 0.5)"),
     parameterization: str | None = typer.Option(None, help="dual: cayley, matrix_exp or unconstrained"),
     batch_size: int | None = typer.Option(None, min=1, help="dual: blocks per step (16)"),

@@ -24,8 +24,7 @@ def _align_help() -> str:
     """The --align choices registered when help is shown (:func:`~._app.live_help`)."""
     from ..recipes.merge_plan import align_choices
 
-    return ("align every model to the first: " + ", ".join(align_choices()) + " (Hugging Face: all; dual / one-sided "
-            "for two causal LMs or ViTs)")
+    return "align every model to the first: " + ", ".join(align_choices())
 
 
 @app.command(cls=live_help(align_method=_align_help, rule=_rule_help))
@@ -43,20 +42,20 @@ def merge(
     align_method: str = typer.Option("weight", "--align", help=_align_help()),
     option: list[str] = typer.Option([], "--option", "-o", help=METHOD_OPTION_HELP),
     bn: str = typer.Option("reset", help="BatchNorm policy after averaging: reset, interpolate, repair"),
-    dataset: str | None = typer.Option(None, help="data for BatchNorm / activation matching: " + DATASET_HELP),
+    dataset: str | None = typer.Option(None, help=DATASET_HELP),
     split: str | None = split_option(),
     text_field: str = text_field_option(),
     label_field: str = label_field_option(),
     context_length: int | None = context_length_option(),
     data: Path | None = data_option(),
-    limit_train: int | None = typer.Option(None, min=1, help="use only the first N training examples"),
-    seed: int | None = typer.Option(None, help="seed of the restarts and randomised rules (default 0)"),
+    limit_train: int | None = typer.Option(None, min=1, help="the first N training examples"),
+    seed: int | None = typer.Option(None, help="seed of every random choice (default 0)"),
     restarts: int | None = typer.Option(None, min=1, help=RESTARTS_HELP),
     max_iter: int | None = typer.Option(None, min=1, help=MAX_ITER_HELP),
     overwrite: bool = overwrite_option(),
     device: str | None = typer.Option(None, help=DEVICE_HELP),
-    eval_tasks: str | None = typer.Option(None, "--eval", help="causal LMs: lm-eval tasks to score the merge on"),
-    include_path: Path | None = typer.Option(None, help="--eval: a directory of local lm-eval task YAML files"),
+    eval_tasks: str | None = typer.Option(None, "--eval", help="lm-eval tasks to score the merge on"),
+    include_path: Path | None = typer.Option(None, help="--eval: local lm-eval task directory"),
 ) -> None:
     """Merge two or more checkpoints into one.
 

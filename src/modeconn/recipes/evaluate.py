@@ -186,7 +186,10 @@ def check_harness_target(ckpt: Checkpoint, tasks, include_path: Path | None) -> 
         raise ConfigError(f"--eval (lm-eval tasks) scores merges of Hugging Face causal LMs; {ckpt.describe()} is "
                           "not one")
     _check_causal_lm(ckpt)
-    check_tasks(tasks, include_path)
+    try:
+        check_tasks(tasks, include_path)
+    except ConfigError as err:
+        raise ConfigError(f"--eval: {err}") from None
 
 
 def score_merge(outcome: Outcome, tasks, include_path: Path | None, seed: int, log: Log) -> Outcome:

@@ -72,6 +72,7 @@ MERGE_SCOPES = {
     "restarts": _WM, "max_iter": _WM,
     "device": f"{_WM} and the merge arithmetic of Hugging Face checkpoints",
     "normalize": "--weights of a rule that averages all models (linear, slerp …)",
+    "eval_tasks": "merges of Hugging Face causal LMs (lm-eval tasks scored on the written merge)",
     "include_path": "--eval (lm-eval tasks)",
 }
 """Every ``merge`` option that some path does not use → where it applies (the others apply everywhere). ``--seed``
@@ -102,9 +103,9 @@ def check_merge_scope(given: MergeOptions, plan: MergePlan, first: Checkpoint) -
 def _hf_scope(plan: MergePlan, first: Checkpoint) -> tuple[set[str], str, dict[str, str]]:
     opts = plan.opts
     if plan.align is not None and plan.align.needs_data:  # in memory, on data (recipes.hf_memory, recipes.merge_lm)
-        return ({"dataset", "data", "limit_train"}, f"merging Hugging Face models in memory (--align {opts.align}, "
+        return ({"dataset", "data", "limit_train", "eval_tasks"}, f"merging Hugging Face models in memory (--align {opts.align}, "
                 f"--rule {opts.rule}) on their data", IN_MEMORY_EXCLUDED)
-    return ({"dtype", "device"}, f"merging Hugging Face checkpoints (--align {opts.align}, --rule {opts.rule}), done "
+    return ({"dtype", "device", "eval_tasks"}, f"merging Hugging Face checkpoints (--align {opts.align}, --rule {opts.rule}), done "
             "without data", {})
 
 

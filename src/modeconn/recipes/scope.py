@@ -16,7 +16,7 @@ from typing import Any
 
 from ..errors import ConfigError
 
-FLAGS = {"params": "--param", "align": "--align", "normalize": "--no-normalize"}
+FLAGS = {"params": "--param", "align": "--align", "normalize": "--no-normalize", "eval_tasks": "--eval"}
 """Option fields whose command-line flag is not ``--`` + the field name with dashes."""
 
 
