@@ -7,8 +7,9 @@ dtype promotion) on the tensors modeconn reads, aligns and streams, so a merge e
 inputs and recipe, while streaming, alignment and atomic output stay modeconn's. Parameters: mergekit's names and
 defaults (``density``, ``t``, ``lambda`` …; ``--param name=value``); the per-model ``weight`` comes from the merge's
 weights. A conditional value ``[{"filter": "self_attn", "value": 0.3}, {"value": 0.5}]`` is resolved per tensor name
-by mergekit's ``evaluate_setting`` (the first filter contained in the name); gradients (lists of numbers across
-layers) are not supported.
+by mergekit's ``evaluate_setting`` (the first filter contained in the name), and a gradient (a list of values across
+layers) at the tensor's layer position (:mod:`~modeconn.path.merge_layers`), as ``mergekit-yaml`` plans it; a
+``weight`` given as a parameter setting overrides the merge's weights the same way.
 
 Randomised rules (DARE, DELLA) draw from torch's global CPU generator, as mergekit does. With a seed, the generator
 state each tensor starts from is the one ``mergekit-yaml --random-seed SEED`` gives it: seeded once, then the tensors
@@ -83,14 +84,15 @@ def _method(name: str):
     return merge_methods.get(name)
 
 
-def _resolve(spec_param, setting: Any, key: str) -> Any:
-    """A parameter's value for tensor ``key``: a scalar, or mergekit's ``[{filter, value}, …]`` (mergekit's own
-    ``evaluate_setting``; ``None`` when no filter matches)."""
+def _resolve(spec_param, setting: Any, key: str, settings: RuleSettings) -> Any:
+    """A parameter's value for tensor ``key``: a scalar, a gradient or mergekit's ``[{filter, value}, …]``
+    (mergekit's own ``evaluate_setting`` at the tensor's layer position ``settings.positions[key]``, see
+    :mod:`~modeconn.path.merge_layers`; ``None`` when no filter matches)."""
     from mergekit.config import ConditionalParameter, evaluate_setting
 
     if isinstance(setting, list) and setting and all(isinstance(s, Mapping) for s in setting):
         setting = [ConditionalParameter(**s) for s in setting]
-    return evaluate_setting(key, setting, 0.0, validate=spec_param.validate)
+    return evaluate_setting(key, setting, settings.positions.get(key, 0.0), validate=spec_param.validate)
 
 
 def _parameters(method, weights: Sequence[float], key: str, settings: RuleSettings, n: int) -> dict[str, Any]:
@@ -101,7 +103,7 @@ def _parameters(method, weights: Sequence[float], key: str, settings: RuleSettin
     for p in method.spec.parameters:
         if p.scope.value == "shared":
             if p.name in settings.params:
-                value = _resolve(p, settings.params[p.name], key)
+                value = _resolve(p, settings.params[p.name], key, settings)
                 if value is not None:
                     out[p.name] = value
             continue
@@ -116,7 +118,7 @@ def _input_value(p, i: int, weights: Sequence[float], key: str, settings: RuleSe
     own = settings.model_params[i] if settings.model_params else {}
     for source in (own, settings.params):
         if p.name in source:
-            value = _resolve(p, source[p.name], key)
+            value = _resolve(p, source[p.name], key, settings)
             if value is not None:
                 return value
     return float(weights[i]) if p.name == "weight" else None

@@ -17,7 +17,8 @@ from ..io.hf import PathLike, model_names, resolve_checkpoint_path, side_files
 from ..io.lazy import LazyCheckpoint, ShardLayout, write_like
 from ..match.result import Alignment
 from ..match.weight import DEFAULTS, WeightMatchingConfig, weight_matching
-from ..path.merge_rules import RuleSettings, applied_weights, check_filters
+from ..path.merge_layers import check_layers_found, layer_positions, varying_parameters
+from ..path.merge_rules import RuleSettings, applied_weights, check_filters, tensor_weighted
 from ..stream import merged_keys, open_hf_checkpoints, stream_apply, stream_merge
 from ..symmetry import Element
 from ..symmetry.hf import FULL_GROUPS
@@ -107,14 +108,15 @@ def merge_hf_plan(plan: MergePlan, out: PathLike, *,
     if rule.random and settings.seed is None:
         settings = dataclasses.replace(settings, seed=plan.opts.seed or 0)
     spec, ckpts = open_hf_checkpoints(paths, out, plan.opts.overwrite, None if plan.align is None else plan.groups)
-    check_filters(settings, merged_keys(ckpts[0].meta()))  # a filter that selects nothing: before the alignment
+    keys = merged_keys(ckpts[0].meta())
+    check_filters(settings, keys)  # a filter that selects nothing: before the alignment
+    settings = with_layer_positions(settings, keys)
     names = model_names(paths)
     elements, alignments = _align_to_first(spec, ckpts, names, plan.align_config, progress)
-    record = {"merged_from": names, "weights": applied_weights(rule, w, settings.base), "rule": rule.name,
-              "source": rule.source, "align": plan.opts.align,
+    record = {"merged_from": names, "rule": rule.name, "source": rule.source, "align": plan.opts.align,
               "align_settings": None if plan.align_config is None
               else {"groups": plan.groups, **wm_settings(plan.align_config)},
-              "base": None if settings.base is None else names[settings.base], "params": dict(settings.params),
+              "base": None if settings.base is None else names[settings.base], **_weights_record(rule, w, settings),
               "model_params": [dict(p) for p in settings.model_params], "seed": settings.seed if rule.random else None,
               "dtype": _dtype_name(plan.dtype), "out_dtype": _dtype_name(plan.out_dtype), "alignments": alignments,
               "input_dtypes": sorted({_dtype_name(i.dtype) for c in ckpts for i in c.infos.values()
@@ -125,6 +127,25 @@ def merge_hf_plan(plan: MergePlan, out: PathLike, *,
                  dtype=plan.dtype, out_dtype=plan.out_dtype, files={**side_files(src), **extra, "merge.json": record},
                  overwrite=plan.opts.overwrite, progress=progress, device=plan.device)
     return record
+
+
+def with_layer_positions(settings: RuleSettings, keys: Sequence[str]) -> RuleSettings:
+    """``settings`` with every key's layer position (:func:`~modeconn.path.merge_layers.layer_positions`), where a
+    parameter varies by layer; ConfigError naming the parameter when no key lies in a layer stack."""
+    varying = varying_parameters(settings.params, settings.model_params)
+    if not varying:
+        return settings
+    check_layers_found(keys, varying[0])
+    return dataclasses.replace(settings, positions=layer_positions(keys))
+
+
+def _weights_record(rule, weights: Sequence[float], settings: RuleSettings) -> dict[str, Any]:
+    """The record's ``weights`` (as applied) and ``params``; weights given as parameter settings stay there (with
+    a linear merge's ``normalize``), and ``weights`` is None."""
+    if not tensor_weighted(settings):
+        return {"weights": applied_weights(rule, weights, settings.base), "params": dict(settings.params)}
+    normalize = {"normalize": settings.normalize} if rule.weights == "all" and "normalize" not in rule.params else {}
+    return {"weights": None, "params": {**settings.params, **normalize}}
 
 
 def _dtype_name(dtype: torch.dtype | None) -> str | None:

@@ -19,6 +19,7 @@ from .._util.outdir import check_output_target
 from ..checkpoints import CHECKPOINT_KINDS, Checkpoint, open_checkpoints, refuse_kind, register_in_memory
 from ..errors import ConfigError
 from ..path.interpolate import weights_sum_to_one
+from ..path.merge_layers import refuse_gradients
 from .align import check_single_process
 from .merge_plan import MergeOptions, MergePlan, plan_merge, with_alignment
 from .outcome import Outcome
@@ -108,6 +109,7 @@ def _merge_in_memory(ckpts: list[Checkpoint], out: Path, plan: MergePlan, progre
     if plan.dtype is not None or plan.out_dtype is not None:
         raise ConfigError(f"--dtype / dtype apply to Hugging Face checkpoints; {ckpts[0].kind.label} checkpoints keep "
                           "their dtype")
+    refuse_gradients(plan.settings.params, plan.settings.model_params, f"merging {ckpts[0].kind.label} checkpoints")
     path, metrics = merge_in_memory(plan, out, log)
     lines = (f"merged model: test acc {100 * metrics['test']['acc']:.2f}%, test loss {metrics['test']['loss']:.4f}",
              ) if metrics else ()
@@ -123,6 +125,7 @@ def _merge_hf(ckpts: list[Checkpoint], out: Path, plan: MergePlan, progress, log
 
         check_text_given(plan.opts.dataset, "--align", plan.opts.align, "--align 'weight' or 'none' merge")
         check_no_dtype(plan)
+        refuse_gradients(plan.settings.params, plan.settings.model_params, f"--align {plan.opts.align} (in memory)")
         return merge_in_memory(ckpts, out, plan, log)
     check_single_process()
 

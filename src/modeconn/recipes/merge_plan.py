@@ -123,7 +123,7 @@ def _from_recipe(models: Sequence[Path], opts: MergeOptions) -> MergePlan:
                    dtype=r.out_dtype or opts.dtype, seed=seed if align_seed is None else align_seed,
                    restarts=_one_value("restarts", r.restarts, opts.restarts, opts.config, "align."),
                    max_iter=_one_value("max_iter", r.max_iter, opts.max_iter, opts.config, "align."))
-    settings = RuleSettings(base=r.base, params=r.params, seed=seed,
+    settings = RuleSettings(base=r.base, params=r.params, seed=seed, normalize=normalize,
                             model_params=r.model_params if any(r.model_params) else ())
     return checked_plan([resolve_checkpoint_path(m) for m in r.models], opts, weights, settings, dtype=r.dtype,
                         out_dtype=opts.dtype, groups=r.groups)

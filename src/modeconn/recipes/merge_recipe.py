@@ -9,7 +9,8 @@ Supported subset of mergekit's ``MergeConfiguration`` (anything else is refused,
       - model: ./a                          #   (models--ORG--NAME) or a hub id ORG/NAME[@REV] found in the
         parameters: {weight: 0.6, density: 0.5}   #   local Hugging Face cache
       - model: ./b
-    parameters: {density: [{filter: mlp, value: 0.3}, {value: 0.5}], normalize: true}   # scalars or filter lists
+    parameters: {density: [{filter: mlp, value: 0.3}, {value: 0.5}], normalize: true}   # scalars, filter lists,
+                                            #   gradients: t: [0, 0.5, 1] (anchors spread over the layers)
     dtype: float32                          # inputs cast to it before the rule
     out_dtype: bfloat16                     # dtype written
     tokenizer_source: base                  # only `base` (tokenizer files come from the base, else the first model)
@@ -22,9 +23,11 @@ Supported subset of mergekit's ``MergeConfiguration`` (anything else is refused,
       max_iter: 100
       seed: 0                               # the alignment's seed where it differs from `seed`
 
-Relative model paths are taken relative to the recipe's directory (else the working directory). Parameter
-gradients (lists of numbers interpolated across layers), ``slices``, ``modules``, ``tokenizer``, ``chat_template``
-and ``tokenizer_source: union`` are not supported.
+Relative model paths are taken relative to the recipe's directory (else the working directory). A parameter (``weight``
+included, shared or per model, or a filter entry's value) may be a gradient: a list of values spread evenly over the
+layers, interpolated at each layer as ``mergekit-yaml`` does (:mod:`modeconn.path.merge_layers`; embeddings, final
+norm and LM head take the first value); gradients need Hugging Face checkpoints merged without data. ``slices``,
+``modules``, ``tokenizer``, ``chat_template`` and ``tokenizer_source: union`` are not supported.
 
 The recipe a merge writes beside its output (:data:`RECIPE_NAME`, :func:`recipe_text`) records everything a re-run
 needs — the seed, the alignment's settings, the weights as applied — and names each model so that it resolves from
@@ -98,12 +101,13 @@ def load_recipe(file: Path) -> Recipe:
     order = _reference_first(refs, align.get("reference"), file)
     refs, per_model = [refs[i] for i in order], [per_model[i] for i in order]
     shared = _params(raw.get("parameters"), "parameters", file)
+    weights = _weights(per_model, shared, file)
     if raw.get("tokenizer_source") not in (None, "base", base):
         raise ConfigError(f"{file}: tokenizer_source {raw['tokenizer_source']!r}: only 'base' is supported (tokenizer "
                           "files come from the base model, else the first)")
     return Recipe(models=[resolve_model_ref(r, file) for r in refs], refs=refs, rule=raw["merge_method"],
                   base=None if base is None else refs.index(base),
-                  weights=[_weight(p, shared, i, file) for i, p in enumerate(per_model)], params=shared,
+                  weights=weights, params=shared,
                   model_params=per_model, dtype=_dtype(raw, "dtype", file), out_dtype=_dtype(raw, "out_dtype", file),
                   align=align.get("method", "weight"), groups=align.get("groups", "permutation"),
                   seed=_int(raw, "seed", file, 0), align_seed=_int(align, "seed", file, 0, "align."),
@@ -138,26 +142,48 @@ def _model_ref(entry: Any, i: int, file: Path) -> str:
 
 
 def _params(raw: Any, where: str, file: Path) -> dict[str, Any]:
-    """Scalars or mergekit's filter lists ``[{filter, value}, …]``; gradients (lists of numbers) refused."""
+    """Scalars, gradients (lists of scalars across layers) or mergekit's filter lists ``[{filter, value}, …]`` whose
+    values are scalars or gradients."""
     if raw is None:
         return {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{file}: {where} must be a mapping of parameter names to values")
     for name, value in raw.items():
-        if isinstance(value, list) and not all(isinstance(v, dict) and set(v) <= {"filter", "value"} for v in value):
-            raise ConfigError(f"{file}: {where}.{name}: gradients (lists of values across layers) are not supported; "
-                              "use a scalar or a list of {filter: ..., value: ...}")
-        if not isinstance(value, (bool, int, float, str, list)):
-            raise ConfigError(f"{file}: {where}.{name}: {value!r} is not a scalar or a filter list")
+        if not _setting(value):
+            raise ConfigError(f"{file}: {where}.{name}: {value!r} is not a scalar, a gradient (a list of values across "
+                              "layers) or a list of {filter: ..., value: ...}")
     return dict(raw)
 
 
-def _weight(own: dict[str, Any], shared: dict[str, Any], i: int, file: Path) -> float | None:
-    """Model ``i``'s ``weight`` (its own, else the shared one; removed from both parameter maps)."""
-    value = own.pop("weight", shared.get("weight"))
-    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
-        raise ConfigError(f"{file}: models[{i}].parameters.weight must be a number, got {value!r}")
-    return None if value is None else float(value)
+def _scalar(value: Any) -> bool:
+    return isinstance(value, (bool, int, float, str))
+
+
+def _gradient(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(_scalar(v) for v in value)
+
+
+def _setting(value: Any) -> bool:
+    if _scalar(value) or _gradient(value):
+        return True
+    return isinstance(value, list) and bool(value) and all(
+        isinstance(e, dict) and set(e) <= {"filter", "value"} and "value" in e
+        and (e.get("filter") is None or isinstance(e["filter"], str)) and (_scalar(e["value"]) or _gradient(e["value"]))
+        for e in value)
+
+
+def _weights(per_model: list[dict[str, Any]], shared: dict[str, Any], file: Path) -> list[float | None]:
+    """Each model's ``weight`` (its own, else the shared one), removed from the parameter maps, where every weight
+    given is a number; where one is a gradient or a filter list the weights stay parameter settings (resolved per
+    tensor) and none is returned."""
+    given = [p["weight"] for p in (*per_model, shared) if "weight" in p]
+    if any(not _scalar(w) for w in given):
+        return [None] * len(per_model)
+    for i, w in enumerate(given):
+        if isinstance(w, bool) or not isinstance(w, (int, float)):
+            raise ConfigError(f"{file}: parameters.weight must be a number, got {w!r}")
+    default = shared.pop("weight", None)
+    return [None if (w := own.pop("weight", default)) is None else float(w) for own in per_model]
 
 
 def _dtype(raw: dict[str, Any], key: str, file: Path) -> str | None:
