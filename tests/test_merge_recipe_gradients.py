@@ -60,6 +60,38 @@ CASES = {
                               "parameters": {"density": 0.5, "normalize": [True, False, True]}},
 }
 
+SLICES = {
+    "passthrough": {"merge_method": "passthrough", "dtype": "float32",
+                    "slices": [{"sources": [{"model": "a", "layer_range": [0, 3]}]},
+                               {"sources": [{"model": "b", "layer_range": [1, 4]}]}]},
+    "passthrough_same_depth": {"merge_method": "passthrough",
+                               "slices": [{"sources": [{"model": "a", "layer_range": [0, 2]}]},
+                                          {"sources": [{"model": "b", "layer_range": [2, 4]}]}]},
+    "passthrough_scaled": {"merge_method": "passthrough",
+                           "slices": [{"sources": [{"model": "a", "layer_range": [0, 2]}]},
+                                      {"sources": [{"model": "b", "layer_range": [2, 4], "parameters": {
+                                          "scale": [{"filter": "o_proj", "value": [0.0, 1.0]}, {"value": 1.0}]}}]},
+                                      {"sources": [{"model": "a", "layer_range": [3, 4]}]}]},
+    "slerp_per_slice": {"merge_method": "slerp", "base_model": "a", "parameters": {"t": 0.5},
+                        "slices": [{"sources": [{"model": "a", "layer_range": [0, 2]}, {"model": "b", "layer_range": [0, 2]}],
+                                    "parameters": {"t": HUB_SLERP_T}},
+                                   {"sources": [{"model": "a", "layer_range": [2, 3]}, {"model": "b", "layer_range": [1, 2]}]},
+                                   {"sources": [{"model": "b", "layer_range": [3, 4]}, {"model": "c", "layer_range": [0, 1]}],
+                                    "base_model": "c", "parameters": {"t": [0.2, 0.8]}}]},
+    "linear_slices": {"merge_method": "linear", "parameters": {"weight": 0.5},
+                      "slices": [{"sources": [{"model": "a", "layer_range": [0, 4], "parameters": {"weight": [1.0, 0.0]}},
+                                              {"model": "b", "layer_range": [0, 4]}]},
+                                 {"sources": [{"model": "b", "layer_range": [2, 4]},
+                                              {"model": "c", "layer_range": [0, 2], "parameters": {"weight": 0.25}}],
+                                  "parameters": {"normalize": False}}]},
+    "ties_slices": {"merge_method": "ties", "base_model": "a", "parameters": {"density": [0.3, 0.9], "weight": 1.0},
+                    "slices": [{"sources": [{"model": "a", "layer_range": [0, 2]}, {"model": "b", "layer_range": [2, 4]},
+                                            {"model": "c", "layer_range": [0, 2], "parameters": {"weight": [0.2, 0.7]}}]},
+                               {"sources": [{"model": "a", "layer_range": [2, 4]}, {"model": "b", "layer_range": [0, 2]},
+                                            {"model": "c", "layer_range": [2, 4]}], "parameters": {"density": 0.6}}]},
+}
+"""Recipes with ``slices``: stacking (passthrough, frankenmerges), and per-slice merges by other rules."""
+
 
 def _save(family: str, seed: int, dtype: torch.dtype, path: Path) -> Path:
     config_class, model_class = FAMILIES[family]
@@ -91,6 +123,8 @@ def _resolved(recipe: dict, root: Path) -> dict:
     for m in recipe.get("models", []):
         m["model"] = str(root / m["model"])
     for s in recipe.get("slices", []):
+        if "base_model" in s:
+            s["base_model"] = str(root / s["base_model"])
         for src in s["sources"]:
             src["model"] = str(root / src["model"])
     return recipe
@@ -183,3 +217,110 @@ def test_malformed_gradients_are_refused_naming_the_key(models, tmp_path, edit, 
     res = run_cli("merge", "--config", file, "--out", tmp_path / "out", ok=False)
     assert res.exit_code != 0 and match in res.output, res.output
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("case", list(SLICES))
+def test_slices_equal_mergekit(models, tmp_path, case):
+    ours_equal_mergekit(SLICES[case], models["llama", torch.float32], tmp_path)
+
+
+@pytest.mark.parametrize("family, dtype", [("mistral", torch.bfloat16), ("qwen2", torch.float32),
+                                           ("qwen2", torch.bfloat16)], ids=["mistral-bf16", "qwen2-fp32", "qwen2-bf16"])
+@pytest.mark.parametrize("case", ["passthrough_same_depth", "slerp_per_slice", "ties_slices"])
+def test_slices_equal_mergekit_families(models, tmp_path, case, family, dtype):
+    ours_equal_mergekit(SLICES[case], models[family, dtype], tmp_path)
+
+
+def test_mistral_bf16_frankenmerge_equals_mergekit(models, tmp_path):
+    ours_equal_mergekit(SLICES["passthrough"], models["mistral", torch.bfloat16], tmp_path)
+
+
+def test_qwen2_frankenmerge_config_lists_layer_types(models, tmp_path):
+    """A Qwen2 config lists each layer's type: the stacked model's list follows its layers' sources (mergekit 0.1.5
+    writes the old list beside the new count, a config transformers refuses), so transformers loads it."""
+    root = models["qwen2", torch.float32]
+    file = tmp_path / "r.yml"
+    file.write_text(yaml.safe_dump({**_resolved(SLICES["passthrough"], root), "align": {"method": "none"}}))
+    run_cli("merge", "--config", file, "--out", tmp_path / "ours")
+    config = json.loads((tmp_path / "ours" / "config.json").read_text())
+    assert config["num_hidden_layers"] == 6 and len(config["layer_types"]) == 6
+    model = T.AutoModelForCausalLM.from_pretrained(tmp_path / "ours")
+    ours, b = tensors(tmp_path / "ours"), tensors(root / "b")
+    assert len(model.model.layers) == 6
+    assert torch.equal(ours["model.layers.5.self_attn.q_proj.weight"], b["model.layers.3.self_attn.q_proj.weight"])
+
+
+def test_passthrough_stacks_layers_renumbered(models, tmp_path):
+    """The frankenmerge's layer k is the source layer it names, renumbered; a 5-layer model that transformers loads."""
+    root = models["llama", torch.float32]
+    ours = ours_equal_mergekit(SLICES["passthrough"], root, tmp_path)
+    a, b = tensors(root / "a"), tensors(root / "b")
+    key = "model.layers.{}.mlp.down_proj.weight"
+    assert [torch.equal(ours[key.format(i)], src[key.format(j)])
+            for i, (src, j) in enumerate([(a, 0), (a, 1), (a, 2), (b, 1), (b, 2), (b, 3)])] == [True] * 6
+    assert json.loads((tmp_path / "ours" / "config.json").read_text())["num_hidden_layers"] == 6
+    model = T.AutoModelForCausalLM.from_pretrained(tmp_path / "ours")
+    assert len(model.model.layers) == 6
+
+
+def test_recipe_dtype_alone_is_the_written_dtype(models, tmp_path):
+    """`dtype:` without `out_dtype:` is also the dtype mergekit writes."""
+    recipe = {**CASES["slerp_gradient"], "dtype": "bfloat16"}
+    ours = ours_equal_mergekit(recipe, models["llama", torch.float32], tmp_path)
+    assert all(t.dtype == torch.bfloat16 for t in ours.values())
+
+
+@pytest.mark.parametrize("edit, match", [
+    ({"modules": {"text_decoder": {}}}, "'modules': per-module merges"),
+    ({"slices": [{"sources": [{"model": "a", "layer_range": [0, 2]}], "residual_weight": 0.5}]},
+     "slices[0].residual_weight: mergekit 0.1.5 reads it but never applies it"),
+    ({"slices": [{"sources": [{"model": "a", "layer_range": [0, 2]}, {"model": "b", "layer_range": [0, 3]}]}]},
+     "slices[0]: every source must give as many layers"),
+    ({"slices": [{"sources": [{"model": "a", "layer_range": [2, 6]}]}]}, "slices[0].sources[0].layer_range [2, 6]"),
+    ({"models": [{"model": "a"}]}, "give exactly one of 'models'"),
+    ({"merge_method": "dare_ties", "base_model": "a"}, "randomised"),
+    ({"merge_method": "slerp"}, "slices[0]"),
+])
+def test_bad_slices_are_refused_naming_the_key(models, tmp_path, edit, match):
+    root = models["llama", torch.float32]
+    recipe = {**SLICES["passthrough"], **edit}
+    if "models" in edit:
+        recipe["slices"] = SLICES["passthrough"]["slices"]
+    file = tmp_path / "r.yml"
+    file.write_text(yaml.safe_dump({**_resolved(recipe, root), "align": {"method": "none"}}))
+    res = run_cli("merge", "--config", file, "--out", tmp_path / "out", ok=False)
+    assert res.exit_code != 0 and match in res.output, res.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_slices_compose_with_alignment(models, tmp_path):
+    """`align: weight` aligns every model the slices name to the reference before stacking: a frankenmerge of A's
+    first layers and the last layers of B = A with permuted units computes A's function (naive stacking does not)."""
+    import shutil
+
+    from modeconn.stream import hf_checkpoint_spec, stream_apply
+
+    a = models["llama", torch.float32] / "a"
+    spec = hf_checkpoint_spec(a)
+    b = stream_apply(spec, a, spec.random_element(seed=1), tmp_path / "b")
+    shutil.copy(a / "config.json", b / "config.json")
+    recipe = {"merge_method": "passthrough",
+              "slices": [{"sources": [{"model": str(a), "layer_range": [0, 2]}]},
+                         {"sources": [{"model": str(b), "layer_range": [2, 4]}]}]}
+    x = torch.randint(0, 50, (2, 7))
+    logits = {}
+    for method in ("weight", "none"):
+        file = tmp_path / f"{method}.yml"
+        align = {"method": method, "reference": str(a), **({"restarts": 1} if method == "weight" else {})}
+        file.write_text(yaml.safe_dump({**recipe, "align": align}))
+        run_cli("merge", "--config", file, "--out", tmp_path / method)
+        with torch.no_grad():
+            logits[method] = T.AutoModelForCausalLM.from_pretrained(tmp_path / method)(x).logits
+    with torch.no_grad():
+        ref = T.AutoModelForCausalLM.from_pretrained(a)(x).logits
+    assert torch.allclose(logits["weight"], ref, atol=1e-4)
+    assert not torch.allclose(logits["none"], ref, atol=1e-2)
+    # the recipe written beside the output (models named relative to it, the alignment's settings) re-runs
+    run_cli("merge", "--config", tmp_path / "weight" / "merge_recipe.yml", "--out", tmp_path / "rerun")
+    ours, rerun = tensors(tmp_path / "weight"), tensors(tmp_path / "rerun")
+    assert all(torch.equal(ours[k], rerun[k]) for k in ours)

@@ -183,7 +183,7 @@ def test_recipe_with_align_section_and_written_recipe_reruns_to_the_same_bytes(t
 
 
 @pytest.mark.parametrize("edit, match", [
-    ({"slices": []}, "'slices' is not supported"),
+    ({"modules": {}}, "'modules'"),
     ({"parameters": {"t": [[0.0, 0.5, 1.0]]}}, "parameters.t"),
     ({"merge_method": "tiess"}, "ties"),
     ({"tokenizer_source": "union"}, "only 'base'"),

@@ -8,12 +8,16 @@ norm, the LM head) sit at ``t = 0``. This is how ``mergekit-yaml`` 0.1.5 plans a
 position restarts in every output slice; pre- and post-layer weights are planned at ``t = 0``). A conditional value
 ``[{filter, value}, …]`` takes the first entry whose filter is a substring of the tensor name (no filter or ``*``:
 every tensor), and that entry's value may itself be a gradient.
+
+Output *slices* (mergekit's ``slices:``) stack layer ranges of the models (:func:`stack_plan`): the layers are
+renumbered consecutively and each tensor's parameters are resolved from its slice (:func:`tensor_settings`).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConfigError
@@ -113,3 +117,87 @@ def check_layers_found(keys: Iterable[str], where: str) -> None:
     if not any(layer_index(k) is not None for k in keys):
         raise ConfigError(f"{where}: a gradient (a list of values across layers) needs a layer stack, and no tensor "
                           "name has the form '…layers.N.…'")
+
+
+# ------------------------------------------------------------------------------------------------ slices
+@dataclass(frozen=True)
+class SliceSource:
+    """One source of an output slice: layers ``layers[0] … layers[1] − 1`` of model ``model`` (an index among the
+    merge's models), with its own parameter settings."""
+
+    model: int
+    layers: tuple[int, int]
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class OutputSlice:
+    """An output slice (mergekit's ``slices[i]``): its ``sources`` (each as many layers), its parameter settings
+    and its ``base`` (model index, or None)."""
+
+    sources: tuple[SliceSource, ...]
+    params: Mapping[str, Any] = field(default_factory=dict)
+    base: int | None = None
+
+    @property
+    def depth(self) -> int:
+        lo, hi = self.sources[0].layers
+        return hi - lo
+
+
+@dataclass(frozen=True)
+class PlannedTensor:
+    """One output tensor of a sliced merge: its name ``key``, the output slice whose sources and parameters apply
+    (``slice``), the ``(model index, input name)`` of each source, and its layer position ``t``."""
+
+    key: str
+    slice: int
+    inputs: tuple[tuple[int, str], ...]
+    t: float
+
+
+def renumbered(key: str, index: int) -> str:
+    """Layer tensor ``key`` with its layer number replaced by ``index``."""
+    m = LAYER.search(key)
+    return key[:m.start(1)] + str(index) + key[m.end(1):]
+
+
+def stack_plan(slices: Sequence[OutputSlice], names: Sequence[str]) -> list[PlannedTensor]:
+    """Every output tensor of a merge by ``slices`` of models whose tensors are ``names`` (one model's, in module
+    order: the tensors before the layer stack, layers, the ones after), as ``mergekit-yaml`` plans it: the tensors
+    before the stack from the first slice's sources, at ``t = 0``; each slice's layers renumbered consecutively, the
+    ``j``-th of a slice of ``d`` layers at :func:`position` ``(j, d)``, made from layer ``lo + j`` of each source; the
+    tensors after the stack from the last slice's sources (as many as the first slice has), at ``t = 0``."""
+    layered = [layer_index(k) is not None for k in names]
+    first = layered.index(True) if any(layered) else len(names)
+    pre = [k for k, inside in zip(names[:first], layered[:first], strict=True) if not inside]
+    post = [k for k, inside in zip(names[first:], layered[first:], strict=True) if not inside]
+    templates = [k for k in names if layer_index(k) == 0]
+    head, tail = slices[0], slices[-1]
+    out = [PlannedTensor(k, 0, tuple((s.model, k) for s in head.sources), 0.0) for k in pre]
+    layer = 0
+    for i, sl in enumerate(slices):
+        for j in range(sl.depth):
+            t = position(j, sl.depth)
+            out += [PlannedTensor(renumbered(k, layer), i, tuple((s.model, renumbered(k, s.layers[0] + j))
+                                                                   for s in sl.sources), t) for k in templates]
+            layer += 1
+    last = len(slices) - 1
+    out += [PlannedTensor(k, last, tuple((s.model, k) for s in tail.sources[:len(head.sources)]), 0.0) for k in post]
+    return out
+
+
+def tensor_settings(p: PlannedTensor, sl: OutputSlice, shared: Mapping[str, Any]) -> tuple[dict, list[dict]]:
+    """The parameter values of planned tensor ``p`` (no filter or gradient left), in mergekit's precedence: shared
+    ones from the slice's settings, then the recipe's (``shared``), evaluated at the output name; per source, its
+    own, then the slice's, then the recipe's, evaluated at the source's input name."""
+    names = {*shared, *sl.params, *(n for s in sl.sources for n in s.params)}
+
+    def first(name: str, scopes: Sequence[Mapping[str, Any]], key: str) -> Any:
+        return next((v for scope in scopes if name in scope
+                     and (v := setting_at(scope[name], key, p.t)) is not None), None)
+
+    out = {n: v for n in names if (v := first(n, (sl.params, shared), p.key)) is not None}
+    own = [{n: v for n in names if (v := first(n, (s.params, sl.params, shared), key)) is not None}
+           for s, (_, key) in zip(sl.sources, p.inputs, strict=False)]
+    return out, own

@@ -40,6 +40,7 @@ PARAM_RANGES: dict[str, ParamRange] = {
     "eps": ParamRange(lo=0.0, hi=1.0, lo_open=True, hi_open=True),  # a stability constant added to norms
     "max_iter": ParamRange("int", lo=1, hi=10_000),
     "tol": ParamRange(lo=0.0, hi=1.0, hi_open=True),
+    "scale": ParamRange(),  # passthrough's factor
 }
 """The values each mergekit parameter accepts (fractions in [0, 1], flags, finite factors): checked before any work
 (:func:`~modeconn.path.merge_rules.check_rule_settings`) for shared, per-model and filtered values alike."""
@@ -71,6 +72,8 @@ MERGEKIT_RULES: dict[str, tuple[str, str, str, tuple[str, ...], bool, str]] = {
                    ("normalize_weights", "eps"), False, "mergekit"),
     "model_stock": ("interpolation towards the base by the angle between task vectors (≥ 2 besides the base)",
                     "required", "none", ("filter_wise",), False, "Jang et al. 2024, arXiv:2403.19522"),
+    "passthrough": ("the one input as it is (times `scale` where given): layer stacking with recipe slices", "none",
+                    "none", ("scale",), False, "mergekit"),
     "karcher": ("Riemannian (Karcher) mean of the models on the sphere", "none", "none", ("max_iter", "tol"), False,
                 "Karcher 1977"),
 }

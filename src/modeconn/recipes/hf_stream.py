@@ -112,14 +112,14 @@ def merge_hf_plan(plan: MergePlan, out: PathLike, *,
     check_filters(settings, keys)  # a filter that selects nothing: before the alignment
     settings = with_layer_positions(settings, keys)
     names = model_names(paths)
-    elements, alignments = _align_to_first(spec, ckpts, names, plan.align_config, progress)
+    elements, alignments = align_to_first(spec, ckpts, names, plan.align_config, progress)
     record = {"merged_from": names, "rule": rule.name, "source": rule.source, "align": plan.opts.align,
               "align_settings": None if plan.align_config is None
               else {"groups": plan.groups, **wm_settings(plan.align_config)},
               "base": None if settings.base is None else names[settings.base], **_weights_record(rule, w, settings),
               "model_params": [dict(p) for p in settings.model_params], "seed": settings.seed if rule.random else None,
-              "dtype": _dtype_name(plan.dtype), "out_dtype": _dtype_name(plan.out_dtype), "alignments": alignments,
-              "input_dtypes": sorted({_dtype_name(i.dtype) for c in ckpts for i in c.infos.values()
+              "dtype": dtype_name(plan.dtype), "out_dtype": dtype_name(plan.out_dtype), "alignments": alignments,
+              "input_dtypes": sorted({dtype_name(i.dtype) for c in ckpts for i in c.infos.values()
                                       if i.dtype.is_floating_point})}
     src = paths[settings.base if settings.base is not None else 0]
     extra = files(record) if callable(files) else (files or {})
@@ -148,11 +148,11 @@ def _weights_record(rule, weights: Sequence[float], settings: RuleSettings) -> d
     return {"weights": None, "params": {**settings.params, **normalize}}
 
 
-def _dtype_name(dtype: torch.dtype | None) -> str | None:
+def dtype_name(dtype: torch.dtype | None) -> str | None:
     return None if dtype is None else str(dtype).removeprefix("torch.")
 
 
-def _align_to_first(spec, ckpts: list[LazyCheckpoint], names: list[str], wm: WeightMatchingConfig | None, progress):
+def align_to_first(spec, ckpts: list[LazyCheckpoint], names: list[str], wm: WeightMatchingConfig | None, progress):
     """Per model the element aligning it to the first (``None`` for the first and where ``wm`` is None: no
     alignment) and the alignment records (name, objective, stats)."""
     elements: list[Element | None] = [None]

@@ -110,10 +110,17 @@ def _merge_in_memory(ckpts: list[Checkpoint], out: Path, plan: MergePlan, progre
         raise ConfigError(f"--dtype / dtype apply to Hugging Face checkpoints; {ckpts[0].kind.label} checkpoints keep "
                           "their dtype")
     refuse_gradients(plan.settings.params, plan.settings.model_params, f"merging {ckpts[0].kind.label} checkpoints")
+    _refuse_slices(plan, f"merging {ckpts[0].kind.label} checkpoints")
     path, metrics = merge_in_memory(plan, out, log)
     lines = (f"merged model: test acc {100 * metrics['test']['acc']:.2f}%, test loss {metrics['test']['loss']:.4f}",
              ) if metrics else ()
     return Outcome(path, "config.json, model.safetensors, metrics.json", lines, "merged checkpoint")
+
+
+def _refuse_slices(plan: MergePlan, path: str) -> None:
+    if plan.slices:
+        raise ConfigError(f"slices: stacking layer ranges applies to Hugging Face checkpoints merged without data "
+                          f"(--align weight or none); {path} does not")
 
 
 def _merge_hf(ckpts: list[Checkpoint], out: Path, plan: MergePlan, progress, log: Log) -> Outcome:
@@ -126,6 +133,7 @@ def _merge_hf(ckpts: list[Checkpoint], out: Path, plan: MergePlan, progress, log
         check_text_given(plan.opts.dataset, "--align", plan.opts.align, "--align 'weight' or 'none' merge")
         check_no_dtype(plan)
         refuse_gradients(plan.settings.params, plan.settings.model_params, f"--align {plan.opts.align} (in memory)")
+        _refuse_slices(plan, f"--align {plan.opts.align} (in memory)")
         return merge_in_memory(ckpts, out, plan, log)
     check_single_process()
 
@@ -133,7 +141,10 @@ def _merge_hf(ckpts: list[Checkpoint], out: Path, plan: MergePlan, progress, log
         recipe = recipe_text(rec, plan.groups, recipe_refs(plan.models, out))
         return {RECIPE_NAME: recipe.encode(), CARD_NAME: card_text(Path(out).name, rec, recipe).encode()}
 
-    rec = merge_hf_plan(plan, out, files=files, progress=progress)
+    run = merge_hf_plan
+    if plan.slices:
+        from .hf_slices import merge_slices_plan as run
+    rec = run(plan, out, files=files, progress=progress)
     lines = tuple(f"{r['model']}: streaming weight matching objective {r['objective']:.4f}" for r in rec["alignments"])
     if len(rec["input_dtypes"]) > 1 and plan.out_dtype is None:
         lines += (f"inputs in {', '.join(rec['input_dtypes'])}: written in the first model's dtype (--dtype chooses)",)

@@ -47,9 +47,13 @@ from typing import Any
 import yaml
 
 from ..errors import ConfigError
+from ..path.merge_layers import OutputSlice, SliceSource
 
 KEYS = ("merge_method", "base_model", "models", "parameters", "dtype", "out_dtype", "tokenizer_source", "seed",
         "align")
+SLICE_KEYS = ("slices",)
+REFUSED = {"modules": "per-module merges of multi-module (e.g. vision-language) architectures are not supported; "
+                      "merge a decoder with 'models' or 'slices'"}
 ALIGN_KEYS = ("method", "groups", "reference", "restarts", "max_iter", "seed")
 DTYPES = ("float32", "float16", "bfloat16", "float64")
 RECIPE_NAME, CARD_NAME = "merge_recipe.yml", "README.md"
@@ -60,7 +64,8 @@ class Recipe:
     """A parsed recipe: ``models`` (paths, the alignment reference first), ``refs`` (as written), ``rule``, ``base``
     (index or None), ``weights`` (per model, None where not given), ``params`` (shared), ``model_params``,
     ``dtype`` / ``out_dtype`` (names or None), ``align`` and ``groups``; ``seed`` (the run's), ``align_seed``,
-    ``restarts`` and ``max_iter`` (the alignment's; None where the recipe gives none)."""
+    ``restarts`` and ``max_iter`` (the alignment's; None where the recipe gives none); ``slices``: the output slices
+    (model indices into ``models``; empty for a recipe with ``models``)."""
 
     models: list[Path]
     refs: list[str]
@@ -77,22 +82,26 @@ class Recipe:
     align_seed: int | None = None
     restarts: int | None = None
     max_iter: int | None = None
+    slices: list[OutputSlice] = field(default_factory=list)
 
 
 def load_recipe(file: Path) -> Recipe:
     """Parse and check ``file`` (see the module docstring); ConfigError naming the file and key at fault, before any
     checkpoint is read (model references are resolved to existing directories)."""
     raw = _read(file)
-    unknown = [k for k in raw if k not in KEYS]
+    refused = next((k for k in raw if k in REFUSED), None)
+    if refused is not None:
+        raise ConfigError(f"{file}: key {refused!r}: {REFUSED[refused]}")
+    unknown = [k for k in raw if k not in KEYS + SLICE_KEYS]
     if unknown:
-        raise ConfigError(f"{file}: key {unknown[0]!r} is not supported; supported keys: {', '.join(KEYS)}")
+        raise ConfigError(f"{file}: key {unknown[0]!r} is not supported; supported keys: {', '.join(KEYS + SLICE_KEYS)}")
     if not isinstance(raw.get("merge_method"), str):
         raise ConfigError(f"{file}: 'merge_method' (a rule name such as linear, ties, slerp) is required")
-    entries = raw.get("models")
-    if not isinstance(entries, list) or not entries:
-        raise ConfigError(f"{file}: 'models' must be a list of {{model: ..., parameters: ...}} entries")
-    refs = [_model_ref(e, i, file) for i, e in enumerate(entries)]
-    per_model = [_params(e.get("parameters"), f"models[{i}].parameters", file) for i, e in enumerate(entries)]
+    if ("models" in raw) == ("slices" in raw):
+        raise ConfigError(f"{file}: give exactly one of 'models' (whole models merged layer by layer) and 'slices' "
+                          "(layer ranges stacked)")
+    sliced = "slices" in raw
+    refs, per_model, slices = _slices(raw["slices"], file) if sliced else _models(raw.get("models"), file)
     base = raw.get("base_model")
     if base is not None and base not in refs:
         refs.append(_check_str(base, "base_model", file))
@@ -101,7 +110,8 @@ def load_recipe(file: Path) -> Recipe:
     order = _reference_first(refs, align.get("reference"), file)
     refs, per_model = [refs[i] for i in order], [per_model[i] for i in order]
     shared = _params(raw.get("parameters"), "parameters", file)
-    weights = _weights(per_model, shared, file)
+    weights = [None] * len(refs) if sliced else _weights(per_model, shared, file)
+    slices = [_indexed(sl, refs, base) for sl in slices]
     if raw.get("tokenizer_source") not in (None, "base", base):
         raise ConfigError(f"{file}: tokenizer_source {raw['tokenizer_source']!r}: only 'base' is supported (tokenizer "
                           "files come from the base model, else the first)")
@@ -111,7 +121,8 @@ def load_recipe(file: Path) -> Recipe:
                   model_params=per_model, dtype=_dtype(raw, "dtype", file), out_dtype=_dtype(raw, "out_dtype", file),
                   align=align.get("method", "weight"), groups=align.get("groups", "permutation"),
                   seed=_int(raw, "seed", file, 0), align_seed=_int(align, "seed", file, 0, "align."),
-                  restarts=_int(align, "restarts", file, 1, "align."), max_iter=_int(align, "max_iter", file, 1, "align."))
+                  restarts=_int(align, "restarts", file, 1, "align."), max_iter=_int(align, "max_iter", file, 1, "align."),
+                  slices=slices)
 
 
 def _read(file: Path) -> dict[str, Any]:
@@ -130,6 +141,70 @@ def _check_str(value: Any, where: str, file: Path) -> str:
     if not isinstance(value, str) or not value:
         raise ConfigError(f"{file}: {where} must be a model path or hub id (a string), got {value!r}")
     return value
+
+
+def _models(entries: Any, file: Path) -> tuple[list[str], list[dict[str, Any]], list]:
+    if not isinstance(entries, list) or not entries:
+        raise ConfigError(f"{file}: 'models' must be a list of {{model: ..., parameters: ...}} entries")
+    refs = [_model_ref(e, i, file) for i, e in enumerate(entries)]
+    return refs, [_params(e.get("parameters"), f"models[{i}].parameters", file) for i, e in enumerate(entries)], []
+
+
+SLICE_REFUSED = {"residual_weight": "mergekit 0.1.5 reads it but never applies it; remove it"}
+
+
+def _slices(entries: Any, file: Path) -> tuple[list[str], list[dict[str, Any]], list[dict[str, Any]]]:
+    """The models the slices name (in order of appearance), no per-model parameters, and each slice with its
+    sources' models as references (:func:`_indexed` turns them into indices)."""
+    if not isinstance(entries, list) or not entries:
+        raise ConfigError(f"{file}: 'slices' must be a list of {{sources: [{{model, layer_range}}, ...]}} entries")
+    out = []
+    for i, sl in enumerate(entries):
+        where = f"slices[{i}]"
+        if not isinstance(sl, dict) or not isinstance(sl.get("sources"), list) or not sl["sources"]:
+            raise ConfigError(f"{file}: {where} must be a mapping with 'sources' (a list of {{model, layer_range}})")
+        bad = next((k for k in sl if k not in ("sources", "parameters", "base_model")), None)
+        if bad is not None:
+            why = SLICE_REFUSED.get(bad, "a slice takes sources, parameters and base_model")
+            raise ConfigError(f"{file}: {where}.{bad}: {why}")
+        sources = [_source(src, f"{where}.sources[{j}]", file) for j, src in enumerate(sl["sources"])]
+        depths = {hi - lo for _, (lo, hi), _ in sources}
+        if len(depths) > 1:
+            raise ConfigError(f"{file}: {where}: every source must give as many layers (layer_range), got "
+                              f"{[list(r) for _, r, _ in sources]}")
+        models = [m for m, _, _ in sources]
+        if len(set(models)) < len(models):
+            raise ConfigError(f"{file}: {where}: a model appears twice among the sources (mergekit keys a slice's "
+                              "inputs by model)")
+        base = sl.get("base_model")
+        out.append({"sources": sources, "params": _params(sl.get("parameters"), f"{where}.parameters", file),
+                    "base": None if base is None else _check_str(base, f"{where}.base_model", file)})
+    refs = list(dict.fromkeys([m for sl in out for m, _, _ in sl["sources"]] + [sl["base"] for sl in out
+                                                                               if sl["base"] is not None]))
+    return refs, [{} for _ in refs], out
+
+
+def _source(src: Any, where: str, file: Path) -> tuple[str, tuple[int, int], dict[str, Any]]:
+    if not isinstance(src, dict) or "model" not in src or "layer_range" not in src:
+        raise ConfigError(f"{file}: {where} must be a mapping with 'model' and 'layer_range' (and optional "
+                          "'parameters')")
+    bad = next((k for k in src if k not in ("model", "layer_range", "parameters")), None)
+    if bad is not None:
+        raise ConfigError(f"{file}: {where}.{bad} is not supported (a source takes model, layer_range, parameters)")
+    rng = src["layer_range"]
+    if not (isinstance(rng, list) and len(rng) == 2 and all(isinstance(x, int) and not isinstance(x, bool)
+                                                            for x in rng) and 0 <= rng[0] <= rng[1]):
+        raise ConfigError(f"{file}: {where}.layer_range must be [first, end) layer numbers, 0 ≤ first ≤ end, got "
+                          f"{rng!r}")
+    return (_check_str(src["model"], f"{where}.model", file), (rng[0], rng[1]),
+            _params(src.get("parameters"), f"{where}.parameters", file))
+
+
+def _indexed(sl: dict[str, Any], refs: list[str], base: str | None) -> OutputSlice:
+    """A parsed slice with model indices into ``refs``; its base the slice's own, else the recipe's ``base``."""
+    own = sl["base"] if sl["base"] is not None else base
+    return OutputSlice(tuple(SliceSource(refs.index(m), r, p) for m, r, p in sl["sources"]), sl["params"],
+                       None if own is None else refs.index(own))
 
 
 def _model_ref(entry: Any, i: int, file: Path) -> str:
@@ -285,14 +360,12 @@ def recipe_text(rec: dict[str, Any], groups: Any = "permutation", refs: Sequence
     names, base = rec["merged_from"], rec.get("base")
     refs = list(refs) if refs is not None else list(names)
     weights = rec["weights"]
-    models = []
-    for i, ref in enumerate(refs):
-        params = dict(rec["model_params"][i]) if rec.get("model_params") else {}
-        if weights is not None and weights[i] is not None:
-            params["weight"] = weights[i]
-        models.append({"model": ref, **({"parameters": params} if params else {})})
     out: dict[str, Any] = {"merge_method": rec["rule"],
-                           **({"base_model": refs[names.index(base)]} if base is not None else {}), "models": models}
+                           **({"base_model": refs[names.index(base)]} if base is not None else {})}
+    if rec.get("slices"):
+        out["slices"] = _slices_text(rec["slices"], dict(zip(names, refs, strict=True)))
+    else:
+        out["models"] = _models_text(rec, refs)
     out.update({k: rec[k] for k in ("dtype", "out_dtype") if rec.get(k)})
     params = dict(rec.get("params") or {})
     if rec["rule"] == "linear" and weights is not None:
@@ -310,6 +383,28 @@ def recipe_text(rec: dict[str, Any], groups: Any = "permutation", refs: Sequence
         if aligned.get("seed") is not None and aligned["seed"] != seed:
             out["align"]["seed"] = aligned["seed"]
     return _dump(out)
+
+
+def _models_text(rec: dict[str, Any], refs: list[str]) -> list[dict[str, Any]]:
+    weights, models = rec["weights"], []
+    for i, ref in enumerate(refs):
+        params = dict(rec["model_params"][i]) if rec.get("model_params") else {}
+        if weights is not None and weights[i] is not None:
+            params["weight"] = weights[i]
+        models.append({"model": ref, **({"parameters": params} if params else {})})
+    return models
+
+
+def _slices_text(slices: list[dict[str, Any]], refs: dict[str, str]) -> list[dict[str, Any]]:
+    """The record's slices with every model named by its reference."""
+    out = []
+    for sl in slices:
+        entry = dict(sl)
+        entry["sources"] = [{**src, "model": refs[src["model"]]} for src in sl["sources"]]
+        if "base_model" in sl:
+            entry["base_model"] = refs[sl["base_model"]]
+        out.append(entry)
+    return out
 
 
 class _OneLineDumper(yaml.SafeDumper):
