@@ -89,6 +89,13 @@ SLICES = {
                                             {"model": "c", "layer_range": [0, 2], "parameters": {"weight": [0.2, 0.7]}}]},
                                {"sources": [{"model": "a", "layer_range": [2, 4]}, {"model": "b", "layer_range": [0, 2]},
                                             {"model": "c", "layer_range": [2, 4]}], "parameters": {"density": 0.6}}]},
+    "dare_ties_slices": {"merge_method": "dare_ties", "base_model": "a", "parameters": {"density": [0.3, 0.9]},
+                         "slices": [{"sources": [{"model": "a", "layer_range": [0, 2]},
+                                                 {"model": "b", "layer_range": [0, 2], "parameters": {"weight": 0.8}},
+                                                 {"model": "c", "layer_range": [0, 2], "parameters": {"weight": [0.2, 0.7]}}]},
+                                    {"sources": [{"model": "a", "layer_range": [2, 4]},
+                                                 {"model": "c", "layer_range": [0, 2], "parameters": {"weight": 1.0}},
+                                                 {"model": "b", "layer_range": [2, 4], "parameters": {"weight": 0.5}}]}]},
 }
 """Recipes with ``slices``: stacking (passthrough, frankenmerges), and per-slice merges by other rules."""
 
@@ -278,7 +285,7 @@ def test_recipe_dtype_alone_is_the_written_dtype(models, tmp_path):
      "slices[0]: every source must give as many layers"),
     ({"slices": [{"sources": [{"model": "a", "layer_range": [2, 6]}]}]}, "slices[0].sources[0].layer_range [2, 6]"),
     ({"models": [{"model": "a"}]}, "give exactly one of 'models'"),
-    ({"merge_method": "dare_ties", "base_model": "a"}, "randomised"),
+    ({"merge_method": "ties", "base_model": "c"}, "slices[0]: the base model is not among the slice's sources"),
     ({"merge_method": "slerp"}, "slices[0]"),
 ])
 def test_bad_slices_are_refused_naming_the_key(models, tmp_path, edit, match):
@@ -324,3 +331,17 @@ def test_slices_compose_with_alignment(models, tmp_path):
     run_cli("merge", "--config", tmp_path / "weight" / "merge_recipe.yml", "--out", tmp_path / "rerun")
     ours, rerun = tensors(tmp_path / "weight"), tensors(tmp_path / "rerun")
     assert all(torch.equal(ours[k], rerun[k]) for k in ours)
+
+
+def test_randomised_slices_with_an_undefined_draw_order_are_refused(models, tmp_path):
+    """mergekit schedules its merges by the largest input tensor name; where two output tensors share it, the order of
+    their draws is its task graph's, and modeconn refuses rather than guess."""
+    root = models["llama", torch.float32]
+    recipe = json.loads(json.dumps(SLICES["dare_ties_slices"]))
+    recipe["slices"][0]["sources"][1]["layer_range"] = [2, 4]
+    recipe["slices"][1]["sources"][2]["layer_range"] = [0, 2]
+    file = tmp_path / "r.yml"
+    file.write_text(yaml.safe_dump({**_resolved(recipe, root), "align": {"method": "none"}}))
+    res = run_cli("merge", "--config", file, "--out", tmp_path / "out", ok=False)
+    assert res.exit_code != 0 and "draws random numbers in the order mergekit schedules" in res.output, res.output
+    assert not (tmp_path / "out").exists()

@@ -166,13 +166,25 @@ def plan_random_states(rule: MergeRule, inputs: Sequence[Mapping[str, torch.Tens
         return {}
     if settings.seed is None:
         raise ConfigError(f"merge rule {rule.name!r} is randomised: give a seed (--seed) so the result is reproducible")
+    return replay_random_states(rule, settings.seed, [
+        (key, key, [(sd[key].shape, dtype or sd[key].dtype) for sd in inputs], weights, settings) for key in keys])
+
+
+Draw = tuple[str, str, Sequence[tuple[Sequence[int], torch.dtype]], Sequence[float], RuleSettings]
+"""One output tensor's draws: its name, the name it is scheduled by (mergekit orders its merges by the largest name
+of their input tensors), each input's shape and dtype, the weights and the settings it is merged with."""
+
+
+def replay_random_states(rule: MergeRule, seed: int, draws: Sequence[Draw]) -> dict[str, torch.Tensor]:
+    """:func:`plan_random_states` for tensors that differ in inputs and settings (a sliced merge): the generator
+    seeded once with ``seed``, then each tensor of ``draws`` in the order of their scheduling names replayed on zero
+    tensors."""
     states: dict[str, torch.Tensor] = {}
     with torch.random.fork_rng(devices=[]), torch.no_grad():
-        torch.manual_seed(settings.seed)
-        for key in sorted(keys):
+        torch.manual_seed(seed)
+        for key, _, shapes, weights, settings in sorted(draws, key=lambda d: d[1]):
             states[key] = torch.get_rng_state()
-            zeros = [torch.zeros(sd[key].shape, dtype=dtype or sd[key].dtype) for sd in inputs]
-            _call(rule.name, zeros, weights, key, settings)
+            _call(rule.name, [torch.zeros(tuple(s), dtype=d) for s, d in shapes], weights, key, settings)
     return states
 
 

@@ -9,6 +9,7 @@ layers then share the reference's residual basis, so layers of different models 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +38,6 @@ def check_slices(rule: MergeRule, settings: RuleSettings, slices: Sequence[Outpu
     """Every slice's inputs, base and parameters checked against ``rule`` (as
     :func:`~modeconn.path.merge_rules.check_rule_settings` does for a whole-model merge, mergekit's own checks
     included), before any checkpoint is read. ConfigError naming the slice."""
-    if rule.random:
-        raise ConfigError(f"slices: merge rule {rule.name!r} is randomised; with slices only deterministic rules are "
-                          "supported (its draws would not follow mergekit's)")
     for i, sl in enumerate(slices):
         shared = {**settings.params, **sl.params}
         if _averages(rule):
@@ -82,7 +80,7 @@ def merge_slices_plan(plan: MergePlan, out: str | Path, *,
     config = read_json_object(Path(src) / CONFIG_NAME, "config file")
     tensors = stack_plan(plan.slices, _module_order(src, ckpts[0]))
     _check_ranges(plan.slices, ckpts, tensors, config, paths)
-    jobs = [(p, *_settings(rule, p, plan, settings)) for p in tensors]  # every parameter resolved before any work
+    jobs = _with_states(rule, settings, [(p, *_settings(rule, p, plan, settings)) for p in tensors], ckpts, plan)
     names = model_names(paths)
     elements, alignments = align_to_first(spec, ckpts, names, plan.align_config, progress)
     record = _record(plan, names, alignments, ckpts)
@@ -181,6 +179,36 @@ def _settings(rule: MergeRule, p: PlannedTensor, plan: MergePlan, settings: Rule
                                  seed=settings.seed, normalize=normalize)
 
 
+def _with_states(rule: MergeRule, settings: RuleSettings, jobs: list, ckpts: Sequence[LazyCheckpoint],
+                 plan: MergePlan) -> list:
+    """``jobs`` (planned tensor, weights, settings; every parameter resolved before any work) with the generator
+    state each tensor of a randomised rule starts from, as ``mergekit-yaml --random-seed`` draws them."""
+    if not rule.random:
+        return jobs
+    from ..path.merge_mergekit import replay_random_states
+
+    def inputs(p: PlannedTensor) -> list[tuple[tuple[int, ...], torch.dtype]]:
+        return [(ckpts[m].infos[k].shape, plan.dtype or ckpts[m].infos[k].dtype) for m, k in p.inputs]
+
+    draws = [(p.key, max(k for _, k in p.inputs), inputs(p), w, s) for p, w, s in jobs
+             if ckpts[p.inputs[0][0]].infos[p.inputs[0][1]].dtype.is_floating_point]
+    _check_schedule(rule, [(d[0], d[1]) for d in draws])
+    states = replay_random_states(rule, settings.seed if settings.seed is not None else plan.opts.seed or 0, draws)
+    return [(p, w, replace(s, states={p.key: states[p.key]}) if p.key in states else s) for p, w, s in jobs]
+
+
+def _check_schedule(rule: MergeRule, names: Sequence[tuple[str, str]]) -> None:
+    """ConfigError when two output tensors of a randomised rule share their scheduling name (the largest name of
+    their inputs): mergekit orders those two merges — and so their draws — by its task graph's internals."""
+    seen: dict[str, str] = {}
+    for key, order in names:
+        if order in seen:
+            raise ConfigError(f"slices: merge rule {rule.name!r} draws random numbers in the order mergekit schedules "
+                              f"its merges, which is not defined for {seen[order]!r} and {key!r} (both made from "
+                              f"inputs named up to {order!r}); use a deterministic rule or other layer ranges")
+        seen[order] = key
+
+
 def _record(plan: MergePlan, names: list[str], alignments: list, ckpts: Sequence[LazyCheckpoint]) -> dict[str, Any]:
     settings = plan.settings
     params = dict(settings.params)
@@ -190,7 +218,8 @@ def _record(plan: MergePlan, names: list[str], alignments: list, ckpts: Sequence
             "align_settings": None if plan.align_config is None
             else {"groups": plan.groups, **wm_settings(plan.align_config)},
             "base": None if settings.base is None else names[settings.base], "weights": None, "params": params,
-            "model_params": [], "slices": [_slice_record(sl, names) for sl in plan.slices], "seed": None,
+            "model_params": [], "slices": [_slice_record(sl, names) for sl in plan.slices],
+            "seed": settings.seed if plan.rule.random else None,
             "dtype": dtype_name(plan.dtype), "out_dtype": dtype_name(plan.out_dtype), "alignments": alignments,
             "input_dtypes": sorted({dtype_name(i.dtype) for c in ckpts for i in c.infos.values()
                                     if i.dtype.is_floating_point})}
