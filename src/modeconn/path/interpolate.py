@@ -211,13 +211,17 @@ def weighted_average(
 
 def plan_settings(rule: MergeRule, inputs: Sequence[StateDict], weights: Sequence[float],
                   settings: RuleSettings | None, keys: Sequence[str], *, dtype: torch.dtype | None = None) -> RuleSettings:
-    """``settings`` (default: none) with the generator states of a randomised rule planned for ``keys``
+    """``settings`` (default: none) with the layer positions of ``keys`` where a parameter is a gradient
+    (:func:`~modeconn.path.merge_layers.with_layer_positions`) and the generator states of a randomised rule planned
+    for ``keys``
     (:func:`~modeconn.path.merge_mergekit.plan_random_states`; ``inputs`` may hold meta tensors; ``dtype``: the
     dtype the inputs are cast to before the rule)."""
+    from .merge_layers import with_layer_positions
     from .merge_rules import check_filters
 
     settings = settings if settings is not None else RuleSettings()
     check_filters(settings, keys)
+    settings = with_layer_positions(settings, keys)  # where a gradient is evaluated
     if not rule.random or settings.states:
         return settings
     from .merge_mergekit import plan_random_states

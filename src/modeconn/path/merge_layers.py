@@ -74,6 +74,19 @@ def refuse_gradients(params: Mapping[str, Any], model_params: Iterable[Mapping[s
                           "tensors in layers")
 
 
+def with_layer_positions(settings, keys: Sequence[str]):
+    """``settings`` (a :class:`~modeconn.path.merge_rules.RuleSettings`) with every key's layer position
+    (:func:`layer_positions`) where a parameter varies by layer and none are set; ConfigError naming the parameter
+    when no key lies in a layer stack."""
+    from dataclasses import replace
+
+    varying = varying_parameters(settings.params, settings.model_params)
+    if not varying or settings.positions:
+        return settings
+    check_layers_found(keys, varying[0])
+    return replace(settings, positions=layer_positions(keys))
+
+
 def setting_at(setting: Any, key: str, t: float) -> Any:
     """The value of a parameter setting for tensor ``key`` at layer position ``t`` (see the module docstring):
     a scalar as is; a gradient interpolated (numbers) or indexed (other values); a conditional value by its first

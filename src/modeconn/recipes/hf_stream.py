@@ -17,7 +17,7 @@ from ..io.hf import PathLike, model_names, resolve_checkpoint_path, side_files
 from ..io.lazy import LazyCheckpoint, ShardLayout, write_like
 from ..match.result import Alignment
 from ..match.weight import DEFAULTS, WeightMatchingConfig, weight_matching
-from ..path.merge_layers import check_layers_found, layer_positions, varying_parameters
+from ..path.merge_layers import with_layer_positions
 from ..path.merge_rules import RuleSettings, applied_weights, check_filters, tensor_weighted
 from ..stream import merged_keys, open_hf_checkpoints, stream_apply, stream_merge
 from ..symmetry import Element
@@ -127,16 +127,6 @@ def merge_hf_plan(plan: MergePlan, out: PathLike, *,
                  dtype=plan.dtype, out_dtype=plan.out_dtype, files={**side_files(src), **extra, "merge.json": record},
                  overwrite=plan.opts.overwrite, progress=progress, device=plan.device)
     return record
-
-
-def with_layer_positions(settings: RuleSettings, keys: Sequence[str]) -> RuleSettings:
-    """``settings`` with every key's layer position (:func:`~modeconn.path.merge_layers.layer_positions`), where a
-    parameter varies by layer; ConfigError naming the parameter when no key lies in a layer stack."""
-    varying = varying_parameters(settings.params, settings.model_params)
-    if not varying:
-        return settings
-    check_layers_found(keys, varying[0])
-    return dataclasses.replace(settings, positions=layer_positions(keys))
 
 
 def _weights_record(rule, weights: Sequence[float], settings: RuleSettings) -> dict[str, Any]:
