@@ -345,3 +345,26 @@ def test_randomised_slices_with_an_undefined_draw_order_are_refused(models, tmp_
     res = run_cli("merge", "--config", file, "--out", tmp_path / "out", ok=False)
     assert res.exit_code != 0 and "draws random numbers in the order mergekit schedules" in res.output, res.output
     assert not (tmp_path / "out").exists()
+
+
+def test_gradients_compose_with_alignment(models, tmp_path):
+    """`align: weight` then the hub's SLERP gradients: B = A with permuted units is aligned back onto A first, so the
+    merge is A (up to rounding); merged as stored it is not."""
+    import shutil
+
+    from modeconn.stream import hf_checkpoint_spec, stream_apply
+
+    a = models["llama", torch.float32] / "a"
+    spec = hf_checkpoint_spec(a)
+    b = stream_apply(spec, a, spec.random_element(seed=2), tmp_path / "b")
+    shutil.copy(a / "config.json", b / "config.json")
+    recipe = {"merge_method": "slerp", "base_model": str(a), "models": [{"model": str(a)}, {"model": str(b)}],
+              "parameters": {"t": HUB_SLERP_T}}
+    for method in ("weight", "none"):
+        file = tmp_path / f"{method}.yml"
+        file.write_text(yaml.safe_dump({**recipe, "align": {"method": method, **(
+            {"restarts": 1} if method == "weight" else {})}}))
+        run_cli("merge", "--config", file, "--out", tmp_path / method)
+    ta, aligned, naive = tensors(a), tensors(tmp_path / "weight"), tensors(tmp_path / "none")
+    assert all(torch.allclose(aligned[k], ta[k], atol=1e-5) for k in ta)
+    assert not all(torch.allclose(naive[k], ta[k], atol=1e-3) for k in ta)

@@ -26,8 +26,19 @@ Supported subset of mergekit's ``MergeConfiguration`` (anything else is refused,
 Relative model paths are taken relative to the recipe's directory (else the working directory). A parameter (``weight``
 included, shared or per model, or a filter entry's value) may be a gradient: a list of values spread evenly over the
 layers, interpolated at each layer as ``mergekit-yaml`` does (:mod:`modeconn.path.merge_layers`; embeddings, final
-norm and LM head take the first value); gradients need Hugging Face checkpoints merged without data. ``slices``,
-``modules``, ``tokenizer``, ``chat_template`` and ``tokenizer_source: union`` are not supported.
+norm and LM head take the first value); gradients need Hugging Face checkpoints merged without data.
+
+Instead of ``models``, ``slices`` stack layer ranges (:mod:`modeconn.recipes.hf_slices`)::
+
+    merge_method: passthrough               # or any rule: each output slice merges its sources layer by layer
+    slices:
+      - sources: [{model: ./a, layer_range: [0, 3]}]                     # layers 0, 1, 2 of a
+        parameters: {scale: 1.0}                                          # optional; base_model: optional
+      - sources: [{model: ./b, layer_range: [1, 4], parameters: {scale: [1, 0.5]}}]
+
+A gradient restarts in every slice; the output's layers are renumbered and its config gets the new layer count.
+``modules``, a slice's ``residual_weight``, ``tokenizer``, ``chat_template`` and ``tokenizer_source: union`` are
+refused, naming the key.
 
 The recipe a merge writes beside its output (:data:`RECIPE_NAME`, :func:`recipe_text`) records everything a re-run
 needs — the seed, the alignment's settings, the weights as applied — and names each model so that it resolves from
