@@ -98,7 +98,7 @@ class RuleSettings:
     randomised rule (DARE). ``states``: per tensor key, the torch CPU generator state a randomised rule starts from
     (filled by :func:`~modeconn.path.merge_mergekit.plan_random_states`). ``positions``: per tensor key, its position
     ``t`` in the layer stack (:mod:`~modeconn.path.merge_layers`; where a gradient is evaluated; a key not listed sits
-    at 0). ``normalize``: per-tensor weights (a ``weight`` setting, see :func:`tensor_weights`) of a rule that
+    at 0). ``normalize``: per-tensor weights (a ``weight`` setting, see :func:`setting_weights`) of a rule that
     averages are divided by their sum."""
 
     base: int | None = None
@@ -261,7 +261,7 @@ def _check_entries(entries: Sequence[Mapping[str, Any]], keys: Sequence[str], wh
 
 def tensor_weighted(settings: RuleSettings | None) -> bool:
     """The weights are parameter settings (``weight`` in the shared or per-model parameters: a gradient or a
-    conditional value), resolved per tensor by :func:`tensor_weights`."""
+    conditional value), resolved per tensor by :func:`setting_weights`."""
     return settings is not None and any("weight" in p for p in (settings.params, *settings.model_params))
 
 

@@ -18,7 +18,7 @@ from ..io.lazy import LazyCheckpoint, ShardLayout, write_like
 from ..match.result import Alignment
 from ..match.weight import DEFAULTS, WeightMatchingConfig, weight_matching
 from ..path.merge_layers import with_layer_positions
-from ..path.merge_rules import RuleSettings, applied_weights, check_filters, tensor_weighted
+from ..path.merge_rules import MergeRule, RuleSettings, applied_weights, check_filters, tensor_weighted
 from ..stream import merged_keys, open_hf_checkpoints, stream_apply, stream_merge
 from ..symmetry import Element
 from ..symmetry.hf import FULL_GROUPS
@@ -129,7 +129,7 @@ def merge_hf_plan(plan: MergePlan, out: PathLike, *,
     return record
 
 
-def _weights_record(rule, weights: Sequence[float], settings: RuleSettings) -> dict[str, Any]:
+def _weights_record(rule: MergeRule, weights: Sequence[float], settings: RuleSettings) -> dict[str, Any]:
     """The record's ``weights`` (as applied) and ``params``; weights given as parameter settings stay there (with
     a linear merge's ``normalize``), and ``weights`` is None."""
     if not tensor_weighted(settings):
