@@ -159,7 +159,7 @@ def differing(ours: dict, ref: dict) -> list[str]:
     return [k for k in ref if not torch.equal(ours[k], ref[k])]
 
 
-CONFIG_FIELDS = ("num_hidden_layers", "hidden_size", "vocab_size", "model_type", "architectures")
+CONFIG_FIELDS = ("num_hidden_layers", "hidden_size", "vocab_size", "model_type", "architectures", "dtype", "torch_dtype")
 
 
 def ours_equal_mergekit(recipe: dict, root: Path, tmp: Path) -> dict[str, torch.Tensor]:
