@@ -183,8 +183,8 @@ def test_recipe_with_align_section_and_written_recipe_reruns_to_the_same_bytes(t
 
 
 @pytest.mark.parametrize("edit, match", [
-    ({"slices": []}, "'slices' is not supported"),
-    ({"parameters": {"t": [0.0, 0.5, 1.0]}}, "gradients"),
+    ({"modules": {}}, "'modules'"),
+    ({"parameters": {"t": [[0.0, 0.5, 1.0]]}}, "parameters.t"),
     ({"merge_method": "tiess"}, "ties"),
     ({"tokenizer_source": "union"}, "need each model's tokenizer"),
     ({"align": {"method": "activation"}}, "align.method"),

@@ -304,7 +304,7 @@ def _merge_one(key: str, tensors: list[torch.Tensor], *, names: list[str], weigh
         for sd, name in zip(sds, names, strict=True):
             check_finite(sd, name)
     out = weighted_average(sds, weights, check=False, normalize=False, rule=rule, settings=settings, dtype=dtype,
-                           out_dtype=out_dtype)[key]
+                           out_dtype=out_dtype, planned=True)[key]
     if propagating and out.is_floating_point() and not all_finite(out):
         for sd, name in zip(sds, names, strict=True):
             check_finite(sd, name)

@@ -29,7 +29,7 @@ from ..checks import all_finite, check_compatible, check_one_device, is_interpol
 from ..errors import ConfigError, ModeconnError, NonFiniteError
 from .._util.statedict import with_metadata
 from ..io import check_dtype_kinds
-from .merge_rules import MergeRule, RuleSettings, as_rule
+from .merge_rules import MergeRule, RuleSettings, as_rule, tensor_weighted
 
 StateDict = Mapping[str, torch.Tensor]
 
@@ -152,7 +152,7 @@ def weighted_average(
     state_dicts: Sequence[StateDict], weights: Sequence[float] | None = None, *, check: bool = True,
     normalize: bool = True, keep: Iterable[str] = (), rule: str | MergeRule = "linear",
     settings: RuleSettings | None = None,
-    dtype: torch.dtype | None = None, out_dtype: torch.dtype | None = None,
+    dtype: torch.dtype | None = None, out_dtype: torch.dtype | None = None, planned: bool = False,
 ) -> dict[str, torch.Tensor]:
     """``Σ_i w_i θ_i`` per floating tensor (fp32 accumulation, fp64 for fp64 tensors, cast to the first
     model's dtype); integer buffers and the keys in ``keep`` (shared fixed structure, e.g. W-asymmetric masks)
@@ -166,6 +166,8 @@ def weighted_average(
             are then used as given).
         rule: the merge rule combining each floating tensor (a name of :data:`~modeconn.path.merge_rules.MERGE_RULES`
             or its entry; default ``linear``, the weighted average).
+        planned: ``settings`` were planned (:func:`plan_settings`) for a model of which ``state_dicts`` hold a part
+            (a streamed merge, tensor by tensor): filters are not checked against this part alone.
         keep: keys copied from the first model unchanged (``modeconn.merge`` passes the W-asymmetric fixed
             structure of its ``model``; without it, weights that do not sum to 1 scale those buffers too).
         settings: base model, parameters and seed of a rule that takes them
@@ -191,8 +193,10 @@ def weighted_average(
     keep = set(keep)
     first = state_dicts[0]
     merged_keys = [k for k, t in first.items() if is_interpolable(t) and k not in keep]
-    settings = plan_settings(merge_rule, state_dicts, weights, settings, merged_keys, dtype=dtype)
-    exact_if_equal = merge_rule.affine and weights_sum_to_one(weights) and dtype is None
+    if not planned:
+        settings = plan_settings(merge_rule, state_dicts, weights, settings, merged_keys, dtype=dtype)
+    exact_if_equal = merge_rule.affine and weights_sum_to_one(weights) and dtype is None \
+        and not tensor_weighted(settings)
     out = {}
     for k, t in first.items():
         if not is_interpolable(t) or k in keep:
@@ -207,13 +211,17 @@ def weighted_average(
 
 def plan_settings(rule: MergeRule, inputs: Sequence[StateDict], weights: Sequence[float],
                   settings: RuleSettings | None, keys: Sequence[str], *, dtype: torch.dtype | None = None) -> RuleSettings:
-    """``settings`` (default: none) with the generator states of a randomised rule planned for ``keys``
+    """``settings`` (default: none) with the layer positions of ``keys`` where a parameter is a gradient
+    (:func:`~modeconn.path.merge_layers.with_layer_positions`) and the generator states of a randomised rule planned
+    for ``keys``
     (:func:`~modeconn.path.merge_mergekit.plan_random_states`; ``inputs`` may hold meta tensors; ``dtype``: the
     dtype the inputs are cast to before the rule)."""
+    from .merge_layers import with_layer_positions
     from .merge_rules import check_filters
 
     settings = settings if settings is not None else RuleSettings()
     check_filters(settings, keys)
+    settings = with_layer_positions(settings, keys)  # where a gradient is evaluated
     if not rule.random or settings.states:
         return settings
     from .merge_mergekit import plan_random_states

@@ -7,8 +7,9 @@ dtype promotion) on the tensors modeconn reads, aligns and streams, so a merge e
 inputs and recipe, while streaming, alignment and atomic output stay modeconn's. Parameters: mergekit's names and
 defaults (``density``, ``t``, ``lambda`` …; ``--param name=value``); the per-model ``weight`` comes from the merge's
 weights. A conditional value ``[{"filter": "self_attn", "value": 0.3}, {"value": 0.5}]`` is resolved per tensor name
-by mergekit's ``evaluate_setting`` (the first filter contained in the name); gradients (lists of numbers across
-layers) are not supported.
+by mergekit's ``evaluate_setting`` (the first filter contained in the name), and a gradient (a list of values across
+layers) at the tensor's layer position (:mod:`~modeconn.path.merge_layers`), as ``mergekit-yaml`` plans it; a
+``weight`` given as a parameter setting overrides the merge's weights the same way.
 
 Randomised rules (DARE, DELLA) draw from torch's global CPU generator, as mergekit does. With a seed, the generator
 state each tensor starts from is the one ``mergekit-yaml --random-seed SEED`` gives it: seeded once, then the tensors
@@ -39,6 +40,7 @@ PARAM_RANGES: dict[str, ParamRange] = {
     "eps": ParamRange(lo=0.0, hi=1.0, lo_open=True, hi_open=True),  # a stability constant added to norms
     "max_iter": ParamRange("int", lo=1, hi=10_000),
     "tol": ParamRange(lo=0.0, hi=1.0, hi_open=True),
+    "scale": ParamRange(),  # passthrough's factor
 }
 """The values each mergekit parameter accepts (fractions in [0, 1], flags, finite factors): checked before any work
 (:func:`~modeconn.path.merge_rules.check_rule_settings`) for shared, per-model and filtered values alike."""
@@ -70,6 +72,8 @@ MERGEKIT_RULES: dict[str, tuple[str, str, str, tuple[str, ...], bool, str]] = {
                    ("normalize_weights", "eps"), False, "mergekit"),
     "model_stock": ("interpolation towards the base by the angle between task vectors (≥ 2 besides the base)",
                     "required", "none", ("filter_wise",), False, "Jang et al. 2024, arXiv:2403.19522"),
+    "passthrough": ("the one input as it is (times `scale` where given): layer stacking with recipe slices", "none",
+                    "none", ("scale",), False, "mergekit"),
     "karcher": ("Riemannian (Karcher) mean of the models on the sphere", "none", "none", ("max_iter", "tol"), False,
                 "Karcher 1977"),
 }
@@ -83,14 +87,15 @@ def _method(name: str):
     return merge_methods.get(name)
 
 
-def _resolve(spec_param, setting: Any, key: str) -> Any:
-    """A parameter's value for tensor ``key``: a scalar, or mergekit's ``[{filter, value}, …]`` (mergekit's own
-    ``evaluate_setting``; ``None`` when no filter matches)."""
+def _resolve(spec_param, setting: Any, key: str, settings: RuleSettings) -> Any:
+    """A parameter's value for tensor ``key``: a scalar, a gradient or mergekit's ``[{filter, value}, …]``
+    (mergekit's own ``evaluate_setting`` at the tensor's layer position ``settings.positions[key]``, see
+    :mod:`~modeconn.path.merge_layers`; ``None`` when no filter matches)."""
     from mergekit.config import ConditionalParameter, evaluate_setting
 
     if isinstance(setting, list) and setting and all(isinstance(s, Mapping) for s in setting):
         setting = [ConditionalParameter(**s) for s in setting]
-    return evaluate_setting(key, setting, 0.0, validate=spec_param.validate)
+    return evaluate_setting(key, setting, settings.positions.get(key, 0.0), validate=spec_param.validate)
 
 
 def _parameters(method, weights: Sequence[float], key: str, settings: RuleSettings, n: int) -> dict[str, Any]:
@@ -101,7 +106,7 @@ def _parameters(method, weights: Sequence[float], key: str, settings: RuleSettin
     for p in method.spec.parameters:
         if p.scope.value == "shared":
             if p.name in settings.params:
-                value = _resolve(p, settings.params[p.name], key)
+                value = _resolve(p, settings.params[p.name], key, settings)
                 if value is not None:
                     out[p.name] = value
             continue
@@ -116,7 +121,7 @@ def _input_value(p, i: int, weights: Sequence[float], key: str, settings: RuleSe
     own = settings.model_params[i] if settings.model_params else {}
     for source in (own, settings.params):
         if p.name in source:
-            value = _resolve(p, source[p.name], key)
+            value = _resolve(p, source[p.name], key, settings)
             if value is not None:
                 return value
     return float(weights[i]) if p.name == "weight" else None
@@ -161,13 +166,25 @@ def plan_random_states(rule: MergeRule, inputs: Sequence[Mapping[str, torch.Tens
         return {}
     if settings.seed is None:
         raise ConfigError(f"merge rule {rule.name!r} is randomised: give a seed (--seed) so the result is reproducible")
+    return replay_random_states(rule, settings.seed, [
+        (key, key, [(sd[key].shape, dtype or sd[key].dtype) for sd in inputs], weights, settings) for key in keys])
+
+
+Draw = tuple[str, str, Sequence[tuple[Sequence[int], torch.dtype]], Sequence[float], RuleSettings]
+"""One output tensor's draws: its name, the name it is scheduled by (mergekit orders its merges by the largest name
+of their input tensors), each input's shape and dtype, the weights and the settings it is merged with."""
+
+
+def replay_random_states(rule: MergeRule, seed: int, draws: Sequence[Draw]) -> dict[str, torch.Tensor]:
+    """:func:`plan_random_states` for tensors that differ in inputs and settings (a sliced merge): the generator
+    seeded once with ``seed``, then each tensor of ``draws`` in the order of their scheduling names replayed on zero
+    tensors."""
     states: dict[str, torch.Tensor] = {}
     with torch.random.fork_rng(devices=[]), torch.no_grad():
-        torch.manual_seed(settings.seed)
-        for key in sorted(keys):
+        torch.manual_seed(seed)
+        for key, _, shapes, weights, settings in sorted(draws, key=lambda d: d[1]):
             states[key] = torch.get_rng_state()
-            zeros = [torch.zeros(sd[key].shape, dtype=dtype or sd[key].dtype) for sd in inputs]
-            _call(rule.name, zeros, weights, key, settings)
+            _call(rule.name, [torch.zeros(tuple(s), dtype=d) for s, d in shapes], weights, key, settings)
     return states
 
 

@@ -96,13 +96,18 @@ class RuleSettings:
     a value, or mergekit's conditional form ``[{"filter": substring, "value": v}, …]`` resolved per tensor name).
     ``model_params``: per model, parameters overriding ``params`` for that model (recipes). ``seed``: the seed of a
     randomised rule (DARE). ``states``: per tensor key, the torch CPU generator state a randomised rule starts from
-    (filled by :func:`~modeconn.path.merge_mergekit.plan_random_states`)."""
+    (filled by :func:`~modeconn.path.merge_mergekit.plan_random_states`). ``positions``: per tensor key, its position
+    ``t`` in the layer stack (:mod:`~modeconn.path.merge_layers`; where a gradient is evaluated; a key not listed sits
+    at 0). ``normalize``: per-tensor weights (a ``weight`` setting, see :func:`setting_weights`) of a rule that
+    averages are divided by their sum."""
 
     base: int | None = None
     params: Mapping[str, Any] = field(default_factory=dict)
     model_params: Sequence[Mapping[str, Any]] = ()
     seed: int | None = None
     states: Mapping[str, torch.Tensor] = field(default_factory=dict)
+    positions: Mapping[str, float] = field(default_factory=dict)
+    normalize: bool = True
 
 
 @dataclass(frozen=True)
@@ -177,7 +182,7 @@ def check_rule_settings(rule: MergeRule | str, settings: RuleSettings | None, n_
         raise ConfigError(f"--weights: merge rule {rule.name!r} takes no weights; its parameters are "
                           f"{', '.join(rule.params) or 'none'} (--param name=value)")
     names = set(settings.params).union(*(set(p) for p in settings.model_params))
-    unknown = sorted(names - set(rule.params))
+    unknown = sorted(names - set(rule.params) - ({"weight"} if rule.weights != "none" else set()))
     if unknown:
         hint = "; per-model weights are given with --weights (recipes: models[i].parameters.weight)" \
             if unknown[0] == "weight" else ""
@@ -199,14 +204,22 @@ def _check_ranges(rule: MergeRule, settings: RuleSettings) -> None:
     for prefix, params in sources:
         for name, setting in params.items():
             for label, value in _values(setting):
-                rule.ranges[name].check(value, f"merge rule {rule.name!r}: {prefix}parameter {name!r}{label}")
+                rule.ranges.get(name, WEIGHT_RANGE).check(value, f"merge rule {rule.name!r}: {prefix}parameter "
+                                                                 f"{name!r}{label}")
+
+
+WEIGHT_RANGE = ParamRange()
+"""A ``weight`` given as a parameter setting (a gradient or a conditional value): any finite number."""
 
 
 def _values(setting: Any) -> list[tuple[str, Any]]:
-    """``(label, value)`` for a scalar (label ``""``) or each entry of mergekit's ``[{filter, value}, …]`` form."""
+    """``(label, value)`` for a scalar (label ``""``), each anchor of a gradient, or each entry of mergekit's
+    ``[{filter, value}, …]`` form (each anchor of an entry's gradient)."""
     if _conditional(setting):
-        return [(f" (filter {e.get('filter')!r})" if e.get("filter") is not None else " (default entry)",
-                 e.get("value")) for e in setting]
+        return [(f" (filter {e.get('filter')!r}){at}" if e.get("filter") is not None else f" (default entry){at}",
+                 v) for e in setting for at, v in _values(e.get("value"))]
+    if isinstance(setting, list):
+        return [(f" (gradient value {j})", v) for j, v in enumerate(setting)]
     return [("", setting)]
 
 
@@ -246,6 +259,27 @@ def _check_entries(entries: Sequence[Mapping[str, Any]], keys: Sequence[str], wh
                               "(a filter is a substring of the tensor name, e.g. 'mlp' or 'self_attn')"))
 
 
+def tensor_weighted(settings: RuleSettings | None) -> bool:
+    """The weights are parameter settings (``weight`` in the shared or per-model parameters: a gradient or a
+    conditional value), resolved per tensor by :func:`setting_weights`."""
+    return settings is not None and any("weight" in p for p in (settings.params, *settings.model_params))
+
+
+def setting_weights(settings: RuleSettings, key: str, n: int) -> list[float]:
+    """Per model, the ``weight`` of tensor ``key`` where the weights are parameter settings
+    (:func:`tensor_weighted`): the model's own, else the shared one, else 1, evaluated at the tensor's layer position
+    (:func:`~modeconn.path.merge_layers.setting_at`)."""
+    from .merge_layers import setting_at
+
+    t = settings.positions.get(key, 0.0)
+    values = []
+    for own in settings.model_params or [{}] * n:
+        value = next((v for src in (own, settings.params) if "weight" in src
+                      and (v := setting_at(src["weight"], key, t)) is not None), None)
+        values.append(1.0 if value is None else float(value))
+    return values
+
+
 def rule_weights(rule: MergeRule, weights: Sequence[float | str] | None, n: int, *, normalize: bool = True,
                  option: str = "--weights") -> list[float]:
     """The validated weights of an ``n``-model merge by ``rule``: an average's (scope ``all``) as
@@ -277,19 +311,30 @@ def _check_installed(rule: MergeRule) -> None:
                           f"pip install 'modeconn[{rule.requires}]'")
 
 
-def linear(tensors: Sequence[torch.Tensor], weights: Sequence[float], key: str) -> torch.Tensor:
+def linear(tensors: Sequence[torch.Tensor], weights: Sequence[float], key: str,
+           settings: RuleSettings | None = None) -> torch.Tensor:
     """``Σ_i w_i t_i`` accumulated in fp32 (fp64/complex128 in their own precision), cast to ``tensors[0]``'s dtype
-    (NonFiniteError naming ``key`` if the cast overflows)."""
+    (NonFiniteError naming ``key`` if the cast overflows). Weights given as parameter settings
+    (:func:`tensor_weighted`) are resolved for ``key`` (:func:`setting_weights`) and, with ``settings.normalize``,
+    the sum is divided by theirs in the accumulation dtype (mergekit's arithmetic)."""
     from .interpolate import checked_cast
 
     t = tensors[0]
-    acc = torch.zeros(t.shape, dtype=torch.promote_types(t.dtype, torch.float32), device=t.device)
+    dtype = torch.promote_types(t.dtype, torch.float32)
+    total = None
+    if tensor_weighted(settings):
+        weights = setting_weights(settings, key, len(tensors))
+        if settings.normalize:
+            total = torch.tensor(weights, dtype=dtype, device=t.device).sum()
+    acc = torch.zeros(t.shape, dtype=dtype, device=t.device)
     for w, x in zip(weights, tensors, strict=True):
         acc.add_(x, alpha=w)  # promoted in the kernel: the same fp32 arithmetic, without a converted copy
+    if total is not None:
+        acc.div_(total)
     return checked_cast(acc, t.dtype, key)
 
 
 register_rule(MergeRule("linear", "weighted average Σ wᵢθᵢ of the (aligned) models",
-                        "model soups / weight averaging; equal to mergekit's linear merge", linear))
+                        "model soups / weight averaging; equal to mergekit's linear merge", linear, contextual=True))
 
 from . import merge_mergekit as _merge_mergekit  # noqa: E402,F401  (registers mergekit's rules)

@@ -18,7 +18,8 @@ from ..io.hf import PathLike, model_names, resolve_checkpoint_path, side_files
 from ..io.lazy import LazyCheckpoint, ShardLayout, write_like
 from ..match.result import Alignment
 from ..match.weight import DEFAULTS, WeightMatchingConfig, weight_matching
-from ..path.merge_rules import RuleSettings, applied_weights, check_filters
+from ..path.merge_layers import with_layer_positions
+from ..path.merge_rules import MergeRule, RuleSettings, applied_weights, check_filters, tensor_weighted
 from ..stream import merged_keys, open_hf_checkpoints, stream_apply, stream_merge
 from ..symmetry import Element
 from ..symmetry.hf import FULL_GROUPS
@@ -111,17 +112,18 @@ def merge_hf_plan(plan: MergePlan, out: PathLike, *,
     vocab = _vocabulary(plan, settings)
     spec, ckpts = open_hf_checkpoints(paths, out, plan.opts.overwrite, None if plan.align is None else plan.groups,
                                       vocabulary=vocab if vocab is not None and vocab.remap else None)
-    check_filters(settings, merged_keys(ckpts[0].meta()))  # a filter that selects nothing: before the alignment
+    keys = merged_keys(ckpts[0].meta())
+    check_filters(settings, keys)  # a filter that selects nothing: before the alignment
+    settings = with_layer_positions(settings, keys)
     names = model_names(paths)
-    elements, alignments = _align_to_first(spec, ckpts, names, plan.align_config, progress)
-    record = {"merged_from": names, "weights": applied_weights(rule, w, settings.base), "rule": rule.name,
-              "source": rule.source, "align": plan.opts.align,
+    elements, alignments = align_to_first(spec, ckpts, names, plan.align_config, progress)
+    record = {"merged_from": names, "rule": rule.name, "source": rule.source, "align": plan.opts.align,
               "align_settings": None if plan.align_config is None
               else {"groups": plan.groups, **wm_settings(plan.align_config)},
-              "base": None if settings.base is None else names[settings.base], "params": dict(settings.params),
+              "base": None if settings.base is None else names[settings.base], **_weights_record(rule, w, settings),
               "model_params": [dict(p) for p in settings.model_params], "seed": settings.seed if rule.random else None,
-              "dtype": _dtype_name(plan.dtype), "out_dtype": _dtype_name(plan.out_dtype), "alignments": alignments,
-              "input_dtypes": sorted({_dtype_name(i.dtype) for c in ckpts for i in c.infos.values()
+              "dtype": dtype_name(plan.dtype), "out_dtype": dtype_name(plan.out_dtype), "alignments": alignments,
+              "input_dtypes": sorted({dtype_name(i.dtype) for c in ckpts for i in c.infos.values()
                                       if i.dtype.is_floating_point}),
               **({"tokenizer": tokenizer_record(plan.tokenizer, names)} if plan.tokenizer is not None else {})}
     src = paths[settings.base if settings.base is not None else 0]
@@ -146,11 +148,20 @@ def _vocabulary(plan: MergePlan, settings: RuleSettings):
                            dtype=plan.dtype, where=str(plan.opts.config))
 
 
-def _dtype_name(dtype: torch.dtype | None) -> str | None:
+def _weights_record(rule: MergeRule, weights: Sequence[float], settings: RuleSettings) -> dict[str, Any]:
+    """The record's ``weights`` (as applied) and ``params``; weights given as parameter settings stay there (with
+    a linear merge's ``normalize``), and ``weights`` is None."""
+    if not tensor_weighted(settings):
+        return {"weights": applied_weights(rule, weights, settings.base), "params": dict(settings.params)}
+    normalize = {"normalize": settings.normalize} if rule.weights == "all" and "normalize" not in rule.params else {}
+    return {"weights": None, "params": {**settings.params, **normalize}}
+
+
+def dtype_name(dtype: torch.dtype | None) -> str | None:
     return None if dtype is None else str(dtype).removeprefix("torch.")
 
 
-def _align_to_first(spec, ckpts: list[LazyCheckpoint], names: list[str], wm: WeightMatchingConfig | None, progress):
+def align_to_first(spec, ckpts: list[LazyCheckpoint], names: list[str], wm: WeightMatchingConfig | None, progress):
     """Per model the element aligning it to the first (``None`` for the first and where ``wm`` is None: no
     alignment) and the alignment records (name, objective, stats)."""
     elements: list[Element | None] = [None]

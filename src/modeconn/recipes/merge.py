@@ -19,6 +19,7 @@ from .._util.outdir import check_output_target
 from ..checkpoints import CHECKPOINT_KINDS, Checkpoint, open_checkpoints, refuse_kind, register_in_memory
 from ..errors import ConfigError
 from ..path.interpolate import weights_sum_to_one
+from ..path.merge_layers import refuse_gradients
 from .align import check_single_process
 from .merge_plan import MergeOptions, MergePlan, plan_merge, with_alignment
 from .outcome import Outcome
@@ -128,10 +129,18 @@ def _merge_in_memory(ckpts: list[Checkpoint], out: Path, plan: MergePlan, progre
         raise ConfigError(f"--dtype / dtype apply to Hugging Face checkpoints; {ckpts[0].kind.label} checkpoints keep "
                           "their dtype")
     _no_tokenizer_keys(plan, f"{ckpts[0].kind.label} checkpoints, which have no tokenizer")
+    refuse_gradients(plan.settings.params, plan.settings.model_params, f"merging {ckpts[0].kind.label} checkpoints")
+    _refuse_slices(plan, f"merging {ckpts[0].kind.label} checkpoints")
     path, metrics = merge_in_memory(plan, out, log, progress)
     lines = (f"merged model: test acc {100 * metrics['test']['acc']:.2f}%, test loss {metrics['test']['loss']:.4f}",
              ) if metrics else ()
     return Outcome(path, "config.json, model.safetensors, metrics.json", lines, "merged checkpoint")
+
+
+def _refuse_slices(plan: MergePlan, path: str) -> None:
+    if plan.slices:
+        raise ConfigError(f"slices: stacking layer ranges applies to Hugging Face checkpoints merged without data "
+                          f"(--align weight or none); {path} does not")
 
 
 def _merge_hf(ckpts: list[Checkpoint], out: Path, plan: MergePlan, progress, log: Log) -> Outcome:
@@ -146,6 +155,8 @@ def _merge_hf(ckpts: list[Checkpoint], out: Path, plan: MergePlan, progress, log
         check_no_dtype(plan)
         _no_tokenizer_keys(plan, f"merges aligned in memory (--align {plan.opts.align}); they apply to streaming "
                            "merges (align: weight or none)")
+        refuse_gradients(plan.settings.params, plan.settings.model_params, f"--align {plan.opts.align} (in memory)")
+        _refuse_slices(plan, f"--align {plan.opts.align} (in memory)")
         if plan.align.needs_continuous:
             return merge_lm(ckpts, out, plan, progress, log)
         return merge_in_memory(ckpts, out, plan, log, progress)
@@ -155,7 +166,10 @@ def _merge_hf(ckpts: list[Checkpoint], out: Path, plan: MergePlan, progress, log
         recipe = recipe_text(rec, plan.groups, recipe_refs(plan.models, out))
         return {RECIPE_NAME: recipe.encode(), CARD_NAME: card_text(Path(out).name, rec, recipe).encode()}
 
-    rec = merge_hf_plan(plan, out, files=files, progress=progress)
+    run = merge_hf_plan
+    if plan.slices:
+        from .hf_slices import merge_slices_plan as run
+    rec = run(plan, out, files=files, progress=progress)
     lines = tuple(f"{r['model']}: streaming weight matching objective {r['objective']:.4f}" for r in rec["alignments"])
     if len(rec["input_dtypes"]) > 1 and plan.out_dtype is None:
         lines += (f"inputs in {', '.join(rec['input_dtypes'])}: written in the first model's dtype (--dtype chooses)",)

@@ -16,6 +16,7 @@ from .._util.device import resolve_device
 from ..errors import ConfigError
 from ..match.methods import ALIGNMENT_METHODS, AlignmentMethod, command_line_methods
 from ..path.batchnorm import check_bn_policy
+from ..path.merge_layers import OutputSlice
 from ..path.merge_rules import MERGE_RULES, MergeRule, RuleSettings, check_rule_settings, rule_weights
 from .scope import method_config, method_options
 
@@ -73,6 +74,7 @@ class MergePlan:
     groups: Any = "permutation"
     align_config: Any = None
     tokenizer: Any = None
+    slices: tuple[OutputSlice, ...] = ()
 
 
 def align_choices() -> tuple[str, ...]:
@@ -126,13 +128,13 @@ def _from_recipe(models: Sequence[Path], opts: MergeOptions) -> MergePlan:
     if fixed:
         raise ConfigError(f"-o {fixed[0]}: the recipe {opts.config} gives it; give it in one place")
     opts = replace(opts, rule=r.rule, align=r.align, normalize=normalize, weights=weights,
-                   dtype=r.out_dtype or opts.dtype, seed=seed if align_seed is None else align_seed,
+                   dtype=r.out_dtype or opts.dtype or r.dtype, seed=seed if align_seed is None else align_seed,
                    restarts=_one_value("restarts", r.restarts, opts.restarts, opts.config, "align."),
                    max_iter=_one_value("max_iter", r.max_iter, opts.max_iter, opts.config, "align."))
-    settings = RuleSettings(base=r.base, params=r.params, seed=seed,
+    settings = RuleSettings(base=r.base, params=r.params, seed=seed, normalize=normalize,
                             model_params=r.model_params if any(r.model_params) else ())
     plan = checked_plan([resolve_checkpoint_path(m) for m in r.models], opts, weights, settings, dtype=r.dtype,
-                        out_dtype=opts.dtype, groups=r.groups)
+                        out_dtype=opts.dtype, groups=r.groups, slices=tuple(r.slices))
     return replace(plan, tokenizer=r.tokenizer)
 
 
@@ -147,16 +149,22 @@ def _one_value(key: str, recipe: int | None, option: int | None, file: Path, pre
 
 def checked_plan(models: Sequence[Path], opts: MergeOptions, weights: Sequence[str | float] | None,
                  settings: RuleSettings, *, dtype: str | None = None, out_dtype: str | None = None,
-                 groups: Any = "permutation") -> MergePlan:
-    """The plan with every option looked up and checked once: the rule and its settings, the weights (as
-    ``--weights``), the --align method (a typo names the choices), the BatchNorm policy, the device and the dtypes."""
+                 groups: Any = "permutation", slices: tuple[OutputSlice, ...] = ()) -> MergePlan:
+    """The plan with every option looked up and checked once: the rule and its settings (per output slice where
+    ``slices`` are given), the weights (as ``--weights``), the --align method (a typo names the choices), the
+    BatchNorm policy, the device and the dtypes."""
     rule = MERGE_RULES.get(opts.rule)
     used = rule_weights(rule, weights, len(models), normalize=opts.normalize, option="--weights")
-    check_rule_settings(rule, settings, len(models), weights_given=weights is not None)
+    if slices:
+        from .hf_slices import check_slices
+
+        check_slices(rule, settings, slices)
+    else:
+        check_rule_settings(rule, settings, len(models), weights_given=weights is not None)
     check_bn_policy(opts.bn)
     return MergePlan(list(models), opts, rule, used, settings, align=_align_method(opts.align),
                      device=resolve_device(opts.device, "--device"), dtype=torch_dtype(dtype, "dtype"),
-                     out_dtype=torch_dtype(out_dtype), groups=groups)
+                     out_dtype=torch_dtype(out_dtype), groups=groups, slices=slices)
 
 
 def _align_method(name: str) -> AlignmentMethod | None:

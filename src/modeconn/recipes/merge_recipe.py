@@ -9,7 +9,8 @@ Supported subset of mergekit's ``MergeConfiguration`` (anything else is refused,
       - model: ./a                          #   (models--ORG--NAME) or a hub id ORG/NAME[@REV] found in the
         parameters: {weight: 0.6, density: 0.5}   #   local Hugging Face cache
       - model: ./b
-    parameters: {density: [{filter: mlp, value: 0.3}, {value: 0.5}], normalize: true}   # scalars or filter lists
+    parameters: {density: [{filter: mlp, value: 0.3}, {value: 0.5}], normalize: true}   # scalars, filter lists,
+                                            #   gradients: t: [0, 0.5, 1] (anchors spread over the layers)
     dtype: float32                          # inputs cast to it before the rule
     out_dtype: bfloat16                     # dtype written
     tokenizer_source: union                 # union, base or a model; or a `tokenizer:` section; `chat_template`
@@ -24,8 +25,21 @@ Supported subset of mergekit's ``MergeConfiguration`` (anything else is refused,
       max_iter: 100
       seed: 0                               # the alignment's seed where it differs from `seed`
 
-Relative model paths are taken relative to the recipe's directory (else the working directory). Parameter
-gradients (lists of numbers interpolated across layers), ``slices`` and ``modules`` are not supported.
+Relative model paths are taken relative to the recipe's directory (else the working directory). A parameter (``weight``
+included, shared or per model, or a filter entry's value) may be a gradient: a list of values spread evenly over the
+layers, interpolated at each layer as ``mergekit-yaml`` does (:mod:`modeconn.path.merge_layers`; embeddings, final
+norm and LM head take the first value); gradients need Hugging Face checkpoints merged without data.
+
+Instead of ``models``, ``slices`` stack layer ranges (:mod:`modeconn.recipes.hf_slices`)::
+
+    merge_method: passthrough               # or any rule: each output slice merges its sources layer by layer
+    slices:
+      - sources: [{model: ./a, layer_range: [0, 3]}]                     # layers 0, 1, 2 of a
+        parameters: {scale: 1.0}                                          # optional; base_model: optional
+      - sources: [{model: ./b, layer_range: [1, 4], parameters: {scale: [1, 0.5]}}]
+
+A gradient restarts in every slice; the output's layers are renumbered and its config gets the new layer count.
+``modules``, a slice's ``residual_weight``, and tokenizer keys together with ``slices`` are refused, naming the key.
 
 The recipe a merge writes beside its output (:data:`RECIPE_NAME`, :func:`recipe_text`) records everything a re-run
 needs — the seed, the alignment's settings, the weights as applied — and names each model so that it resolves from
@@ -45,11 +59,15 @@ from typing import Any
 import yaml
 
 from ..errors import ConfigError
+from ..path.merge_layers import OutputSlice, SliceSource
 from . import merge_tokenizer
 from .merge_tokenizer import TokenizerRecipe, parse_tokenizer
 
 KEYS = ("merge_method", "base_model", "models", "parameters", "dtype", "out_dtype", *merge_tokenizer.KEYS, "seed",
         "align")
+SLICE_KEYS = ("slices",)
+REFUSED = {"modules": "per-module merges of multi-module (e.g. vision-language) architectures are not supported; "
+                      "merge a decoder with 'models' or 'slices'"}
 ALIGN_KEYS = ("method", "groups", "reference", "restarts", "max_iter", "seed")
 DTYPES = ("float32", "float16", "bfloat16", "float64")
 RECIPE_NAME, CARD_NAME = "merge_recipe.yml", "README.md"
@@ -61,7 +79,8 @@ class Recipe:
     (index or None), ``weights`` (per model, None where not given), ``params`` (shared), ``model_params``,
     ``dtype`` / ``out_dtype`` (names or None), ``align`` and ``groups``; ``seed`` (the run's), ``align_seed``,
     ``restarts`` and ``max_iter`` (the alignment's; None where the recipe gives none); ``tokenizer``: the tokenizer
-    keys (:class:`~.merge_tokenizer.TokenizerRecipe`, models by index; None where the recipe has none)."""
+    keys (:class:`~.merge_tokenizer.TokenizerRecipe`, models by index; None where the recipe has none); ``slices``:
+    the output slices (model indices into ``models``; empty for a recipe with ``models``)."""
 
     models: list[Path]
     refs: list[str]
@@ -79,22 +98,26 @@ class Recipe:
     restarts: int | None = None
     max_iter: int | None = None
     tokenizer: TokenizerRecipe | None = None
+    slices: list[OutputSlice] = field(default_factory=list)
 
 
 def load_recipe(file: Path) -> Recipe:
     """Parse and check ``file`` (see the module docstring); ConfigError naming the file and key at fault, before any
     checkpoint is read (model references are resolved to existing directories)."""
     raw = _read(file)
-    unknown = [k for k in raw if k not in KEYS]
+    refused = next((k for k in raw if k in REFUSED), None)
+    if refused is not None:
+        raise ConfigError(f"{file}: key {refused!r}: {REFUSED[refused]}")
+    unknown = [k for k in raw if k not in KEYS + SLICE_KEYS]
     if unknown:
-        raise ConfigError(f"{file}: key {unknown[0]!r} is not supported; supported keys: {', '.join(KEYS)}")
+        raise ConfigError(f"{file}: key {unknown[0]!r} is not supported; supported keys: {', '.join(KEYS + SLICE_KEYS)}")
     if not isinstance(raw.get("merge_method"), str):
         raise ConfigError(f"{file}: 'merge_method' (a rule name such as linear, ties, slerp) is required")
-    entries = raw.get("models")
-    if not isinstance(entries, list) or not entries:
-        raise ConfigError(f"{file}: 'models' must be a list of {{model: ..., parameters: ...}} entries")
-    refs = [_model_ref(e, i, file) for i, e in enumerate(entries)]
-    per_model = [_params(e.get("parameters"), f"models[{i}].parameters", file) for i, e in enumerate(entries)]
+    if ("models" in raw) == ("slices" in raw):
+        raise ConfigError(f"{file}: give exactly one of 'models' (whole models merged layer by layer) and 'slices' "
+                          "(layer ranges stacked)")
+    sliced = "slices" in raw
+    refs, per_model, slices = _slices(raw["slices"], file) if sliced else _models(raw.get("models"), file)
     base = raw.get("base_model")
     if base is not None and base not in refs:
         refs.append(_check_str(base, "base_model", file))
@@ -103,14 +126,20 @@ def load_recipe(file: Path) -> Recipe:
     order = _reference_first(refs, align.get("reference"), file)
     refs, per_model = [refs[i] for i in order], [per_model[i] for i in order]
     shared = _params(raw.get("parameters"), "parameters", file)
+    weights = [None] * len(refs) if sliced else _weights(per_model, shared, file)
+    slices = [_indexed(sl, refs, base) for sl in slices]
+    tokenizer = parse_tokenizer(raw, refs, file)
+    if sliced and tokenizer is not None:
+        raise ConfigError(f"{file}: tokenizer keys ({', '.join(k for k in merge_tokenizer.KEYS if k in raw)}) with "
+                          "'slices' are not supported: a sliced merge writes the first slice's tokenizer files")
     return Recipe(models=[resolve_model_ref(r, file) for r in refs], refs=refs, rule=raw["merge_method"],
                   base=None if base is None else refs.index(base),
-                  weights=[_weight(p, shared, i, file) for i, p in enumerate(per_model)], params=shared,
+                  weights=weights, params=shared,
                   model_params=per_model, dtype=_dtype(raw, "dtype", file), out_dtype=_dtype(raw, "out_dtype", file),
                   align=align.get("method", "weight"), groups=align.get("groups", "permutation"),
                   seed=_int(raw, "seed", file, 0), align_seed=_int(align, "seed", file, 0, "align."),
                   restarts=_int(align, "restarts", file, 1, "align."), max_iter=_int(align, "max_iter", file, 1, "align."),
-                  tokenizer=parse_tokenizer(raw, refs, file))
+                  tokenizer=tokenizer, slices=slices)
 
 
 def _read(file: Path) -> dict[str, Any]:
@@ -131,6 +160,70 @@ def _check_str(value: Any, where: str, file: Path) -> str:
     return value
 
 
+def _models(entries: Any, file: Path) -> tuple[list[str], list[dict[str, Any]], list]:
+    if not isinstance(entries, list) or not entries:
+        raise ConfigError(f"{file}: 'models' must be a list of {{model: ..., parameters: ...}} entries")
+    refs = [_model_ref(e, i, file) for i, e in enumerate(entries)]
+    return refs, [_params(e.get("parameters"), f"models[{i}].parameters", file) for i, e in enumerate(entries)], []
+
+
+SLICE_REFUSED = {"residual_weight": "mergekit 0.1.5 reads it but never applies it; remove it"}
+
+
+def _slices(entries: Any, file: Path) -> tuple[list[str], list[dict[str, Any]], list[dict[str, Any]]]:
+    """The models the slices name (in order of appearance), no per-model parameters, and each slice with its
+    sources' models as references (:func:`_indexed` turns them into indices)."""
+    if not isinstance(entries, list) or not entries:
+        raise ConfigError(f"{file}: 'slices' must be a list of {{sources: [{{model, layer_range}}, ...]}} entries")
+    out = []
+    for i, sl in enumerate(entries):
+        where = f"slices[{i}]"
+        if not isinstance(sl, dict) or not isinstance(sl.get("sources"), list) or not sl["sources"]:
+            raise ConfigError(f"{file}: {where} must be a mapping with 'sources' (a list of {{model, layer_range}})")
+        bad = next((k for k in sl if k not in ("sources", "parameters", "base_model")), None)
+        if bad is not None:
+            why = SLICE_REFUSED.get(bad, "a slice takes sources, parameters and base_model")
+            raise ConfigError(f"{file}: {where}.{bad}: {why}")
+        sources = [_source(src, f"{where}.sources[{j}]", file) for j, src in enumerate(sl["sources"])]
+        depths = {hi - lo for _, (lo, hi), _ in sources}
+        if len(depths) > 1:
+            raise ConfigError(f"{file}: {where}: every source must give as many layers (layer_range), got "
+                              f"{[list(r) for _, r, _ in sources]}")
+        models = [m for m, _, _ in sources]
+        if len(set(models)) < len(models):
+            raise ConfigError(f"{file}: {where}: a model appears twice among the sources (mergekit keys a slice's "
+                              "inputs by model)")
+        base = sl.get("base_model")
+        out.append({"sources": sources, "params": _params(sl.get("parameters"), f"{where}.parameters", file),
+                    "base": None if base is None else _check_str(base, f"{where}.base_model", file)})
+    refs = list(dict.fromkeys([m for sl in out for m, _, _ in sl["sources"]] + [sl["base"] for sl in out
+                                                                               if sl["base"] is not None]))
+    return refs, [{} for _ in refs], out
+
+
+def _source(src: Any, where: str, file: Path) -> tuple[str, tuple[int, int], dict[str, Any]]:
+    if not isinstance(src, dict) or "model" not in src or "layer_range" not in src:
+        raise ConfigError(f"{file}: {where} must be a mapping with 'model' and 'layer_range' (and optional "
+                          "'parameters')")
+    bad = next((k for k in src if k not in ("model", "layer_range", "parameters")), None)
+    if bad is not None:
+        raise ConfigError(f"{file}: {where}.{bad} is not supported (a source takes model, layer_range, parameters)")
+    rng = src["layer_range"]
+    if not (isinstance(rng, list) and len(rng) == 2 and all(isinstance(x, int) and not isinstance(x, bool)
+                                                            for x in rng) and 0 <= rng[0] <= rng[1]):
+        raise ConfigError(f"{file}: {where}.layer_range must be [first, end) layer numbers, 0 ≤ first ≤ end, got "
+                          f"{rng!r}")
+    return (_check_str(src["model"], f"{where}.model", file), (rng[0], rng[1]),
+            _params(src.get("parameters"), f"{where}.parameters", file))
+
+
+def _indexed(sl: dict[str, Any], refs: list[str], base: str | None) -> OutputSlice:
+    """A parsed slice with model indices into ``refs``; its base the slice's own, else the recipe's ``base``."""
+    own = sl["base"] if sl["base"] is not None else base
+    return OutputSlice(tuple(SliceSource(refs.index(m), r, p) for m, r, p in sl["sources"]), sl["params"],
+                       None if own is None else refs.index(own))
+
+
 def _model_ref(entry: Any, i: int, file: Path) -> str:
     if not isinstance(entry, dict) or "model" not in entry:
         raise ConfigError(f"{file}: models[{i}] must be a mapping with 'model' (and optional 'parameters')")
@@ -141,26 +234,48 @@ def _model_ref(entry: Any, i: int, file: Path) -> str:
 
 
 def _params(raw: Any, where: str, file: Path) -> dict[str, Any]:
-    """Scalars or mergekit's filter lists ``[{filter, value}, …]``; gradients (lists of numbers) refused."""
+    """Scalars, gradients (lists of scalars across layers) or mergekit's filter lists ``[{filter, value}, …]`` whose
+    values are scalars or gradients."""
     if raw is None:
         return {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{file}: {where} must be a mapping of parameter names to values")
     for name, value in raw.items():
-        if isinstance(value, list) and not all(isinstance(v, dict) and set(v) <= {"filter", "value"} for v in value):
-            raise ConfigError(f"{file}: {where}.{name}: gradients (lists of values across layers) are not supported; "
-                              "use a scalar or a list of {filter: ..., value: ...}")
-        if not isinstance(value, (bool, int, float, str, list)):
-            raise ConfigError(f"{file}: {where}.{name}: {value!r} is not a scalar or a filter list")
+        if not _setting(value):
+            raise ConfigError(f"{file}: {where}.{name}: {value!r} is not a scalar, a gradient (a list of values across "
+                              "layers) or a list of {filter: ..., value: ...}")
     return dict(raw)
 
 
-def _weight(own: dict[str, Any], shared: dict[str, Any], i: int, file: Path) -> float | None:
-    """Model ``i``'s ``weight`` (its own, else the shared one; removed from both parameter maps)."""
-    value = own.pop("weight", shared.get("weight"))
-    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
-        raise ConfigError(f"{file}: models[{i}].parameters.weight must be a number, got {value!r}")
-    return None if value is None else float(value)
+def _scalar(value: Any) -> bool:
+    return isinstance(value, (bool, int, float, str))
+
+
+def _gradient(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(_scalar(v) for v in value)
+
+
+def _setting(value: Any) -> bool:
+    if _scalar(value) or _gradient(value):
+        return True
+    return isinstance(value, list) and bool(value) and all(
+        isinstance(e, dict) and set(e) <= {"filter", "value"} and "value" in e
+        and (e.get("filter") is None or isinstance(e["filter"], str)) and (_scalar(e["value"]) or _gradient(e["value"]))
+        for e in value)
+
+
+def _weights(per_model: list[dict[str, Any]], shared: dict[str, Any], file: Path) -> list[float | None]:
+    """Each model's ``weight`` (its own, else the shared one), removed from the parameter maps, where every weight
+    given is a number; where one is a gradient or a filter list the weights stay parameter settings (resolved per
+    tensor) and none is returned."""
+    given = [p["weight"] for p in (*per_model, shared) if "weight" in p]
+    if any(not _scalar(w) for w in given):
+        return [None] * len(per_model)
+    for i, w in enumerate(given):
+        if isinstance(w, bool) or not isinstance(w, (int, float)):
+            raise ConfigError(f"{file}: parameters.weight must be a number, got {w!r}")
+    default = shared.pop("weight", None)
+    return [None if (w := own.pop("weight", default)) is None else float(w) for own in per_model]
 
 
 def _dtype(raw: dict[str, Any], key: str, file: Path) -> str | None:
@@ -262,14 +377,12 @@ def recipe_text(rec: dict[str, Any], groups: Any = "permutation", refs: Sequence
     names, base = rec["merged_from"], rec.get("base")
     refs = list(refs) if refs is not None else list(names)
     weights = rec["weights"]
-    models = []
-    for i, ref in enumerate(refs):
-        params = dict(rec["model_params"][i]) if rec.get("model_params") else {}
-        if weights is not None and weights[i] is not None:
-            params["weight"] = weights[i]
-        models.append({"model": ref, **({"parameters": params} if params else {})})
     out: dict[str, Any] = {"merge_method": rec["rule"],
-                           **({"base_model": refs[names.index(base)]} if base is not None else {}), "models": models}
+                           **({"base_model": refs[names.index(base)]} if base is not None else {})}
+    if rec.get("slices"):
+        out["slices"] = _slices_text(rec["slices"], dict(zip(names, refs, strict=True)))
+    else:
+        out["models"] = _models_text(rec, refs)
     out.update({k: rec[k] for k in ("dtype", "out_dtype") if rec.get(k)})
     out.update(merge_tokenizer.tokenizer_keys(rec.get("tokenizer"), names, refs))
     params = dict(rec.get("params") or {})
@@ -288,6 +401,28 @@ def recipe_text(rec: dict[str, Any], groups: Any = "permutation", refs: Sequence
         if aligned.get("seed") is not None and aligned["seed"] != seed:
             out["align"]["seed"] = aligned["seed"]
     return _dump(out)
+
+
+def _models_text(rec: dict[str, Any], refs: list[str]) -> list[dict[str, Any]]:
+    weights, models = rec["weights"], []
+    for i, ref in enumerate(refs):
+        params = dict(rec["model_params"][i]) if rec.get("model_params") else {}
+        if weights is not None and weights[i] is not None:
+            params["weight"] = weights[i]
+        models.append({"model": ref, **({"parameters": params} if params else {})})
+    return models
+
+
+def _slices_text(slices: list[dict[str, Any]], refs: dict[str, str]) -> list[dict[str, Any]]:
+    """The record's slices with every model named by its reference."""
+    out = []
+    for sl in slices:
+        entry = dict(sl)
+        entry["sources"] = [{**src, "model": refs[src["model"]]} for src in sl["sources"]]
+        if "base_model" in sl:
+            entry["base_model"] = refs[sl["base_model"]]
+        out.append(entry)
+    return out
 
 
 class _OneLineDumper(yaml.SafeDumper):
