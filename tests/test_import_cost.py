@@ -53,7 +53,7 @@ def test_streaming_align_and_merge_run_import_nothing_heavy_of_modeconns_own(tmp
         transformers.GPTNeoXForCausalLM(transformers.GPTNeoXConfig(**cfg)).save_pretrained(tmp_path / f"m{seed}")
     code = (
         "from modeconn.cli import app\n"
-        f"for argv in (['align', 'm0', 'm1', '--out', 'aligned'], ['merge', 'm0', 'm1', '--out', 'merged']):\n"
+        "for argv in (['align', 'm0', 'm1', '--out', 'aligned'], ['merge', 'm0', 'm1', '--out', 'merged']):\n"
         "    try:\n"
         "        app(argv, prog_name='modeconn')\n"
         "    except SystemExit as e:\n"
