@@ -47,6 +47,14 @@ and solved by the same two exact solvers, dense below :data:`SPARSE_MIN_N` units
 batched GPU LAP solver is a dependency, and batched GPU solvers are known to lose to scipy on a few large problems
 (they win on many small ones); ``benchmarks/gpu_check.py`` measures the candidates on a GPU before any other entry
 is chosen.
+
+*Why not lapx* (re-measured for issue #38, ``benchmarks/bench_lap.py``, n = 512–8192; ``docs/performance.md``): its
+Jonker–Volgenant solvers ``lapjvx`` / ``lapjvs`` (fp64) are exact and win on the scores of a permuted copy — which the
+row-maxima exit now answers without any solver — but lose to scipy below :data:`SPARSE_MIN_N` on the flat scores of
+independently initialised pairs, and from it to the sparse certified solver on those and on unstructured (uniform)
+scores; ``lapjvx`` loses to scipy even on planted scores at the largest size measured; the batched ``lapjvx_batch`` / ``lapjvs_batch``
+do not beat a scipy loop on per-head sizes. No choice among them per size is never slower than this rule, so none
+is a dependency.
 """
 
 from __future__ import annotations
@@ -94,7 +102,8 @@ def _by_size(n: int, batch: int) -> LapMethod:
 
 
 LAP_POLICIES: dict[str, LapPolicy] = {p.device_type: p for p in (
-    LapPolicy("cpu", lambda n, batch: "auto", "today's rule: scipy dense below SPARSE_MIN_N, sparse certified from it"),
+    LapPolicy("cpu", lambda n, batch: "auto", "scipy dense below SPARSE_MIN_N, sparse certified from it (lapx's "
+                                              "solvers measured, not faster on every score: module docstring)"),
     LapPolicy("cuda", _by_size, "score copied to the host once; scipy dense below SPARSE_MIN_N, sparse certified from "
                                 "it (no batched GPU solver measured faster yet: benchmarks/gpu_check.py)"),
     LapPolicy("mps", _by_size, "as cuda"),
