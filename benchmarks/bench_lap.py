@@ -14,7 +14,9 @@ Solvers: ``scipy`` (``linear_sum_assignment``), lapx's ``lapjvx`` and ``lapjvs``
 (steps 1–5 of :mod:`modeconn.match.lap`; failed certificates and dense fallbacks — scipy — counted), ``today``: the
 rule before issue #38 (:func:`~modeconn.match.lap.solve_lap` without the row-maxima exit: scipy below
 ``SPARSE_MIN_N`` units, sparse certified from it), and ``policy``: :func:`modeconn.match.lap.solve_lap` with ``method="auto"`` as weight
-matching runs it now (the row-maxima exit, then today's rule). Batched: ``batch`` problems of
+matching runs it now (the row-maxima exit, then today's rule). ``row_maxima``: the exit's own cost (one argmax pass
+and a count; on scores where it does not answer, all the policy adds to today's rule) — the "never slower" evidence
+that survives a noisy machine, where two timings of the same solver differ by tens of percent. Batched: ``batch`` problems of
 n units at once (per-head spaces: 32 heads × head_dim): a scipy loop against ``lapjvx_batch`` / ``lapjvs_batch``.
 
 Each solver's objective must equal scipy's to 1e-9 relative (``exact``). Timings are the best of ``--repeats``
@@ -119,7 +121,11 @@ def single_rows(sizes, kinds, repeats, rng) -> list[dict]:
                 if label == "sparse":
                     row["sparse_dense_fallbacks"] = timer.dense_fallbacks
                     row["sparse_certificate_failures"] = timer.certificate_failures
-            timings = {k[:-8]: v for k, v in row.items() if k.endswith("_seconds") and k not in ("policy_seconds", "today_seconds")}
+            row["row_maxima_seconds"], exit_perm = timed(lambda: lap_module._row_maxima(torch.from_numpy(s)), repeats)
+            row["row_maxima_answered"] = exit_perm is not None
+            row["row_maxima_over_today"] = row["row_maxima_seconds"] / row["today_seconds"]
+            timings = {k[:-8]: v for k, v in row.items()
+                       if k.endswith("_seconds") and k not in ("policy_seconds", "today_seconds", "row_maxima_seconds")}
             row["fastest"] = min(timings, key=timings.get)
             row["policy_over_today"] = row["policy_seconds"] / row["today_seconds"]
             rows.append(row)
