@@ -39,6 +39,7 @@ def test_probe_sees_an_eager_import(tmp_path):
     assert _heavy_after("import modeconn.cli\nimport matplotlib", tmp_path) == ["matplotlib"]
 
 
+@pytest.mark.slow
 def test_streaming_align_and_merge_run_import_nothing_heavy_of_modeconns_own(tmp_path):
     """``modeconn align`` and ``merge`` of two tiny GPT-NeoX directories, run in one fresh process: afterwards no
     timm, mergekit, datasets or matplotlib. (torchvision is left out here: transformers' own ``modeling_utils``
