@@ -48,7 +48,7 @@ batched GPU LAP solver is a dependency, and batched GPU solvers are known to los
 (they win on many small ones); ``benchmarks/gpu_check.py`` measures the candidates on a GPU before any other entry
 is chosen.
 
-*Why not lapx* (re-measured for issue #38, ``benchmarks/bench_lap.py``, n = 512–8192; ``docs/performance.md``): its
+*Why not lapx* (re-measured with ``benchmarks/bench_lap.py``, n = 512–8192; ``docs/performance.md``): its
 Jonker–Volgenant solvers ``lapjvx`` / ``lapjvs`` (fp64) are exact and win on the scores of a permuted copy — which the
 row-maxima exit now answers without any solver — but lose to scipy below :data:`SPARSE_MIN_N` on the flat scores of
 independently initialised pairs, and from it to the sparse certified solver on those and on unstructured (uniform)
