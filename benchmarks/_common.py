@@ -25,11 +25,11 @@ def environment() -> dict:
     }
 
 
-def write_json(name: str, payload: dict) -> Path:
-    """Write ``benchmarks/results/<name>.json`` atomically and return its path."""
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{name}.json"
-    fd, tmp = tempfile.mkstemp(dir=RESULTS, suffix=".tmp")
+def write_json(name: str, payload: dict, path: str | Path | None = None) -> Path:
+    """Write ``benchmarks/results/<name>.json`` (or ``path``) atomically and return its path."""
+    path = Path(path) if path is not None else RESULTS / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
     with os.fdopen(fd, "w") as f:
         json.dump({"environment": environment(), **payload}, f, indent=2)
     os.replace(tmp, path)

@@ -68,12 +68,13 @@ def _dd(*args: str) -> float:
     return time.perf_counter() - t
 
 
-def disk_bandwidth(work: Path, gib: float) -> dict:
-    """Sequential write (``conv=fdatasync``) and read bandwidth in bytes/s of a ``gib`` GiB file in ``work``."""
+def disk_bandwidth(work: Path, gib: float, drop: bool = True) -> dict:
+    """Sequential write (``conv=fdatasync``) and read bandwidth in bytes/s of a ``gib`` GiB file in ``work`` (the page
+    cache dropped before the read unless ``drop`` is False: the read then bypasses it, ``iflag=direct``)."""
     file, count = work / "dd.bin", max(1, round(gib * 64))
     nbytes = count * (16 << 20)
     write_s = _dd("if=/dev/zero", f"of={file}", f"count={count}", "conv=fdatasync")
-    dropped = drop_caches()
+    dropped = drop and drop_caches()
     read_s = _dd(f"if={file}", "of=/dev/null", *(() if dropped else ("iflag=direct",)))
     file.unlink()
     return {"bytes": nbytes, "write_seconds": write_s, "read_seconds": read_s, "write_bytes_per_s": nbytes / write_s,
@@ -120,10 +121,11 @@ def commands(a: Path, b: Path, work: Path) -> dict[str, tuple[list[str], Path]]:
     }
 
 
-def timed(argv: list[str], out: Path) -> dict:
-    """One run under ``/usr/bin/time -v``: wall seconds and peak RSS (bytes) of the command."""
+def timed(argv: list[str], out: Path, drop: bool = True) -> dict:
+    """One run under ``/usr/bin/time -v``: wall seconds and peak RSS (bytes) of the command (the page cache dropped
+    first unless ``drop`` is False)."""
     shutil.rmtree(out, ignore_errors=True)  # the previous run's output, in this benchmark's temporary directory
-    cache_dropped = drop_caches()
+    cache_dropped = drop and drop_caches()
     t = time.perf_counter()
     proc = subprocess.run(["/usr/bin/time", "-v", *argv], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     wall = time.perf_counter() - t

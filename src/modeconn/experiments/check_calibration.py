@@ -355,10 +355,9 @@ def report(results: dict[str, Any]) -> str:
 def plot(results: dict[str, Any], path: Path) -> None:
     """Held-out predicted vs measured barrier_mean of every predictor, log-log, one panel each; one colour per family,
     the same in every panel, and one legend for the figure."""
-    import matplotlib
+    from ..report.figures import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     rows = results["rows"]
     families = sorted({r["family"] for r in rows})

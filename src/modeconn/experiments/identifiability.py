@@ -276,10 +276,9 @@ def report(results: dict) -> str:
 
 
 def plot(results: dict, path: Path) -> None:
-    import matplotlib
+    from ..report.figures import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     labels = [s["label"] for s in results["settings"]]
     x = np.arange(len(labels))

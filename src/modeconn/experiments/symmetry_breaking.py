@@ -264,11 +264,9 @@ def report(results: dict[str, Any]) -> str:
 
 def plot(results: dict[str, Any], path: Path) -> None:
     """Unaligned vs aligned barrier per method and for the ViT pair; the k-sweep's drop next to the paper's."""
-    import matplotlib
+    from ..report.figures import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2), gridspec_kw={"width_ratios": [3, 1.4, 1.6]})
     for ax, part in zip(axes[:2], ("methods", "vit"), strict=True):
         labels = [s["label"] for s in results[part]]

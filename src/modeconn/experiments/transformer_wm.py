@@ -152,7 +152,9 @@ def planted_minilm(root: Path, seed: int = 0) -> dict[str, Any]:
 
 
 def plot_minilm(m: dict[str, Any], path: Path) -> None:
-    from ..report.figures import plt
+    from ..report.figures import pyplot
+
+    plt = pyplot()
 
     keys = list(m["planted_rel_error"])
     fig, ax = plt.subplots(figsize=(10, 4))

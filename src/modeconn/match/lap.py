@@ -1,6 +1,10 @@
 """Linear assignment (LAP): scipy's dense solver, and for large spaces an exact sparse solve with an optimality
 certificate, with the checks that keep NaN/Inf out of the solvers.
 
+*Row maxima* (every method): when each row's largest score lies in a different column, that permutation is
+optimal (no assignment sums to more than ``Σ_i max_j S[i, j]``) and no solver runs — one argmax pass, which answers the
+scores of a permuted copy (B = g·A perturbed) outright.
+
 *Dense* (``method="dense"``, and ``"auto"`` below :data:`SPARSE_MIN_N` units): ``scipy.optimize.linear_sum_assignment``
 (shortest augmenting paths, Crouse 2016), O(n³) worst case.
 
@@ -43,6 +47,14 @@ and solved by the same two exact solvers, dense below :data:`SPARSE_MIN_N` units
 batched GPU LAP solver is a dependency, and batched GPU solvers are known to lose to scipy on a few large problems
 (they win on many small ones); ``benchmarks/gpu_check.py`` measures the candidates on a GPU before any other entry
 is chosen.
+
+*Why not lapx* (re-measured with ``benchmarks/bench_lap.py``, n = 512–8192; ``docs/performance.md``): its
+Jonker–Volgenant solvers ``lapjvx`` / ``lapjvs`` (fp64) are exact and win on the scores of a permuted copy — which the
+row-maxima exit now answers without any solver — but lose to scipy below :data:`SPARSE_MIN_N` on the flat scores of
+independently initialised pairs, and from it to the sparse certified solver on those and on unstructured (uniform)
+scores; ``lapjvx`` loses to scipy even on planted scores at the largest size measured; the batched ``lapjvx_batch`` / ``lapjvs_batch``
+do not beat a scipy loop on per-head sizes. No choice among them per size is never slower than this rule, so none
+is a dependency.
 """
 
 from __future__ import annotations
@@ -90,7 +102,8 @@ def _by_size(n: int, batch: int) -> LapMethod:
 
 
 LAP_POLICIES: dict[str, LapPolicy] = {p.device_type: p for p in (
-    LapPolicy("cpu", lambda n, batch: "auto", "today's rule: scipy dense below SPARSE_MIN_N, sparse certified from it"),
+    LapPolicy("cpu", lambda n, batch: "auto", "scipy dense below SPARSE_MIN_N, sparse certified from it (lapx's "
+                                              "solvers measured, not faster on every score: module docstring)"),
     LapPolicy("cuda", _by_size, "score copied to the host once; scipy dense below SPARSE_MIN_N, sparse certified from "
                                 "it (no batched GPU solver measured faster yet: benchmarks/gpu_check.py)"),
     LapPolicy("mps", _by_size, "as cuda"),
@@ -156,7 +169,7 @@ def solve_lap(score: torch.Tensor, space: str, timer: LapTimer | None = None, *,
     _check_finite(src, space)
     n = src.shape[0]
     timer = timer if timer is not None else LapTimer()
-    perm = np.arange(n) if n <= 1 else None
+    perm = np.arange(n) if n <= 1 else _row_maxima(src)
     if perm is None and is_sparse(method, n):
         # fp32 scores are read as they are (their fp64 values are exact): no n×n fp64 copy unless the dense solver runs
         timer.sparse_calls += 1
@@ -167,6 +180,18 @@ def solve_lap(score: torch.Tensor, space: str, timer: LapTimer | None = None, *,
     timer.seconds += time.perf_counter() - start
     timer.calls += 1
     return torch.from_numpy(perm)
+
+
+def _row_maxima(t: torch.Tensor) -> np.ndarray | None:
+    """Every row's largest score when those columns are distinct (a permutation), else None.
+
+    Such a permutation is optimal, whatever solver would have run: each row gets its largest score, and no assignment
+    sums to more than ``Σ_i max_j S[i, j]``. One pass over ``S``; it answers the scores of a permuted copy (a strong
+    diagonal up to the permutation) without a solver, and costs the others one argmax."""
+    best = t.argmax(dim=1)
+    if int(torch.bincount(best, minlength=t.shape[0]).max()) != 1:
+        return None
+    return best.numpy().astype(np.int64, copy=False)
 
 
 def _check_finite(t: torch.Tensor, space: str) -> None:

@@ -130,11 +130,9 @@ def _plot_swap_costs(ax, layers: dict[str, Any]) -> None:
 
 def plot(results: dict[str, Any], path: Path) -> None:
     """Predicted barriers with intervals; per space q and CKA (pair); per layer relative swap cost."""
-    import matplotlib
+    from ..report.figures import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
     p = results["prediction"]
     keys = [k for k, _ in _PREDICTIONS if k in p and p[k]["barrier_mean"] is not None]

@@ -1,19 +1,28 @@
-"""Figures (matplotlib, headless Agg backend)."""
+"""Figures (matplotlib, headless Agg backend).
+
+matplotlib is imported on the first figure (:func:`pyplot`), not with this module: commands that draw nothing
+(streaming align / merge) never pay its import."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from collections.abc import Mapping
 
-import matplotlib
+import numpy as np
+import torch
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+from ..path import Curve, PathCurve
+from ..path import Path as PathLike
 
-from ..path import Curve, PathCurve  # noqa: E402
-from ..path import Path as PathLike  # noqa: E402
+
+def pyplot():
+    """``matplotlib.pyplot`` on the headless Agg backend (imported on the first call)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 ZOOM_RATIO = 4.0
@@ -81,6 +90,7 @@ def loss_acc_figure(curves: Mapping[str, Curve], splits: tuple[str, ...] | list[
     row shows the others alone, on their own loss scale from 0. One legend for the whole figure; ``note`` (what
     was evaluated) is the title's second line. Returns the matplotlib Figure (rows: loss, [zoom,] accuracy;
     one column per split)."""
+    plt = pyplot()
     low = _low_curves(curves, splits)
     rows = [("loss", curves)] + ([("zoom", {k: curves[k] for k in low})] if low else []) + [("acc", curves)]
     fig, axes = plt.subplots(len(rows), len(splits), figsize=(5 * len(splits), 3.4 * len(rows) + 0.8), squeeze=False,
@@ -114,7 +124,7 @@ def _loss_acc_grid(curves: Mapping[str, Curve], splits: tuple[str, ...] | list[s
     fig = loss_acc_figure(curves, splits, xlabel, title, ms, note)
     path = Path(path)
     fig.savefig(path, dpi=110)
-    plt.close(fig)
+    pyplot().close(fig)
     return path
 
 
@@ -152,7 +162,7 @@ def plot_path_pca(paths: Mapping[str, PathLike], path: str | Path, title: str = 
     flat = {label: np.stack([torch.cat([pt[k].detach().float().reshape(-1) for k in keys]).numpy() for pt in p])
             for label, p in paths.items()}
     pca = PCA(n_components=2).fit(np.concatenate(list(flat.values())))
-    fig, ax = plt.subplots(figsize=(6, 5))
+    fig, ax = pyplot().subplots(figsize=(6, 5))
     for label, pts in flat.items():
         z = pca.transform(pts)
         ax.plot(z[:, 0], z[:, 1], marker="o", ms=2, label=label)
@@ -174,7 +184,7 @@ def plot_peak_bars(bars: Mapping[str, Mapping[str, tuple[float, float]]], path: 
     groups = list(bars)
     methods = list(next(iter(bars.values())))
     width = 0.8 / len(methods)
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(groups) + 2), 4.5))
+    fig, ax = pyplot().subplots(figsize=(max(6.0, 0.9 * len(groups) + 2), 4.5))
     x = np.arange(len(groups))
     for i, m in enumerate(methods):
         vals = [bars[g][m][0] for g in groups]
@@ -196,5 +206,5 @@ def _save_axes(fig, ax, path: str | Path, title: str) -> Path:
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=110)
-    plt.close(fig)
+    pyplot().close(fig)
     return path
