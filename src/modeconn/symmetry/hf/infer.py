@@ -17,9 +17,9 @@ multipliers). For such a model :func:`infer_adapter` tries every registered tabl
    where the position encoding does not depend on it — learned tables, RoPE without length-dependent scaling — and a
    sliding window shortened below that length, so that windowed layers differ from full ones);
 3. the richer groups a spec may request (head permutations, per-head invertible/orthogonal Q/K and V/O maps, FFN
-   scaling: :data:`RICH_GROUPS`) are checked the same way, together and else role by role; only those that keep the
-   function are granted (:attr:`Adapter.groups`), and :func:`~modeconn.symmetry.hf.hf_symmetry_spec` refuses the
-   others.
+   scaling: :data:`RICH_GROUPS`) are checked the same way, all together and else role by role, each with those
+   granted before it; only those that keep the function are granted (:attr:`Adapter.groups`), and
+   :func:`~modeconn.symmetry.hf.hf_symmetry_spec` refuses the others.
 
 The first table passing 1 and 2 is used; its absorption support is not assumed (``absorb`` states why). If none
 passes, UnsupportedOperationError lists what each table could not match. Names and shapes alone (mergekit's
@@ -285,17 +285,26 @@ class _Check:
 
     def granted(self, describe) -> dict[str, tuple[str, ...]]:
         """The groups per role that keep the function: permutations (checked already) and those of
-        :data:`RICH_GROUPS` that pass, together or else role by role (a subgroup where the group fails)."""
-        passed: dict[str, str] = dict(RICH_GROUPS) if self._keeps(describe, RICH_GROUPS) else {}
-        for role, group in () if passed else RICH_GROUPS.items():
-            alone = {"qk": None, "vo": None} if role == "heads" else {}  # head permutations need per-head qk/vo groups
-            passed |= {role: next((g for g in _SUBGROUPS.get(group, (group,))
-                                   if self._keeps(describe, alone | {role: g})), None)}
+        :data:`RICH_GROUPS` that pass, all together or else :meth:`_kept_one_by_one`."""
+        passed = dict(RICH_GROUPS) if self._keeps(describe, RICH_GROUPS) else self._kept_one_by_one(describe)
         out = {r: ["permutation"] for r, g in DEFAULTS.items() if g is not None}
         for role, g in passed.items():
-            if g is not None:
-                out.setdefault(role, []).extend(_SUBGROUPS.get(g, (g,)))
+            out.setdefault(role, []).extend(_SUBGROUPS.get(g, (g,)))
         return {r: tuple(gs) for r, gs in out.items()}
+
+    def _kept_one_by_one(self, describe) -> dict[str, str]:
+        """The richer groups added role by role (a subgroup where the group fails), each kept only where a random
+        element of it *and of every group kept before* keeps the function, so that what is granted holds together."""
+        kept: dict[str, str] = {}
+        for role, group in RICH_GROUPS.items():
+            for g in _SUBGROUPS.get(group, (group,)):
+                trial = kept | {role: g}
+                if "heads" in trial:  # head permutations need per-head qk/vo groups (None: unbound)
+                    trial = {"qk": None, "vo": None} | trial
+                if self._keeps(describe, trial):
+                    kept[role] = g
+                    break
+        return kept
 
     def _keeps(self, describe, groups: dict[str, str | None]) -> bool:
         try:
