@@ -65,6 +65,9 @@ TINY = {
     "deit": lambda: T.DeiTForImageClassificationWithTeacher(T.DeiTConfig(num_labels=5, **_VIT)),
     "clip": lambda: T.CLIPForImageClassification(T.CLIPConfig(
         vision_config={**_VIT, "projection_dim": 16}, text_config={**_SIZE, "vocab_size": 50}, num_labels=5)),
+    # CLIP's vision tower alone (transformers 5: CLIPVisionModel is the transformer, no ``vision_model`` inside)
+    "clip_vision": lambda: T.CLIPVisionModel(T.CLIPVisionConfig(**_VIT)),
+    "clip_vision_proj": lambda: T.CLIPVisionModelWithProjection(T.CLIPVisionConfig(projection_dim=16, **_VIT)),
 }
 NAMES = list(TINY)
 

@@ -16,7 +16,7 @@ from modeconn.symmetry import hf
 from modeconn.symmetry.spec import AxisBinding, Space
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-BASE_MODELS = {"bert", "vit_base"}  # the residual stream is the model output: frozen by default
+BASE_MODELS = {"bert", "vit_base", "clip_vision", "clip_vision_proj"}  # the residual stream is the model output: frozen by default
 
 
 def _spec(name):

@@ -27,7 +27,8 @@ PRE_NORM = ["mistral", "qwen2", "qwen3", "gemma", "phi3", "phi", "olmo", "stable
             "falcon", "deit", "cohere", "cohere_qk_norm", "stablelm_parallel_qk_ln", "phi_qk_ln", "falcon_grouped",
             "falcon_alibi_mha", "llama_biases_tied", "deit_plain"]
 NOT_ABSORBABLE = {"gemma2": "sandwich", "gemma3": "sandwich", "olmo2": "post-norms", "bloom": "word_embeddings_layernorm",
-                  "clip": "pre_layrnorm", "roberta": "post-LN", "electra": "post-LN", "distilbert": "post-LN"}
+                  "clip": "pre_layrnorm", "clip_vision": "pre_layrnorm",
+                  "roberta": "post-LN", "electra": "post-LN", "distilbert": "post-LN"}
 DECODERS = ["gpt_neox", "gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "phi", "olmo", "olmo2",
             "stablelm", "starcoder2", "gptj", "opt", "falcon", "bloom", "gemma3", "cohere", "falcon_grouped",
             "falcon_alibi_mha", "llama_biases_tied", "stablelm_parallel_qk_ln"]

@@ -105,12 +105,17 @@ register(Table("deit", ("DeiTForImageClassification", "DeiTForImageClassificatio
                mlp_norm=("layernorm_after",), final_norm="layernorm",
                heads=("classifier", "cls_classifier", "distillation_classifier"), rotary=None, example=_pixels))
 
-_CLIP = dict(embeddings=(Embedding("vision_model.embeddings", "class_embedding", 0),
-                         Embedding("vision_model.embeddings.patch_embedding", linear=True),
-                         Embedding("vision_model.embeddings.position_embedding")),
-             embed_norm="vision_model.pre_layrnorm", layers="vision_model.encoder.layers", o="out_proj", up="fc1",
-             gate=None, down="fc2", attn_norm=("layer_norm1",), mlp_norm=("layer_norm2",),
-             final_norm="vision_model.post_layernorm", rotary=None, example=_pixels)
+def _clip_tower(model: nn.Module) -> str:
+    """The vision transformer's path: ``vision_model`` (every class in transformers 4; the projection and
+    classification classes in 5, where ``CLIPVisionModel`` *is* the transformer), else the model itself."""
+    return "vision_model" if isinstance(getattr(model, "vision_model", None), nn.Module) else ""
+
+
+_CLIP = dict(embeddings=(Embedding("embeddings", "class_embedding", 0), Embedding("embeddings.patch_embedding", linear=True),
+                         Embedding("embeddings.position_embedding")),
+             embed_norm="pre_layrnorm", layers="encoder.layers", o="out_proj", up="fc1", gate=None, down="fc2",
+             attn_norm=("layer_norm1",), mlp_norm=("layer_norm2",), final_norm="post_layernorm", rotary=None,
+             example=_pixels, base=_clip_tower)
 _CLIP_ABSORB = _NOT_PRE_NORM.format("CLIP vision", "pre_layrnorm")
 register(Table("clip_vision_model", ("CLIPVisionModel", "CLIPVisionModelWithProjection"), heads=("visual_projection",),
                returns_stream=("CLIPVisionModelWithProjection",), absorb=_CLIP_ABSORB, **_CLIP))

@@ -45,7 +45,7 @@ from ...errors import ConfigError, SpecError, UnsupportedOperationError
 from ..selfcheck import moving_element, relative_change
 from .builder import DEFAULTS, build_spec
 from .config_check import LAYER_FIELDS, SIZE_FIELDS, estimate_parameters
-from .registry import TOKEN_AND_GENERATION_FIELDS, Adapter, supported_model_types
+from .registry import TOKEN_AND_GENERATION_FIELDS, Adapter, pretrained_class, supported_model_types
 
 _ATOL = 1e-4
 _NO_FIT = (SpecError, UnsupportedOperationError, ConfigError, AttributeError, TypeError, ValueError, RuntimeError,
@@ -313,16 +313,39 @@ class _Check:
             return False
 
 
+def _refuse_composite(hf: nn.Module) -> None:
+    """UnsupportedOperationError for a model that holds other Hugging Face models of their own configs (a multimodal
+    wrapper: Llava, Gemma-3 or Mistral-3 conditional generation …): no registered layout reads a wrapper, whose
+    projector writes the language model's stream, so the refusal names the models inside (the language model may be
+    aligned alone)."""
+    pretrained = pretrained_class()
+    inner = [(n, m) for n, m in hf.named_modules() if n and pretrained is not None and isinstance(m, pretrained)
+             and m.config is not hf.config]
+    inner = [(n, m) for n, m in inner if not any(n.startswith(o + ".") for o, _ in inner)]
+    if not inner:
+        return
+    parts = ", ".join(f"{n!r} ({type(m).__name__}, model_type {getattr(m.config, 'model_type', '?')!r})"
+                      for n, m in inner)
+    lm = next((n for n, _ in inner if n.endswith("language_model")), None)
+    raise UnsupportedOperationError(
+        f"{type(hf).__name__} (model_type {getattr(hf.config, 'model_type', '?')!r}) is a composite model holding "
+        f"{parts}: modeconn has no adapter for it (a multimodal wrapper's projector writes the language model's "
+        "residual stream, and the vision tower is a separate space), and no single-model layout is inferred for a "
+        "wrapper" + (f"; its language model {lm!r} can be aligned on its own" if lm else ""))
+
+
 def infer_adapter(hf: nn.Module) -> Adapter:
     """An :class:`Adapter` for ``hf`` (a ``transformers.PreTrainedModel`` whose ``model_type`` has none), from the
     first registered layout that describes it and keeps the function of a small random instance (module docstring).
 
-    Raises UnsupportedOperationError naming, per registered layout, what did not match.
+    Raises UnsupportedOperationError naming, per registered layout, what did not match, or, for a composite model
+    (a multimodal wrapper), saying so and naming the models inside.
     """
     mt, cls = getattr(hf.config, "model_type", "?"), type(hf).__name__
     key = (mt, type(hf), hf.config.to_json_string(use_diff=False) if hasattr(hf.config, "to_json_string") else repr(hf.config))
     if key in _CACHE:
         return _CACHE[key]
+    _refuse_composite(hf)
     reasons: list[str] = []
     small, check = None, None
     for family, describe, example in _candidates():

@@ -5,7 +5,8 @@ A pre-norm block reads the residual stream through a norm and adds what it compu
     x ← x + post_attn(attn(attn_norm(x)))          (post_attn: Gemma2 / OLMo2 only; attn_norm: absent in OLMo2)
     x ← x + post_mlp(mlp(mlp_norm(x)))             (parallel blocks: x ← x + attn(n(x)) + mlp(n or n₂(x)))
 
-A :class:`Table` names, relative to the base model (``model.model``, ``model.transformer`` …), the embeddings
+A :class:`Table` names, relative to the base model (``model.model``, ``model.transformer`` …, or where ``base``
+finds it), the embeddings
 that write the stream, the layer list, the attention projections (separate Q/K/V or one fused matrix in one of
 the :data:`QKV_LAYOUTS`), the MLP (GLU with ``gate``/``up``, fused ``gate_up`` or a plain ``up``), the norms
 (candidates tried in order: attribute names differ between configs of one family), the final norm and the
@@ -95,6 +96,7 @@ class Table:
     example: Callable[[nn.Module, torch.Generator], dict[str, torch.Tensor]] = staticmethod(token_inputs)
     absorb: str | None = None
     config_of: Callable[[nn.Module], Any] = staticmethod(lambda m: m.config)
+    base: Callable[[nn.Module], str] = staticmethod(base_path)
 
 
 def _resolve(flag: bool | ConfigTest | str | Callable[[Any], str], cfg: Any) -> Any:
@@ -251,7 +253,7 @@ def describe(t: Table, model: nn.Module, prefix: str) -> Structure:
     for field, ok, supported in t.requires:
         require(ok(getattr(cfg, field, None)), t.family, field, getattr(cfg, field, None), supported)
     W = Walker(model, prefix, t.family)
-    base = base_path(model)
+    base = t.base(model)
     H = cfg.hidden_size
     writers, readers, norms, attentions, ffns, frozen = _embeddings(W, t, base), [], [], [], [], list(W.buffers())
     if t.embed_norm is not None:

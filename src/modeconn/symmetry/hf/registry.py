@@ -67,7 +67,8 @@ def get_adapter(model_type: str, model_class: str = "?") -> Adapter:
     return ADAPTERS.get(model_type)
 
 
-def _pretrained_class() -> type | None:
+def pretrained_class() -> type | None:
+    """``transformers.PreTrainedModel`` if transformers is imported, else ``None``."""
     tf = sys.modules.get("transformers")  # not imported → no model can be a transformers model
     return getattr(tf, "PreTrainedModel", None) if tf is not None else None
 
@@ -79,7 +80,7 @@ def find_hf_model(model: nn.Module) -> tuple[str, nn.Module] | None:
     Raises SpecError if the wrapper holds several HF models, or tensors outside the HF model (the adapter
     cannot know how they transform).
     """
-    cls = _pretrained_class()
+    cls = pretrained_class()
     if cls is None or not isinstance(model, nn.Module):
         return None
     if isinstance(model, cls):
