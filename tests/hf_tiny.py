@@ -68,6 +68,34 @@ TINY = {
     # CLIP's vision tower alone (transformers 5: CLIPVisionModel is the transformer, no ``vision_model`` inside)
     "clip_vision": lambda: T.CLIPVisionModel(T.CLIPVisionConfig(**_VIT)),
     "clip_vision_proj": lambda: T.CLIPVisionModelWithProjection(T.CLIPVisionConfig(projection_dim=16, **_VIT)),
+    # reach, round 2 (#34)
+    "xlm_roberta": lambda: T.XLMRobertaForSequenceClassification(T.XLMRobertaConfig(num_labels=3, **_BERT)),
+    "xlm_roberta_mlm": lambda: T.XLMRobertaForMaskedLM(T.XLMRobertaConfig(**_BERT)),
+    "arcee": lambda: T.ArceeForCausalLM(T.ArceeConfig(num_key_value_heads=2, **_LM)),
+    "nemotron": lambda: T.NemotronForCausalLM(T.NemotronConfig(num_key_value_heads=2, partial_rotary_factor=0.5, **_LM)),
+    "vaultgemma": lambda: T.VaultGemmaForCausalLM(T.VaultGemmaConfig(num_key_value_heads=2, head_dim=8, sliding_window=4,
+                                                                     **_LM)),
+    "hunyuan_dense": lambda: T.HunYuanDenseV1ForCausalLM(T.HunYuanDenseV1Config(num_key_value_heads=2, head_dim=8, **_LM)),
+    "glm": lambda: T.GlmForCausalLM(T.GlmConfig(num_key_value_heads=2, head_dim=8, **_LM)),
+    "glm4": lambda: T.Glm4ForCausalLM(T.Glm4Config(num_key_value_heads=2, head_dim=8, **_LM)),
+    "apertus": lambda: T.ApertusForCausalLM(T.ApertusConfig(num_key_value_heads=2, **_LM)),
+    "persimmon": lambda: T.PersimmonForCausalLM(T.PersimmonConfig(**_LM)),
+    "gpt_neo": lambda: T.GPTNeoForCausalLM(T.GPTNeoConfig(
+        hidden_size=32, num_heads=4, num_layers=2, attention_types=[[["global", "local"], 1]], window_size=4,
+        intermediate_size=64, vocab_size=50, max_position_embeddings=32, bos_token_id=0, eos_token_id=0)),
+    "codegen": lambda: T.CodeGenForCausalLM(T.CodeGenConfig(n_embd=32, n_head=4, n_layer=2, n_inner=64, rotary_dim=4,
+                                                            vocab_size=50, n_positions=32, n_ctx=32, bos_token_id=0,
+                                                            eos_token_id=0)),
+    "gpt_bigcode": lambda: T.GPTBigCodeForCausalLM(T.GPTBigCodeConfig(n_embd=32, n_head=4, n_layer=2, n_inner=64,
+                                                                      vocab_size=50, n_positions=32, bos_token_id=0,
+                                                                      eos_token_id=0)),
+    "gpt_bigcode_mha": lambda: T.GPTBigCodeForCausalLM(T.GPTBigCodeConfig(
+        n_embd=32, n_head=4, n_layer=2, n_inner=64, vocab_size=50, n_positions=32, multi_query=False, bos_token_id=0,
+        eos_token_id=0)),
+    "mpt": lambda: T.MptForCausalLM(T.MptConfig(vocab_size=50, d_model=32, n_layers=2, n_heads=4, max_seq_len=32,
+                                                expansion_ratio=2)),
+    "mpt_alibi": lambda: T.MptForCausalLM(T.MptConfig(vocab_size=50, d_model=32, n_layers=2, n_heads=4, max_seq_len=32,
+                                                      expansion_ratio=2, attn_config={"alibi": True})),
 }
 NAMES = list(TINY)
 

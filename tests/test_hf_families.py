@@ -25,13 +25,19 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 PRE_NORM = ["mistral", "qwen2", "qwen3", "gemma", "phi3", "phi", "olmo", "stablelm", "starcoder2", "gptj", "opt",
             "falcon", "deit", "cohere", "cohere_qk_norm", "stablelm_parallel_qk_ln", "phi_qk_ln", "falcon_grouped",
-            "falcon_alibi_mha", "llama_biases_tied", "deit_plain"]
+            "falcon_alibi_mha", "llama_biases_tied", "deit_plain",
+            # reach, round 2 (#34)
+            "arcee", "nemotron", "vaultgemma", "hunyuan_dense", "glm", "apertus", "persimmon", "gpt_neo", "codegen",
+            "gpt_bigcode", "gpt_bigcode_mha", "mpt", "mpt_alibi"]
 NOT_ABSORBABLE = {"gemma2": "sandwich", "gemma3": "sandwich", "olmo2": "post-norms", "bloom": "word_embeddings_layernorm",
                   "clip": "pre_layrnorm", "clip_vision": "pre_layrnorm",
-                  "roberta": "post-LN", "electra": "post-LN", "distilbert": "post-LN"}
+                  "roberta": "post-LN", "electra": "post-LN", "distilbert": "post-LN", "glm4": "post-norms",
+                  "xlm_roberta": "post-LN"}
 DECODERS = ["gpt_neox", "gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "phi", "olmo", "olmo2",
             "stablelm", "starcoder2", "gptj", "opt", "falcon", "bloom", "gemma3", "cohere", "falcon_grouped",
-            "falcon_alibi_mha", "llama_biases_tied", "stablelm_parallel_qk_ln"]
+            "falcon_alibi_mha", "llama_biases_tied", "stablelm_parallel_qk_ln",
+            "arcee", "nemotron", "vaultgemma", "hunyuan_dense", "glm", "glm4", "apertus", "persimmon", "gpt_neo", "codegen",
+            "gpt_bigcode", "gpt_bigcode_mha", "mpt", "mpt_alibi"]
 FULL = {"residual": "orthogonal", "heads": "permutation", "qk": "head_invertible", "vo": "head_invertible"}
 
 

@@ -1,9 +1,11 @@
 """Reach, round 2 (#34): the model types users hold beyond the first family tables.
 
 The tested transformers range (the installed release — what a fresh install gets — lies inside what pyproject.toml
-states); CLIP's vision tower on transformers 5's module tree (spec validity, random elements and the richer groups
-run with every family of ``hf_tiny.TINY`` in test_hf_adapters.py); multimodal wrappers refused with a reason that
-names the language model inside, in memory and from a checkpoint directory.
+states); CLIP's vision tower on transformers 5's module tree; multimodal wrappers refused with a reason that names
+the language model inside, in memory and from a checkpoint directory; streaming equal to in memory for the new
+encoders and vision towers (the new decoders: test_hf_families.py's DECODERS). Spec validity, random elements,
+planted recovery, negative controls and the richer groups run with every family of ``hf_tiny.TINY`` in
+test_hf_adapters.py; absorption and the full group (or its refusal) in test_hf_families.py.
 """
 
 from __future__ import annotations
@@ -16,10 +18,12 @@ import pytest
 import torch
 import transformers as T
 from cli_runner import run_cli
-from hf_tiny import make
+from hf_tiny import make, max_diff, outputs
 
+import modeconn as mc
 from modeconn.errors import UnsupportedOperationError
-from modeconn.stream import hf_checkpoint_spec
+from modeconn.io.hf import side_files
+from modeconn.stream import hf_checkpoint_spec, stream_apply, stream_weight_matching
 from modeconn.symmetry import hf
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -81,3 +85,22 @@ def test_multimodal_wrappers_are_refused_naming_the_language_model(name, tmp_pat
     inner = model.model.language_model  # the language model alone is supported (registered or inferred)
     spec = hf.hf_symmetry_spec(inner, permute_outputs=True)
     assert "residual" in spec.spaces
+
+
+# ------------------------------------------------------------------ streaming equals in memory (encoders, vision)
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["xlm_roberta", "xlm_roberta_mlm", "clip_vision_proj"])
+def test_streaming_equals_in_memory_and_outputs_load(name, tmp_path):
+    ma, mb = make(name, 0), make(name, 1)
+    da, db = tmp_path / "a", tmp_path / "b"
+    for m, d in ((ma, da), (mb, db)):
+        m.save_pretrained(d, max_shard_size="20KB")
+    spec_m, spec_c = hf.hf_symmetry_spec(ma), hf_checkpoint_spec(da)
+    ref = mc.weight_matching(spec_m, ma.state_dict(), mb.state_dict(), restarts=1, max_iter=5)
+    res = stream_weight_matching(spec_c, da, db, restarts=1, max_iter=5)
+    assert all(torch.equal(res.element[s], ref.element[s]) for s in ref.element)
+    aligned = tmp_path / "aligned"
+    stream_apply(spec_c, db, res.element, aligned, files=side_files(db))
+    back = type(mb).from_pretrained(aligned).eval()
+    x = hf.example_inputs(mb)
+    assert max_diff(outputs(back, x), outputs(mb, x)) < 1e-4

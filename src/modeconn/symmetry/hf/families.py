@@ -93,6 +93,34 @@ register(Table("bloom", _lm("Bloom"), embeddings=(Embedding("word_embeddings"),)
                activation=lambda cfg: "gelu",
                requires=(("apply_residual_connection_post_layernorm", lambda v: not v, "False"),),
                absorb=_NOT_PRE_NORM.format("BLOOM", "word_embeddings_layernorm and the stream it starts")))
+register(Table("arcee", _lm("Arcee"), gate=None))
+register(Table("nemotron", _lm("Nemotron"), gate=None, norm_offset=1.0))
+register(Table("vaultgemma", _lm("VaultGemma"), norm_offset=1.0, mlp_norm=("pre_feedforward_layernorm",)))
+register(Table("hunyuan_v1_dense", _lm("HunYuanDenseV1")))
+register(Table("glm", _lm("Glm"), gate_up="gate_up_proj", rotary="interleaved"))
+register(Table("glm4", _lm("Glm4"), gate_up="gate_up_proj", rotary="interleaved",
+               post_norms=("post_self_attn_layernorm", "post_mlp_layernorm"),
+               absorb=_NOT_PRE_NORM.format("GLM-4", "its post-norms (post_self_attn_layernorm, post_mlp_layernorm)")))
+register(Table("apertus", _lm("Apertus"), gate=None, attn_norm=("attention_layernorm",),
+               mlp_norm=("feedforward_layernorm",), frozen=("mlp.act_fn",)))
+register(Table("persimmon", _lm("Persimmon"), qkv="query_key_value", qkv_layout="per_head", o="dense",
+               up="dense_h_to_4h", gate=None, down="dense_4h_to_h", final_norm="final_layernorm"))
+register(Table("gpt_neo", _lm("GPTNeo"), embeddings=(Embedding("wte"), Embedding("wpe")), layers="h",
+               attn="attn.attention", o="out_proj", up="c_fc", gate=None, down="c_proj", attn_norm=("ln_1",),
+               mlp_norm=("ln_2",), final_norm="ln_f", rotary=None, activation=_act("activation_function")))
+register(Table("codegen", _lm("CodeGen"), embeddings=(Embedding("wte"),), layers="h", attn="attn", qkv="qkv_proj",
+               qkv_layout="codegen", o="out_proj", up="fc_in", gate=None, down="fc_out", attn_norm=("ln_1",),
+               mlp_norm=(), parallel=True, final_norm="ln_f", rotary="interleaved",
+               activation=_act("activation_function")))
+register(Table("gpt_bigcode", _lm("GPTBigCode"), embeddings=(Embedding("wte"), Embedding("wpe")), layers="h",
+               attn="attn", qkv="c_attn", qkv_layout=lambda cfg: "blocks" if cfg.multi_query else "per_head",
+               o="c_proj", up="c_fc", gate=None, down="c_proj", attn_norm=("ln_1",), mlp_norm=("ln_2",),
+               final_norm="ln_f", rotary=None, activation=_act("activation_function"),
+               requires=(("add_cross_attention", lambda v: not v, "False"),)))
+register(Table("mpt", _lm("Mpt"), embeddings=(Embedding("wte"),), layers="blocks", attn="attn", qkv="Wqkv",
+               o="out_proj", mlp="ffn", gate=None, attn_norm=("norm_1",), mlp_norm=("norm_2",), final_norm="norm_f",
+               rotary=None, alibi=lambda cfg: bool(cfg.attn_config.alibi),
+               clip_qkv=lambda cfg: cfg.attn_config.clip_qkv is not None, activation=lambda cfg: "gelu"))
 register(Table("gpt_neox", _lm("GPTNeoX"), embeddings=(Embedding("embed_in"),), attn="attention", qkv="query_key_value",
                qkv_layout="per_head", o="dense", up="dense_h_to_4h", gate=None, down="dense_4h_to_h",
                final_norm="final_layer_norm"))

@@ -37,11 +37,13 @@ from ._common import Walker, base_path, join, require, rotary_dims, token_inputs
 from .registry import ADAPTERS, Adapter
 from .structure import FFN, Attention, KVHead, LinearRef, NormRef, QueryHead, Slice, Stream, Structure
 
-QKV_LAYOUTS = ("blocks", "per_head", "grouped")
+QKV_LAYOUTS = ("blocks", "per_head", "grouped", "codegen")
 """Row layouts of a fused QKV matrix (``G`` key/value heads, ``r = heads/G`` query heads per group):
 ``blocks`` ``[Q₀…Q_{n−1} | K₀…K_{G−1} | V₀…V_{G−1}]`` (Phi-3, GPT-2, Falcon multi-query); ``per_head``
 ``[(Q₀ K₀ V₀) (Q₁ K₁ V₁) …]`` (GPT-NeoX, BLOOM, Falcon without multi-query; ``G = heads``); ``grouped``
-``[(Q_{g r} … Q_{g r + r − 1} K_g V_g) for each group g]`` (Falcon's new decoder architecture)."""
+``[(Q_{g r} … Q_{g r + r − 1} K_g V_g) for each group g]`` (Falcon's new decoder architecture); ``codegen``
+four model-parallel chunks ``[Q_c | V_c | K_c]``, each holding a quarter of the heads (CodeGen)."""
+_CODEGEN_CHUNKS = 4  # CodeGen's mp_num, fixed in its modeling code
 
 ConfigTest = Callable[[Any], bool]
 
@@ -62,7 +64,9 @@ class Embedding:
 @dataclass(frozen=True)
 class Table:
     """One pre-norm family (see the module docstring). Names are relative to the base model; ``*_norm`` are
-    candidate names, the first that exists is used (``()``: the block has none)."""
+    candidate names, the first that exists is used (``()``: the block has none). ``frozen``: modules of a layer whose
+    parameters no group moves (Apertus's xIELU activation); ``layer_scales``: per-channel scales of what a block
+    writes, ``module.param`` relative to the layer (DINOv2's ``layer_scale1.lambda1``): they move with the stream."""
 
     family: str
     classes: tuple[str, ...]
@@ -96,6 +100,8 @@ class Table:
     example: Callable[[nn.Module, torch.Generator], dict[str, torch.Tensor]] = staticmethod(token_inputs)
     absorb: str | None = None
     config_of: Callable[[nn.Module], Any] = staticmethod(lambda m: m.config)
+    frozen: tuple[str, ...] = ()
+    layer_scales: tuple[str, ...] = ()
     base: Callable[[nn.Module], str] = staticmethod(base_path)
 
 
@@ -124,7 +130,7 @@ def _projections(W: Walker, t: Table, cfg: Any, ap: str, nh: int, hd: int) -> _P
                      lambda j: v.rows(j * hd, hd), n_kv)
     f = W.linear(join(ap, t.qkv))
     layout = _resolve(t.qkv_layout, cfg)
-    n_kv = (f.out_features // hd - nh) // 2 if layout != "per_head" else nh
+    n_kv = (f.out_features // hd - nh) // 2 if layout not in ("per_head", "codegen") else nh
     require(n_kv >= 1 and nh % n_kv == 0 and f.out_features == (nh + 2 * n_kv) * hd, t.family, "num_key_value_heads",
             n_kv, f"a divisor of the {nh} heads, with {t.qkv} of (heads + 2·kv_heads)·head_dim rows")
     rep = nh // n_kv
@@ -132,6 +138,11 @@ def _projections(W: Walker, t: Table, cfg: Any, ap: str, nh: int, hd: int) -> _P
         offs = (lambda h: h * hd, lambda j: (nh + j) * hd, lambda j: (nh + n_kv + j) * hd)
     elif layout == "per_head":
         offs = (lambda h: 3 * h * hd, lambda j: (3 * j + 1) * hd, lambda j: (3 * j + 2) * hd)
+    elif layout == "codegen":
+        require(nh % _CODEGEN_CHUNKS == 0, t.family, "n_head", nh, f"a multiple of {_CODEGEN_CHUNKS}")
+        per = nh // _CODEGEN_CHUNKS
+        at = lambda h, part: (h // per * 3 * per + part * per + h % per) * hd  # noqa: E731
+        offs = (lambda h: at(h, 0), lambda j: at(j, 2), lambda j: at(j, 1))
     elif layout == "grouped":
         offs = (lambda h: ((h // rep) * (rep + 2) + h % rep) * hd, lambda j: (j * (rep + 2) + rep) * hd,
                 lambda j: (j * (rep + 2) + rep + 1) * hd)
@@ -148,7 +159,7 @@ def _qk_norms(W: Walker, ap: str, nh: int, n_kv: int, hd: int) -> tuple[str | No
     ``"full"`` — one norm over the whole projection (OLMo2): its weights move with the Q/K rows; ``"separate"`` —
     a different norm per head (StableLM's per-head LayerNorms, Cohere's ``(heads, head_dim)`` weight): frozen, and
     neither heads nor Q/K dims may move."""
-    names = next(((q, k) for q, k in (("q_norm", "k_norm"), ("q_layernorm", "k_layernorm")) if W.has(join(ap, q))), None)
+    names = next(((q, k) for q, k in _QK_NORM_NAMES if W.has(join(ap, q))), None)
     none: tuple[list, list] = ([()] * nh, [()] * n_kv)
     if names is None:
         return None, (), *none
@@ -168,6 +179,7 @@ def _qk_norms(W: Walker, ap: str, nh: int, n_kv: int, hd: int) -> tuple[str | No
     return "full", (), q, k
 
 
+_QK_NORM_NAMES = (("q_norm", "k_norm"), ("q_layernorm", "k_layernorm"), ("query_layernorm", "key_layernorm"))
 _QK_NORM_FROZEN = {"head": ("qk",), "separate": ("heads", "qk")}
 
 
@@ -230,6 +242,24 @@ def _block_norms(W: Walker, t: Table, cfg: Any, lp: str, attn_readers: tuple, ml
     return out
 
 
+def _parent(path: str) -> str:
+    return path.rpartition(".")[0]
+
+
+def _leaf(path: str) -> str:
+    return path.rpartition(".")[2]
+
+
+def _layer_frozen(W: Walker, t: Table, lp: str) -> list[str]:
+    """The parameters of the layer's modules ``t.frozen`` names (an activation with parameters of its own)."""
+    out = []
+    for name in t.frozen:
+        path = join(lp, name)
+        if W.has(path):
+            out += [W.key(path, n) for n, _ in W.mod(path).named_parameters()]
+    return out
+
+
 def _embeddings(W: Walker, t: Table, base: str) -> list[Slice]:
     out: list[Slice] = []
     for e in t.embeddings:
@@ -267,7 +297,8 @@ def describe(t: Table, model: nn.Module, prefix: str) -> Structure:
         writers += [*o.rows(), *down.rows()]
         attentions.append(att)
         ffns.append(ffn)
-        frozen += qk_frozen
+        frozen += [*qk_frozen, *_layer_frozen(W, t, lp)]
+        writers += [W.param(join(lp, _parent(n)), _leaf(n), 0) for n in t.layer_scales]
     heads = W.heads_reading(t.heads, H)
     norms.append(W.norm(join(base, t.final_norm), heads if t.final_norm_feeds_heads else (), t.norm_offset,
                         t.norm_kind))
