@@ -104,3 +104,70 @@ def test_streaming_equals_in_memory_and_outputs_load(name, tmp_path):
     back = type(mb).from_pretrained(aligned).eval()
     x = hf.example_inputs(mb)
     assert max_diff(outputs(back, x), outputs(mb, x)) < 1e-4
+
+
+# ------------------------------------------------------------------ negative controls: what the new tables state
+def _changes(model, spec, g=None) -> float:
+    from hf_tiny import loaded
+
+    x = hf.example_inputs(model)
+    g = spec.random_element(seed=0) if g is None else g
+    return max_diff(outputs(model, x), outputs(loaded(model, spec.apply(model.state_dict(), g)), x))
+
+
+def _with_table(model, **changes):
+    import dataclasses
+
+    from modeconn.symmetry.hf import prenorm
+
+    return prenorm.describe(dataclasses.replace(prenorm.TABLES[hf.adapter_for(model).family], **changes), model, "")
+
+
+def _with_attentions(model, **changes):
+    import dataclasses
+
+    st = hf.describe(model)
+    return dataclasses.replace(st, attentions=tuple(dataclasses.replace(a, **changes) for a in st.attentions))
+
+
+@pytest.mark.parametrize(("name", "groups", "wrong"), [
+    ("codegen", "permutation", {"qkv_layout": "per_head"}),  # CodeGen's [Q|V|K] chunks read as another layout
+    ("gpt_bigcode_mha", "permutation", {"qkv_layout": "blocks"}),  # multi_query=False: per-head fused rows
+    ("glm", {"qk": "head_invertible"}, {"rotary": "half"}),  # GLM rotates interleaved pairs
+])
+def test_the_stated_layout_matters(name, groups, wrong):
+    model = make(name)
+    assert _changes(model, hf.hf_symmetry_spec(model, groups)) < 1e-4
+    assert _changes(model, hf.build_spec(_with_table(model, **wrong), model.state_dict(), groups)) > 1e-3
+
+
+@pytest.mark.parametrize(("name", "groups", "unfrozen"), [
+    ("mpt_alibi", {"heads": "permutation", "qk": "head_orthogonal", "vo": "head_orthogonal"}, {"frozen_roles": ()}),
+    ("hunyuan_dense", {"qk": "head_orthogonal"}, {"frozen_roles": ()}),  # one head_dim Q/K norm shared by all heads
+    ("persimmon", {"qk": "head_orthogonal"}, {"frozen_roles": ()}),
+])
+def test_frozen_roles_are_frozen_for_a_reason(name, groups, unfrozen):
+    model = make(name)
+    spec = hf.hf_symmetry_spec(model, groups)
+    assert _changes(model, spec) < 1e-4
+    assert _changes(model, hf.build_spec(_with_attentions(model, **unfrozen), model.state_dict(), groups)) > 1e-3
+
+
+def test_nemotron_layernorm_scales_by_one_plus_weight():
+    from modeconn.errors import AbsorptionError
+
+    model = make("nemotron")
+    mc.absorb_normalization(model)
+    wrong = _with_table(model, norm_offset=0.0)
+    adapter = hf.Adapter("nemotron", lambda m, p: wrong, hf.ADAPTERS.get("nemotron").example, ("NemotronForCausalLM",))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(hf.ADAPTERS._items, "nemotron", adapter)
+        with pytest.raises(AbsorptionError, match="fold"):
+            mc.absorb_normalization(model)
+
+
+def test_apertus_activation_parameters_are_frozen():
+    model = make("apertus")
+    spec = hf.hf_symmetry_spec(model, {"ffn_scale": None})
+    act = [k for k in model.state_dict() if ".act_fn." in k]
+    assert act and all(k in spec.structure.frozen and spec.tensors[k] == () for k in act)
