@@ -96,6 +96,16 @@ TINY = {
                                                 expansion_ratio=2)),
     "mpt_alibi": lambda: T.MptForCausalLM(T.MptConfig(vocab_size=50, d_model=32, n_layers=2, n_heads=4, max_seq_len=32,
                                                       expansion_ratio=2, attn_config={"alibi": True})),
+    "dinov2": lambda: T.Dinov2Model(T.Dinov2Config(**_VIT)),
+    "dinov2_cls": lambda: T.Dinov2ForImageClassification(T.Dinov2Config(num_labels=5, **_VIT)),
+    "beit": lambda: T.BeitForImageClassification(T.BeitConfig(num_labels=5, **_VIT)),
+    "beit_relative_bias": lambda: T.BeitForImageClassification(T.BeitConfig(
+        num_labels=5, use_relative_position_bias=True, use_absolute_position_embeddings=True, **_VIT)),
+    "beit_shared_bias_cls_token": lambda: T.BeitForImageClassification(T.BeitConfig(
+        num_labels=5, use_shared_relative_position_bias=True, use_mean_pooling=False, **_VIT)),
+    "siglip_vision": lambda: T.SiglipVisionModel(T.SiglipVisionConfig(vision_use_head=False, **_VIT)),
+    "siglip_cls": lambda: T.SiglipForImageClassification(T.SiglipConfig(
+        vision_config=_VIT, text_config={**_SIZE, "vocab_size": 50}, num_labels=5)),
 }
 NAMES = list(TINY)
 

@@ -16,7 +16,8 @@ from modeconn.symmetry import hf
 from modeconn.symmetry.spec import AxisBinding, Space
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-BASE_MODELS = {"bert", "vit_base", "clip_vision", "clip_vision_proj"}  # the residual stream is the model output: frozen by default
+# the residual stream is the model output: frozen by default
+BASE_MODELS = {"bert", "vit_base", "clip_vision", "clip_vision_proj", "dinov2", "siglip_vision"}
 
 
 def _spec(name):

@@ -28,11 +28,11 @@ PRE_NORM = ["mistral", "qwen2", "qwen3", "gemma", "phi3", "phi", "olmo", "stable
             "falcon_alibi_mha", "llama_biases_tied", "deit_plain",
             # reach, round 2 (#34)
             "arcee", "nemotron", "vaultgemma", "hunyuan_dense", "glm", "apertus", "persimmon", "gpt_neo", "codegen",
-            "gpt_bigcode", "gpt_bigcode_mha", "mpt", "mpt_alibi"]
+            "gpt_bigcode", "gpt_bigcode_mha", "mpt", "mpt_alibi", "siglip_cls"]
 NOT_ABSORBABLE = {"gemma2": "sandwich", "gemma3": "sandwich", "olmo2": "post-norms", "bloom": "word_embeddings_layernorm",
                   "clip": "pre_layrnorm", "clip_vision": "pre_layrnorm",
                   "roberta": "post-LN", "electra": "post-LN", "distilbert": "post-LN", "glm4": "post-norms",
-                  "xlm_roberta": "post-LN"}
+                  "xlm_roberta": "post-LN", "dinov2_cls": "layer scales", "beit": "layer scales"}
 DECODERS = ["gpt_neox", "gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "phi", "olmo", "olmo2",
             "stablelm", "starcoder2", "gptj", "opt", "falcon", "bloom", "gemma3", "cohere", "falcon_grouped",
             "falcon_alibi_mha", "llama_biases_tied", "stablelm_parallel_qk_ln",

@@ -89,7 +89,8 @@ def test_multimodal_wrappers_are_refused_naming_the_language_model(name, tmp_pat
 
 # ------------------------------------------------------------------ streaming equals in memory (encoders, vision)
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["xlm_roberta", "xlm_roberta_mlm", "clip_vision_proj"])
+@pytest.mark.parametrize("name", ["xlm_roberta", "xlm_roberta_mlm", "clip_vision_proj", "dinov2_cls", "beit_relative_bias",
+                                  "siglip_cls"])
 def test_streaming_equals_in_memory_and_outputs_load(name, tmp_path):
     ma, mb = make(name, 0), make(name, 1)
     da, db = tmp_path / "a", tmp_path / "b"
@@ -142,6 +143,8 @@ def test_the_stated_layout_matters(name, groups, wrong):
 
 
 @pytest.mark.parametrize(("name", "groups", "unfrozen"), [
+    ("beit_relative_bias", {"heads": "permutation", "qk": None, "vo": None}, {"frozen_roles": ()}),  # per-head bias
+
     ("mpt_alibi", {"heads": "permutation", "qk": "head_orthogonal", "vo": "head_orthogonal"}, {"frozen_roles": ()}),
     ("hunyuan_dense", {"qk": "head_orthogonal"}, {"frozen_roles": ()}),  # one head_dim Q/K norm shared by all heads
     ("persimmon", {"qk": "head_orthogonal"}, {"frozen_roles": ()}),
@@ -171,3 +174,29 @@ def test_apertus_activation_parameters_are_frozen():
     spec = hf.hf_symmetry_spec(model, {"ffn_scale": None})
     act = [k for k in model.state_dict() if ".act_fn." in k]
     assert act and all(k in spec.structure.frozen and spec.tensors[k] == () for k in act)
+
+
+@pytest.mark.parametrize(("name", "tensors"), [
+    ("dinov2_cls", ".layer_scale1.lambda1"),  # layer scales move with the stream
+    ("beit", ".lambda_2"),
+    ("dinov2_cls", "classifier.weight"),  # the classifier reads two copies of the stream: both bound
+])
+def test_layer_scales_and_copied_heads_must_move_with_the_stream(name, tensors):
+    import dataclasses
+
+    model = make(name)
+    spec = hf.hf_symmetry_spec(model)
+    assert _changes(model, spec) < 1e-4
+    keep_first = tensors == "classifier.weight"  # drop the second copy's binding only
+    wrong = dataclasses.replace(spec, tensors={k: (v[:1] if keep_first else ()) if k.endswith(tensors) else v
+                                               for k, v in spec.tensors.items()})
+    assert any(k.endswith(tensors) for k in spec.tensors)
+    assert _changes(model, wrong) > 1e-3
+
+
+def test_siglip_vision_with_its_attention_pooling_head_is_refused_with_the_reason():
+    from modeconn.errors import SpecError
+
+    model = T.SiglipVisionModel(T.SiglipVisionConfig(**_VISION))
+    with pytest.raises(SpecError, match="vision_use_head.*fused in_proj"):
+        hf.hf_symmetry_spec(model)

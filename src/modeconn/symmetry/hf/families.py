@@ -12,7 +12,13 @@ residual; per-head Q/K LayerNorms freeze heads and Q/K), Starcoder2, GPT-J (para
 rotary), OPT (learned positions), Falcon (fused multi-query / grouped / per-head QKV, parallel block, optional
 ALiBi), BLOOM (embedding LayerNorm, ALiBi: head permutations frozen), GPT-NeoX.
 Pre-LN vision encoders: DeiT (distillation token), CLIP's vision tower (embedding LayerNorm; the pooled CLS
-token's ``post_layernorm`` feeds ``visual_projection``; ``CLIPForImageClassification`` reads the stream).
+token's ``post_layernorm`` feeds ``visual_projection``; ``CLIPForImageClassification`` reads the stream), DINOv2
+(layer scales; the classifier reads the CLS token and the patch mean), BEiT (layer scales; per-head relative position
+biases freeze head permutations; mean pooling through the pooler's norm), SigLIP's vision tower (without its
+attention-pooling head) and SigLIP image classifiers.
+Decoders added for #34: Arcee, Nemotron (LayerNorm1P: ``1 + w``), VaultGemma, Hunyuan dense, GLM and GLM-4 (fused
+``gate_up``, interleaved partial rotary; GLM-4's post-norms), Apertus (xIELU parameters frozen), Persimmon, GPT-Neo,
+CodeGen (its QKV layout), GPT-BigCode, MPT (ALiBi).
 
 ``absorb``: where :func:`modeconn.absorb_normalization` cannot apply, the reason.
 """
@@ -144,8 +150,39 @@ _CLIP = dict(embeddings=(Embedding("embeddings", "class_embedding", 0), Embeddin
              embed_norm="pre_layrnorm", layers="encoder.layers", o="out_proj", up="fc1", gate=None, down="fc2",
              attn_norm=("layer_norm1",), mlp_norm=("layer_norm2",), final_norm="post_layernorm", rotary=None,
              example=_pixels, base=_clip_tower)
+_LAYER_SCALE = ("{}: normalization absorption does not fold layer scales ({}: a per-channel scale of what each block "
+                "writes, which centering the writers would have to fold into them first)")
+_VIT_PATCHES = (Embedding("embeddings.patch_embeddings.projection", linear=True), Embedding("embeddings", "cls_token", 2))
+register(Table("dinov2", ("Dinov2Model", "Dinov2ForImageClassification"),
+               embeddings=(*_VIT_PATCHES, Embedding("embeddings", "position_embeddings", 2),
+                           Embedding("embeddings", "mask_token", 1, optional=True)),
+               layers="encoder.layer", attn="attention", up="fc1", gate=None, down="fc2", attn_norm=("norm1",),
+               mlp_norm=("norm2",), final_norm="layernorm", heads=("classifier",), head_copies=2,
+               layer_scales=("layer_scale1.lambda1", "layer_scale2.lambda1"), rotary=None, example=_pixels,
+               requires=(("use_swiglu_ffn", lambda v: not v, "False (the SwiGLU FFN variant has no table yet)"),),
+               absorb=_LAYER_SCALE.format("DINOv2", "layer_scale1/2.lambda1")))
+register(Table("beit", ("BeitModel", "BeitForImageClassification"),
+               embeddings=(*_VIT_PATCHES, Embedding("embeddings", "mask_token", 2, optional=True),
+                           Embedding("embeddings", "position_embeddings", 2, optional=True)),
+               attn="attention", up="fc1", gate=None, down="fc2", attn_norm=("layernorm_before",),
+               mlp_norm=("layernorm_after",), heads=("classifier",), layer_scales=("lambda_1", "lambda_2"),
+               final_norm=lambda cfg: "pooler.layernorm" if cfg.use_mean_pooling else "layernorm",
+               frozen=("relative_position_bias",), shared_frozen=("shared_position_bias",),
+               alibi=lambda cfg: cfg.use_relative_position_bias or cfg.use_shared_relative_position_bias,
+               rotary=None, example=_pixels, absorb=_LAYER_SCALE.format("BEiT", "lambda_1/2")))
+
 _CLIP_ABSORB = _NOT_PRE_NORM.format("CLIP vision", "pre_layrnorm")
 register(Table("clip_vision_model", ("CLIPVisionModel", "CLIPVisionModelWithProjection"), heads=("visual_projection",),
                returns_stream=("CLIPVisionModelWithProjection",), absorb=_CLIP_ABSORB, **_CLIP))
 register(Table("clip", ("CLIPForImageClassification",), heads=("classifier",), final_norm_feeds_heads=False,
                config_of=lambda m: m.config.vision_config, absorb=_CLIP_ABSORB, **_CLIP))
+
+_SIGLIP = dict(embeddings=(Embedding("embeddings.patch_embedding", linear=True), Embedding("embeddings.position_embedding")),
+               layers="encoder.layers", o="out_proj", up="fc1", gate=None, down="fc2", attn_norm=("layer_norm1",),
+               mlp_norm=("layer_norm2",), final_norm="post_layernorm", rotary=None, example=_pixels, base=_clip_tower)
+_MAP_HEAD = ("False: the attention-pooling head's fused in_proj reads a learned probe through its Q rows and the "
+             "stream through its K/V rows, one matrix whose columns belong to two spaces")
+register(Table("siglip_vision_model", ("SiglipVisionModel",), requires=(("vision_use_head", lambda v: not v, _MAP_HEAD),),
+               **_SIGLIP))
+register(Table("siglip", ("SiglipForImageClassification",), heads=("classifier",), config_of=lambda m: m.config.vision_config,
+               shared_frozen=("head",), **_SIGLIP))  # the vision model's pooling head: computed, never read

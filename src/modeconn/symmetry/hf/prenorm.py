@@ -65,8 +65,12 @@ class Embedding:
 class Table:
     """One pre-norm family (see the module docstring). Names are relative to the base model; ``*_norm`` are
     candidate names, the first that exists is used (``()``: the block has none). ``frozen``: modules of a layer whose
-    parameters no group moves (Apertus's xIELU activation); ``layer_scales``: per-channel scales of what a block
-    writes, ``module.param`` relative to the layer (DINOv2's ``layer_scale1.lambda1``): they move with the stream."""
+    parameters no group moves (Apertus's xIELU activation, BEiT's per-head relative position bias tables);
+    ``shared_frozen``: such modules of the base model (BEiT's shared position bias); ``layer_scales``: per-channel
+    scales of what a block writes, ``module.param`` relative to the layer (DINOv2's ``layer_scale1.lambda1``; skipped
+    where absent): they move with the stream; ``head_copies``: the heads read the concatenation of this many
+    poolings of the stream (DINOv2's classifier: the CLS token and the patch mean); ``final_norm``: a name or a
+    function of the config choosing it (BEiT: the pooler's norm under mean pooling)."""
 
     family: str
     classes: tuple[str, ...]
@@ -86,8 +90,9 @@ class Table:
     mlp_norm: tuple[str, ...] = ("post_attention_layernorm",)
     post_norms: tuple[str | None, str | None] = (None, None)
     parallel: bool | ConfigTest = False
-    final_norm: str = "norm"
+    final_norm: str | Callable[[Any], str] = "norm"
     heads: tuple[str, ...] = ("lm_head", "score", "classifier", "qa_outputs")
+    head_copies: int = 1
     final_norm_feeds_heads: bool = True
     returns_stream: tuple[str, ...] = ()
     rotary: str | None | Callable[[Any], str | None] = "half"
@@ -101,6 +106,7 @@ class Table:
     absorb: str | None = None
     config_of: Callable[[nn.Module], Any] = staticmethod(lambda m: m.config)
     frozen: tuple[str, ...] = ()
+    shared_frozen: tuple[str, ...] = ()
     layer_scales: tuple[str, ...] = ()
     base: Callable[[nn.Module], str] = staticmethod(base_path)
 
@@ -250,13 +256,23 @@ def _leaf(path: str) -> str:
     return path.rpartition(".")[2]
 
 
-def _layer_frozen(W: Walker, t: Table, lp: str) -> list[str]:
-    """The parameters of the layer's modules ``t.frozen`` names (an activation with parameters of its own)."""
+def _layer_frozen(W: Walker, t: Table, lp: str, names: tuple[str, ...] | None = None) -> list[str]:
+    """The parameters of the modules ``names`` (default ``t.frozen``) under ``lp`` (an activation with parameters of
+    its own, a per-head position bias table)."""
     out = []
-    for name in t.frozen:
+    for name in t.frozen if names is None else names:
         path = join(lp, name)
         if W.has(path):
             out += [W.key(path, n) for n, _ in W.mod(path).named_parameters()]
+    return out
+
+
+def _layer_scales(W: Walker, t: Table, lp: str) -> list[Slice]:
+    out = []
+    for name in t.layer_scales:
+        path = join(lp, _parent(name))
+        if W.has(path) and isinstance(getattr(W.mod(path), _leaf(name), None), torch.Tensor):
+            out.append(W.param(path, _leaf(name), 0))
     return out
 
 
@@ -298,11 +314,12 @@ def describe(t: Table, model: nn.Module, prefix: str) -> Structure:
         attentions.append(att)
         ffns.append(ffn)
         frozen += [*qk_frozen, *_layer_frozen(W, t, lp)]
-        writers += [W.param(join(lp, _parent(n)), _leaf(n), 0) for n in t.layer_scales]
-    heads = W.heads_reading(t.heads, H)
-    norms.append(W.norm(join(base, t.final_norm), heads if t.final_norm_feeds_heads else (), t.norm_offset,
-                        t.norm_kind))
-    readers += [c for h in heads for c in h.cols()]
+        writers += _layer_scales(W, t, lp)
+    frozen += _layer_frozen(W, t, base, t.shared_frozen)
+    heads = W.heads_reading(t.heads, H * t.head_copies)
+    norms.append(W.norm(join(base, _resolve(t.final_norm, cfg)), heads if t.final_norm_feeds_heads else (),
+                        t.norm_offset, t.norm_kind))
+    readers += [c for h in heads for i in range(t.head_copies) for c in h.cols(i * H, H)]
     frozen += [h.bias for h in heads if h.bias]
     is_output = not heads or type(model).__name__ in t.returns_stream
     stream = Stream(H, tuple(writers), tuple(norms), tuple(readers), is_output=is_output)
