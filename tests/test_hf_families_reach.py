@@ -200,3 +200,34 @@ def test_siglip_vision_with_its_attention_pooling_head_is_refused_with_the_reaso
     model = T.SiglipVisionModel(T.SiglipVisionConfig(**_VISION))
     with pytest.raises(SpecError, match="vision_use_head.*fused in_proj"):
         hf.hf_symmetry_spec(model)
+
+
+# ------------------------------------------------------------------ refused with the reason
+REFUSED_MODELS = {
+    "t5": (lambda: T.T5ForConditionalGeneration(T.T5Config(vocab_size=50, d_model=32, d_kv=8, d_ff=64, num_layers=2,
+                                                           num_heads=4)), "encoder–decoder"),
+    "mamba": (lambda: T.MambaForCausalLM(T.MambaConfig(vocab_size=50, hidden_size=32, state_size=4,
+                                                       num_hidden_layers=2)), "selective state-space"),
+    "swin": (lambda: T.SwinModel(T.SwinConfig(image_size=8, patch_size=2, embed_dim=16, depths=[1, 1],
+                                              num_heads=[2, 2], window_size=2)), "patch merging"),
+    "convnext": (lambda: T.ConvNextForImageClassification(T.ConvNextConfig(
+        hidden_sizes=[8, 16], depths=[1, 1], num_stages=2, num_labels=5)), "convolutional network"),
+}
+
+
+@pytest.mark.parametrize("name", list(REFUSED_MODELS))
+def test_model_types_without_a_layout_are_refused_with_the_reason(name):
+    from modeconn.symmetry.hf.refused import REFUSED
+
+    build, why = REFUSED_MODELS[name]
+    torch.manual_seed(0)
+    model = build()
+    assert model.config.model_type in REFUSED
+    with pytest.raises(UnsupportedOperationError, match=rf"{name!r} .*is not supported: .*{why}"):
+        hf.hf_symmetry_spec(model)
+
+
+def test_no_refused_model_type_has_an_adapter():
+    from modeconn.symmetry.hf.refused import REFUSED
+
+    assert not set(REFUSED) & set(hf.supported_model_types())

@@ -47,11 +47,17 @@ def adapter_for(hf: nn.Module) -> Adapter:
     """The adapter of the Hugging Face model ``hf``: registered for its ``model_type``, else inferred from a registered
     layout and checked on a small random instance (:func:`modeconn.symmetry.hf.infer.infer_adapter`).
 
-    Raises UnsupportedOperationError naming what each registered layout could not match."""
+    Raises UnsupportedOperationError with the reason for a model type refused outright
+    (:data:`~modeconn.symmetry.hf.refused.REFUSED`), else naming what each registered layout could not match."""
     model_type = getattr(hf.config, "model_type", "?")
     if model_type in ADAPTERS:
         return ADAPTERS.get(model_type)
     from .infer import infer_adapter
+    from .refused import refusal
+
+    why = refusal(model_type, type(hf).__name__)
+    if why is not None:
+        raise UnsupportedOperationError(why)
 
     return infer_adapter(hf)
 
