@@ -96,6 +96,9 @@ TINY = {
                                                 expansion_ratio=2)),
     "mpt_alibi": lambda: T.MptForCausalLM(T.MptConfig(vocab_size=50, d_model=32, n_layers=2, n_heads=4, max_seq_len=32,
                                                       expansion_ratio=2, attn_config={"alibi": True})),
+    "modernbert": lambda: T.ModernBertModel(T.ModernBertConfig(
+        vocab_size=50, max_position_embeddings=32, local_attention=4, global_attn_every_n_layers=2, pad_token_id=0,
+        bos_token_id=0, eos_token_id=0, cls_token_id=0, sep_token_id=0, **_SIZE)),
     "dinov2": lambda: T.Dinov2Model(T.Dinov2Config(**_VIT)),
     "dinov2_cls": lambda: T.Dinov2ForImageClassification(T.Dinov2Config(num_labels=5, **_VIT)),
     "beit": lambda: T.BeitForImageClassification(T.BeitConfig(num_labels=5, **_VIT)),

@@ -90,7 +90,7 @@ def test_multimodal_wrappers_are_refused_naming_the_language_model(name, tmp_pat
 # ------------------------------------------------------------------ streaming equals in memory (encoders, vision)
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["xlm_roberta", "xlm_roberta_mlm", "clip_vision_proj", "dinov2_cls", "beit_relative_bias",
-                                  "siglip_cls"])
+                                  "siglip_cls", "modernbert"])
 def test_streaming_equals_in_memory_and_outputs_load(name, tmp_path):
     ma, mb = make(name, 0), make(name, 1)
     da, db = tmp_path / "a", tmp_path / "b"
@@ -231,3 +231,19 @@ def test_no_refused_model_type_has_an_adapter():
     from modeconn.symmetry.hf.refused import REFUSED
 
     assert not set(REFUSED) & set(hf.supported_model_types())
+
+
+def test_modernbert_first_layer_reads_the_stream_without_a_norm():
+    """Layer 0's ``attn_norm`` is an ``nn.Identity``: its Q/K/V read the (embedding-normed) stream directly, bound."""
+    model = make("modernbert")
+    st = hf.describe(model)
+    assert not any(n.path.endswith("layers.0.attn_norm") for n in st.stream.norms)
+    from hf_tiny import loaded
+
+    spec = hf.hf_symmetry_spec(model, permute_outputs=True)
+    assert any(b.space == "residual" for b in spec.tensors["layers.0.attn.Wqkv.weight"])
+    g = spec.random_element(seed=0)
+    x = hf.example_inputs(model)
+    ref, got = outputs(model, x), outputs(loaded(model, spec.apply(model.state_dict(), g)), x)
+    perm = g["residual"]  # the stream is the output: it comes back permuted, and nothing else changes
+    assert (ref["last_hidden_state"][..., perm] - got["last_hidden_state"]).abs().max() < 1e-4

@@ -18,7 +18,8 @@ biases freeze head permutations; mean pooling through the pooler's norm), SigLIP
 attention-pooling head) and SigLIP image classifiers.
 Decoders added for #34: Arcee, Nemotron (LayerNorm1P: ``1 + w``), VaultGemma, Hunyuan dense, GLM and GLM-4 (fused
 ``gate_up``, interleaved partial rotary; GLM-4's post-norms), Apertus (xIELU parameters frozen), Persimmon, GPT-Neo,
-CodeGen (its QKV layout), GPT-BigCode, MPT (ALiBi).
+CodeGen (its QKV layout), GPT-BigCode, MPT (ALiBi). Encoder: ModernBERT's base model (embedding LayerNorm, fused
+``[Q | K | V]`` and ``[act | gate]`` GLU, no attention norm in the first layer, local/global attention).
 
 ``absorb``: where :func:`modeconn.absorb_normalization` cannot apply, the reason.
 """
@@ -127,6 +128,10 @@ register(Table("mpt", _lm("Mpt"), embeddings=(Embedding("wte"),), layers="blocks
                o="out_proj", mlp="ffn", gate=None, attn_norm=("norm_1",), mlp_norm=("norm_2",), final_norm="norm_f",
                rotary=None, alibi=lambda cfg: bool(cfg.attn_config.alibi),
                clip_qkv=lambda cfg: cfg.attn_config.clip_qkv is not None, activation=lambda cfg: "gelu"))
+register(Table("modernbert", ("ModernBertModel",), embeddings=(Embedding("embeddings.tok_embeddings"),),
+               embed_norm="embeddings.norm", attn="attn", qkv="Wqkv", o="Wo", gate_up="Wi", down="Wo",
+               attn_norm=("attn_norm",), mlp_norm=("mlp_norm",), final_norm="final_norm",
+               absorb=_NOT_PRE_NORM.format("ModernBERT", "embeddings.norm and the stream it starts")))
 register(Table("gpt_neox", _lm("GPTNeoX"), embeddings=(Embedding("embed_in"),), attn="attention", qkv="query_key_value",
                qkv_layout="per_head", o="dense", up="dense_h_to_4h", gate=None, down="dense_4h_to_h",
                final_norm="final_layer_norm"))

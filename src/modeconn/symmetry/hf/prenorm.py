@@ -228,7 +228,9 @@ def _ffn(W: Walker, t: Table, cfg: Any, prefix: str, lp: str) -> tuple[FFN, tupl
 
 
 def _first(W: Walker, lp: str, names: tuple[str, ...]) -> str | None:
-    return next((join(lp, n) for n in names if W.has(join(lp, n))), None)
+    """The first of ``names`` that is a module of the layer (``nn.Identity``: none, as ModernBERT's first layer)."""
+    return next((join(lp, n) for n in names if W.has(join(lp, n)) and not isinstance(W.mod(join(lp, n)), nn.Identity)),
+                None)
 
 
 def _block_norms(W: Walker, t: Table, cfg: Any, lp: str, attn_readers: tuple, mlp_readers: tuple) -> list[NormRef]:
