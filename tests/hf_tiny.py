@@ -99,6 +99,11 @@ TINY = {
     "modernbert": lambda: T.ModernBertModel(T.ModernBertConfig(
         vocab_size=50, max_position_embeddings=32, local_attention=4, global_attn_every_n_layers=2, pad_token_id=0,
         bos_token_id=0, eos_token_id=0, cls_token_id=0, sep_token_id=0, **_SIZE)),
+    "llava": lambda: T.LlavaForConditionalGeneration(T.LlavaConfig(
+        vision_config=_VIT, text_config={**_LM, "model_type": "llama", "num_key_value_heads": 2}, image_token_index=1)),
+    "gemma3_cg": lambda: T.Gemma3ForConditionalGeneration(T.Gemma3Config(
+        text_config={**_LM, "num_key_value_heads": 2, "head_dim": 8, "sliding_window": 4}, vision_config=_VIT,
+        mm_tokens_per_image=4, image_token_index=1)),
     "dinov2": lambda: T.Dinov2Model(T.Dinov2Config(**_VIT)),
     "dinov2_cls": lambda: T.Dinov2ForImageClassification(T.Dinov2Config(num_labels=5, **_VIT)),
     "beit": lambda: T.BeitForImageClassification(T.BeitConfig(num_labels=5, **_VIT)),

@@ -1,11 +1,12 @@
 """Reach, round 2 (#34): the model types users hold beyond the first family tables.
 
 The tested transformers range (the installed release — what a fresh install gets — lies inside what pyproject.toml
-states); CLIP's vision tower on transformers 5's module tree; multimodal wrappers refused with a reason that names
-the language model inside, in memory and from a checkpoint directory; streaming equal to in memory for the new
-encoders and vision towers (the new decoders: test_hf_families.py's DECODERS). Spec validity, random elements,
-planted recovery, negative controls and the richer groups run with every family of ``hf_tiny.TINY`` in
-test_hf_adapters.py; absorption and the full group (or its refusal) in test_hf_families.py.
+states); CLIP's vision tower on transformers 5's module tree; multimodal wrappers (Llava, Gemma-3: the language
+model's spaces with the projector writing its stream) or, without an adapter, refused with a reason that names the
+language model inside; streaming equal to in memory for the new encoders, vision towers and wrappers (the new
+decoders: test_hf_families.py's DECODERS). Spec validity, random elements, planted recovery, negative controls and
+the richer groups run with every family of ``hf_tiny.TINY`` in test_hf_adapters.py; absorption and the full group
+(or its refusal) in test_hf_families.py.
 """
 
 from __future__ import annotations
@@ -58,11 +59,7 @@ def test_clip_vision_tower_on_the_installed_module_tree(name):
     assert "residual" in spec.spaces
 
 
-WRAPPERS = {
-    "llava": lambda: T.LlavaForConditionalGeneration(T.LlavaConfig(
-        vision_config=_VISION, text_config={"model_type": "llama", **_TEXT}, image_token_index=1)),
-    "gemma3": lambda: T.Gemma3ForConditionalGeneration(T.Gemma3Config(
-        text_config={"head_dim": 8, "sliding_window": 4, **_TEXT}, vision_config=_VISION, mm_tokens_per_image=4)),
+WRAPPERS = {  # Llava and Gemma-3 have adapters (hf_tiny: "llava", "gemma3_cg")
     "mistral3": lambda: T.Mistral3ForConditionalGeneration(T.Mistral3Config(
         vision_config={"model_type": "pixtral", "hidden_size": 32, "num_attention_heads": 4, "intermediate_size": 64,
                        "num_hidden_layers": 2, "image_size": 8, "patch_size": 4, "head_dim": 8},
@@ -71,7 +68,7 @@ WRAPPERS = {
 
 
 @pytest.mark.parametrize("name", list(WRAPPERS))
-def test_multimodal_wrappers_are_refused_naming_the_language_model(name, tmp_path):
+def test_multimodal_wrappers_without_an_adapter_are_refused_naming_the_language_model(name, tmp_path):
     torch.manual_seed(0)
     model = WRAPPERS[name]()
     why = r"composite model holding .*language model 'model.language_model'"
@@ -90,7 +87,7 @@ def test_multimodal_wrappers_are_refused_naming_the_language_model(name, tmp_pat
 # ------------------------------------------------------------------ streaming equals in memory (encoders, vision)
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["xlm_roberta", "xlm_roberta_mlm", "clip_vision_proj", "dinov2_cls", "beit_relative_bias",
-                                  "siglip_cls", "modernbert"])
+                                  "siglip_cls", "modernbert", "llava", "gemma3_cg"])
 def test_streaming_equals_in_memory_and_outputs_load(name, tmp_path):
     ma, mb = make(name, 0), make(name, 1)
     da, db = tmp_path / "a", tmp_path / "b"
@@ -180,8 +177,10 @@ def test_apertus_activation_parameters_are_frozen():
     ("dinov2_cls", ".layer_scale1.lambda1"),  # layer scales move with the stream
     ("beit", ".lambda_2"),
     ("dinov2_cls", "classifier.weight"),  # the classifier reads two copies of the stream: both bound
+    ("llava", "multi_modal_projector.linear_2.weight"),  # the projector writes the language model's stream
+    ("gemma3_cg", "mm_input_projection_weight"),
 ])
-def test_layer_scales_and_copied_heads_must_move_with_the_stream(name, tensors):
+def test_layer_scales_copied_heads_and_projectors_must_move_with_the_stream(name, tensors):
     import dataclasses
 
     model = make(name)

@@ -315,7 +315,8 @@ class _Check:
 
 def _refuse_composite(hf: nn.Module) -> None:
     """UnsupportedOperationError for a model that holds other Hugging Face models of their own configs (a multimodal
-    wrapper: Llava, Gemma-3 or Mistral-3 conditional generation …): no registered layout reads a wrapper, whose
+    wrapper without an adapter of its own — :mod:`.wrappers` has Llava's and Gemma-3's —, Mistral-3 conditional
+    generation …): no pre-norm or post-LN layout reads a wrapper, whose
     projector writes the language model's stream, so the refusal names the models inside (the language model may be
     aligned alone)."""
     pretrained = pretrained_class()
