@@ -104,6 +104,9 @@ TINY = {
     "gemma3_cg": lambda: T.Gemma3ForConditionalGeneration(T.Gemma3Config(
         text_config={**_LM, "num_key_value_heads": 2, "head_dim": 8, "sliding_window": 4}, vision_config=_VIT,
         mm_tokens_per_image=4, image_token_index=1)),
+    "mistral3": lambda: T.Mistral3ForConditionalGeneration(T.Mistral3Config(
+        vision_config={**_VIT, "model_type": "pixtral", "head_dim": 8, "image_size": 16},
+        text_config={**_LM, "model_type": "mistral", "num_key_value_heads": 2, "head_dim": 8}, image_token_index=1)),
     "dinov2": lambda: T.Dinov2Model(T.Dinov2Config(**_VIT)),
     "dinov2_cls": lambda: T.Dinov2ForImageClassification(T.Dinov2Config(num_labels=5, **_VIT)),
     "beit": lambda: T.BeitForImageClassification(T.BeitConfig(num_labels=5, **_VIT)),

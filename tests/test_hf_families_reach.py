@@ -59,11 +59,10 @@ def test_clip_vision_tower_on_the_installed_module_tree(name):
     assert "residual" in spec.spaces
 
 
-WRAPPERS = {  # Llava and Gemma-3 have adapters (hf_tiny: "llava", "gemma3_cg")
-    "mistral3": lambda: T.Mistral3ForConditionalGeneration(T.Mistral3Config(
-        vision_config={"model_type": "pixtral", "hidden_size": 32, "num_attention_heads": 4, "intermediate_size": 64,
-                       "num_hidden_layers": 2, "image_size": 8, "patch_size": 4, "head_dim": 8},
-        text_config={"model_type": "mistral", "head_dim": 8, **_TEXT}, image_token_index=1)),
+WRAPPERS = {  # Llava, Gemma-3 and Mistral-3 have adapters (hf_tiny: "llava", "gemma3_cg", "mistral3")
+    "paligemma": lambda: T.PaliGemmaForConditionalGeneration(T.PaliGemmaConfig(
+        vision_config={**_VISION, "model_type": "siglip_vision_model"},
+        text_config={"model_type": "gemma", "head_dim": 8, **_TEXT}, image_token_index=1)),
 }
 
 
@@ -87,7 +86,7 @@ def test_multimodal_wrappers_without_an_adapter_are_refused_naming_the_language_
 # ------------------------------------------------------------------ streaming equals in memory (encoders, vision)
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["xlm_roberta", "xlm_roberta_mlm", "clip_vision_proj", "dinov2_cls", "beit_relative_bias",
-                                  "siglip_cls", "modernbert", "llava", "gemma3_cg"])
+                                  "siglip_cls", "modernbert", "llava", "gemma3_cg", "mistral3"])
 def test_streaming_equals_in_memory_and_outputs_load(name, tmp_path):
     ma, mb = make(name, 0), make(name, 1)
     da, db = tmp_path / "a", tmp_path / "b"
@@ -179,6 +178,7 @@ def test_apertus_activation_parameters_are_frozen():
     ("dinov2_cls", "classifier.weight"),  # the classifier reads two copies of the stream: both bound
     ("llava", "multi_modal_projector.linear_2.weight"),  # the projector writes the language model's stream
     ("gemma3_cg", "mm_input_projection_weight"),
+    ("mistral3", "multi_modal_projector.linear_2.weight"),
 ])
 def test_layer_scales_copied_heads_and_projectors_must_move_with_the_stream(name, tensors):
     import dataclasses

@@ -1,4 +1,4 @@
-"""Multimodal wrappers (Llava, Gemma-3 conditional generation): the language model's spaces, with the projector's
+"""Multimodal wrappers (Llava, Gemma-3 and Mistral-3 conditional generation): the language model's spaces, with the projector's
 output joining its residual stream.
 
 A wrapper computes image features with its vision tower, maps them into the language model's embedding space with a
@@ -13,6 +13,7 @@ image, so the projector's bindings are exercised by every check that runs the mo
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, replace
 
 import torch
@@ -63,10 +64,18 @@ def describe_wrapper(w: Wrapper, model: nn.Module, prefix: str) -> Structure:
                    prefix=prefix, stream=stream, frozen=(*st.frozen, *frozen, *(h.bias for h in head if h.bias)))
 
 
+def _image_inputs(model: nn.Module, pixels: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``pixel_values``, and ``image_sizes`` where the wrapper asks for them (Mistral-3)."""
+    x = {"pixel_values": pixels}
+    if "image_sizes" in inspect.signature(model.model.get_image_features).parameters:
+        x["image_sizes"] = torch.tensor([list(pixels.shape[-2:])] * pixels.shape[0])
+    return x
+
+
 def _image_tokens(model: nn.Module, pixels: torch.Tensor) -> int:
     """How many embedding positions one image's features fill."""
     with torch.no_grad():
-        feats = model.model.get_image_features(pixel_values=pixels[:1])
+        feats = model.model.get_image_features(**_image_inputs(model, pixels[:1]))
     feats = getattr(feats, "pooler_output", feats)
     first = feats[0] if isinstance(feats, (list, tuple)) else feats.reshape(-1, feats.shape[-1])
     return int(first.reshape(-1, first.shape[-1]).shape[0])
@@ -83,13 +92,14 @@ def example(model: nn.Module, gen: torch.Generator) -> dict[str, torch.Tensor]:
     ids = torch.where(ids == image_id, (image_id + 1) % model.config.text_config.vocab_size, ids)  # text only
     n = _image_tokens(model, pixels)
     ids = torch.cat([ids[:, :1], torch.full((ids.shape[0], n), image_id), ids[:, 1:]], dim=1)
-    return {"input_ids": ids, "pixel_values": pixels}
+    return {"input_ids": ids, **_image_inputs(model, pixels)}
 
 
 WRAPPERS = (
     Wrapper("llava", ("LlavaForConditionalGeneration",), ("model.multi_modal_projector.linear_2", None, 0)),
     Wrapper("gemma3", ("Gemma3ForConditionalGeneration",),
             ("model.multi_modal_projector", "mm_input_projection_weight", 1)),
+    Wrapper("mistral3", ("Mistral3ForConditionalGeneration",), ("model.multi_modal_projector.linear_2", None, 0)),
 )
 for _w in WRAPPERS:
     ADAPTERS.register(_w.family)(Adapter(_w.family, lambda m, p, w=_w: describe_wrapper(w, m, p), example, _w.classes,
