@@ -115,6 +115,7 @@ TINY = {
     "beit_shared_bias_cls_token": lambda: T.BeitForImageClassification(T.BeitConfig(
         num_labels=5, use_shared_relative_position_bias=True, use_mean_pooling=False, **_VIT)),
     "siglip_vision": lambda: T.SiglipVisionModel(T.SiglipVisionConfig(vision_use_head=False, **_VIT)),
+    "siglip_vision_head": lambda: T.SiglipVisionModel(T.SiglipVisionConfig(**_VIT)),
     "siglip_cls": lambda: T.SiglipForImageClassification(T.SiglipConfig(
         vision_config=_VIT, text_config={**_SIZE, "vocab_size": 50}, num_labels=5)),
 }

@@ -17,7 +17,7 @@ from modeconn.symmetry.spec import AxisBinding, Space
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 # the residual stream is the model output: frozen by default
-BASE_MODELS = {"bert", "vit_base", "clip_vision", "clip_vision_proj", "dinov2", "siglip_vision", "modernbert"}
+BASE_MODELS = {"bert", "vit_base", "clip_vision", "clip_vision_proj", "dinov2", "siglip_vision", "modernbert", "siglip_vision_head"}
 
 
 def _spec(name):

@@ -86,7 +86,8 @@ def test_multimodal_wrappers_without_an_adapter_are_refused_naming_the_language_
 # ------------------------------------------------------------------ streaming equals in memory (encoders, vision)
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["xlm_roberta", "xlm_roberta_mlm", "clip_vision_proj", "dinov2_cls", "beit_relative_bias",
-                                  "siglip_cls", "modernbert", "llava", "gemma3_cg", "mistral3"])
+                                  "siglip_cls", "modernbert", "llava", "gemma3_cg", "mistral3",
+                                  "siglip_vision_head"])
 def test_streaming_equals_in_memory_and_outputs_load(name, tmp_path):
     ma, mb = make(name, 0), make(name, 1)
     da, db = tmp_path / "a", tmp_path / "b"
@@ -193,12 +194,29 @@ def test_layer_scales_copied_heads_and_projectors_must_move_with_the_stream(name
     assert _changes(model, wrong) > 1e-3
 
 
-def test_siglip_vision_with_its_attention_pooling_head_is_refused_with_the_reason():
-    from modeconn.errors import SpecError
+def test_siglip_pooling_head_follows_the_stream():
+    """The probe moves with the stream and in_proj's columns read it: with the stream permuted (permute_outputs),
+    last_hidden_state comes back permuted and pooler_output unchanged; without the probe's binding it changes."""
+    import dataclasses
 
-    model = T.SiglipVisionModel(T.SiglipVisionConfig(**_VISION))
-    with pytest.raises(SpecError, match="vision_use_head.*fused in_proj"):
-        hf.hf_symmetry_spec(model)
+    from hf_tiny import loaded
+
+    model = make("siglip_vision_head")
+    x = hf.example_inputs(model)
+    spec = hf.hf_symmetry_spec(model, permute_outputs=True)
+    g = spec.random_element(seed=0)
+
+    def moved(s):
+        with torch.no_grad():
+            return loaded(model, s.apply(model.state_dict(), g))(**x)
+
+    with torch.no_grad():
+        ref = model(**x)
+    out = moved(spec)
+    assert (ref.last_hidden_state[..., g["residual"]] - out.last_hidden_state).abs().max() < 1e-4
+    assert (ref.pooler_output - out.pooler_output).abs().max() < 1e-4
+    wrong = dataclasses.replace(spec, tensors={k: (() if k == "head.probe" else v) for k, v in spec.tensors.items()})
+    assert (ref.pooler_output - moved(wrong).pooler_output).abs().max() > 1e-3
 
 
 # ------------------------------------------------------------------ refused with the reason

@@ -14,8 +14,8 @@ ALiBi), BLOOM (embedding LayerNorm, ALiBi: head permutations frozen), GPT-NeoX.
 Pre-LN vision encoders: DeiT (distillation token), CLIP's vision tower (embedding LayerNorm; the pooled CLS
 token's ``post_layernorm`` feeds ``visual_projection``; ``CLIPForImageClassification`` reads the stream), DINOv2
 (layer scales; the classifier reads the CLS token and the patch mean), BEiT (layer scales; per-head relative position
-biases freeze head permutations; mean pooling through the pooler's norm), SigLIP's vision tower (without its
-attention-pooling head) and SigLIP image classifiers.
+biases freeze head permutations; mean pooling through the pooler's norm), SigLIP's vision tower (the pooling head's
+probe moves with the stream) and SigLIP image classifiers.
 Decoders added for #34: Arcee, Nemotron (LayerNorm1P: ``1 + w``), VaultGemma, Hunyuan dense, GLM and GLM-4 (fused
 ``gate_up``, interleaved partial rotary; GLM-4's post-norms), Apertus (xIELU parameters frozen), Persimmon, GPT-Neo,
 CodeGen (its QKV layout), GPT-BigCode, MPT (ALiBi). Encoder: ModernBERT's base model (embedding LayerNorm, fused
@@ -185,9 +185,11 @@ register(Table("clip", ("CLIPForImageClassification",), heads=("classifier",), f
 _SIGLIP = dict(embeddings=(Embedding("embeddings.patch_embedding", linear=True), Embedding("embeddings.position_embedding")),
                layers="encoder.layers", o="out_proj", up="fc1", gate=None, down="fc2", attn_norm=("layer_norm1",),
                mlp_norm=("layer_norm2",), final_norm="post_layernorm", rotary=None, example=_pixels, base=_clip_tower)
-_MAP_HEAD = ("False: the attention-pooling head's fused in_proj reads a learned probe through its Q rows and the "
-             "stream through its K/V rows, one matrix whose columns belong to two spaces")
-register(Table("siglip_vision_model", ("SiglipVisionModel",), requires=(("vision_use_head", lambda v: not v, _MAP_HEAD),),
-               **_SIGLIP))
+# the attention-pooling head: its fused in_proj reads the probe through the Q rows and the stream through the K/V
+# rows, so the probe is bound as a writer of the stream (q = probe·W_qᵀ is unchanged when both move) and in_proj's
+# columns as one reader; the rest of the head computes pooler_output, a model output: frozen
+_SIGLIP_VISION = {**_SIGLIP, "embeddings": (*_SIGLIP["embeddings"], Embedding("head", "probe", 2, optional=True))}
+register(Table("siglip_vision_model", ("SiglipVisionModel",), shared_frozen=("head",),
+               stream_readers=(Embedding("head.attention", "in_proj_weight", 1, optional=True),), **_SIGLIP_VISION))
 register(Table("siglip", ("SiglipForImageClassification",), heads=("classifier",), config_of=lambda m: m.config.vision_config,
                shared_frozen=("head",), **_SIGLIP))  # the vision model's pooling head: computed, never read

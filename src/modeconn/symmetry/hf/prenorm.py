@@ -66,7 +66,9 @@ class Table:
     """One pre-norm family (see the module docstring). Names are relative to the base model; ``*_norm`` are
     candidate names, the first that exists is used (``()``: the block has none). ``frozen``: modules of a layer whose
     parameters no group moves (Apertus's xIELU activation, BEiT's per-head relative position bias tables);
-    ``shared_frozen``: such modules of the base model (BEiT's shared position bias); ``layer_scales``: per-channel
+    ``shared_frozen``: such modules of the base model (BEiT's shared position bias), less the tensors bound
+    elsewhere; ``stream_readers``: further tensors reading the final norm's output along ``axis`` (the key/value
+    columns of SigLIP's pooling attention, read as a whole with the probe it queries by); ``layer_scales``: per-channel
     scales of what a block writes, ``module.param`` relative to the layer (DINOv2's ``layer_scale1.lambda1``; skipped
     where absent): they move with the stream; ``head_copies``: the heads read the concatenation of this many
     poolings of the stream (DINOv2's classifier: the CLS token and the patch mean); ``final_norm``: a name or a
@@ -107,6 +109,7 @@ class Table:
     config_of: Callable[[nn.Module], Any] = staticmethod(lambda m: m.config)
     frozen: tuple[str, ...] = ()
     shared_frozen: tuple[str, ...] = ()
+    stream_readers: tuple[Embedding, ...] = ()
     layer_scales: tuple[str, ...] = ()
     base: Callable[[nn.Module], str] = staticmethod(base_path)
 
@@ -278,11 +281,16 @@ def _layer_scales(W: Walker, t: Table, lp: str) -> list[Slice]:
     return out
 
 
+def _present(W: Walker, base: str, e: Embedding) -> bool:
+    path = join(base, e.path)
+    return not e.optional or (W.has(path) and isinstance(getattr(W.mod(path), e.name, None), torch.Tensor))
+
+
 def _embeddings(W: Walker, t: Table, base: str) -> list[Slice]:
     out: list[Slice] = []
     for e in t.embeddings:
         path = join(base, e.path)
-        if e.optional and not (W.has(path) and isinstance(getattr(W.mod(path), e.name, None), torch.Tensor)):
+        if not _present(W, base, e):
             continue
         out += W.linear(path).rows() if e.linear else [W.param(path, e.name, e.axis)]
     return out
@@ -317,7 +325,9 @@ def describe(t: Table, model: nn.Module, prefix: str) -> Structure:
         ffns.append(ffn)
         frozen += [*qk_frozen, *_layer_frozen(W, t, lp)]
         writers += _layer_scales(W, t, lp)
-    frozen += _layer_frozen(W, t, base, t.shared_frozen)
+    readers += [W.param(join(base, e.path), e.name, e.axis) for e in t.stream_readers if _present(W, base, e)]
+    named = {sl.key for sl in (*writers, *readers)}
+    frozen += [k for k in _layer_frozen(W, t, base, t.shared_frozen) if k not in named]
     heads = W.heads_reading(t.heads, H * t.head_copies)
     norms.append(W.norm(join(base, _resolve(t.final_norm, cfg)), heads if t.final_norm_feeds_heads else (),
                         t.norm_offset, t.norm_kind))
