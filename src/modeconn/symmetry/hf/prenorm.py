@@ -45,6 +45,13 @@ QKV_LAYOUTS = ("blocks", "per_head", "grouped", "codegen")
 four model-parallel chunks ``[Q_c | V_c | K_c]``, each holding a quarter of the heads (CodeGen)."""
 _CODEGEN_CHUNKS = 4  # CodeGen's mp_num, fixed in its modeling code
 
+
+def _codegen_row(head: int, part: int, heads: int, head_dim: int) -> int:
+    """The first row of ``head``'s Q (part 0), V (1) or K (2) in CodeGen's fused QKV: chunk ``head // per``, then
+    ``[Q | V | K]`` of ``per = heads / 4`` heads each."""
+    per = heads // _CODEGEN_CHUNKS
+    return (head // per * 3 * per + part * per + head % per) * head_dim
+
 ConfigTest = Callable[[Any], bool]
 
 
@@ -149,9 +156,8 @@ def _projections(W: Walker, t: Table, cfg: Any, ap: str, nh: int, hd: int) -> _P
         offs = (lambda h: 3 * h * hd, lambda j: (3 * j + 1) * hd, lambda j: (3 * j + 2) * hd)
     elif layout == "codegen":
         require(nh % _CODEGEN_CHUNKS == 0, t.family, "n_head", nh, f"a multiple of {_CODEGEN_CHUNKS}")
-        per = nh // _CODEGEN_CHUNKS
-        at = lambda h, part: (h // per * 3 * per + part * per + h % per) * hd  # noqa: E731
-        offs = (lambda h: at(h, 0), lambda j: at(j, 2), lambda j: at(j, 1))
+        offs = (lambda h: _codegen_row(h, 0, nh, hd), lambda j: _codegen_row(j, 2, nh, hd),
+                lambda j: _codegen_row(j, 1, nh, hd))
     elif layout == "grouped":
         offs = (lambda h: ((h // rep) * (rep + 2) + h % rep) * hd, lambda j: (j * (rep + 2) + rep) * hd,
                 lambda j: (j * (rep + 2) + rep + 1) * hd)
