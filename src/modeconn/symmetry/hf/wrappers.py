@@ -65,9 +65,11 @@ def describe_wrapper(w: Wrapper, model: nn.Module, prefix: str) -> Structure:
 
 
 def _image_inputs(model: nn.Module, pixels: torch.Tensor) -> dict[str, torch.Tensor]:
-    """``pixel_values``, and ``image_sizes`` where the wrapper asks for them (Mistral-3)."""
+    """``pixel_values``, and ``image_sizes`` where the wrapper requires them (Mistral-3; Llava takes them optionally and
+    then reads a patch size its CLIP tower does not have)."""
     x = {"pixel_values": pixels}
-    if "image_sizes" in inspect.signature(model.model.get_image_features).parameters:
+    sizes = inspect.signature(model.model.get_image_features).parameters.get("image_sizes")
+    if sizes is not None and sizes.default is inspect.Parameter.empty:
         x["image_sizes"] = torch.tensor([list(pixels.shape[-2:])] * pixels.shape[0])
     return x
 
