@@ -65,6 +65,59 @@ TINY = {
     "deit": lambda: T.DeiTForImageClassificationWithTeacher(T.DeiTConfig(num_labels=5, **_VIT)),
     "clip": lambda: T.CLIPForImageClassification(T.CLIPConfig(
         vision_config={**_VIT, "projection_dim": 16}, text_config={**_SIZE, "vocab_size": 50}, num_labels=5)),
+    # CLIP's vision tower alone (transformers 5: CLIPVisionModel is the transformer, no ``vision_model`` inside)
+    "clip_vision": lambda: T.CLIPVisionModel(T.CLIPVisionConfig(**_VIT)),
+    "clip_vision_proj": lambda: T.CLIPVisionModelWithProjection(T.CLIPVisionConfig(projection_dim=16, **_VIT)),
+    # reach, round 2 (#34)
+    "xlm_roberta": lambda: T.XLMRobertaForSequenceClassification(T.XLMRobertaConfig(num_labels=3, **_BERT)),
+    "xlm_roberta_mlm": lambda: T.XLMRobertaForMaskedLM(T.XLMRobertaConfig(**_BERT)),
+    "arcee": lambda: T.ArceeForCausalLM(T.ArceeConfig(num_key_value_heads=2, **_LM)),
+    "nemotron": lambda: T.NemotronForCausalLM(T.NemotronConfig(num_key_value_heads=2, partial_rotary_factor=0.5, **_LM)),
+    "vaultgemma": lambda: T.VaultGemmaForCausalLM(T.VaultGemmaConfig(num_key_value_heads=2, head_dim=8, sliding_window=4,
+                                                                     **_LM)),
+    "hunyuan_dense": lambda: T.HunYuanDenseV1ForCausalLM(T.HunYuanDenseV1Config(num_key_value_heads=2, head_dim=8, **_LM)),
+    "glm": lambda: T.GlmForCausalLM(T.GlmConfig(num_key_value_heads=2, head_dim=8, **_LM)),
+    "glm4": lambda: T.Glm4ForCausalLM(T.Glm4Config(num_key_value_heads=2, head_dim=8, **_LM)),
+    "apertus": lambda: T.ApertusForCausalLM(T.ApertusConfig(num_key_value_heads=2, **_LM)),
+    "persimmon": lambda: T.PersimmonForCausalLM(T.PersimmonConfig(**_LM)),
+    "gpt_neo": lambda: T.GPTNeoForCausalLM(T.GPTNeoConfig(
+        hidden_size=32, num_heads=4, num_layers=2, attention_types=[[["global", "local"], 1]], window_size=4,
+        intermediate_size=64, vocab_size=50, max_position_embeddings=32, bos_token_id=0, eos_token_id=0)),
+    "codegen": lambda: T.CodeGenForCausalLM(T.CodeGenConfig(n_embd=32, n_head=4, n_layer=2, n_inner=64, rotary_dim=4,
+                                                            vocab_size=50, n_positions=32, n_ctx=32, bos_token_id=0,
+                                                            eos_token_id=0)),
+    "gpt_bigcode": lambda: T.GPTBigCodeForCausalLM(T.GPTBigCodeConfig(n_embd=32, n_head=4, n_layer=2, n_inner=64,
+                                                                      vocab_size=50, n_positions=32, bos_token_id=0,
+                                                                      eos_token_id=0)),
+    "gpt_bigcode_mha": lambda: T.GPTBigCodeForCausalLM(T.GPTBigCodeConfig(
+        n_embd=32, n_head=4, n_layer=2, n_inner=64, vocab_size=50, n_positions=32, multi_query=False, bos_token_id=0,
+        eos_token_id=0)),
+    "mpt": lambda: T.MptForCausalLM(T.MptConfig(vocab_size=50, d_model=32, n_layers=2, n_heads=4, max_seq_len=32,
+                                                expansion_ratio=2)),
+    "mpt_alibi": lambda: T.MptForCausalLM(T.MptConfig(vocab_size=50, d_model=32, n_layers=2, n_heads=4, max_seq_len=32,
+                                                      expansion_ratio=2, attn_config={"alibi": True})),
+    "modernbert": lambda: T.ModernBertModel(T.ModernBertConfig(
+        vocab_size=50, max_position_embeddings=32, local_attention=4, global_attn_every_n_layers=2, pad_token_id=0,
+        bos_token_id=0, eos_token_id=0, cls_token_id=0, sep_token_id=0, **_SIZE)),
+    "llava": lambda: T.LlavaForConditionalGeneration(T.LlavaConfig(
+        vision_config=_VIT, text_config={**_LM, "model_type": "llama", "num_key_value_heads": 2}, image_token_index=1)),
+    "gemma3_cg": lambda: T.Gemma3ForConditionalGeneration(T.Gemma3Config(
+        text_config={**_LM, "num_key_value_heads": 2, "head_dim": 8, "sliding_window": 4}, vision_config=_VIT,
+        mm_tokens_per_image=4, image_token_index=1)),
+    "mistral3": lambda: T.Mistral3ForConditionalGeneration(T.Mistral3Config(
+        vision_config={**_VIT, "model_type": "pixtral", "head_dim": 8, "image_size": 16},
+        text_config={**_LM, "model_type": "mistral", "num_key_value_heads": 2, "head_dim": 8}, image_token_index=1)),
+    "dinov2": lambda: T.Dinov2Model(T.Dinov2Config(**_VIT)),
+    "dinov2_cls": lambda: T.Dinov2ForImageClassification(T.Dinov2Config(num_labels=5, **_VIT)),
+    "beit": lambda: T.BeitForImageClassification(T.BeitConfig(num_labels=5, **_VIT)),
+    "beit_relative_bias": lambda: T.BeitForImageClassification(T.BeitConfig(
+        num_labels=5, use_relative_position_bias=True, use_absolute_position_embeddings=True, **_VIT)),
+    "beit_shared_bias_cls_token": lambda: T.BeitForImageClassification(T.BeitConfig(
+        num_labels=5, use_shared_relative_position_bias=True, use_mean_pooling=False, **_VIT)),
+    "siglip_vision": lambda: T.SiglipVisionModel(T.SiglipVisionConfig(vision_use_head=False, **_VIT)),
+    "siglip_vision_head": lambda: T.SiglipVisionModel(T.SiglipVisionConfig(**_VIT)),
+    "siglip_cls": lambda: T.SiglipForImageClassification(T.SiglipConfig(
+        vision_config=_VIT, text_config={**_SIZE, "vocab_size": 50}, num_labels=5)),
 }
 NAMES = list(TINY)
 

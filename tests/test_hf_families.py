@@ -25,12 +25,21 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 PRE_NORM = ["mistral", "qwen2", "qwen3", "gemma", "phi3", "phi", "olmo", "stablelm", "starcoder2", "gptj", "opt",
             "falcon", "deit", "cohere", "cohere_qk_norm", "stablelm_parallel_qk_ln", "phi_qk_ln", "falcon_grouped",
-            "falcon_alibi_mha", "llama_biases_tied", "deit_plain"]
+            "falcon_alibi_mha", "llama_biases_tied", "deit_plain",
+            # reach, round 2 (#34)
+            "arcee", "nemotron", "vaultgemma", "hunyuan_dense", "glm", "apertus", "persimmon", "gpt_neo", "codegen",
+            "gpt_bigcode", "gpt_bigcode_mha", "mpt", "mpt_alibi", "siglip_cls"]
 NOT_ABSORBABLE = {"gemma2": "sandwich", "gemma3": "sandwich", "olmo2": "post-norms", "bloom": "word_embeddings_layernorm",
-                  "clip": "pre_layrnorm", "roberta": "post-LN", "electra": "post-LN", "distilbert": "post-LN"}
+                  "clip": "pre_layrnorm", "clip_vision": "pre_layrnorm",
+                  "roberta": "post-LN", "electra": "post-LN", "distilbert": "post-LN", "glm4": "post-norms",
+                  "xlm_roberta": "post-LN", "dinov2_cls": "layer scales", "beit": "layer scales",
+                  "modernbert": "embeddings.norm", "llava": "multimodal wrapper", "gemma3_cg": "multimodal wrapper",
+                  "mistral3": "multimodal wrapper"}
 DECODERS = ["gpt_neox", "gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "phi", "olmo", "olmo2",
             "stablelm", "starcoder2", "gptj", "opt", "falcon", "bloom", "gemma3", "cohere", "falcon_grouped",
-            "falcon_alibi_mha", "llama_biases_tied", "stablelm_parallel_qk_ln"]
+            "falcon_alibi_mha", "llama_biases_tied", "stablelm_parallel_qk_ln",
+            "arcee", "nemotron", "vaultgemma", "hunyuan_dense", "glm", "glm4", "apertus", "persimmon", "gpt_neo", "codegen",
+            "gpt_bigcode", "gpt_bigcode_mha", "mpt", "mpt_alibi"]
 FULL = {"residual": "orthogonal", "heads": "permutation", "qk": "head_invertible", "vo": "head_invertible"}
 
 
@@ -263,8 +272,9 @@ def test_unknown_model_type_with_a_known_layout_is_inferred_and_checked(tmp_path
 
 
 def test_unknown_model_type_that_fits_no_layout_is_refused_with_reasons():
-    model = T.MptForCausalLM(T.MptConfig(vocab_size=50, d_model=16, n_layers=1, n_heads=2, max_seq_len=32))
-    with pytest.raises(UnsupportedOperationError, match=r"'mpt'.*no registered layout fits.*\n  llama: .*embed_tokens"):
+    model = T.FNetModel(T.FNetConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                     max_position_embeddings=32))  # MPT until #34 gave it a table
+    with pytest.raises(UnsupportedOperationError, match=r"'fnet'.*no registered layout fits.*\n  llama: .*embed_tokens"):
         mc.symmetry_spec(model)
 
 

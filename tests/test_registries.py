@@ -50,7 +50,7 @@ def test_the_hand_lists_are_derived_from_the_alignment_registry():
     offered = [e for e in ALIGNMENT_METHODS.entries() if e.command_line]
     assert set(IN_MEMORY) == {e.name for e in offered if not e.needs_continuous}
     assert set(LANGUAGE_MODEL) == {e.name for e in offered if e.needs_continuous}
-    assert set(ALIGN_CHOICES) == {*command_line_methods(learns=False), "none"}
+    assert set(ALIGN_CHOICES) == {*command_line_methods(learns=False), *command_line_methods(continuous=True), "none"}
     assert set(BarrierTask.model_fields["method"].annotation.__args__) == {"naive", *command_line_methods(learns=False)}
 
 

@@ -118,15 +118,20 @@ def path_settings(name: str) -> list[str]:
 
 
 def families() -> list[str]:
+    from ..symmetry.hf.refused import REFUSED
     from ..symmetry.hf.registry import ADAPTERS
 
     lines = ["## Hugging Face families", "",
              ("`modeconn.symmetry.hf.registry.ADAPTERS`, keyed by `config.model_type`. A model type without an entry "
-              "is tried against every registered layout and kept only if a random element of the group keeps its "
-              "outputs."), ""]
-    return lines + markdown_table(["model type", "model classes", "normalization absorption"],
-                          [[f"`{a.family}`", ", ".join(a.classes), "yes" if a.absorb is None else f"no: {a.absorb}"]
-                           for a in ADAPTERS.entries()])
+              "is tried against every registered layout and kept only if a random element of each group it grants "
+              "keeps its outputs."), ""]
+    lines += markdown_table(["model type", "model classes", "normalization absorption"],
+                            [[f"`{a.family}`", ", ".join(a.classes), "yes" if a.absorb is None else f"no: {a.absorb}"]
+                             for a in ADAPTERS.entries()])
+    lines += ["", "### Refused with the reason", "",
+              ("`modeconn.symmetry.hf.refused.REFUSED`: model types no layout can describe yet, refused before any "
+               "layout is tried."), ""]
+    return lines + markdown_table(["model type", "why"], [[f"`{t}`", why] for t, why in sorted(REFUSED.items())])
 
 
 def experiments() -> list[str]:

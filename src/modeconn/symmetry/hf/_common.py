@@ -89,7 +89,8 @@ class Walker:
              kind: NormKind | None = None) -> NormRef:
         """The norm at ``path``: ``nn.LayerNorm`` (with or without affine), a parameter-free LayerNorm module
         (``normalized_shape``, no parameters: OLMo), an RMSNorm (a ``weight`` and ``variance_epsilon`` or ``eps``)
-        whose scale is ``offset + weight`` (Gemma: 1), or :class:`ScaleFreeRMSNorm`. ``kind`` overrides what the
+        whose scale is ``offset + weight`` (Gemma: 1; a LayerNorm's too: Nemotron's LayerNorm1P), or
+        :class:`ScaleFreeRMSNorm`. ``kind`` overrides what the
         module looks like (a mean-subtracting norm with the attributes of an RMSNorm: Cohere)."""
         m = self.mod(path)
         found, eps, size = _norm_kind(m, self.family, path)
@@ -97,7 +98,7 @@ class Walker:
         weight = self.key(path, "weight") if getattr(m, "weight", None) is not None else None
         bias = self.key(path, "bias") if getattr(m, "bias", None) is not None else None
         return NormRef(join(self.prefix, path), kind, float(eps), int(size), weight, bias, tuple(readers),
-                       offset if kind == "rmsnorm" else 0.0)
+                       offset if kind in ("rmsnorm", "layernorm") else 0.0)
 
     def param(self, path: str, name: str, axis: int) -> Slice:
         """A parameter written into a space along ``axis`` (an embedding table, a CLS token)."""

@@ -1,4 +1,4 @@
-"""Post-LN encoders: BERT (all-MiniLM-L6-v2 is a BertModel), RoBERTa, ELECTRA, DistilBERT — one :class:`PostLN`
+"""Post-LN encoders: BERT (all-MiniLM-L6-v2 is a BertModel), RoBERTa, XLM-RoBERTa, ELECTRA, DistilBERT — one :class:`PostLN`
 table entry each (:data:`POST_LN`); BERT's names are described below, the others differ only in names and heads.
 
 Layout: ``embeddings.{word,position,token_type}_embeddings`` summed → ``embeddings.LayerNorm`` → layers
@@ -183,6 +183,17 @@ _ABSORB = ("{} is post-LN (x ← LN(x + f(x))): each LayerNorm's scale and shift
            "they cannot be folded into the next linear layers and LayerNorm cannot become a parameter-free RMSNorm; "
            "there is no orthogonal residual symmetry to expose")
 _ROBERTA_MLM = ("lm_head.dense", "lm_head.layer_norm", "lm_head.decoder", "lm_head.bias")
+
+
+def _roberta_like(family: str, prefix: str) -> PostLN:
+    """RoBERTa's layout under the class names ``{prefix}Model``, ``{prefix}ForMaskedLM`` … (XLM-RoBERTa)."""
+    return PostLN(family, (f"{prefix}Model",),
+                  pooled={f"{prefix}ForSequenceClassification": ("classifier.dense", "classifier.out_proj", "tanh")},
+                  stream_heads={f"{prefix}ForTokenClassification": "classifier",
+                                f"{prefix}ForQuestionAnswering": "qa_outputs"},
+                  mlm={f"{prefix}ForMaskedLM": _ROBERTA_MLM})
+
+
 POST_LN = (
     PostLN("bert", ("BertModel",),
            pooled={"BertForSequenceClassification": (None, "classifier", "tanh"),
@@ -190,10 +201,8 @@ POST_LN = (
            stream_heads={"BertForTokenClassification": "classifier", "BertForQuestionAnswering": "qa_outputs"},
            mlm={"BertForMaskedLM": ("cls.predictions.transform.dense", "cls.predictions.transform.LayerNorm",
                                     "cls.predictions.decoder", "cls.predictions.bias")}),
-    PostLN("roberta", ("RobertaModel",),
-           pooled={"RobertaForSequenceClassification": ("classifier.dense", "classifier.out_proj", "tanh")},
-           stream_heads={"RobertaForTokenClassification": "classifier", "RobertaForQuestionAnswering": "qa_outputs"},
-           mlm={"RobertaForMaskedLM": _ROBERTA_MLM}),
+    _roberta_like("roberta", "Roberta"),
+    _roberta_like("xlm-roberta", "XLMRoberta"),
     PostLN("electra", ("ElectraModel",),
            pooled={"ElectraForSequenceClassification": ("classifier.dense", "classifier.out_proj", "gelu")},
            stream_heads={"ElectraForTokenClassification": "classifier", "ElectraForQuestionAnswering": "qa_outputs"}),

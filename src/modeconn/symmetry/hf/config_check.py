@@ -188,9 +188,17 @@ def _own_model_classes(model_type: str) -> frozenset[str]:
     return frozenset(names)
 
 
+def _declares(cls: type, model_type: Any) -> bool:
+    """Whether ``cls`` (a transformers class) is one of transformers' own classes for ``model_type`` by its config
+    class (classes outside the auto mappings: ``CLIPVisionModelWithProjection``)."""
+    config_class = getattr(cls, "config_class", None)
+    return cls.__module__.startswith("transformers.models.") and getattr(config_class, "model_type", None) == model_type
+
+
 def model_class(config: Any, file: str | os.PathLike, *, required: bool = False) -> type | None:
     """The model class ``config.architectures[0]`` names, resolved only among transformers' own classes for
-    ``config.model_type`` (:func:`_own_model_classes`): a name read from a file never reaches a custom class or any
+    ``config.model_type`` (:func:`_own_model_classes`, or a transformers class whose config class is the model
+    type's: :func:`_declares`): a name read from a file never reaches a custom class or any
     other object. ``None`` when the config names no architecture (and ``required`` is false).
 
     Raises:
@@ -207,8 +215,9 @@ def model_class(config: Any, file: str | os.PathLike, *, required: bool = False)
     if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
         raise invalid_field(file, "architectures", names, "must be a list of model class names")
     model_type = getattr(config, "model_type", None)
-    cls = getattr(transformers, names[0], None) if names[0] in _own_model_classes(str(model_type)) else None
-    if not (isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel)):
+    cls = getattr(transformers, names[0], None)
+    if not (isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel)
+            and (names[0] in _own_model_classes(str(model_type)) or _declares(cls, model_type))):
         raise invalid_field(file, "architectures", names, f"{names[0]!r} is not one of transformers' model classes "
                                                           f"for model_type {model_type!r} (modeconn never loads custom code)")
     return cls

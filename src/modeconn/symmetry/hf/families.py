@@ -12,7 +12,14 @@ residual; per-head Q/K LayerNorms freeze heads and Q/K), Starcoder2, GPT-J (para
 rotary), OPT (learned positions), Falcon (fused multi-query / grouped / per-head QKV, parallel block, optional
 ALiBi), BLOOM (embedding LayerNorm, ALiBi: head permutations frozen), GPT-NeoX.
 Pre-LN vision encoders: DeiT (distillation token), CLIP's vision tower (embedding LayerNorm; the pooled CLS
-token's ``post_layernorm`` feeds ``visual_projection``; ``CLIPForImageClassification`` reads the stream).
+token's ``post_layernorm`` feeds ``visual_projection``; ``CLIPForImageClassification`` reads the stream), DINOv2
+(layer scales; the classifier reads the CLS token and the patch mean), BEiT (layer scales; per-head relative position
+biases freeze head permutations; mean pooling through the pooler's norm), SigLIP's vision tower (the pooling head's
+probe moves with the stream) and SigLIP image classifiers.
+Decoders added for #34: Arcee, Nemotron (LayerNorm1P: ``1 + w``), VaultGemma, Hunyuan dense, GLM and GLM-4 (fused
+``gate_up``, interleaved partial rotary; GLM-4's post-norms), Apertus (xIELU parameters frozen), Persimmon, GPT-Neo,
+CodeGen (its QKV layout), GPT-BigCode, MPT (ALiBi). Encoder: ModernBERT's base model (embedding LayerNorm, fused
+``[Q | K | V]`` and ``[act | gate]`` GLU, no attention norm in the first layer, local/global attention).
 
 ``absorb``: where :func:`modeconn.absorb_normalization` cannot apply, the reason.
 """
@@ -93,6 +100,38 @@ register(Table("bloom", _lm("Bloom"), embeddings=(Embedding("word_embeddings"),)
                activation=lambda cfg: "gelu",
                requires=(("apply_residual_connection_post_layernorm", lambda v: not v, "False"),),
                absorb=_NOT_PRE_NORM.format("BLOOM", "word_embeddings_layernorm and the stream it starts")))
+register(Table("arcee", _lm("Arcee"), gate=None))
+register(Table("nemotron", _lm("Nemotron"), gate=None, norm_offset=1.0))
+register(Table("vaultgemma", _lm("VaultGemma"), norm_offset=1.0, mlp_norm=("pre_feedforward_layernorm",)))
+register(Table("hunyuan_v1_dense", _lm("HunYuanDenseV1")))
+register(Table("glm", _lm("Glm"), gate_up="gate_up_proj", rotary="interleaved"))
+register(Table("glm4", _lm("Glm4"), gate_up="gate_up_proj", rotary="interleaved",
+               post_norms=("post_self_attn_layernorm", "post_mlp_layernorm"),
+               absorb=_NOT_PRE_NORM.format("GLM-4", "its post-norms (post_self_attn_layernorm, post_mlp_layernorm)")))
+register(Table("apertus", _lm("Apertus"), gate=None, attn_norm=("attention_layernorm",),
+               mlp_norm=("feedforward_layernorm",), frozen=("mlp.act_fn",)))
+register(Table("persimmon", _lm("Persimmon"), qkv="query_key_value", qkv_layout="per_head", o="dense",
+               up="dense_h_to_4h", gate=None, down="dense_4h_to_h", final_norm="final_layernorm"))
+register(Table("gpt_neo", _lm("GPTNeo"), embeddings=(Embedding("wte"), Embedding("wpe")), layers="h",
+               attn="attn.attention", o="out_proj", up="c_fc", gate=None, down="c_proj", attn_norm=("ln_1",),
+               mlp_norm=("ln_2",), final_norm="ln_f", rotary=None, activation=_act("activation_function")))
+register(Table("codegen", _lm("CodeGen"), embeddings=(Embedding("wte"),), layers="h", attn="attn", qkv="qkv_proj",
+               qkv_layout="codegen", o="out_proj", up="fc_in", gate=None, down="fc_out", attn_norm=("ln_1",),
+               mlp_norm=(), parallel=True, final_norm="ln_f", rotary="interleaved",
+               activation=_act("activation_function")))
+register(Table("gpt_bigcode", _lm("GPTBigCode"), embeddings=(Embedding("wte"), Embedding("wpe")), layers="h",
+               attn="attn", qkv="c_attn", qkv_layout=lambda cfg: "blocks" if cfg.multi_query else "per_head",
+               o="c_proj", up="c_fc", gate=None, down="c_proj", attn_norm=("ln_1",), mlp_norm=("ln_2",),
+               final_norm="ln_f", rotary=None, activation=_act("activation_function"),
+               requires=(("add_cross_attention", lambda v: not v, "False"),)))
+register(Table("mpt", _lm("Mpt"), embeddings=(Embedding("wte"),), layers="blocks", attn="attn", qkv="Wqkv",
+               o="out_proj", mlp="ffn", gate=None, attn_norm=("norm_1",), mlp_norm=("norm_2",), final_norm="norm_f",
+               rotary=None, alibi=lambda cfg: bool(cfg.attn_config.alibi),
+               clip_qkv=lambda cfg: cfg.attn_config.clip_qkv is not None, activation=lambda cfg: "gelu"))
+register(Table("modernbert", ("ModernBertModel",), embeddings=(Embedding("embeddings.tok_embeddings"),),
+               embed_norm="embeddings.norm", attn="attn", qkv="Wqkv", o="Wo", gate_up="Wi", down="Wo",
+               attn_norm=("attn_norm",), mlp_norm=("mlp_norm",), final_norm="final_norm",
+               absorb=_NOT_PRE_NORM.format("ModernBERT", "embeddings.norm and the stream it starts")))
 register(Table("gpt_neox", _lm("GPTNeoX"), embeddings=(Embedding("embed_in"),), attn="attention", qkv="query_key_value",
                qkv_layout="per_head", o="dense", up="dense_h_to_4h", gate=None, down="dense_4h_to_h",
                final_norm="final_layer_norm"))
@@ -105,14 +144,52 @@ register(Table("deit", ("DeiTForImageClassification", "DeiTForImageClassificatio
                mlp_norm=("layernorm_after",), final_norm="layernorm",
                heads=("classifier", "cls_classifier", "distillation_classifier"), rotary=None, example=_pixels))
 
-_CLIP = dict(embeddings=(Embedding("vision_model.embeddings", "class_embedding", 0),
-                         Embedding("vision_model.embeddings.patch_embedding", linear=True),
-                         Embedding("vision_model.embeddings.position_embedding")),
-             embed_norm="vision_model.pre_layrnorm", layers="vision_model.encoder.layers", o="out_proj", up="fc1",
-             gate=None, down="fc2", attn_norm=("layer_norm1",), mlp_norm=("layer_norm2",),
-             final_norm="vision_model.post_layernorm", rotary=None, example=_pixels)
+def _clip_tower(model: nn.Module) -> str:
+    """The vision transformer's path: ``vision_model`` (every class in transformers 4; the projection and
+    classification classes in 5, where ``CLIPVisionModel`` *is* the transformer), else the model itself."""
+    return "vision_model" if isinstance(getattr(model, "vision_model", None), nn.Module) else ""
+
+
+_CLIP = dict(embeddings=(Embedding("embeddings", "class_embedding", 0), Embedding("embeddings.patch_embedding", linear=True),
+                         Embedding("embeddings.position_embedding")),
+             embed_norm="pre_layrnorm", layers="encoder.layers", o="out_proj", up="fc1", gate=None, down="fc2",
+             attn_norm=("layer_norm1",), mlp_norm=("layer_norm2",), final_norm="post_layernorm", rotary=None,
+             example=_pixels, base=_clip_tower)
+_LAYER_SCALE = ("{}: normalization absorption does not fold layer scales ({}: a per-channel scale of what each block "
+                "writes, which centering the writers would have to fold into them first)")
+_VIT_PATCHES = (Embedding("embeddings.patch_embeddings.projection", linear=True), Embedding("embeddings", "cls_token", 2))
+register(Table("dinov2", ("Dinov2Model", "Dinov2ForImageClassification"),
+               embeddings=(*_VIT_PATCHES, Embedding("embeddings", "position_embeddings", 2),
+                           Embedding("embeddings", "mask_token", 1, optional=True)),
+               layers="encoder.layer", attn="attention", up="fc1", gate=None, down="fc2", attn_norm=("norm1",),
+               mlp_norm=("norm2",), final_norm="layernorm", heads=("classifier",), head_copies=2,
+               layer_scales=("layer_scale1.lambda1", "layer_scale2.lambda1"), rotary=None, example=_pixels,
+               requires=(("use_swiglu_ffn", lambda v: not v, "False (the SwiGLU FFN variant has no table yet)"),),
+               absorb=_LAYER_SCALE.format("DINOv2", "layer_scale1/2.lambda1")))
+register(Table("beit", ("BeitModel", "BeitForImageClassification"),
+               embeddings=(*_VIT_PATCHES, Embedding("embeddings", "mask_token", 2, optional=True),
+                           Embedding("embeddings", "position_embeddings", 2, optional=True)),
+               attn="attention", up="fc1", gate=None, down="fc2", attn_norm=("layernorm_before",),
+               mlp_norm=("layernorm_after",), heads=("classifier",), layer_scales=("lambda_1", "lambda_2"),
+               final_norm=lambda cfg: "pooler.layernorm" if cfg.use_mean_pooling else "layernorm",
+               frozen=("relative_position_bias",), shared_frozen=("shared_position_bias",),
+               alibi=lambda cfg: cfg.use_relative_position_bias or cfg.use_shared_relative_position_bias,
+               rotary=None, example=_pixels, absorb=_LAYER_SCALE.format("BEiT", "lambda_1/2")))
+
 _CLIP_ABSORB = _NOT_PRE_NORM.format("CLIP vision", "pre_layrnorm")
 register(Table("clip_vision_model", ("CLIPVisionModel", "CLIPVisionModelWithProjection"), heads=("visual_projection",),
                returns_stream=("CLIPVisionModelWithProjection",), absorb=_CLIP_ABSORB, **_CLIP))
 register(Table("clip", ("CLIPForImageClassification",), heads=("classifier",), final_norm_feeds_heads=False,
                config_of=lambda m: m.config.vision_config, absorb=_CLIP_ABSORB, **_CLIP))
+
+_SIGLIP = dict(embeddings=(Embedding("embeddings.patch_embedding", linear=True), Embedding("embeddings.position_embedding")),
+               layers="encoder.layers", o="out_proj", up="fc1", gate=None, down="fc2", attn_norm=("layer_norm1",),
+               mlp_norm=("layer_norm2",), final_norm="post_layernorm", rotary=None, example=_pixels, base=_clip_tower)
+# the attention-pooling head: its fused in_proj reads the probe through the Q rows and the stream through the K/V
+# rows, so the probe is bound as a writer of the stream (q = probe·W_qᵀ is unchanged when both move) and in_proj's
+# columns as one reader; the rest of the head computes pooler_output, a model output: frozen
+_SIGLIP_VISION = {**_SIGLIP, "embeddings": (*_SIGLIP["embeddings"], Embedding("head", "probe", 2, optional=True))}
+register(Table("siglip_vision_model", ("SiglipVisionModel",), shared_frozen=("head",),
+               stream_readers=(Embedding("head.attention", "in_proj_weight", 1, optional=True),), **_SIGLIP_VISION))
+register(Table("siglip", ("SiglipForImageClassification",), heads=("classifier",), config_of=lambda m: m.config.vision_config,
+               shared_frozen=("head",), **_SIGLIP))  # the vision model's pooling head: computed, never read

@@ -17,9 +17,9 @@ multipliers). For such a model :func:`infer_adapter` tries every registered tabl
    where the position encoding does not depend on it — learned tables, RoPE without length-dependent scaling — and a
    sliding window shortened below that length, so that windowed layers differ from full ones);
 3. the richer groups a spec may request (head permutations, per-head invertible/orthogonal Q/K and V/O maps, FFN
-   scaling: :data:`RICH_GROUPS`) are checked the same way, together and else role by role; only those that keep the
-   function are granted (:attr:`Adapter.groups`), and :func:`~modeconn.symmetry.hf.hf_symmetry_spec` refuses the
-   others.
+   scaling: :data:`RICH_GROUPS`) are checked the same way, all together and else role by role, each with those
+   granted before it; only those that keep the function are granted (:attr:`Adapter.groups`), and
+   :func:`~modeconn.symmetry.hf.hf_symmetry_spec` refuses the others.
 
 The first table passing 1 and 2 is used; its absorption support is not assumed (``absorb`` states why). If none
 passes, UnsupportedOperationError lists what each table could not match. Names and shapes alone (mergekit's
@@ -45,7 +45,7 @@ from ...errors import ConfigError, SpecError, UnsupportedOperationError
 from ..selfcheck import moving_element, relative_change
 from .builder import DEFAULTS, build_spec
 from .config_check import LAYER_FIELDS, SIZE_FIELDS, estimate_parameters
-from .registry import TOKEN_AND_GENERATION_FIELDS, Adapter, supported_model_types
+from .registry import TOKEN_AND_GENERATION_FIELDS, Adapter, pretrained_class, supported_model_types
 
 _ATOL = 1e-4
 _NO_FIT = (SpecError, UnsupportedOperationError, ConfigError, AttributeError, TypeError, ValueError, RuntimeError,
@@ -285,17 +285,26 @@ class _Check:
 
     def granted(self, describe) -> dict[str, tuple[str, ...]]:
         """The groups per role that keep the function: permutations (checked already) and those of
-        :data:`RICH_GROUPS` that pass, together or else role by role (a subgroup where the group fails)."""
-        passed: dict[str, str] = dict(RICH_GROUPS) if self._keeps(describe, RICH_GROUPS) else {}
-        for role, group in () if passed else RICH_GROUPS.items():
-            alone = {"qk": None, "vo": None} if role == "heads" else {}  # head permutations need per-head qk/vo groups
-            passed |= {role: next((g for g in _SUBGROUPS.get(group, (group,))
-                                   if self._keeps(describe, alone | {role: g})), None)}
+        :data:`RICH_GROUPS` that pass, all together or else :meth:`_kept_one_by_one`."""
+        passed = dict(RICH_GROUPS) if self._keeps(describe, RICH_GROUPS) else self._kept_one_by_one(describe)
         out = {r: ["permutation"] for r, g in DEFAULTS.items() if g is not None}
         for role, g in passed.items():
-            if g is not None:
-                out.setdefault(role, []).extend(_SUBGROUPS.get(g, (g,)))
+            out.setdefault(role, []).extend(_SUBGROUPS.get(g, (g,)))
         return {r: tuple(gs) for r, gs in out.items()}
+
+    def _kept_one_by_one(self, describe) -> dict[str, str]:
+        """The richer groups added role by role (a subgroup where the group fails), each kept only where a random
+        element of it *and of every group kept before* keeps the function, so that what is granted holds together."""
+        kept: dict[str, str] = {}
+        for role, group in RICH_GROUPS.items():
+            for g in _SUBGROUPS.get(group, (group,)):
+                trial = kept | {role: g}
+                if "heads" in trial:  # head permutations need per-head qk/vo groups (None: unbound)
+                    trial = {"qk": None, "vo": None} | trial
+                if self._keeps(describe, trial):
+                    kept[role] = g
+                    break
+        return kept
 
     def _keeps(self, describe, groups: dict[str, str | None]) -> bool:
         try:
@@ -304,16 +313,40 @@ class _Check:
             return False
 
 
+def _refuse_composite(hf: nn.Module) -> None:
+    """UnsupportedOperationError for a model that holds other Hugging Face models of their own configs (a multimodal
+    wrapper without an adapter of its own — :mod:`.wrappers` has Llava's and Gemma-3's —, Mistral-3 conditional
+    generation …): no pre-norm or post-LN layout reads a wrapper, whose
+    projector writes the language model's stream, so the refusal names the models inside (the language model may be
+    aligned alone)."""
+    pretrained = pretrained_class()
+    inner = [(n, m) for n, m in hf.named_modules() if n and pretrained is not None and isinstance(m, pretrained)
+             and m.config is not hf.config]
+    inner = [(n, m) for n, m in inner if not any(n.startswith(o + ".") for o, _ in inner)]
+    if not inner:
+        return
+    parts = ", ".join(f"{n!r} ({type(m).__name__}, model_type {getattr(m.config, 'model_type', '?')!r})"
+                      for n, m in inner)
+    lm = next((n for n, _ in inner if n.endswith("language_model")), None)
+    raise UnsupportedOperationError(
+        f"{type(hf).__name__} (model_type {getattr(hf.config, 'model_type', '?')!r}) is a composite model holding "
+        f"{parts}: modeconn has no adapter for it (a multimodal wrapper's projector writes the language model's "
+        "residual stream, and the vision tower is a separate space), and no single-model layout is inferred for a "
+        "wrapper" + (f"; its language model {lm!r} can be aligned on its own" if lm else ""))
+
+
 def infer_adapter(hf: nn.Module) -> Adapter:
     """An :class:`Adapter` for ``hf`` (a ``transformers.PreTrainedModel`` whose ``model_type`` has none), from the
     first registered layout that describes it and keeps the function of a small random instance (module docstring).
 
-    Raises UnsupportedOperationError naming, per registered layout, what did not match.
+    Raises UnsupportedOperationError naming, per registered layout, what did not match, or, for a composite model
+    (a multimodal wrapper), saying so and naming the models inside.
     """
     mt, cls = getattr(hf.config, "model_type", "?"), type(hf).__name__
     key = (mt, type(hf), hf.config.to_json_string(use_diff=False) if hasattr(hf.config, "to_json_string") else repr(hf.config))
     if key in _CACHE:
         return _CACHE[key]
+    _refuse_composite(hf)
     reasons: list[str] = []
     small, check = None, None
     for family, describe, example in _candidates():

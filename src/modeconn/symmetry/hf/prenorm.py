@@ -5,7 +5,8 @@ A pre-norm block reads the residual stream through a norm and adds what it compu
     x ← x + post_attn(attn(attn_norm(x)))          (post_attn: Gemma2 / OLMo2 only; attn_norm: absent in OLMo2)
     x ← x + post_mlp(mlp(mlp_norm(x)))             (parallel blocks: x ← x + attn(n(x)) + mlp(n or n₂(x)))
 
-A :class:`Table` names, relative to the base model (``model.model``, ``model.transformer`` …), the embeddings
+A :class:`Table` names, relative to the base model (``model.model``, ``model.transformer`` …, or where ``base``
+finds it), the embeddings
 that write the stream, the layer list, the attention projections (separate Q/K/V or one fused matrix in one of
 the :data:`QKV_LAYOUTS`), the MLP (GLU with ``gate``/``up``, fused ``gate_up`` or a plain ``up``), the norms
 (candidates tried in order: attribute names differ between configs of one family), the final norm and the
@@ -36,11 +37,20 @@ from ._common import Walker, base_path, join, require, rotary_dims, token_inputs
 from .registry import ADAPTERS, Adapter
 from .structure import FFN, Attention, KVHead, LinearRef, NormRef, QueryHead, Slice, Stream, Structure
 
-QKV_LAYOUTS = ("blocks", "per_head", "grouped")
+QKV_LAYOUTS = ("blocks", "per_head", "grouped", "codegen")
 """Row layouts of a fused QKV matrix (``G`` key/value heads, ``r = heads/G`` query heads per group):
 ``blocks`` ``[Q₀…Q_{n−1} | K₀…K_{G−1} | V₀…V_{G−1}]`` (Phi-3, GPT-2, Falcon multi-query); ``per_head``
 ``[(Q₀ K₀ V₀) (Q₁ K₁ V₁) …]`` (GPT-NeoX, BLOOM, Falcon without multi-query; ``G = heads``); ``grouped``
-``[(Q_{g r} … Q_{g r + r − 1} K_g V_g) for each group g]`` (Falcon's new decoder architecture)."""
+``[(Q_{g r} … Q_{g r + r − 1} K_g V_g) for each group g]`` (Falcon's new decoder architecture); ``codegen``
+four model-parallel chunks ``[Q_c | V_c | K_c]``, each holding a quarter of the heads (CodeGen)."""
+_CODEGEN_CHUNKS = 4  # CodeGen's mp_num, fixed in its modeling code
+
+
+def _codegen_row(head: int, part: int, heads: int, head_dim: int) -> int:
+    """The first row of ``head``'s Q (part 0), V (1) or K (2) in CodeGen's fused QKV: chunk ``head // per``, then
+    ``[Q | V | K]`` of ``per = heads / 4`` heads each."""
+    per = heads // _CODEGEN_CHUNKS
+    return (head // per * 3 * per + part * per + head % per) * head_dim
 
 ConfigTest = Callable[[Any], bool]
 
@@ -61,7 +71,15 @@ class Embedding:
 @dataclass(frozen=True)
 class Table:
     """One pre-norm family (see the module docstring). Names are relative to the base model; ``*_norm`` are
-    candidate names, the first that exists is used (``()``: the block has none)."""
+    candidate names, the first that exists is used (``()``: the block has none). ``frozen``: modules of a layer whose
+    parameters no group moves (Apertus's xIELU activation, BEiT's per-head relative position bias tables);
+    ``shared_frozen``: such modules of the base model (BEiT's shared position bias), less the tensors bound
+    elsewhere; ``stream_readers``: further tensors reading the final norm's output along ``axis`` (the key/value
+    columns of SigLIP's pooling attention, read as a whole with the probe it queries by); ``layer_scales``: per-channel
+    scales of what a block writes, ``module.param`` relative to the layer (DINOv2's ``layer_scale1.lambda1``; skipped
+    where absent): they move with the stream; ``head_copies``: the heads read the concatenation of this many
+    poolings of the stream (DINOv2's classifier: the CLS token and the patch mean); ``final_norm``: a name or a
+    function of the config choosing it (BEiT: the pooler's norm under mean pooling)."""
 
     family: str
     classes: tuple[str, ...]
@@ -81,8 +99,9 @@ class Table:
     mlp_norm: tuple[str, ...] = ("post_attention_layernorm",)
     post_norms: tuple[str | None, str | None] = (None, None)
     parallel: bool | ConfigTest = False
-    final_norm: str = "norm"
+    final_norm: str | Callable[[Any], str] = "norm"
     heads: tuple[str, ...] = ("lm_head", "score", "classifier", "qa_outputs")
+    head_copies: int = 1
     final_norm_feeds_heads: bool = True
     returns_stream: tuple[str, ...] = ()
     rotary: str | None | Callable[[Any], str | None] = "half"
@@ -95,6 +114,11 @@ class Table:
     example: Callable[[nn.Module, torch.Generator], dict[str, torch.Tensor]] = staticmethod(token_inputs)
     absorb: str | None = None
     config_of: Callable[[nn.Module], Any] = staticmethod(lambda m: m.config)
+    frozen: tuple[str, ...] = ()
+    shared_frozen: tuple[str, ...] = ()
+    stream_readers: tuple[Embedding, ...] = ()
+    layer_scales: tuple[str, ...] = ()
+    base: Callable[[nn.Module], str] = staticmethod(base_path)
 
 
 def _resolve(flag: bool | ConfigTest | str | Callable[[Any], str], cfg: Any) -> Any:
@@ -122,7 +146,7 @@ def _projections(W: Walker, t: Table, cfg: Any, ap: str, nh: int, hd: int) -> _P
                      lambda j: v.rows(j * hd, hd), n_kv)
     f = W.linear(join(ap, t.qkv))
     layout = _resolve(t.qkv_layout, cfg)
-    n_kv = (f.out_features // hd - nh) // 2 if layout != "per_head" else nh
+    n_kv = (f.out_features // hd - nh) // 2 if layout not in ("per_head", "codegen") else nh
     require(n_kv >= 1 and nh % n_kv == 0 and f.out_features == (nh + 2 * n_kv) * hd, t.family, "num_key_value_heads",
             n_kv, f"a divisor of the {nh} heads, with {t.qkv} of (heads + 2·kv_heads)·head_dim rows")
     rep = nh // n_kv
@@ -130,6 +154,10 @@ def _projections(W: Walker, t: Table, cfg: Any, ap: str, nh: int, hd: int) -> _P
         offs = (lambda h: h * hd, lambda j: (nh + j) * hd, lambda j: (nh + n_kv + j) * hd)
     elif layout == "per_head":
         offs = (lambda h: 3 * h * hd, lambda j: (3 * j + 1) * hd, lambda j: (3 * j + 2) * hd)
+    elif layout == "codegen":
+        require(nh % _CODEGEN_CHUNKS == 0, t.family, "n_head", nh, f"a multiple of {_CODEGEN_CHUNKS}")
+        offs = (lambda h: _codegen_row(h, 0, nh, hd), lambda j: _codegen_row(j, 2, nh, hd),
+                lambda j: _codegen_row(j, 1, nh, hd))
     elif layout == "grouped":
         offs = (lambda h: ((h // rep) * (rep + 2) + h % rep) * hd, lambda j: (j * (rep + 2) + rep) * hd,
                 lambda j: (j * (rep + 2) + rep + 1) * hd)
@@ -146,7 +174,7 @@ def _qk_norms(W: Walker, ap: str, nh: int, n_kv: int, hd: int) -> tuple[str | No
     ``"full"`` — one norm over the whole projection (OLMo2): its weights move with the Q/K rows; ``"separate"`` —
     a different norm per head (StableLM's per-head LayerNorms, Cohere's ``(heads, head_dim)`` weight): frozen, and
     neither heads nor Q/K dims may move."""
-    names = next(((q, k) for q, k in (("q_norm", "k_norm"), ("q_layernorm", "k_layernorm")) if W.has(join(ap, q))), None)
+    names = next(((q, k) for q, k in _QK_NORM_NAMES if W.has(join(ap, q))), None)
     none: tuple[list, list] = ([()] * nh, [()] * n_kv)
     if names is None:
         return None, (), *none
@@ -166,6 +194,7 @@ def _qk_norms(W: Walker, ap: str, nh: int, n_kv: int, hd: int) -> tuple[str | No
     return "full", (), q, k
 
 
+_QK_NORM_NAMES = (("q_norm", "k_norm"), ("q_layernorm", "k_layernorm"), ("query_layernorm", "key_layernorm"))
 _QK_NORM_FROZEN = {"head": ("qk",), "separate": ("heads", "qk")}
 
 
@@ -208,7 +237,9 @@ def _ffn(W: Walker, t: Table, cfg: Any, prefix: str, lp: str) -> tuple[FFN, tupl
 
 
 def _first(W: Walker, lp: str, names: tuple[str, ...]) -> str | None:
-    return next((join(lp, n) for n in names if W.has(join(lp, n))), None)
+    """The first of ``names`` that is a module of the layer (``nn.Identity``: none, as ModernBERT's first layer)."""
+    return next((join(lp, n) for n in names if W.has(join(lp, n)) and not isinstance(W.mod(join(lp, n)), nn.Identity)),
+                None)
 
 
 def _block_norms(W: Walker, t: Table, cfg: Any, lp: str, attn_readers: tuple, mlp_readers: tuple) -> list[NormRef]:
@@ -228,11 +259,44 @@ def _block_norms(W: Walker, t: Table, cfg: Any, lp: str, attn_readers: tuple, ml
     return out
 
 
+def _parent(path: str) -> str:
+    return path.rpartition(".")[0]
+
+
+def _leaf(path: str) -> str:
+    return path.rpartition(".")[2]
+
+
+def _layer_frozen(W: Walker, t: Table, lp: str, names: tuple[str, ...] | None = None) -> list[str]:
+    """The parameters of the modules ``names`` (default ``t.frozen``) under ``lp`` (an activation with parameters of
+    its own, a per-head position bias table)."""
+    out = []
+    for name in t.frozen if names is None else names:
+        path = join(lp, name)
+        if W.has(path):
+            out += [W.key(path, n) for n, _ in W.mod(path).named_parameters()]
+    return out
+
+
+def _layer_scales(W: Walker, t: Table, lp: str) -> list[Slice]:
+    out = []
+    for name in t.layer_scales:
+        path = join(lp, _parent(name))
+        if W.has(path) and isinstance(getattr(W.mod(path), _leaf(name), None), torch.Tensor):
+            out.append(W.param(path, _leaf(name), 0))
+    return out
+
+
+def _present(W: Walker, base: str, e: Embedding) -> bool:
+    path = join(base, e.path)
+    return not e.optional or (W.has(path) and isinstance(getattr(W.mod(path), e.name, None), torch.Tensor))
+
+
 def _embeddings(W: Walker, t: Table, base: str) -> list[Slice]:
     out: list[Slice] = []
     for e in t.embeddings:
         path = join(base, e.path)
-        if e.optional and not (W.has(path) and isinstance(getattr(W.mod(path), e.name, None), torch.Tensor)):
+        if not _present(W, base, e):
             continue
         out += W.linear(path).rows() if e.linear else [W.param(path, e.name, e.axis)]
     return out
@@ -251,7 +315,7 @@ def describe(t: Table, model: nn.Module, prefix: str) -> Structure:
     for field, ok, supported in t.requires:
         require(ok(getattr(cfg, field, None)), t.family, field, getattr(cfg, field, None), supported)
     W = Walker(model, prefix, t.family)
-    base = base_path(model)
+    base = t.base(model)
     H = cfg.hidden_size
     writers, readers, norms, attentions, ffns, frozen = _embeddings(W, t, base), [], [], [], [], list(W.buffers())
     if t.embed_norm is not None:
@@ -265,11 +329,15 @@ def describe(t: Table, model: nn.Module, prefix: str) -> Structure:
         writers += [*o.rows(), *down.rows()]
         attentions.append(att)
         ffns.append(ffn)
-        frozen += qk_frozen
-    heads = W.heads_reading(t.heads, H)
-    norms.append(W.norm(join(base, t.final_norm), heads if t.final_norm_feeds_heads else (), t.norm_offset,
-                        t.norm_kind))
-    readers += [c for h in heads for c in h.cols()]
+        frozen += [*qk_frozen, *_layer_frozen(W, t, lp)]
+        writers += _layer_scales(W, t, lp)
+    readers += [W.param(join(base, e.path), e.name, e.axis) for e in t.stream_readers if _present(W, base, e)]
+    named = {sl.key for sl in (*writers, *readers)}
+    frozen += [k for k in _layer_frozen(W, t, base, t.shared_frozen) if k not in named]
+    heads = W.heads_reading(t.heads, H * t.head_copies)
+    norms.append(W.norm(join(base, _resolve(t.final_norm, cfg)), heads if t.final_norm_feeds_heads else (),
+                        t.norm_offset, t.norm_kind))
+    readers += [c for h in heads for i in range(t.head_copies) for c in h.cols(i * H, H)]
     frozen += [h.bias for h in heads if h.bias]
     is_output = not heads or type(model).__name__ in t.returns_stream
     stream = Stream(H, tuple(writers), tuple(norms), tuple(readers), is_output=is_output)

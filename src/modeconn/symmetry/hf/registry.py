@@ -47,11 +47,17 @@ def adapter_for(hf: nn.Module) -> Adapter:
     """The adapter of the Hugging Face model ``hf``: registered for its ``model_type``, else inferred from a registered
     layout and checked on a small random instance (:func:`modeconn.symmetry.hf.infer.infer_adapter`).
 
-    Raises UnsupportedOperationError naming what each registered layout could not match."""
+    Raises UnsupportedOperationError with the reason for a model type refused outright
+    (:data:`~modeconn.symmetry.hf.refused.REFUSED`), else naming what each registered layout could not match."""
     model_type = getattr(hf.config, "model_type", "?")
     if model_type in ADAPTERS:
         return ADAPTERS.get(model_type)
     from .infer import infer_adapter
+    from .refused import refusal
+
+    why = refusal(model_type, type(hf).__name__)
+    if why is not None:
+        raise UnsupportedOperationError(why)
 
     return infer_adapter(hf)
 
@@ -67,7 +73,8 @@ def get_adapter(model_type: str, model_class: str = "?") -> Adapter:
     return ADAPTERS.get(model_type)
 
 
-def _pretrained_class() -> type | None:
+def pretrained_class() -> type | None:
+    """``transformers.PreTrainedModel`` if transformers is imported, else ``None``."""
     tf = sys.modules.get("transformers")  # not imported → no model can be a transformers model
     return getattr(tf, "PreTrainedModel", None) if tf is not None else None
 
@@ -79,7 +86,7 @@ def find_hf_model(model: nn.Module) -> tuple[str, nn.Module] | None:
     Raises SpecError if the wrapper holds several HF models, or tensors outside the HF model (the adapter
     cannot know how they transform).
     """
-    cls = _pretrained_class()
+    cls = pretrained_class()
     if cls is None or not isinstance(model, nn.Module):
         return None
     if isinstance(model, cls):

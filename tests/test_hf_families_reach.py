@@ -1,0 +1,266 @@
+"""Reach, round 2 (#34): the model types users hold beyond the first family tables.
+
+The tested transformers range (the installed release — what a fresh install gets — lies inside what pyproject.toml
+states); CLIP's vision tower on transformers 5's module tree; multimodal wrappers (Llava, Gemma-3: the language
+model's spaces with the projector writing its stream) or, without an adapter, refused with a reason that names the
+language model inside; streaming equal to in memory for the new encoders, vision towers and wrappers (the new
+decoders: test_hf_families.py's DECODERS). Spec validity, random elements, planted recovery, negative controls and
+the richer groups run with every family of ``hf_tiny.TINY`` in test_hf_adapters.py; absorption and the full group
+(or its refusal) in test_hf_families.py.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+import torch
+import transformers as T
+from cli_runner import run_cli
+from hf_tiny import make, max_diff, outputs
+
+import modeconn as mc
+from modeconn.errors import UnsupportedOperationError
+from modeconn.io.hf import side_files
+from modeconn.stream import hf_checkpoint_spec, stream_apply, stream_weight_matching
+from modeconn.symmetry import hf
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+T.logging.set_verbosity_error()
+
+REPO = Path(__file__).resolve().parents[1]
+_TEXT = {"hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 64,
+         "num_hidden_layers": 2, "vocab_size": 50, "max_position_embeddings": 32, "pad_token_id": 0}
+_VISION = {"hidden_size": 32, "num_attention_heads": 4, "intermediate_size": 64, "num_hidden_layers": 2,
+           "image_size": 8, "patch_size": 4}
+
+
+def _version(v: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", v)[:3])
+
+
+def test_the_installed_transformers_is_inside_the_stated_range():
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    spec = next(d for d in deps if d.startswith("transformers"))
+    lower = re.search(r">=([\d.]+)", spec).group(1)
+    upper = re.search(r"<([\d.]+)", spec).group(1)
+    assert _version(lower) <= _version(T.__version__) < _version(upper), (spec, T.__version__)
+
+
+@pytest.mark.parametrize("name", ["clip_vision", "clip_vision_proj"])
+def test_clip_vision_tower_on_the_installed_module_tree(name):
+    model = make(name)
+    spec = hf.hf_symmetry_spec(model)
+    assert spec.structure.family == "clip_vision_model"
+    assert "residual" not in spec.spaces  # the stream is the model's output: frozen by default
+    spec = hf.hf_symmetry_spec(model, permute_outputs=True)
+    assert "residual" in spec.spaces
+
+
+WRAPPERS = {  # Llava, Gemma-3 and Mistral-3 have adapters (hf_tiny: "llava", "gemma3_cg", "mistral3")
+    "paligemma": lambda: T.PaliGemmaForConditionalGeneration(T.PaliGemmaConfig(
+        vision_config={**_VISION, "model_type": "siglip_vision_model"},
+        text_config={"model_type": "gemma", "head_dim": 8, **_TEXT}, image_token_index=1)),
+}
+
+
+@pytest.mark.parametrize("name", list(WRAPPERS))
+def test_multimodal_wrappers_without_an_adapter_are_refused_naming_the_language_model(name, tmp_path):
+    torch.manual_seed(0)
+    model = WRAPPERS[name]()
+    why = r"composite model holding .*language model 'model.language_model'"
+    with pytest.raises(UnsupportedOperationError, match=why):
+        hf.hf_symmetry_spec(model)
+    model.save_pretrained(tmp_path / "a")
+    with pytest.raises(UnsupportedOperationError, match=why):
+        hf_checkpoint_spec(tmp_path / "a")
+    res = run_cli("align", tmp_path / "a", tmp_path / "a", "--out", tmp_path / "o", ok=False)
+    assert res.exit_code == 2 and "composite model" in res.output and "object has no attribute" not in res.output
+    inner = model.model.language_model  # the language model alone is supported (registered or inferred)
+    spec = hf.hf_symmetry_spec(inner, permute_outputs=True)
+    assert "residual" in spec.spaces
+
+
+# ------------------------------------------------------------------ streaming equals in memory (encoders, vision)
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["xlm_roberta", "xlm_roberta_mlm", "clip_vision_proj", "dinov2_cls", "beit_relative_bias",
+                                  "siglip_cls", "modernbert", "llava", "gemma3_cg", "mistral3",
+                                  "siglip_vision_head"])
+def test_streaming_equals_in_memory_and_outputs_load(name, tmp_path):
+    ma, mb = make(name, 0), make(name, 1)
+    da, db = tmp_path / "a", tmp_path / "b"
+    for m, d in ((ma, da), (mb, db)):
+        m.save_pretrained(d, max_shard_size="20KB")
+    spec_m, spec_c = hf.hf_symmetry_spec(ma), hf_checkpoint_spec(da)
+    ref = mc.weight_matching(spec_m, ma.state_dict(), mb.state_dict(), restarts=1, max_iter=5)
+    res = stream_weight_matching(spec_c, da, db, restarts=1, max_iter=5)
+    assert all(torch.equal(res.element[s], ref.element[s]) for s in ref.element)
+    aligned = tmp_path / "aligned"
+    stream_apply(spec_c, db, res.element, aligned, files=side_files(db))
+    back = type(mb).from_pretrained(aligned).eval()
+    x = hf.example_inputs(mb)
+    assert max_diff(outputs(back, x), outputs(mb, x)) < 1e-4
+
+
+# ------------------------------------------------------------------ negative controls: what the new tables state
+def _changes(model, spec, g=None) -> float:
+    from hf_tiny import loaded
+
+    x = hf.example_inputs(model)
+    g = spec.random_element(seed=0) if g is None else g
+    return max_diff(outputs(model, x), outputs(loaded(model, spec.apply(model.state_dict(), g)), x))
+
+
+def _with_table(model, **changes):
+    import dataclasses
+
+    from modeconn.symmetry.hf import prenorm
+
+    return prenorm.describe(dataclasses.replace(prenorm.TABLES[hf.adapter_for(model).family], **changes), model, "")
+
+
+def _with_attentions(model, **changes):
+    import dataclasses
+
+    st = hf.describe(model)
+    return dataclasses.replace(st, attentions=tuple(dataclasses.replace(a, **changes) for a in st.attentions))
+
+
+@pytest.mark.parametrize(("name", "groups", "wrong"), [
+    ("codegen", "permutation", {"qkv_layout": "per_head"}),  # CodeGen's [Q|V|K] chunks read as another layout
+    ("gpt_bigcode_mha", "permutation", {"qkv_layout": "blocks"}),  # multi_query=False: per-head fused rows
+    ("glm", {"qk": "head_invertible"}, {"rotary": "half"}),  # GLM rotates interleaved pairs
+])
+def test_the_stated_layout_matters(name, groups, wrong):
+    model = make(name)
+    assert _changes(model, hf.hf_symmetry_spec(model, groups)) < 1e-4
+    assert _changes(model, hf.build_spec(_with_table(model, **wrong), model.state_dict(), groups)) > 1e-3
+
+
+@pytest.mark.parametrize(("name", "groups", "unfrozen"), [
+    ("beit_relative_bias", {"heads": "permutation", "qk": None, "vo": None}, {"frozen_roles": ()}),  # per-head bias
+
+    ("mpt_alibi", {"heads": "permutation", "qk": "head_orthogonal", "vo": "head_orthogonal"}, {"frozen_roles": ()}),
+    ("hunyuan_dense", {"qk": "head_orthogonal"}, {"frozen_roles": ()}),  # one head_dim Q/K norm shared by all heads
+    ("persimmon", {"qk": "head_orthogonal"}, {"frozen_roles": ()}),
+])
+def test_frozen_roles_are_frozen_for_a_reason(name, groups, unfrozen):
+    model = make(name)
+    spec = hf.hf_symmetry_spec(model, groups)
+    assert _changes(model, spec) < 1e-4
+    assert _changes(model, hf.build_spec(_with_attentions(model, **unfrozen), model.state_dict(), groups)) > 1e-3
+
+
+def test_nemotron_layernorm_scales_by_one_plus_weight():
+    from modeconn.errors import AbsorptionError
+
+    model = make("nemotron")
+    mc.absorb_normalization(model)
+    wrong = _with_table(model, norm_offset=0.0)
+    adapter = hf.Adapter("nemotron", lambda m, p: wrong, hf.ADAPTERS.get("nemotron").example, ("NemotronForCausalLM",))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(hf.ADAPTERS._items, "nemotron", adapter)
+        with pytest.raises(AbsorptionError, match="fold"):
+            mc.absorb_normalization(model)
+
+
+def test_apertus_activation_parameters_are_frozen():
+    model = make("apertus")
+    spec = hf.hf_symmetry_spec(model, {"ffn_scale": None})
+    act = [k for k in model.state_dict() if ".act_fn." in k]
+    assert act and all(k in spec.structure.frozen and spec.tensors[k] == () for k in act)
+
+
+@pytest.mark.parametrize(("name", "tensors"), [
+    ("dinov2_cls", ".layer_scale1.lambda1"),  # layer scales move with the stream
+    ("beit", ".lambda_2"),
+    ("dinov2_cls", "classifier.weight"),  # the classifier reads two copies of the stream: both bound
+    ("llava", "multi_modal_projector.linear_2.weight"),  # the projector writes the language model's stream
+    ("gemma3_cg", "mm_input_projection_weight"),
+    ("mistral3", "multi_modal_projector.linear_2.weight"),
+])
+def test_layer_scales_copied_heads_and_projectors_must_move_with_the_stream(name, tensors):
+    import dataclasses
+
+    model = make(name)
+    spec = hf.hf_symmetry_spec(model)
+    assert _changes(model, spec) < 1e-4
+    keep_first = tensors == "classifier.weight"  # drop the second copy's binding only
+    wrong = dataclasses.replace(spec, tensors={k: (v[:1] if keep_first else ()) if k.endswith(tensors) else v
+                                               for k, v in spec.tensors.items()})
+    assert any(k.endswith(tensors) for k in spec.tensors)
+    assert _changes(model, wrong) > 1e-3
+
+
+def test_siglip_pooling_head_follows_the_stream():
+    """The probe moves with the stream and in_proj's columns read it: with the stream permuted (permute_outputs),
+    last_hidden_state comes back permuted and pooler_output unchanged; without the probe's binding it changes."""
+    import dataclasses
+
+    from hf_tiny import loaded
+
+    model = make("siglip_vision_head")
+    x = hf.example_inputs(model)
+    spec = hf.hf_symmetry_spec(model, permute_outputs=True)
+    g = spec.random_element(seed=0)
+
+    def moved(s):
+        with torch.no_grad():
+            return loaded(model, s.apply(model.state_dict(), g))(**x)
+
+    with torch.no_grad():
+        ref = model(**x)
+    out = moved(spec)
+    assert (ref.last_hidden_state[..., g["residual"]] - out.last_hidden_state).abs().max() < 1e-4
+    assert (ref.pooler_output - out.pooler_output).abs().max() < 1e-4
+    wrong = dataclasses.replace(spec, tensors={k: (() if k == "head.probe" else v) for k, v in spec.tensors.items()})
+    assert (ref.pooler_output - moved(wrong).pooler_output).abs().max() > 1e-3
+
+
+# ------------------------------------------------------------------ refused with the reason
+REFUSED_MODELS = {
+    "t5": (lambda: T.T5ForConditionalGeneration(T.T5Config(vocab_size=50, d_model=32, d_kv=8, d_ff=64, num_layers=2,
+                                                           num_heads=4)), "encoder–decoder"),
+    "mamba": (lambda: T.MambaForCausalLM(T.MambaConfig(vocab_size=50, hidden_size=32, state_size=4,
+                                                       num_hidden_layers=2)), "selective state-space"),
+    "swin": (lambda: T.SwinModel(T.SwinConfig(image_size=8, patch_size=2, embed_dim=16, depths=[1, 1],
+                                              num_heads=[2, 2], window_size=2)), "patch merging"),
+    "convnext": (lambda: T.ConvNextForImageClassification(T.ConvNextConfig(
+        hidden_sizes=[8, 16], depths=[1, 1], num_stages=2, num_labels=5)), "convolutional network"),
+}
+
+
+@pytest.mark.parametrize("name", list(REFUSED_MODELS))
+def test_model_types_without_a_layout_are_refused_with_the_reason(name):
+    from modeconn.symmetry.hf.refused import REFUSED
+
+    build, why = REFUSED_MODELS[name]
+    torch.manual_seed(0)
+    model = build()
+    assert model.config.model_type in REFUSED
+    with pytest.raises(UnsupportedOperationError, match=rf"{name!r} .*is not supported: .*{why}"):
+        hf.hf_symmetry_spec(model)
+
+
+def test_no_refused_model_type_has_an_adapter():
+    from modeconn.symmetry.hf.refused import REFUSED
+
+    assert not set(REFUSED) & set(hf.supported_model_types())
+
+
+def test_modernbert_first_layer_reads_the_stream_without_a_norm():
+    """Layer 0's ``attn_norm`` is an ``nn.Identity``: its Q/K/V read the (embedding-normed) stream directly, bound."""
+    model = make("modernbert")
+    st = hf.describe(model)
+    assert not any(n.path.endswith("layers.0.attn_norm") for n in st.stream.norms)
+    from hf_tiny import loaded
+
+    spec = hf.hf_symmetry_spec(model, permute_outputs=True)
+    assert any(b.space == "residual" for b in spec.tensors["layers.0.attn.Wqkv.weight"])
+    g = spec.random_element(seed=0)
+    x = hf.example_inputs(model)
+    ref, got = outputs(model, x), outputs(loaded(model, spec.apply(model.state_dict(), g)), x)
+    perm = g["residual"]  # the stream is the output: it comes back permuted, and nothing else changes
+    assert (ref["last_hidden_state"][..., perm] - got["last_hidden_state"]).abs().max() < 1e-4
