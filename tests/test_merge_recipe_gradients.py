@@ -18,7 +18,7 @@ import yaml
 
 from cli_runner import run_cli
 from hf_tiny import randomize
-from modeconn.io.lazy import LazyCheckpoint
+from mergekit_parity import run_mergekit, tensors
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.slow]
 
@@ -137,20 +137,6 @@ def _resolved(recipe: dict, root: Path) -> dict:
     return recipe
 
 
-def mergekit(recipe: dict, out: Path) -> None:
-    from mergekit.config import MergeConfiguration
-    from mergekit.merge import run_merge
-    from mergekit.options import MergeOptions
-
-    run_merge(MergeConfiguration.model_validate(recipe), str(out),
-              MergeOptions(random_seed=SEED, copy_tokenizer=False, quiet=True, out_shard_size=1 << 30))
-
-
-def tensors(path: Path) -> dict[str, torch.Tensor]:
-    ckpt = LazyCheckpoint(path)
-    return {k: ckpt[k].clone() for k in ckpt}
-
-
 def differing(ours: dict, ref: dict) -> list[str]:
     """Names whose tensors differ (after checking the names, shapes and dtypes agree)."""
     assert sorted(ours) == sorted(ref)
@@ -165,7 +151,7 @@ CONFIG_FIELDS = ("num_hidden_layers", "hidden_size", "vocab_size", "model_type",
 def ours_equal_mergekit(recipe: dict, root: Path, tmp: Path) -> dict[str, torch.Tensor]:
     """Run both on ``recipe`` (names under ``root``); assert bitwise equality, config fields and the re-run."""
     resolved = _resolved(recipe, root)
-    mergekit(resolved, tmp / "mergekit")
+    run_mergekit(resolved, tmp / "mergekit", SEED)
     file = tmp / "recipe.yml"
     file.write_text(yaml.safe_dump({**resolved, "align": {"method": "none"}}))
     run_cli("merge", "--config", file, "--seed", SEED, "--out", tmp / "ours")
@@ -203,11 +189,11 @@ def test_negative_control_a_gradient_is_not_a_constant(models, tmp_path):
     """The old reading of the hub recipe (each gradient's first value everywhere, as a constant `t`) differs from
     mergekit's in most tensors: the comparison above can fail."""
     root = models["llama", torch.float32]
-    mergekit(_resolved(CASES["slerp_hub"], root), tmp_path / "mergekit")
+    run_mergekit(_resolved(CASES["slerp_hub"], root), tmp_path / "mergekit", SEED)
     constant = [{"filter": e.get("filter"), "value": e["value"][0] if isinstance(e["value"], list) else e["value"]}
                 for e in HUB_SLERP_T]
     constant = [{k: v for k, v in e.items() if v is not None} for e in constant]
-    mergekit({**_resolved(CASES["slerp_hub"], root), "parameters": {"t": constant}}, tmp_path / "constant")
+    run_mergekit({**_resolved(CASES["slerp_hub"], root), "parameters": {"t": constant}}, tmp_path / "constant", SEED)
     ref, old = tensors(tmp_path / "mergekit"), tensors(tmp_path / "constant")
     assert len(differing(old, ref)) > len(ref) // 2
 

@@ -16,6 +16,7 @@ import yaml
 from cli_runner import run_cli
 from hf_tiny import make
 from modeconn.io.lazy import LazyCheckpoint
+from mergekit_parity import run_mergekit, tensors
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.slow]
 
@@ -59,20 +60,6 @@ def _recipe(root: Path, case: str) -> dict:
     return recipe
 
 
-def _mergekit(recipe: dict, out: Path) -> None:
-    from mergekit.config import MergeConfiguration
-    from mergekit.merge import run_merge
-    from mergekit.options import MergeOptions
-
-    run_merge(MergeConfiguration.model_validate(recipe), str(out),
-              MergeOptions(random_seed=SEED, copy_tokenizer=False, quiet=True, out_shard_size=1 << 30))
-
-
-def _tensors(path: Path) -> dict[str, torch.Tensor]:
-    ckpt = LazyCheckpoint(path)
-    return {k: ckpt[k].clone() for k in ckpt}
-
-
 def _compare(ours: dict, ref: dict, *, bitwise: bool) -> float:
     assert set(ours) == set(ref)
     worst = 0.0
@@ -91,11 +78,11 @@ def _compare(ours: dict, ref: dict, *, bitwise: bool) -> float:
 def test_merge_align_none_equals_mergekit_yaml(models, tmp_path, case, dtype):
     root = models[dtype]
     recipe = _recipe(root, case)
-    _mergekit(recipe, tmp_path / "mergekit")
+    run_mergekit(recipe, tmp_path / "mergekit", SEED)
     file = tmp_path / "recipe.yml"
     file.write_text(yaml.safe_dump({**recipe, "align": {"method": "none"}}))
     run_cli("merge", "--config", file, "--seed", SEED, "--out", tmp_path / "ours")
-    ours, ref = _tensors(tmp_path / "ours"), _tensors(tmp_path / "mergekit")
+    ours, ref = tensors(tmp_path / "ours"), tensors(tmp_path / "mergekit")
     # mergekit's kernels run on the same tensors, and modeconn's own linear rule matches mergekit's: bitwise
     assert _compare(ours, ref, bitwise=True) <= 1e-6
     assert next(iter(ours.values())).dtype == dtype
@@ -111,7 +98,7 @@ def test_command_line_flags_equal_the_recipe(models, tmp_path, case):
     """`--rule/--base/--param/--weights` on the command line give the recipe's bytes."""
     root = models[torch.float32]
     recipe = _recipe(root, case)
-    _mergekit(recipe, tmp_path / "mergekit")
+    run_mergekit(recipe, tmp_path / "mergekit", SEED)
     spec, weights, n = CASES[case]
     args = ["merge", *(root / m for m in "abc"[:n]), "--align", "none", "--rule", case, "--base", root / "a",
             "--seed", SEED, "--out", tmp_path / "ours"]
@@ -119,18 +106,18 @@ def test_command_line_flags_equal_the_recipe(models, tmp_path, case):
     if any(w is not None for w in weights[:n]):
         args += ["--weights", ",".join(str(1.0 if w is None else w) for w in weights[:n])]
     run_cli(*args)
-    _compare(_tensors(tmp_path / "ours"), _tensors(tmp_path / "mergekit"), bitwise=True)
+    _compare(tensors(tmp_path / "ours"), tensors(tmp_path / "mergekit"), bitwise=True)
 
 
 def test_dare_depends_on_the_seed(models, tmp_path):
     """A negative control for the seeded comparison: another seed draws other masks."""
     root = models[torch.float32]
     recipe = _recipe(root, "dare_ties")
-    _mergekit(recipe, tmp_path / "mergekit")
+    run_mergekit(recipe, tmp_path / "mergekit", SEED)
     args = ["merge", root / "a", root / "b", root / "c", "--align", "none", "--rule", "dare_ties", "--base",
             root / "a", "--param", "density=0.5", "--weights", "1,1,0.7"]
     run_cli(*args, "--seed", SEED + 1, "--out", tmp_path / "other")
-    ours, ref = _tensors(tmp_path / "other"), _tensors(tmp_path / "mergekit")
+    ours, ref = tensors(tmp_path / "other"), tensors(tmp_path / "mergekit")
     assert any(not torch.equal(ours[k], ref[k]) for k in ref)
 
 
@@ -138,10 +125,10 @@ def test_recipe_dtype_and_out_dtype_equal_mergekit(models, tmp_path):
     """`dtype:` (inputs cast before the rule) and `out_dtype:` (the written dtype) mean what they mean in mergekit."""
     root = models[torch.float32]
     recipe = {**_recipe(root, "ties"), "dtype": "bfloat16", "out_dtype": "float16"}
-    _mergekit(recipe, tmp_path / "mergekit")
+    run_mergekit(recipe, tmp_path / "mergekit", SEED)
     file = tmp_path / "recipe.yml"
     file.write_text(yaml.safe_dump({**recipe, "align": {"method": "none"}}))
     run_cli("merge", "--config", file, "--out", tmp_path / "ours")
-    ours = _tensors(tmp_path / "ours")
+    ours = tensors(tmp_path / "ours")
     assert all(t.dtype == torch.float16 for t in ours.values())
-    _compare(ours, _tensors(tmp_path / "mergekit"), bitwise=True)
+    _compare(ours, tensors(tmp_path / "mergekit"), bitwise=True)

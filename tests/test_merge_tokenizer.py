@@ -19,6 +19,7 @@ import transformers as T
 import yaml
 
 from cli_runner import run_cli
+from mergekit_parity import run_mergekit
 from hf_tiny import randomize
 from modeconn.io.lazy import LazyCheckpoint
 
@@ -94,15 +95,6 @@ def _recipe(root: Path, rule: str, names: str, extra: dict) -> dict:
     return recipe
 
 
-def _mergekit(recipe: dict, out: Path) -> None:
-    from mergekit.config import MergeConfiguration
-    from mergekit.merge import run_merge
-    from mergekit.options import MergeOptions
-
-    run_merge(MergeConfiguration.model_validate(recipe), str(out),
-              MergeOptions(random_seed=SEED, copy_tokenizer=True, quiet=True, out_shard_size=1 << 30))
-
-
 def _ours(recipe: dict, out: Path, align: dict | None = None) -> None:
     file = out.parent / f"{out.name}.yml"
     file.write_text(yaml.safe_dump({**recipe, "align": align or {"method": "none"}}, sort_keys=False))
@@ -132,7 +124,7 @@ def _same_tokenizer(ours: Path, ref: Path) -> None:
 
 
 def _parity(recipe: dict, tmp_path: Path) -> Path:
-    _mergekit(recipe, tmp_path / "mergekit")
+    run_mergekit(recipe, tmp_path / "mergekit", SEED, copy_tokenizer=True)
     _ours(recipe, tmp_path / "ours")
     _same_tensors(tmp_path / "ours", tmp_path / "mergekit")
     _same_tokenizer(tmp_path / "ours", tmp_path / "mergekit")
@@ -213,7 +205,7 @@ def test_rows_are_permuted_negative_control(models, tmp_path):
     """Merging B's rows as stored (as if both numbered tokens alike) gives another embedding than mergekit's union:
     the comparison above would see rows that were not permuted."""
     root = models["llama", torch.float32]
-    _mergekit(_recipe(root, "slerp", "ab", {"tokenizer_source": "union"}), tmp_path / "mergekit")
+    run_mergekit(_recipe(root, "slerp", "ab", {"tokenizer_source": "union"}), tmp_path / "mergekit", SEED, copy_tokenizer=True)
     ref = _tensors(tmp_path / "mergekit")["model.embed_tokens.weight"]
     a, b = (LazyCheckpoint(root / n)["model.embed_tokens.weight"] for n in "ab")
     naive = 0.7 * a + 0.3 * b[: len(a)]

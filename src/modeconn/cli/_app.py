@@ -26,10 +26,6 @@ DEVICE_HELP = "cpu (default), cuda, mps …"
 OVERWRITE_HELP = "replace a non-empty --out that modeconn wrote"
 METHOD_OPTION_HELP = "a method setting key=value, repeatable; the settings: modeconn list settings METHOD"
 DATASET_HELP = "a dataset (modeconn list datasets) or the PATH of your data (docs: Data); default: the checkpoint's"
-SPLIT_HELP = "your data: the held-out split or file (default: test/, val/ or 10%)"
-TEXT_FIELD_HELP = "your text's field (default text)"
-LABEL_FIELD_HELP = "your texts' label field (default label)"
-CONTEXT_LENGTH_HELP = "your text corpus: tokens per block (default ≤ 128)"
 
 
 app = App(
@@ -65,39 +61,6 @@ def download_option() -> Any:
 
 def overwrite_option(help: str = OVERWRITE_HELP) -> Any:
     return typer.Option(False, "--overwrite", help=help)
-
-
-def split_option() -> Any:
-    return typer.Option(None, "--split", help=SPLIT_HELP)
-
-
-def text_field_option() -> Any:
-    return typer.Option("text", "--text-field", help=TEXT_FIELD_HELP, show_default=False)
-
-
-def label_field_option() -> Any:
-    return typer.Option("label", "--label-field", help=LABEL_FIELD_HELP, show_default=False)
-
-
-def context_length_option() -> Any:
-    return typer.Option(None, "--context-length", min=1, help=CONTEXT_LENGTH_HELP)
-
-
-@contextmanager
-def user_data(dataset: str | None, split: str | None, text_field: str, context_length: int | None,
-              seed: int | None, label_field: str = "label") -> Iterator[None]:
-    """Read the user's data (a ``--dataset`` path) with these options inside the block; ConfigError (inside
-    :func:`errors_exit`) for options of the user's data given with a registered dataset name."""
-    from ..data import UserDataOptions, user_data_options, user_data_path
-    from ..errors import ConfigError
-
-    options = UserDataOptions(split=split, text_field=text_field, label_field=label_field,
-                              context_length=context_length, seed=seed or 0)
-    if options.given() and user_data_path(dataset) is None:
-        given = f"--dataset {dataset!r} is not a path" if dataset else "no --dataset is given"
-        raise ConfigError(f"{', '.join(options.given())} apply to your own data (--dataset PATH); {given}")
-    with user_data_options(options):
-        yield
 
 
 def fail(err: Exception) -> None:

@@ -7,10 +7,10 @@ from pathlib import Path
 import typer
 
 from ._app import (DATASET_HELP, DEVICE_HELP, MAX_ITER_HELP, METHOD_OPTION_HELP, RESTARTS_HELP, app, console,
-                   context_length_option, data_option, download_option, errors_exit, label_field_option, log,
-                   overwrite_option, parse_kv, progress_bar, split_option, text_field_option, user_data)
+                   data_option, download_option, errors_exit, log, overwrite_option, parse_kv, progress_bar)
 from ._help import live_help
 from ._print import show
+from ._user_data import reads_user_data
 
 
 def _method_help() -> str:
@@ -31,6 +31,7 @@ def _epilog() -> str:
 
 
 @app.command(cls=live_help(_epilog, method=_method_help))
+@reads_user_data
 def align(
     a: Path = typer.Argument(..., help="checkpoint directory of the reference model A"),
     b: Path = typer.Argument(..., help="checkpoint directory of model B"),
@@ -38,10 +39,6 @@ def align(
     method: str = typer.Option("weight", help=_method_help()),
     option: list[str] = typer.Option([], "--option", "-o", help=METHOD_OPTION_HELP),
     dataset: str | None = typer.Option(None, help=DATASET_HELP),
-    split: str | None = split_option(),
-    text_field: str = text_field_option(),
-    label_field: str = label_field_option(),
-    context_length: int | None = context_length_option(),
     data: Path | None = data_option(),
     download: bool = download_option(),
     limit_train: int | None = typer.Option(None, min=1, help="the first N training examples"),
@@ -73,7 +70,7 @@ def align(
                         parameterization=parameterization, batch_size=batch_size, restarts=restarts,
                         max_iter=max_iter, groups=groups, overwrite=overwrite, device=device, shard=shard,
                         options=parse_kv(option, "--option"))
-    with errors_exit(download), user_data(dataset, split, text_field, context_length, seed, label_field), progress_bar() as progress:
+    with errors_exit(download), progress_bar() as progress:
         outcome = run_align(a, b, out, opts, progress=progress, log=log,
                                 note=lambda s: console.print(f"[yellow]{s}[/]"))
     show(outcome)

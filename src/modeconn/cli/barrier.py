@@ -6,10 +6,10 @@ from pathlib import Path
 
 import typer
 
-from ._app import (DATASET_HELP, METHOD_OPTION_HELP, app, check_out, console, context_length_option, data_option,
-                   download_option, errors_exit, label_field_option, log, overwrite_option, parse_kv, progress_bar,
-                   split_option, text_field_option, user_data, written)
+from ._app import (DATASET_HELP, METHOD_OPTION_HELP, app, check_out, console, data_option, download_option, errors_exit,
+                   log, overwrite_option, parse_kv, progress_bar, written)
 from ._help import live_help
+from ._user_data import reads_user_data
 from .tables import comparison_table
 
 
@@ -21,6 +21,7 @@ def _method_help() -> str:
 
 
 @app.command(cls=live_help(method=_method_help))
+@reads_user_data
 def barrier(
     a: Path = typer.Argument(..., help="checkpoint directory of model A"),
     b: Path = typer.Argument(..., help="checkpoint directory of model B"),
@@ -28,10 +29,6 @@ def barrier(
     option: list[str] = typer.Option([], "--option", "-o", help=METHOD_OPTION_HELP + " (to every --method that has "
                                      "it)"),
     dataset: str | None = typer.Option(None, help=DATASET_HELP),
-    split: str | None = split_option(),
-    text_field: str = text_field_option(),
-    label_field: str = label_field_option(),
-    context_length: int | None = context_length_option(),
     data: Path | None = data_option(),
     download: bool = download_option(),
     bn: str = typer.Option("reset", help="BatchNorm policy: reset, interpolate, keep, repair"),
@@ -54,7 +51,7 @@ def barrier(
     out = out or default_out("barrier")
     with errors_exit(download):
         check_out(out, [a, b, data], overwrite)
-        with user_data(dataset, split, text_field, context_length, seed, label_field), progress_bar() as progress:
+        with progress_bar() as progress:
             comparison = run_barrier(a, b, method, out, options=parse_kv(option, "--option"), dataset=dataset,
                                      data=data, limit_train=limit_train, bn=bn, lambdas=lambdas, eval_limit=eval_limit,
                                      seed=seed, overwrite=overwrite, log=log, progress=progress)

@@ -6,20 +6,18 @@ from pathlib import Path
 
 import typer
 
-from ._app import (DATASET_HELP, app, check_out, context_length_option, data_option, download_option, errors_exit,
-                   label_field_option, log, overwrite_option, progress_bar, split_option, text_field_option, user_data)
+from ._app import (DATASET_HELP, app, check_out, data_option, download_option, errors_exit, log, overwrite_option,
+                   progress_bar)
 from ._print import show
+from ._user_data import reads_user_data
 
 
 @app.command()
+@reads_user_data
 def check(
     a: Path = typer.Argument(..., help="checkpoint directory of model A"),
     b: Path | None = typer.Argument(None, help="checkpoint directory of model B (omit: predict for a twin of A)"),
     dataset: str | None = typer.Option(None, help=DATASET_HELP),
-    split: str | None = split_option(),
-    text_field: str = text_field_option(),
-    label_field: str = label_field_option(),
-    context_length: int | None = context_length_option(),
     data: Path | None = data_option(),
     download: bool = download_option(),
     limit_train: int | None = typer.Option(None, min=1, help="use only the first N training examples"),
@@ -46,7 +44,6 @@ def check(
                         eval_limit=eval_limit, seed=seed, overwrite=overwrite, device=device)
     with errors_exit(download):
         check_out(out, [a, b, data], overwrite)
-        # the seed also draws your data's held-out share
-        with user_data(dataset, split, text_field, context_length, seed, label_field), progress_bar() as progress:
+        with progress_bar() as progress:
             outcome = run_check(a, b, out, opts, log=log, progress=progress)
     show(outcome)

@@ -6,20 +6,17 @@ from pathlib import Path
 
 import typer
 
-from ._app import (app, context_length_option, data_option, download_option, errors_exit, label_field_option, log,
-                   overwrite_option, split_option, text_field_option, user_data)
+from ._app import app, data_option, download_option, errors_exit, log, overwrite_option
 from ._print import show
+from ._user_data import reads_user_data
 
 
 @app.command("eval")
+@reads_user_data
 def eval_command(
     model: Path = typer.Argument(..., help="checkpoint directory: a modeconn checkpoint or a Hugging Face causal LM"),
     dataset: str | None = typer.Option(None, help="the dataset whose test split is scored (default: the "
                                        "checkpoint's; causal LMs: a text dataset)"),
-    split: str | None = split_option(),
-    text_field: str = text_field_option(),
-    label_field: str = label_field_option(),
-    context_length: int | None = context_length_option(),
     data: Path | None = data_option(),
     download: bool = download_option(),
     limit_train: int | None = typer.Option(None, min=1, help="use only the first N training examples (blocks)"),
@@ -46,6 +43,6 @@ def eval_command(
                        tasks=tuple(t.strip() for t in tasks.split(",") if t.strip()) if tasks is not None else (),
                        include_path=include_path, limit=limit, num_fewshot=num_fewshot, batch_size=batch_size,
                        seed=seed, overwrite=overwrite)
-    with errors_exit(download), user_data(dataset, split, text_field, context_length, seed, label_field):
+    with errors_exit(download):
         outcome = evaluate(model, out or default_out("eval"), opts, log=log)
     show(outcome)

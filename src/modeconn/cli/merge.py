@@ -7,10 +7,10 @@ from pathlib import Path
 import typer
 
 from ._app import (DATASET_HELP, DEVICE_HELP, MAX_ITER_HELP, METHOD_OPTION_HELP, RESTARTS_HELP, app, console,
-                   context_length_option, data_option, errors_exit, label_field_option, log, overwrite_option, parse_kv,
-                   progress_bar, split_option, text_field_option, user_data)
+                   data_option, errors_exit, log, overwrite_option, parse_kv, progress_bar)
 from ._help import live_help
 from ._print import show
+from ._user_data import reads_user_data
 
 
 def _rule_help() -> str:
@@ -28,6 +28,7 @@ def _align_help() -> str:
 
 
 @app.command(cls=live_help(align_method=_align_help, rule=_rule_help))
+@reads_user_data
 def merge(
     models: list[Path] = typer.Argument(None, help="two or more checkpoint directories (or Hugging Face cache "
                                         "entries); the first is the reference"),
@@ -43,10 +44,6 @@ def merge(
     option: list[str] = typer.Option([], "--option", "-o", help=METHOD_OPTION_HELP),
     bn: str = typer.Option("reset", help="BatchNorm policy after averaging: reset, interpolate, repair"),
     dataset: str | None = typer.Option(None, help=DATASET_HELP),
-    split: str | None = split_option(),
-    text_field: str = text_field_option(),
-    label_field: str = label_field_option(),
-    context_length: int | None = context_length_option(),
     data: Path | None = data_option(),
     limit_train: int | None = typer.Option(None, min=1, help="the first N training examples"),
     seed: int | None = typer.Option(None, help="seed of every random choice (default 0)"),
@@ -72,8 +69,7 @@ def merge(
                         device=device, options=parse_kv(option, "--option"),
                         eval_tasks=tuple(t.strip() for t in (eval_tasks or "").split(",") if t.strip()),
                         include_path=include_path)
-    with (errors_exit(), user_data(dataset, split, text_field, context_length, seed, label_field),
-          progress_bar() as progress):
+    with errors_exit(), progress_bar() as progress:
         outcome = run_merge(models or [], out, opts, progress=progress, log=log,
                             note=lambda s: console.print(f"note: {s}"))
     show(outcome)

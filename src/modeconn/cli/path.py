@@ -6,10 +6,10 @@ from pathlib import Path
 
 import typer
 
-from ._app import (DATASET_HELP, app, check_out, console, context_length_option, data_option, download_option,
-                   errors_exit, label_field_option, log, overwrite_option, parse_kv, progress_bar, split_option,
-                   text_field_option, two_arg, user_data, written)
+from ._app import (DATASET_HELP, app, check_out, console, data_option, download_option, errors_exit, log,
+                   overwrite_option, parse_kv, progress_bar, two_arg, written)
 from ._help import live_help
+from ._user_data import reads_user_data
 from .tables import report_text
 
 
@@ -20,6 +20,7 @@ def _method_help() -> str:
 
 
 @app.command("path", cls=live_help(method=_method_help))
+@reads_user_data
 def path_command(
     a: Path = typer.Argument(..., help="checkpoint directory of model A (the path's start)"),
     b: Path = typer.Argument(..., help="checkpoint directory of model B (the path's end)"),
@@ -28,10 +29,6 @@ def path_command(
                                      "ticks=200); the settings: modeconn list settings METHOD"),
     budget: int | None = typer.Option(None, min=1, help="the most gradient evaluations (every method)"),
     dataset: str | None = typer.Option(None, help=DATASET_HELP),
-    split: str | None = split_option(),
-    text_field: str = text_field_option(),
-    label_field: str = label_field_option(),
-    context_length: int | None = context_length_option(),
     data: Path | None = data_option(),
     download: bool = download_option(),
     limit_train: int | None = typer.Option(None, min=1, help="use only the first N training examples"),
@@ -62,7 +59,7 @@ def path_command(
         check_out(out, [a, b, data], overwrite or resume)  # --resume continues modeconn's own run there
         options = parse_kv(option, "--option")
         try:
-            with user_data(dataset, split, text_field, context_length, seed, label_field), progress_bar() as progress:
+            with progress_bar() as progress:
                 results = run_path(a, b, method, options, out, dataset=dataset, data=data, limit_train=limit_train,
                                    budget=budget, eval_limit=eval_limit, sub_points=sub_points, seed=seed,
                                    resume=resume, overwrite=overwrite, continuity_tol=continuity_tol, log=log,
