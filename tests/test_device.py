@@ -149,10 +149,11 @@ def test_gpu_check_runs_on_the_cpu(tmp_path, monkeypatch):
 
     monkeypatch.setattr(_common, "RESULTS", tmp_path)
     monkeypatch.setattr(gpu_check, "SIZES", {"quick": {"score": [(64, 512)], "lap": [64], "heads": (4, 8),
-                                                       "merge": [4096]}})
-    monkeypatch.setattr(sys, "argv", ["gpu_check.py", "--device", "cpu", "--quick"])
+                                                       "merge": [4096], "pair": (0.01, 1)}})
+    monkeypatch.setattr(sys, "argv", ["gpu_check.py", "--device", "cpu", "--quick", "--tmp", str(tmp_path)])
     gpu_check.main()
     res = json.loads((tmp_path / "gpu_check_cpu.json").read_text())
     assert res["device"] == "cpu" and res["score_products"][0]["max_rel_difference"] == 0.0
     assert res["lap"][0]["sparse_objective_minus_dense"] == pytest.approx(0.0, abs=1e-6)
     assert all(r["bit_identical"] for r in res["merge_arithmetic"])
+    assert res["aligned_merge"]["cpu"]["recovered"]["min_fraction"] == 1.0  # the planted permutation, end to end
