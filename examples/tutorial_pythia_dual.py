@@ -107,7 +107,7 @@ def main(out: Path, quick: bool) -> dict:
     for name, (x, y) in {"naive": (a, b), "wm": (out / "wm" / "a", out / "wm" / "b"),
                          "dual": (out / "dual" / "a", out / "dual" / "b")}.items():
         modeconn("barrier", x, y, *data, "--method", "naive", "--lambdas", "3" if quick else "11", *limit,
-                 "--out", out / f"barrier-{name}")
+                 "--eval-limit", "200", "--out", out / f"barrier-{name}")
     tasks = choice_task(out / "tasks", "austen_next", paragraphs(held_text))
     modeconn("merge", a, b, "--align", "dual", *data, *learn, *limit, "--eval", "austen_next", "--include-path", tasks,
              "--out", out / "merged")
