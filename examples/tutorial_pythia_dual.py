@@ -25,6 +25,7 @@ line).
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -125,26 +126,50 @@ def main(out: Path, quick: bool) -> dict:
             "eval": json.loads((out / "eval" / "results.json").read_text()), "generated": text}
 
 
-def report(out: Path) -> str:
-    """A markdown report of a finished run in ``out``: the held-out barriers through the command line and their
-    ratios, the merge's scores."""
+def summary(out: Path) -> dict:
+    """The numbers of a finished run in ``out``: held-out barriers through the command line, their ratios, the
+    endpoints' held-out loss, the merge's scores, and what ran."""
+    import platform
+    from datetime import date
+
     barriers = {name: barrier_of(out / f"barrier-{name}") for name in ("naive", "wm", "dual")}
+    naive = json.loads((out / "barrier-naive" / "results.json").read_text())["barriers"]["naive"]["test"]
     merge = json.loads((out / "merged" / "merge.json").read_text())
     config = json.loads((out / "pythia-a" / "config.json").read_text())
-    shape = (f"{config['num_hidden_layers']} layers × {config['hidden_size']}, {config['num_attention_heads']} heads, "
-             f"MLP {config['intermediate_size']}, vocabulary {config['vocab_size']}")
-    rows = "\n".join(f"| {name} | {b:.4f} | {b / barriers['naive']:.3f} |" for name, b in barriers.items())
-    scores = ", ".join(f"{t}: " + ", ".join(f"{k} {v:.4f}" for k, v in m.items())
-                       for t, m in merge.get("lm_eval", {}).get("tasks", {}).items())
+    return {"date": date.today().isoformat(), "torch": torch.__version__, "transformers": T.__version__,
+            "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores",
+            "model": {k: config[k] for k in ("num_hidden_layers", "hidden_size", "num_attention_heads",
+                                             "intermediate_size", "vocab_size")},
+            "training": TRAINING["full"], "barrier_mean": barriers,
+            "dual_over_wm": barriers["dual"] / barriers["wm"], "dual_over_naive": barriers["dual"] / barriers["naive"],
+            "endpoint_loss": naive["endpoint_loss"], "merge": {"test": merge["test"], "format": merge["format"],
+                                                               "lm_eval": merge.get("lm_eval", {}).get("tasks", {})}}
+
+
+def report(s: dict) -> str:
+    """A markdown report of :func:`summary`."""
+    m = s["model"]
+    shape = (f"{m['num_hidden_layers']} layers × {m['hidden_size']}, {m['num_attention_heads']} heads, MLP "
+             f"{m['intermediate_size']}, vocabulary {m['vocab_size']}")
+    rows = "\n".join(f"| {name} | {b:.4f} | {b / s['barrier_mean']['naive']:.3f} |"
+                     for name, b in s["barrier_mean"].items())
+    scores = ", ".join(f"{t}: " + ", ".join(f"{k} {v:.4f}" for k, v in met.items())
+                       for t, met in s["merge"]["lm_eval"].items())
+    test = s["merge"]["test"]
     return (f"# Dual matching of two Pythia-shaped language models, from the command line\n\n"
-            f"GPT-NeoX pair ({shape}), trained from seeds 0 and 1 on the Austen training text "
-            f"(`examples/tutorial_pythia_dual.py`, full size). Barriers: `modeconn barrier --method naive` on the "
-            f"held-out file (`--split`), test-loss `barrier_mean` in nats per token, between the checkpoints as "
-            f"trained (naive), the endpoints `align --method weight --groups full` wrote (wm) and those `align "
-            f"--method dual` wrote (dual).\n\n| pair | barrier_mean | ÷ naive |\n|---|---|---|\n{rows}\n\n"
-            f"dual ÷ wm: {barriers['dual'] / barriers['wm']:.3f}.\n\n`merge --align dual` (weights ½, ½): held-out "
-            f"loss {merge['test']['loss']:.4f} nats per token, perplexity {merge['test']['perplexity']:.2f}; "
-            f"lm-eval {scores} ({merge['format']} checkpoint).\n")
+            f"GPT-NeoX pair ({shape}; parallel residual, rotary on a quarter of each head), trained from seeds 0 and 1 "
+            f"for {s['training']['steps']} AdamW steps of 32 × 128 tokens on the first 90 % of 4 M characters of the "
+            f"Austen text, saved with `save_pretrained` (`examples/tutorial_pythia_dual.py`, full size). Held-out loss "
+            f"of the endpoints: {s['endpoint_loss'][0]:.4f} / {s['endpoint_loss'][1]:.4f} nats per token.\n\n"
+            f"Barriers: `modeconn barrier --method naive` on the held-out file (`--split`, 200 blocks of 128 tokens, "
+            f"11 points), test-loss `barrier_mean` in nats per token, between the checkpoints as trained (naive), the "
+            f"endpoints `align --method weight --groups full` wrote (wm) and those `align --method dual` wrote "
+            f"({s['training']['learn']} steps; dual).\n\n| pair | barrier_mean | ÷ naive |\n|---|---|---|\n{rows}\n\n"
+            f"dual ÷ wm: {s['dual_over_wm']:.3f}.\n\n`merge --align dual` (weights ½, ½; written as an "
+            f"{s['merge']['format']} checkpoint): held-out loss {test['loss']:.4f} nats per token, perplexity "
+            f"{test['perplexity']:.2f}; lm-eval (a local task: a held-out sentence's next three words against another "
+            f"paragraph's) {scores}.\n\nRan on {s['date']} with torch {s['torch']}, transformers "
+            f"{s['transformers']}, {s['machine']}.\n")
 
 
 if __name__ == "__main__":
