@@ -59,8 +59,8 @@ def _fresh_cache(monkeypatch):
 
 def _model(name: str):
     needs, build = FALLBACK[name]
-    if not all(hasattr(T, c) for c in needs):
-        pytest.skip(f"transformers {T.__version__} has no {needs}")
+    assert all(hasattr(T, c) for c in needs), (f"transformers {T.__version__} has no {needs}: these checks need the "
+                                               "release pyproject's range installs")
     torch.manual_seed(0)
     return randomize(build(), 0)
 

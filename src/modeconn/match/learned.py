@@ -128,19 +128,6 @@ def learned_matching(
     return _Run(spec, model, sd_a, sd_b, loader, cfg, loss_fn, progress).run()
 
 
-def tied_aliases(model: nn.Module) -> dict[str, str]:
-    """Parameter names that share their tensor with an earlier one (tied weights, e.g. a masked LM's decoder and its
-    word embeddings) → that earlier name."""
-    first: dict[int, str] = {}
-    aliases = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        if id(p) in first:
-            aliases[name] = first[id(p)]
-        else:
-            first[id(p)] = name
-    return aliases
-
-
 class _Run:
     """One STE learned-matching call: setup (checks, proxy, initial permutation) → one :meth:`step` per Adam step →
     finish (the final projection)."""
@@ -158,9 +145,9 @@ class _Run:
         self.progress = reporter(progress, step_loss_legacy, what="learned matching")
         self.work = copy.deepcopy(model).to(self.device).train()
         param_keys = [k for k, _ in self.work.named_parameters()]
-        self.aliases = tied_aliases(self.work)
         self.a = {k: v.detach().to(torch.float32) if v.is_floating_point() else v.detach().clone() for k, v in sd_a.items()}
         self.b = {k: v.to(torch.float32) if v.is_floating_point() else v for k, v in sd_b.items()}
+        self.aliases = spec.aliases_in(self.a)  # tied weights (a masked LM's decoder and embeddings)
         self.proxy = {k: self.a[k].clone().requires_grad_(True) for k in param_keys}
         self.opt = torch.optim.Adam(self.proxy.values(), lr=cfg.lr)
         self.gen = torch.Generator().manual_seed(cfg.seed)

@@ -248,8 +248,8 @@ class LearnedRun:
 def learn_transforms(ma: nn.Module, mb: nn.Module, bundle, config: DualMatchingConfig, *, method: str,
                      batch_size: int, progress=None, log: Log = print, device: str | torch.device = "cpu",
                      shard: bool = False, restarts: int | None = None, max_iter: int | None = None) -> LearnedRun:
-    """Absorb both models, bind :data:`GROUPS`, weight-match, and learn the transforms (``method``: ``"dual"`` or
-    ``"learned"`` = one-sided) on ``bundle``'s training split (see :func:`align_lm_checkpoints` for the options)."""
+    """Absorb both models, bind :data:`GROUPS`, weight-match, and learn the transforms (``method``: ``"dual"``, else
+    one-sided) on ``bundle``'s training split (see :func:`align_lm_checkpoints` for the options)."""
     from ..match import dual_matching, one_sided_matching, weight_matching
     from ..symmetry import absorb_normalization
     from ..symmetry.hf import check_same_config, hf_symmetry_spec

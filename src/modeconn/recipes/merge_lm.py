@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 from ..checkpoints import Checkpoint
 from ..errors import ConfigError
@@ -48,12 +49,11 @@ def merge_lm(ckpts: list[Checkpoint], out: Path, plan, progress, log: Log) -> Ou
                           "as it was scored")
     precheck, load, sources, _ = LM_LOADERS[ckpts[0].kind.name]
     opts = plan.opts
-    state = precheck(ckpts, _LoaderOptions(opts.dataset, opts.data, opts.limit_train))
-    ma, mb, bundle = load(ckpts, _LoaderOptions(opts.dataset, opts.data, opts.limit_train), state)
+    data = SimpleNamespace(dataset=opts.dataset, data=opts.data, limit_train=opts.limit_train, shard=False)
+    ma, mb, bundle = load(ckpts, data, precheck(ckpts, data))
     batch_size = LM_DEFAULTS["batch_size"]
-    run = learn_transforms(ma, mb, bundle, plan.align_config, method="dual" if method == "dual" else "learned",
-                           batch_size=batch_size, progress=progress, log=log, restarts=opts.restarts,
-                           max_iter=opts.max_iter)
+    run = learn_transforms(ma, mb, bundle, plan.align_config, method=method, batch_size=batch_size,
+                           progress=progress, log=log, restarts=opts.restarts, max_iter=opts.max_iter)
     log(f"merging the two transformed endpoints ({plan.rule.name})")
     merged_sd = merge(list(run.transformed()), plan.weights, spec=run.spec, normalize=False, rule=plan.rule,
                       settings=plan.settings)
@@ -69,11 +69,3 @@ def merge_lm(ckpts: list[Checkpoint], out: Path, plan, progress, log: Log) -> Ou
     line = f"{method} matching objective {run.result.objective:.4f}; {scored} ({fmt} checkpoint)"
     return Outcome(Path(out), f"the merged model ({fmt} checkpoint), merge.json", (line,), "merged checkpoint")
 
-
-class _LoaderOptions:
-    """The data options :data:`~.align_lm.LM_LOADERS` read (``dataset``, ``data``, ``limit_train``; never sharded)."""
-
-    shard = False
-
-    def __init__(self, dataset, data, limit_train) -> None:
-        self.dataset, self.data, self.limit_train = dataset, data, limit_train
