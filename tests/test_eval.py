@@ -209,3 +209,46 @@ def test_merge_eval_is_refused_before_any_work_where_it_cannot_apply(lm_dir, tas
     res = run_cli("merge", lm_dir, lm_dir, "--align", "none", "--include-path", tasks_dir, "--out", tmp_path / "o",
                   ok=False)
     assert res.exit_code == 2 and "--include-path" in res.output and "--eval" in res.output, res.output
+
+
+@pytest.mark.slow
+def test_barrier_eval_scores_a_b_and_the_midpoint_merge(lm_dir, tasks_dir, tmp_path):
+    """`barrier --eval TASKS`: lm-eval scores at A, B and the naive midpoint (the model `merge --align none` writes:
+    same scores), each metric's barrier against the endpoints' mean in the direction lm-eval states."""
+    import shutil
+
+    from hf_tiny import randomize
+
+    other = tmp_path / "other"
+    shutil.copytree(lm_dir, other)
+    randomize(T.GPTNeoXForCausalLM.from_pretrained(other), 1).save_pretrained(other)
+    res = run_cli("barrier", lm_dir, other, "--method", "naive", "--dataset", "austen", "--limit-train", "64",
+                  "--eval-limit", "16", "--lambdas", "3", "--eval", "tiny_mc,tiny_ppl", "--include-path", tasks_dir,
+                  "--out", tmp_path / "b")
+    record = _results(tmp_path / "b")["lm_eval"]
+    assert "lm-eval tiny_mc barrier (naive)" in res.output
+    assert set(record["scores"]) == {"A", "B", "midpoint naive"}
+    assert record["higher_is_better"]["tiny_mc"]["acc"] and not record["higher_is_better"]["tiny_ppl"]["word_perplexity"]
+    run_cli("merge", lm_dir, other, "--align", "none", "--eval", "tiny_mc,tiny_ppl", "--include-path", tasks_dir,
+            "--out", tmp_path / "m")
+    merged = json.loads((tmp_path / "m" / "merge.json").read_text())["lm_eval"]["tasks"]
+    for task, scores in merged.items():
+        assert record["scores"]["midpoint naive"][task] == pytest.approx(scores, rel=1e-5)
+    s = record["scores"]
+    for task, metric, sign in (("tiny_mc", "acc", 1), ("tiny_ppl", "word_perplexity", -1)):
+        mean = (s["A"][task][metric] + s["B"][task][metric]) / 2
+        assert record["barrier"]["naive"][task][metric] == pytest.approx(sign * (mean - s["midpoint naive"][task][metric]))
+    assert "| naive | tiny_ppl | word_perplexity |" in (tmp_path / "b" / "report.md").read_text()
+
+
+def test_barrier_eval_is_refused_before_any_work_where_it_cannot_apply(lm_dir, tasks_dir, tmp_path):
+    run_cli("train", "--out", tmp_path / "m", "--dataset", "digits", "--epochs", "1", "-m", "width=8", "-m", "depth=1")
+    res = run_cli("barrier", tmp_path / "m", tmp_path / "m", "--eval", "tiny_mc", "--include-path", tasks_dir,
+                  "--out", tmp_path / "o", ok=False)
+    assert res.exit_code == 2 and "causal LMs" in res.output and not (tmp_path / "o").exists(), res.output
+    res = run_cli("barrier", lm_dir, lm_dir, "--dataset", "austen", "--eval", "no_such_task", "--include-path",
+                  tasks_dir, "--out", tmp_path / "o", ok=False)
+    assert res.exit_code == 2 and "no_such_task" in res.output and not (tmp_path / "o").exists(), res.output
+    res = run_cli("barrier", lm_dir, lm_dir, "--dataset", "austen", "--include-path", tasks_dir, "--out",
+                  tmp_path / "o", ok=False)
+    assert res.exit_code == 2 and "--include-path" in res.output and "--eval" in res.output, res.output

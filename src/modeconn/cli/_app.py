@@ -109,6 +109,11 @@ def check_out(out: Path | None, inputs, overwrite: bool) -> None:
         check_output_target(out, inputs=[p for p in inputs if p is not None], overwrite=overwrite)
 
 
+def task_list(tasks: str | None) -> tuple[str, ...]:
+    """``--tasks``/``--eval``'s comma-separated lm-eval task names (None or blank: none)."""
+    return tuple(t.strip() for t in (tasks or "").split(",") if t.strip())
+
+
 def written(out: Path, contents: str, what: str = "outputs") -> None:
     console.print(f"[bold green]{what} written to[/] {escape(str(Path(out).resolve()))}  ({escape(contents)})")
 

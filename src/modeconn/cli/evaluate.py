@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from ._app import app, data_option, download_option, errors_exit, log, overwrite_option
+from ._app import app, data_option, download_option, errors_exit, log, overwrite_option, task_list
 from ._print import show
 from ._user_data import reads_user_data
 
@@ -40,7 +40,7 @@ def eval_command(
     from ..recipes.evaluate import EvalOptions, evaluate
 
     opts = EvalOptions(dataset=dataset, data=data, limit_train=limit_train, eval_limit=eval_limit,
-                       tasks=tuple(t.strip() for t in tasks.split(",") if t.strip()) if tasks is not None else (),
+                       tasks=task_list(tasks),
                        include_path=include_path, limit=limit, num_fewshot=num_fewshot, batch_size=batch_size,
                        seed=seed, overwrite=overwrite)
     with errors_exit(download):

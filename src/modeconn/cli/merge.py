@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from ._app import (DATASET_HELP, DEVICE_HELP, MAX_ITER_HELP, METHOD_OPTION_HELP, RESTARTS_HELP, app, console,
-                   data_option, errors_exit, log, overwrite_option, parse_kv, progress_bar)
+                   data_option, errors_exit, log, overwrite_option, parse_kv, progress_bar, task_list)
 from ._help import live_help
 from ._print import show
 from ._user_data import reads_user_data
@@ -67,7 +67,7 @@ def merge(
                         limit_train=limit_train, seed=seed, restarts=restarts, max_iter=max_iter,
                         overwrite=overwrite, base=base, params=tuple(param), dtype=dtype, config=config,
                         device=device, options=parse_kv(option, "--option"),
-                        eval_tasks=tuple(t.strip() for t in (eval_tasks or "").split(",") if t.strip()),
+                        eval_tasks=task_list(eval_tasks),
                         include_path=include_path)
     with errors_exit(), progress_bar() as progress:
         outcome = run_merge(models or [], out, opts, progress=progress, log=log,

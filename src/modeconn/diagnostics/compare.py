@@ -171,6 +171,7 @@ def compare_alignments(
     on_step: Callable[[str], None] | None = None,
     progress: Callable[..., None] | bool = True,
     configs: Mapping[str, StrictConfig] | None = None,
+    on_merge: Callable[[str, nn.Module], None] | None = None,
 ) -> Comparison:
     """Align B to A with each method, evaluate the linear path on train and test, merge at λ=½.
 
@@ -219,4 +220,6 @@ def compare_alignments(
         m = _instance(model, merged)
         result.merged[method] = {s: evaluate_model(m, ld, where=f"merged model ({method}, λ=0.5), split {s!r}")
                                  for s, ld in loaders.items()}
+        if on_merge is not None:
+            on_merge(method, m)
     return result

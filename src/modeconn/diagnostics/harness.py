@@ -83,7 +83,8 @@ def harness_scores(model: nn.Module, tokenizer: Any, tasks: Sequence[str], *,
     ``limit``: at most this many documents per task (a fraction in (0, 1) for a share); ``num_fewshot``: few-shot
     examples (default: each task's own); ``seed``: lm-eval's random, numpy, torch and few-shot seeds.
 
-    Returns ``{"tasks": {task: {metric: value}}, "lm_eval_version", "limit", "num_fewshot", "n_samples": {task: n}}``.
+    Returns ``{"tasks": {task: {metric: value}}, "lm_eval_version", "limit", "num_fewshot", "n_samples": {task: n},
+    "higher_is_better": {task: {metric: bool}}}`` (the direction lm-eval states for each metric; stderrs have none).
     Raises ConfigError (lm-eval missing, unknown task — before any request runs), NonFiniteError (a NaN/Inf score).
     """
     lm_eval = _lm_eval()
@@ -100,5 +101,8 @@ def harness_scores(model: nn.Module, tokenizer: Any, tasks: Sequence[str], *,
         raise ConfigError("lm-eval returned no results (a rank other than 0 of a distributed run)")
     scores = {task: _scores(raw, task) for task, raw in res["results"].items()}
     n = {task: int(v.get("effective", v.get("original", 0))) for task, v in res.get("n-samples", {}).items()}
+    directions = res.get("higher_is_better", {})
+    higher = {task: {m: bool(directions[task][m.split(" (")[0]]) for m in s if m.split(" (")[0] in directions.get(task, {})}
+              for task, s in scores.items()}
     return {"tasks": scores, "lm_eval_version": lm_eval.__version__ if hasattr(lm_eval, "__version__") else None,
-            "limit": limit, "num_fewshot": num_fewshot, "n_samples": n}
+            "limit": limit, "num_fewshot": num_fewshot, "n_samples": n, "higher_is_better": higher}

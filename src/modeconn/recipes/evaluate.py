@@ -179,12 +179,12 @@ def _eval_hf(ckpt: Checkpoint, opts: EvalOptions) -> Evaluand:
 
 def check_harness_target(ckpt: Checkpoint, tasks, include_path: Path | None) -> None:
     """ConfigError, before any work, unless ``ckpt`` is a Hugging Face causal LM and ``tasks`` are known to lm-eval
-    (with the local tasks of ``include_path``): what a merge scored with ``--eval`` needs."""
+    (with the local tasks of ``include_path``): what ``--eval`` (of ``merge`` and ``barrier``) needs; absorbed
+    checkpoints (a dual-matched endpoint) are causal LMs too."""
     from ..diagnostics.harness import check_tasks
 
-    if ckpt.kind.name != "huggingface":
-        raise ConfigError(f"--eval (lm-eval tasks) scores merges of Hugging Face causal LMs; {ckpt.describe()} is "
-                          "not one")
+    if ckpt.kind.name not in ("huggingface", "absorbed"):
+        raise ConfigError(f"--eval (lm-eval tasks) scores Hugging Face causal LMs; {ckpt.describe()} is not one")
     _check_causal_lm(ckpt)
     try:
         check_tasks(tasks, include_path)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from ..report import barrier_table, plot_curves
@@ -10,12 +11,14 @@ from ..diagnostics.compare import Comparison, method_label
 from ..experiments.output import write_json
 
 
-def write_comparison(directory: Path, comparison: Comparison, results: dict, title: str) -> None:
-    """Write results.json, barrier.png and report.md into ``directory``."""
+def write_comparison(directory: Path, comparison: Comparison, results: dict, title: str,
+                     extra: Sequence[str] = ()) -> None:
+    """Write results.json, barrier.png and report.md (with the further markdown lines ``extra`` at its end) into
+    ``directory``."""
     write_json(directory / "results.json", results)
     plot_curves({method_label(m): c for m, c in comparison.curves.items()}, directory / "barrier.png", title=title,
                 note=evaluated_line(comparison))
-    (directory / "report.md").write_text(comparison_report(comparison, results))
+    (directory / "report.md").write_text("\n".join([comparison_report(comparison, results), *extra]))
 
 
 def evaluated_line(comparison: Comparison) -> str:
