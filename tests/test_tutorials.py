@@ -66,3 +66,19 @@ def test_pythia_dual_tutorial(tmp_path, shared_data, monkeypatch):
     assert 0 <= merge["lm_eval"]["tasks"]["austen_next"]["acc"] <= 1
     assert results["eval"]["test"]["loss"] == pytest.approx(merge["test"]["loss"], rel=1e-4)
     assert results["generated"].startswith("It is a truth universally")
+
+
+def test_vit_dual_tutorial(tmp_path, shared_data, monkeypatch):
+    """The vision half of the dual-matching pipeline on checkpoints a user holds: two Hugging Face ViTs trained on
+    Fashion-MNIST written as an image folder → check → weight matching (full group) and dual matching → accuracy along
+    each path on the held-out images → merge --align dual → eval of the merge."""
+    monkeypatch.setenv("MODECONN_DATA", str(shared_data))
+    results = _load("tutorial_vit_fashion_dual").main(tmp_path, quick=True)
+    paths = results["paths"]
+    assert set(paths) == {"naive", "wm", "dual"}
+    ends = paths["naive"]["endpoints"]
+    for name, p in paths.items():  # every alignment keeps the endpoints' functions: same accuracies at λ = 0 and 1
+        assert p["endpoints"] == pytest.approx(ends, abs=0.005), name  # an argmax tie may flip
+        assert 0 <= p["min"] <= min(p["endpoints"]) + 1e-9
+    assert results["merge"]["align"] == "dual" and results["merge"]["format"] == "absorbed"  # LayerNorm: absorbed
+    assert results["eval"]["test"]["loss"] == pytest.approx(results["merge"]["test"]["loss"], rel=1e-4)

@@ -87,6 +87,15 @@ def test_without_a_terminal_progress_is_logged_with_an_eta(capsys):
     assert len(lines) == 4 and "4/4 (100%)" in lines[-1] and all("ETA" in ln for ln in lines)
 
 
+def test_without_a_terminal_many_short_stages_make_no_flood_of_lines(capsys):
+    """A hundred weight-matching sweeps of a few milliseconds each: no line per sweep in a log file."""
+    with cli_app.progress_bar(log_every_s=10.0) as progress:
+        for sweep in range(1, 101):
+            for j in range(4):
+                progress(f"run 1/1 sweep {sweep}", j + 1, 4)
+    assert len([ln for ln in capsys.readouterr().out.splitlines() if "sweep" in ln]) <= 1
+
+
 def test_negative_control_an_llpf_that_ignores_the_budget_is_caught(monkeypatch):
     monkeypatch.setattr(llpf_mod._Run, "_step_limits", lambda self: (self.cfg["max_steps"], self.cfg["min_steps"]))
     path = _find("llpf", {"ticks": 10, "step": 0.3, "lr": 0.05, "threshold": -1.0, "max_steps": 20,

@@ -122,7 +122,8 @@ def written(out: Path, contents: str, what: str = "outputs") -> None:
 def progress_bar(enabled: bool = True, log_every_s: float = 10.0):
     """The one progress adapter: yields ``progress(stage, done, total, **metrics)`` (the protocol of
     :mod:`modeconn.match.progress`), one bar per stage with its metrics, elapsed time and ETA; without a terminal
-    (a log file, CI) a plain log line every ``log_every_s`` seconds and at each stage's end. Yields None when not
+    (a log file, CI) a plain log line every ``log_every_s`` seconds (across stages: a hundred short weight-matching
+    sweeps make no hundred lines) and at the end of a stage that lasted that long. Yields None when not
     ``enabled`` (ranks other than 0)."""
     if not enabled:
         yield None
@@ -137,11 +138,13 @@ def progress_bar(enabled: bool = True, log_every_s: float = 10.0):
             if state.get("stage") != stage or done < state.get("done", 0):
                 if "task" in state:
                     bar.remove_task(state["task"])
-                state.update(stage=stage, task=bar.add_task(stage, total=total, metrics=""), start=now, logged=now)
+                state.update(stage=stage, task=bar.add_task(stage, total=total, metrics=""), start=now)
+                state.setdefault("logged", now)
             text = "  ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items())
             state["done"] = done
             bar.update(state["task"], completed=done, total=total, metrics=text)
-            if not console.is_terminal and (now - state["logged"] >= log_every_s or done == total):
+            ended = done == total and now - state["start"] >= log_every_s  # a short stage's end is no news
+            if not console.is_terminal and (now - state["logged"] >= log_every_s or ended):
                 state["logged"] = now
                 eta = (now - state["start"]) / max(done, 1) * max((total or done) - done, 0)
                 share = f" ({100 * done / total:.0f}%)" if total else ""

@@ -99,7 +99,7 @@ def align_lm(ckpts: list[Checkpoint], out: Path, plan, progress, log: Callable[[
             torch.distributed.destroy_process_group()
     procs = f" on {info.world_size} processes" if info.world_size > 1 else ""
     line = (f"{'dual' if method == 'dual' else 'one-sided learned'} matching: path loss {rec['first_loss']:.4f} → "
-            f"{rec['objective']:.4f} nats/token over {config.steps} steps{procs} ({len(rec['spaces'])} spaces, "
+            f"{rec['objective']:.4f} nats of cross-entropy over {config.steps} steps{procs} ({len(rec['spaces'])} spaces, "
             f"weight-matching objective {rec['wm_objective']:.4f})")
     return Outcome(Path(out), "a/, b/, transforms.safetensors, alignment.json", (line,), "aligned endpoints",
                    quiet=info.rank != 0)
