@@ -12,6 +12,11 @@ _SIZE = {"hidden_size": 32, "num_attention_heads": 4, "intermediate_size": 64, "
 _LM = {**_SIZE, "vocab_size": 50, "max_position_embeddings": 32, "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0}
 _BERT = {**_SIZE, "vocab_size": 50, "max_position_embeddings": 32, "pad_token_id": 0}
 _VIT = {**_SIZE, "image_size": 8, "patch_size": 4, "num_channels": 3}
+_T5 = {"vocab_size": 50, "d_model": 32, "d_kv": 8, "d_ff": 64, "num_layers": 2, "num_heads": 4, "pad_token_id": 0,
+       "decoder_start_token_id": 0}
+BART = {"vocab_size": 50, "d_model": 32, "encoder_layers": 2, "decoder_layers": 2, "encoder_attention_heads": 4,
+         "decoder_attention_heads": 4, "encoder_ffn_dim": 64, "decoder_ffn_dim": 48, "pad_token_id": 0, "bos_token_id": 0,
+         "eos_token_id": 2, "decoder_start_token_id": 0}
 
 TINY = {
     "gpt_neox": lambda: T.GPTNeoXForCausalLM(T.GPTNeoXConfig(rotary_pct=0.5, **_LM)),
@@ -118,6 +123,22 @@ TINY = {
     "siglip_vision_head": lambda: T.SiglipVisionModel(T.SiglipVisionConfig(**_VIT)),
     "siglip_cls": lambda: T.SiglipForImageClassification(T.SiglipConfig(
         vision_config=_VIT, text_config={**_SIZE, "vocab_size": 50}, num_labels=5)),
+    # encoder–decoders: one stream where the token embeddings are tied, two otherwise (BART untied, Whisper)
+    "t5": lambda: T.T5ForConditionalGeneration(T.T5Config(**_T5)),
+    "t5_gated_untied_head": lambda: T.T5ForConditionalGeneration(T.T5Config(
+        **_T5 | {"num_decoder_layers": 3, "feed_forward_proj": "gated-gelu", "tie_word_embeddings": False})),
+    "t5_base": lambda: T.T5Model(T.T5Config(**_T5)),
+    "t5_encoder": lambda: T.T5EncoderModel(T.T5Config(**_T5)),
+    "mt5": lambda: T.MT5ForConditionalGeneration(T.MT5Config(**_T5)),
+    "umt5": lambda: T.UMT5ForConditionalGeneration(T.UMT5Config(**_T5)),
+    "bart": lambda: T.BartForConditionalGeneration(T.BartConfig(max_position_embeddings=32, **BART)),
+    "bart_untied": lambda: T.BartForConditionalGeneration(T.BartConfig(max_position_embeddings=32,
+                                                                       tie_word_embeddings=False, **BART)),
+    "bart_base": lambda: T.BartModel(T.BartConfig(max_position_embeddings=32, **BART)),
+    "mbart": lambda: T.MBartForConditionalGeneration(T.MBartConfig(max_position_embeddings=32, **BART)),
+    "pegasus": lambda: T.PegasusForConditionalGeneration(T.PegasusConfig(max_position_embeddings=32, **BART)),
+    "whisper": lambda: T.WhisperForConditionalGeneration(T.WhisperConfig(
+        num_mel_bins=8, max_source_positions=8, max_target_positions=16, **BART)),
 }
 NAMES = list(TINY)
 

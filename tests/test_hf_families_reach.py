@@ -221,8 +221,9 @@ def test_siglip_pooling_head_follows_the_stream():
 
 # ------------------------------------------------------------------ refused with the reason
 REFUSED_MODELS = {
-    "t5": (lambda: T.T5ForConditionalGeneration(T.T5Config(vocab_size=50, d_model=32, d_kv=8, d_ff=64, num_layers=2,
-                                                           num_heads=4)), "encoder–decoder"),
+    "marian": (lambda: T.MarianMTModel(T.MarianConfig(vocab_size=50, d_model=32, encoder_layers=1, decoder_layers=1,
+                                                      encoder_attention_heads=4, decoder_attention_heads=4,
+                                                      max_position_embeddings=32, pad_token_id=0)), "sinusoidal"),
     "mamba": (lambda: T.MambaForCausalLM(T.MambaConfig(vocab_size=50, hidden_size=32, state_size=4,
                                                        num_hidden_layers=2)), "selective state-space"),
     "swin": (lambda: T.SwinModel(T.SwinConfig(image_size=8, patch_size=2, embed_dim=16, depths=[1, 1],

@@ -6,7 +6,8 @@ Groups are requested per *role* (``d`` = head_dim, ``r`` = rotary dims, ``G`` = 
 role          spaces                                                                      groups
 ============  ==========================================================================  =====================
 residual      one space of size d_model: every writer (out), norm params (out), every      **permutation**,
-              reader (in)                                                                 orthogonal [1]
+              reader (in); an encoder–decoder with an encoder stream of its own: a second orthogonal [1]
+              space ``encoder.residual`` (its writers, norms, and readers incl. cross-attention K/V)
 heads         one per layer, ``G`` units: whole key/value groups move (the Q rows and O    permutation,
               columns of every query head of a group, its K and V rows)                   **None**
 qk            permutation: one space per K head and layer, size ``d − r``: the non-rotary  **permutation**,
@@ -191,7 +192,12 @@ def _dual_side(group: str) -> str:
 
 
 def _build_residual(acc: _Acc, st: Structure, group: str, permute_outputs: bool) -> None:
-    s = st.stream
+    _build_stream(acc, st.stream, "residual", group, permute_outputs)
+    if st.encoder_stream is not None:
+        _build_stream(acc, st.encoder_stream, "encoder.residual", group, permute_outputs)
+
+
+def _build_stream(acc: _Acc, s, name: str, group: str, permute_outputs: bool) -> None:
     if s.is_output and not permute_outputs:
         return  # the stream is the model's output: acting on it would change the output
     if not GROUPS.get(group).exact:  # a continuous stream transform (orthogonal) commutes with scale-free RMS norms only
@@ -202,7 +208,7 @@ def _build_residual(acc: _Acc, st: Structure, group: str, permute_outputs: bool)
                 f"{'the model is post-norm' if s.post_norm else f'norms {bad} carry parameters or subtract the mean'}"
                 " — run modeconn.absorb_normalization(model) first"
             )
-    name = acc.space("residual", s.size, group)
+    name = acc.space(name, s.size, group)
     acc.bind(s.writers, name, "out")
     acc.bind([p for n in s.norms for p in n.params()], name, "out")
     acc.bind(s.readers, name, "in")

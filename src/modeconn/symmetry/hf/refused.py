@@ -7,9 +7,9 @@ reads the reason instead of every table's mismatch. Removing an entry is how a f
 
 from __future__ import annotations
 
-_ENCODER_DECODER = ("an encoder–decoder: the decoder's residual stream and the encoder's are separate spaces and the "
-                    "decoder's cross-attention reads the encoder's stream through its key/value projections; no table "
-                    "describes two streams and cross-attention yet")
+_SINUSOIDAL = ("sinusoidal position embeddings added to both residual streams are recomputed when the model is built "
+               "(a buffer, or a table not saved in the checkpoint), so they stay in a fixed channel order: no "
+               "permutation of a stream survives saving and loading, and none is offered")
 _MLA = ("multi-head latent attention: queries and keys/values pass through low-rank latent projections with a norm "
         "between them (q_a_layernorm, kv_a_layernorm) and a decoupled RoPE part shared by every head; no table "
         "describes these latent spaces yet")
@@ -17,8 +17,8 @@ _MOE = ("a Mixture-of-Experts model: its expert spaces and the router are descri
         "support, not by the dense tables")
 
 REFUSED: dict[str, str] = {
-    **dict.fromkeys(("t5", "mt5", "umt5", "bart", "mbart", "whisper", "marian", "pegasus", "m2m_100", "nllb_moe"),
-                    _ENCODER_DECODER),
+    **dict.fromkeys(("m2m_100", "marian"), _SINUSOIDAL),
+    "nllb_moe": _MOE,
     **dict.fromkeys(("minicpm3", "deepseek_v2", "deepseek_v3", "kimi_k2"), _MLA),
     **dict.fromkeys(("llama4", "llama4_text"), _MOE + "; Llama-4 also interleaves layers without RoPE and chunked "
                                                      "attention"),

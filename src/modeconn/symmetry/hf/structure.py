@@ -184,6 +184,9 @@ class Structure:
     must be named by a slice, listed here or be a tied alias, else the builder raises SpecError naming it.
     ``aliases``: tied tensors, ``alias key → primary key`` (same storage in the state dict; filled by
     :func:`modeconn.symmetry.hf.describe`). ``prefix``: the HF model's path inside a wrapper (``""`` if none).
+    ``encoder_stream``: an encoder–decoder's encoder residual stream where it is a space of its own (untied encoder
+    and decoder embeddings, or no token embeddings in the encoder: Whisper); ``stream`` is then the decoder's, and
+    cross-attention's K/V columns read the encoder stream. With tied embeddings both streams are one space: ``stream``.
     """
 
     family: str
@@ -197,11 +200,14 @@ class Structure:
     frozen: tuple[str, ...] = ()
     aliases: Mapping[str, str] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    encoder_stream: Stream | None = None
 
     def slices(self) -> list[Slice]:
         """Every slice the structure names (for coverage checks)."""
-        s = self.stream
-        out = [*s.writers, *s.readers, *(p for n in s.norms for p in n.params())]
+        out = []
+        for s in (self.stream, self.encoder_stream):
+            if s is not None:
+                out += [*s.writers, *s.readers, *(p for n in s.norms for p in n.params())]
         for a in self.attentions:
             for h in a.heads:
                 out += [*h.q, *h.o]
