@@ -137,6 +137,11 @@ TINY = {
     "bart_base": lambda: T.BartModel(T.BartConfig(max_position_embeddings=32, **BART)),
     "mbart": lambda: T.MBartForConditionalGeneration(T.MBartConfig(max_position_embeddings=32, **BART)),
     "pegasus": lambda: T.PegasusForConditionalGeneration(T.PegasusConfig(max_position_embeddings=32, **BART)),
+    # ALBERT: an embedding space of its own (embedding_size 16 ≠ hidden 32), layers shared across depth
+    "albert_mlm": lambda: T.AlbertForMaskedLM(T.AlbertConfig(**_BERT | {"embedding_size": 16, "num_hidden_layers": 3})),
+    "albert_cls_groups": lambda: T.AlbertForSequenceClassification(T.AlbertConfig(**_BERT | {
+        "embedding_size": 16, "num_labels": 3, "num_hidden_layers": 4, "num_hidden_groups": 2, "inner_group_num": 2})),
+    "albert_base": lambda: T.AlbertModel(T.AlbertConfig(embedding_size=16, **_BERT)),
     "whisper": lambda: T.WhisperForConditionalGeneration(T.WhisperConfig(
         num_mel_bins=8, max_source_positions=8, max_target_positions=16, **BART)),
 }

@@ -87,7 +87,7 @@ def test_multimodal_wrappers_without_an_adapter_are_refused_naming_the_language_
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["xlm_roberta", "xlm_roberta_mlm", "clip_vision_proj", "dinov2_cls", "beit_relative_bias",
                                   "siglip_cls", "modernbert", "llava", "gemma3_cg", "mistral3",
-                                  "siglip_vision_head"])
+                                  "siglip_vision_head", "albert_mlm", "albert_cls_groups"])
 def test_streaming_equals_in_memory_and_outputs_load(name, tmp_path):
     ma, mb = make(name, 0), make(name, 1)
     da, db = tmp_path / "a", tmp_path / "b"
@@ -180,6 +180,8 @@ def test_apertus_activation_parameters_are_frozen():
     ("llava", "multi_modal_projector.linear_2.weight"),  # the projector writes the language model's stream
     ("gemma3_cg", "mm_input_projection_weight"),
     ("mistral3", "multi_modal_projector.linear_2.weight"),
+    ("albert_mlm", "embeddings.LayerNorm.weight"),  # ALBERT's embedding space: its LayerNorm …
+    ("albert_mlm", "predictions.dense.weight"),  # … and the MLM transform, whose decoder is tied to the word table
 ])
 def test_layer_scales_copied_heads_and_projectors_must_move_with_the_stream(name, tensors):
     import dataclasses
@@ -191,6 +193,22 @@ def test_layer_scales_copied_heads_and_projectors_must_move_with_the_stream(name
     wrong = dataclasses.replace(spec, tensors={k: (v[:1] if keep_first else ()) if k.endswith(tensors) else v
                                                for k, v in spec.tensors.items()})
     assert any(k.endswith(tensors) for k in spec.tensors)
+    assert _changes(model, wrong) > 1e-3
+
+
+def test_albert_embedding_space_and_shared_layers():
+    """One head/FFN space per stored layer (4 applications of 2 groups × 2 layers: 4 stored), the embedding space
+    (size 16) read by embedding_hidden_mapping_in's columns: without that binding the logits change."""
+    import dataclasses
+
+    model = make("albert_cls_groups")
+    spec = hf.hf_symmetry_spec(model)
+    assert sum(s.endswith(".ffn") for s in spec.spaces) == 4
+    emb = "albert.embeddings"
+    assert spec.spaces[emb].size == 16
+    assert _changes(model, spec) < 1e-4
+    key = "albert.encoder.embedding_hidden_mapping_in.weight"
+    wrong = dataclasses.replace(spec, tensors={**spec.tensors, key: tuple(b for b in spec.tensors[key] if b.space != emb)})
     assert _changes(model, wrong) > 1e-3
 
 

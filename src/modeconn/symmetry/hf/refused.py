@@ -31,9 +31,6 @@ REFUSED: dict[str, str] = {
     "deberta-v2": ("disentangled attention: relative position embeddings pass through each layer's own query/key "
                    "projections (share_att_key), so the stream and the position table meet inside every layer's Q/K "
                    "in a way no table describes"),
-    "albert": ("the embedding size differs from the hidden size (embedding_hidden_mapping_in projects the embeddings "
-               "into the stream) and every layer shares one set of weights, so one FFN and attention space serves "
-               "every layer; no table describes shared layers"),
     "mobilebert": ("bottleneck blocks: each layer projects the stream into a smaller intra-block size and back, "
                    "with NoNorm (an elementwise affine) instead of LayerNorm; no table describes these spaces"),
     "swin": ("windowed attention with per-head relative position bias tables and patch merging: each stage "
