@@ -18,6 +18,9 @@ BART = {"vocab_size": 50, "d_model": 32, "encoder_layers": 2, "decoder_layers": 
          "decoder_attention_heads": 4, "encoder_ffn_dim": 64, "decoder_ffn_dim": 48, "pad_token_id": 0, "bos_token_id": 0,
          "eos_token_id": 2, "decoder_start_token_id": 0}
 
+_DEBERTA_V3 = {"relative_attention": True, "pos_att_type": ["p2c", "c2p"], "position_buckets": 8,
+               "norm_rel_ebd": "layer_norm", "share_att_key": True, "position_biased_input": False}
+
 TINY = {
     "gpt_neox": lambda: T.GPTNeoXForCausalLM(T.GPTNeoXConfig(rotary_pct=0.5, **_LM)),
     "gpt_neox_seq": lambda: T.GPTNeoXForCausalLM(
@@ -142,6 +145,12 @@ TINY = {
     "albert_cls_groups": lambda: T.AlbertForSequenceClassification(T.AlbertConfig(**_BERT | {
         "embedding_size": 16, "num_labels": 3, "num_hidden_layers": 4, "num_hidden_groups": 2, "inner_group_num": 2})),
     "albert_base": lambda: T.AlbertModel(T.AlbertConfig(embedding_size=16, **_BERT)),
+    # DeBERTa: disentangled attention (v3: shared Q/K projections of the position table; v2: pos_*_proj)
+    "deberta_v3_mlm": lambda: T.DebertaV2ForMaskedLM(T.DebertaV2Config(**_BERT | _DEBERTA_V3)),
+    "deberta_v3_cls": lambda: T.DebertaV2ForSequenceClassification(T.DebertaV2Config(**_BERT | _DEBERTA_V3, num_labels=3)),
+    "deberta_v2_pos_proj": lambda: T.DebertaV2ForTokenClassification(T.DebertaV2Config(
+        **_BERT, num_labels=3, relative_attention=True, pos_att_type=["p2c", "c2p"], max_relative_positions=16,
+        type_vocab_size=2)),
     "whisper": lambda: T.WhisperForConditionalGeneration(T.WhisperConfig(
         num_mel_bins=8, max_source_positions=8, max_target_positions=16, **BART)),
 }

@@ -87,7 +87,8 @@ def test_multimodal_wrappers_without_an_adapter_are_refused_naming_the_language_
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["xlm_roberta", "xlm_roberta_mlm", "clip_vision_proj", "dinov2_cls", "beit_relative_bias",
                                   "siglip_cls", "modernbert", "llava", "gemma3_cg", "mistral3",
-                                  "siglip_vision_head", "albert_mlm", "albert_cls_groups"])
+                                  "siglip_vision_head", "albert_mlm", "albert_cls_groups",
+                                  "deberta_v3_mlm", "deberta_v2_pos_proj"])
 def test_streaming_equals_in_memory_and_outputs_load(name, tmp_path):
     ma, mb = make(name, 0), make(name, 1)
     da, db = tmp_path / "a", tmp_path / "b"
@@ -182,6 +183,8 @@ def test_apertus_activation_parameters_are_frozen():
     ("mistral3", "multi_modal_projector.linear_2.weight"),
     ("albert_mlm", "embeddings.LayerNorm.weight"),  # ALBERT's embedding space: its LayerNorm …
     ("albert_mlm", "predictions.dense.weight"),  # … and the MLM transform, whose decoder is tied to the word table
+    ("deberta_v3_mlm", "encoder.rel_embeddings.weight"),  # DeBERTa's position table is read through Q/K columns …
+    ("deberta_v3_mlm", "encoder.LayerNorm.weight"),  # … after its LayerNorm
 ])
 def test_layer_scales_copied_heads_and_projectors_must_move_with_the_stream(name, tensors):
     import dataclasses
@@ -210,6 +213,30 @@ def test_albert_embedding_space_and_shared_layers():
     key = "albert.encoder.embedding_hidden_mapping_in.weight"
     wrong = dataclasses.replace(spec, tensors={**spec.tensors, key: tuple(b for b in spec.tensors[key] if b.space != emb)})
     assert _changes(model, wrong) > 1e-3
+
+
+@pytest.mark.parametrize("groups", ["permutation", {"heads": "permutation", "qk": "head_invertible", "vo": None}])
+def test_deberta_position_projections_move_with_the_heads(groups):
+    """``share_att_key=False``: pos_query_proj / pos_key_proj rows follow each head's Q / K rows (their columns read
+    the stream); bound to the stream only, the logits change."""
+    import dataclasses
+
+    model = make("deberta_v2_pos_proj")
+    spec = hf.hf_symmetry_spec(model, groups)
+    assert _changes(model, spec) < 1e-4
+    pos = {k for k in spec.tensors if ".pos_key_proj." in k or ".pos_query_proj." in k}
+    assert len(pos) == 8
+    wrong = dataclasses.replace(spec, tensors={k: tuple(b for b in v if k not in pos or b.space == "residual")
+                                               for k, v in spec.tensors.items()})
+    assert _changes(model, wrong) > 1e-3
+
+
+def test_deberta_convolution_is_refused_naming_the_field():
+    from modeconn.errors import SpecError
+
+    model = T.DebertaV2Model(T.DebertaV2Config(**_TEXT, conv_kernel_size=3, relative_attention=True))
+    with pytest.raises(SpecError, match="conv_kernel_size"):
+        hf.hf_symmetry_spec(model)
 
 
 def test_siglip_pooling_head_follows_the_stream():

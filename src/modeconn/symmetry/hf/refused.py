@@ -28,9 +28,6 @@ REFUSED: dict[str, str] = {
               "offered rather than one guessed"),
     "mamba2": "a selective state-space model (Mamba-2: grouped B/C heads and a gated RMSNorm over the SSM output); "
               "see mamba",
-    "deberta-v2": ("disentangled attention: relative position embeddings pass through each layer's own query/key "
-                   "projections (share_att_key), so the stream and the position table meet inside every layer's Q/K "
-                   "in a way no table describes"),
     "mobilebert": ("bottleneck blocks: each layer projects the stream into a smaller intra-block size and back, "
                    "with NoNorm (an elementwise affine) instead of LayerNorm; no table describes these spaces"),
     "swin": ("windowed attention with per-head relative position bias tables and patch merging: each stage "
