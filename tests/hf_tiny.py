@@ -21,6 +21,9 @@ BART = {"vocab_size": 50, "d_model": 32, "encoder_layers": 2, "decoder_layers": 
 _DEBERTA_V3 = {"relative_attention": True, "pos_att_type": ["p2c", "c2p"], "position_buckets": 8,
                "norm_rel_ebd": "layer_norm", "share_att_key": True, "position_biased_input": False}
 
+_MLA = {"q_lora_rank": 24, "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 6,
+        "num_key_value_heads": 4}
+
 TINY = {
     "gpt_neox": lambda: T.GPTNeoXForCausalLM(T.GPTNeoXConfig(rotary_pct=0.5, **_LM)),
     "gpt_neox_seq": lambda: T.GPTNeoXForCausalLM(
@@ -151,6 +154,11 @@ TINY = {
     "deberta_v2_pos_proj": lambda: T.DebertaV2ForTokenClassification(T.DebertaV2Config(
         **_BERT, num_labels=3, relative_attention=True, pos_att_type=["p2c", "c2p"], max_relative_positions=16,
         type_vocab_size=2)),
+    # multi-head latent attention (v_head_dim ≠ qk_nope_head_dim; DeepSeek: every layer dense)
+    "minicpm3": lambda: T.MiniCPM3ForCausalLM(T.MiniCPM3Config(**_LM | _MLA)),
+    "deepseek_v2_no_q_latent": lambda: T.DeepseekV2ForCausalLM(T.DeepseekV2Config(
+        **_LM | _MLA | {"q_lora_rank": None, "first_k_dense_replace": 2})),
+    "deepseek_v3": lambda: T.DeepseekV3ForCausalLM(T.DeepseekV3Config(**_LM | _MLA | {"first_k_dense_replace": 2})),
     "whisper": lambda: T.WhisperForConditionalGeneration(T.WhisperConfig(
         num_mel_bins=8, max_source_positions=8, max_target_positions=16, **BART)),
 }

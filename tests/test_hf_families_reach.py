@@ -185,6 +185,8 @@ def test_apertus_activation_parameters_are_frozen():
     ("albert_mlm", "predictions.dense.weight"),  # … and the MLM transform, whose decoder is tied to the word table
     ("deberta_v3_mlm", "encoder.rel_embeddings.weight"),  # DeBERTa's position table is read through Q/K columns …
     ("deberta_v3_mlm", "encoder.LayerNorm.weight"),  # … after its LayerNorm
+    ("minicpm3", "q_a_layernorm.weight"),  # latent attention: the norms on the query and KV latents
+    ("deepseek_v3", "kv_a_layernorm.weight"),
 ])
 def test_layer_scales_copied_heads_and_projectors_must_move_with_the_stream(name, tensors):
     import dataclasses
@@ -236,6 +238,35 @@ def test_deberta_convolution_is_refused_naming_the_field():
 
     model = T.DebertaV2Model(T.DebertaV2Config(**_TEXT, conv_kernel_size=3, relative_attention=True))
     with pytest.raises(SpecError, match="conv_kernel_size"):
+        hf.hf_symmetry_spec(model)
+
+
+@pytest.mark.parametrize("name", ["minicpm3", "deepseek_v2_no_q_latent"])
+def test_latent_attention_rotary_query_rows_move_with_their_head(name):
+    """A head's rotary Q rows (scored against the one rotary key every head shares) move with the head; left behind,
+    head permutations change the logits. Per-head Q/K maps act on the non-rotary dims only."""
+    import dataclasses
+
+    groups = {"heads": "permutation", "qk": "head_invertible", "vo": "head_invertible"}
+    model = make(name)
+    spec = hf.hf_symmetry_spec(model, groups)
+    assert dict(spec.spaces[next(s for s in spec.spaces if s.endswith(".qk"))].params)["dim"] == 8  # nope dims
+    assert _changes(model, spec) < 1e-4
+    st = hf.describe(model)
+    no_extra = tuple(dataclasses.replace(a, heads=tuple(dataclasses.replace(h, extra=()) for h in a.heads))
+                     for a in st.attentions)
+    wrong = hf.build_spec(dataclasses.replace(st, attentions=no_extra), model.state_dict(), groups)
+    assert _changes(model, wrong) > 1e-3
+
+
+def test_deepseek_mixture_of_experts_layers_are_refused_naming_the_field():
+    from modeconn.errors import SpecError
+
+    model = T.DeepseekV3ForCausalLM(T.DeepseekV3Config(
+        **_TEXT | {"num_key_value_heads": 4, "q_lora_rank": 24, "kv_lora_rank": 16, "qk_nope_head_dim": 8,
+                   "qk_rope_head_dim": 4, "v_head_dim": 8, "first_k_dense_replace": 1, "n_routed_experts": 4,
+                   "num_experts_per_tok": 2, "moe_intermediate_size": 16}))
+    with pytest.raises(SpecError, match="first_k_dense_replace.*Mixture-of-Experts"):
         hf.hf_symmetry_spec(model)
 
 

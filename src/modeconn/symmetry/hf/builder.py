@@ -277,7 +277,7 @@ def _build_heads(acc: _Acc, a: Attention, groups: _Groups, heads: str) -> tuple[
     """Whole key/value groups move: Q rows, K/V rows (out), O columns (in). Returns the head space and its runs
     per tensor axis (the strides its child spaces must follow)."""
     parent = acc.space(f"{a.path}.heads", len(groups), heads)
-    writers = [[*(s for h in qs for s in h.q), *kv.k, *kv.v] for kv, qs in groups]
+    writers = [[*(s for h in qs for s in (*h.q, *h.extra)), *kv.k, *kv.v] for kv, qs in groups]
     readers = [[s for h in qs for s in h.o] for kv, qs in groups]
     acc.bind_units(writers, parent, "out", merge=True)
     acc.bind_units(readers, parent, "in", merge=True)
@@ -285,7 +285,7 @@ def _build_heads(acc: _Acc, a: Attention, groups: _Groups, heads: str) -> tuple[
     for ka, off, size, step in _unit_runs(writers, True) + _unit_runs(readers, True):
         strides.setdefault(ka, []).append((off, size, step))
     o0 = groups[0][1][0].o[0]
-    acc.probe(parent, _module_of(o0.key), "input", o0.offset, len(groups[0][1]) * a.head_dim)
+    acc.probe(parent, _module_of(o0.key), "input", o0.offset, len(groups[0][1]) * a.v_dim)
     return parent, strides
 
 
@@ -312,7 +312,7 @@ def _build_qk_perms(acc: _Acc, a: Attention, groups: _Groups, qk: str) -> None:
 def _build_vo_heads(acc: _Acc, a: Attention, groups: _Groups, vo: str, parent: str | None,
                     strides: _Strides | None) -> None:
     """One VO space per layer, a unit per key/value head: V rows out, O columns of its query heads in."""
-    name = acc.space(f"{a.path}.vo", len(groups), vo, parent, {"dim": a.head_dim})
+    name = acc.space(f"{a.path}.vo", len(groups), vo, parent, {"dim": a.v_dim})
     acc.bind_units([list(kv.v) for kv, _ in groups], name, "out", strides=strides)
     acc.bind_units([[s for h in qs for s in h.o] for _, qs in groups], name, "in", strides=strides)
 
@@ -320,7 +320,7 @@ def _build_vo_heads(acc: _Acc, a: Attention, groups: _Groups, vo: str, parent: s
 def _build_vo_perms(acc: _Acc, a: Attention, groups: _Groups, vo: str) -> None:
     """One VO space per key/value head, of size head_dim."""
     for j, (kv, qs) in enumerate(groups):
-        name = acc.space(f"{a.path}.vo{j}", a.head_dim, vo)
+        name = acc.space(f"{a.path}.vo{j}", a.v_dim, vo)
         acc.bind(kv.v, name, "out")
         acc.bind([s for h in qs for s in h.o], name, "in")
         for h in qs:

@@ -10,16 +10,13 @@ from __future__ import annotations
 _SINUSOIDAL = ("sinusoidal position embeddings added to both residual streams are recomputed when the model is built "
                "(a buffer, or a table not saved in the checkpoint), so they stay in a fixed channel order: no "
                "permutation of a stream survives saving and loading, and none is offered")
-_MLA = ("multi-head latent attention: queries and keys/values pass through low-rank latent projections with a norm "
-        "between them (q_a_layernorm, kv_a_layernorm) and a decoupled RoPE part shared by every head; no table "
-        "describes these latent spaces yet")
 _MOE = ("a Mixture-of-Experts model: its expert spaces and the router are described under the Mixture-of-Experts "
         "support, not by the dense tables")
 
 REFUSED: dict[str, str] = {
     **dict.fromkeys(("m2m_100", "marian"), _SINUSOIDAL),
     "nllb_moe": _MOE,
-    **dict.fromkeys(("minicpm3", "deepseek_v2", "deepseek_v3", "kimi_k2"), _MLA),
+    "kimi_k2": _MOE + " (DeepSeek-V3's layout: dense DeepSeek-V2/V3 configurations are supported)",
     **dict.fromkeys(("llama4", "llama4_text"), _MOE + "; Llama-4 also interleaves layers without RoPE and chunked "
                                                      "attention"),
     "mamba": ("a selective state-space model: its depthwise causal convolution, the x_proj split into Δ, B and C, and "

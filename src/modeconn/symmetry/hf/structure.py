@@ -110,10 +110,13 @@ class Stream:
 
 @dataclass(frozen=True)
 class QueryHead:
-    """One query head: its Q rows (output side) and O columns (input side), ``head_dim`` entries each."""
+    """One query head: its Q rows (output side, ``head_dim`` entries) and O columns (input side, the value head's
+    size). ``extra``: further Q rows that move with the head but belong to no QK space (multi-head latent
+    attention's rotary part, scored against a rotary key shared by every head)."""
 
     q: tuple[Slice, ...]
     o: tuple[Slice, ...]
+    extra: tuple[Slice, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -136,7 +139,8 @@ class Attention:
     is requested — ALiBi's slopes are fixed per head index (no head permutation); a norm shared by every head's
     Q/K (Qwen3's per-head ``q_norm``) follows no per-head map or per-dim permutation. ``permutation_only``:
     roles on which only permutations act (an elementwise op on Q/K/V such as OLMo's ``clip_qkv``, or a Q/K norm
-    over the whole projection whose weights move with the rows); continuous per-head groups leave them unbound."""
+    over the whole projection whose weights move with the rows); continuous per-head groups leave them unbound.
+    ``v_head_dim``: the V rows' and O columns' size per head where it differs from the Q/K ``head_dim``."""
 
     path: str
     head_dim: int
@@ -146,6 +150,12 @@ class Attention:
     rotary_style: str | None = None
     frozen_roles: tuple[str, ...] = ()
     permutation_only: tuple[str, ...] = ()
+    v_head_dim: int | None = None
+
+    @property
+    def v_dim(self) -> int:
+        """The value heads' size (``head_dim`` unless ``v_head_dim`` says otherwise: multi-head latent attention)."""
+        return self.head_dim if self.v_head_dim is None else self.v_head_dim
 
 
 @dataclass(frozen=True)
@@ -210,7 +220,7 @@ class Structure:
                 out += [*s.writers, *s.readers, *(p for n in s.norms for p in n.params())]
         for a in self.attentions:
             for h in a.heads:
-                out += [*h.q, *h.o]
+                out += [*h.q, *h.o, *h.extra]
             for kv in a.kv_heads:
                 out += [*kv.k, *kv.v]
         for f in self.ffns:
