@@ -24,6 +24,9 @@ _DEBERTA_V3 = {"relative_attention": True, "pos_att_type": ["p2c", "c2p"], "posi
 _MLA = {"q_lora_rank": 24, "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 6,
         "num_key_value_heads": 4}
 
+_MOBILEBERT = {"embedding_size": 16, "intra_bottleneck_size": 16, "true_hidden_size": 16, "intermediate_size": 24,
+               "num_feedforward_networks": 2}
+
 TINY = {
     "gpt_neox": lambda: T.GPTNeoXForCausalLM(T.GPTNeoXConfig(rotary_pct=0.5, **_LM)),
     "gpt_neox_seq": lambda: T.GPTNeoXForCausalLM(
@@ -159,6 +162,11 @@ TINY = {
     "deepseek_v2_no_q_latent": lambda: T.DeepseekV2ForCausalLM(T.DeepseekV2Config(
         **_LM | _MLA | {"q_lora_rank": None, "first_k_dense_replace": 2})),
     "deepseek_v3": lambda: T.DeepseekV3ForCausalLM(T.DeepseekV3Config(**_LM | _MLA | {"first_k_dense_replace": 2})),
+    # MobileBERT: bottlenecks (intra 16, shared Q/K input 16), trigram embeddings (16 → 32), NoNorm
+    "mobilebert_mlm": lambda: T.MobileBertForMaskedLM(T.MobileBertConfig(**_BERT | _MOBILEBERT)),
+    "mobilebert_cls": lambda: T.MobileBertForSequenceClassification(T.MobileBertConfig(**_BERT | _MOBILEBERT,
+                                                                                        num_labels=3)),
+    "mobilebert_base": lambda: T.MobileBertModel(T.MobileBertConfig(**_BERT | _MOBILEBERT)),
     "whisper": lambda: T.WhisperForConditionalGeneration(T.WhisperConfig(
         num_mel_bins=8, max_source_positions=8, max_target_positions=16, **BART)),
 }

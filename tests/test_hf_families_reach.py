@@ -88,7 +88,7 @@ def test_multimodal_wrappers_without_an_adapter_are_refused_naming_the_language_
 @pytest.mark.parametrize("name", ["xlm_roberta", "xlm_roberta_mlm", "clip_vision_proj", "dinov2_cls", "beit_relative_bias",
                                   "siglip_cls", "modernbert", "llava", "gemma3_cg", "mistral3",
                                   "siglip_vision_head", "albert_mlm", "albert_cls_groups",
-                                  "deberta_v3_mlm", "deberta_v2_pos_proj"])
+                                  "deberta_v3_mlm", "deberta_v2_pos_proj", "mobilebert_mlm", "mobilebert_cls"])
 def test_streaming_equals_in_memory_and_outputs_load(name, tmp_path):
     ma, mb = make(name, 0), make(name, 1)
     da, db = tmp_path / "a", tmp_path / "b"
@@ -187,6 +187,8 @@ def test_apertus_activation_parameters_are_frozen():
     ("deberta_v3_mlm", "encoder.LayerNorm.weight"),  # … after its LayerNorm
     ("minicpm3", "q_a_layernorm.weight"),  # latent attention: the norms on the query and KV latents
     ("deepseek_v3", "kv_a_layernorm.weight"),
+    ("mobilebert_mlm", "cls.predictions.dense.weight"),  # MobileBERT: the MLM transform's channels beyond the word table
+    ("mobilebert_mlm", "bottleneck.attention.LayerNorm.weight"),  # the shared query/key input's NoNorm
 ])
 def test_layer_scales_copied_heads_and_projectors_must_move_with_the_stream(name, tensors):
     import dataclasses
@@ -267,6 +269,35 @@ def test_deepseek_mixture_of_experts_layers_are_refused_naming_the_field():
                    "qk_rope_head_dim": 4, "v_head_dim": 8, "first_k_dense_replace": 1, "n_routed_experts": 4,
                    "num_experts_per_tok": 2, "moe_intermediate_size": 16}))
     with pytest.raises(SpecError, match="first_k_dense_replace.*Mixture-of-Experts"):
+        hf.hf_symmetry_spec(model)
+
+
+def test_mobilebert_trigram_blocks_and_value_read_their_spaces():
+    """embedding_transformation reads the word table's space three times (the trigram); the value projection reads
+    the stream, not the bottleneck: each binding dropped changes the logits."""
+    import dataclasses
+
+    model = make("mobilebert_mlm")
+    spec = hf.hf_symmetry_spec(model)
+    assert _changes(model, spec) < 1e-4
+    emb = "mobilebert.embeddings.word_embeddings"
+    et, value = "mobilebert.embeddings.embedding_transformation.weight", "mobilebert.encoder.layer.0.attention.self.value.weight"
+    assert sum(b.space == emb for b in spec.tensors[et]) == 3
+    for key, space in ((et, emb), (value, "residual")):
+        kept = [b for b in spec.tensors[key] if b.space != space]
+        if key == et:
+            kept += [b for b in spec.tensors[key] if b.space == space][:1]  # the first trigram block only
+        wrong = dataclasses.replace(spec, tensors={**spec.tensors, key: tuple(kept)})
+        assert _changes(model, wrong) > 1e-3, key
+
+
+@pytest.mark.parametrize(("field", "value"), [("use_bottleneck_attention", True), ("key_query_shared_bottleneck", False)])
+def test_mobilebert_other_bottleneck_wirings_are_refused_naming_the_field(field, value):
+    from modeconn.errors import SpecError
+
+    model = T.MobileBertModel(T.MobileBertConfig(**_TEXT | {"embedding_size": 16, "intra_bottleneck_size": 16,
+                                                           "true_hidden_size": 16, field: value}))
+    with pytest.raises(SpecError, match=field):
         hf.hf_symmetry_spec(model)
 
 

@@ -25,8 +25,6 @@ REFUSED: dict[str, str] = {
               "offered rather than one guessed"),
     "mamba2": "a selective state-space model (Mamba-2: grouped B/C heads and a gated RMSNorm over the SSM output); "
               "see mamba",
-    "mobilebert": ("bottleneck blocks: each layer projects the stream into a smaller intra-block size and back, "
-                   "with NoNorm (an elementwise affine) instead of LayerNorm; no table describes these spaces"),
     "swin": ("windowed attention with per-head relative position bias tables and patch merging: each stage "
              "concatenates 2×2 neighbouring tokens into 4·C channels, so the stream's space changes between stages; "
              "no table describes stage transitions"),

@@ -30,8 +30,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-NormKind = Literal["layernorm", "rmsnorm", "rms"]
-"""``layernorm``: (x − mean)/std · γ + β; ``rmsnorm``: x/rms · γ; ``rms``: x/rms, no parameters (absorbed).
+NormKind = Literal["layernorm", "rmsnorm", "rms", "affine"]
+"""``layernorm``: (x − mean)/std · γ + β; ``rmsnorm``: x/rms · γ; ``rms``: x/rms, no parameters (absorbed);
+``affine``: x · γ + β, no normalisation (MobileBERT's NoNorm).
 The scale is ``offset + weight`` (:attr:`NormRef.offset`; Gemma's RMSNorm: ``1 + w``)."""
 
 
