@@ -301,6 +301,17 @@ def test_mobilebert_other_bottleneck_wirings_are_refused_naming_the_field(field,
         hf.hf_symmetry_spec(model)
 
 
+def test_albert_checkpoint_with_shared_layers_reads_as_deep_as_its_config(tmp_path):
+    """albert-base's shape: 12 applications of one stored layer (fewer tensors than 12 layers would store)."""
+    from hf_tiny import randomize
+
+    torch.manual_seed(0)
+    model = randomize(T.AlbertForMaskedLM(T.AlbertConfig(**_TEXT | {"embedding_size": 16, "num_hidden_layers": 12})))
+    model.save_pretrained(tmp_path / "a")
+    spec = hf_checkpoint_spec(tmp_path / "a")
+    assert set(spec.spaces) == set(hf.hf_symmetry_spec(model).spaces)
+
+
 def test_siglip_pooling_head_follows_the_stream():
     """The probe moves with the stream and in_proj's columns read it: with the stream permuted (permute_outputs),
     last_hidden_state comes back permuted and pooler_output unchanged; without the probe's binding it changes."""

@@ -131,6 +131,15 @@ def estimate_parameters(cfg: Mapping[str, Any]) -> int:
     return layers * (4 * h * h + 3 * h * inter) + (2 * vocab + positions) * h
 
 
+def _stored_layers(config: Any) -> tuple[str, Any]:
+    """``(field, layers the checkpoint stores)``: ALBERT applies ``num_hidden_groups × inner_group_num`` stored layers
+    over its whole depth; other configs store every layer."""
+    groups, inner = getattr(config, "num_hidden_groups", None), getattr(config, "inner_group_num", None)
+    if _positive_int(groups) and _positive_int(inner):
+        return "num_hidden_groups", groups * inner
+    return _layers(config)
+
+
 def _layers(config: Any) -> tuple[str, Any]:
     for f in LAYER_FIELDS:
         v = getattr(config, f, None)
@@ -143,7 +152,7 @@ def check_fits_checkpoint(config: Any, file: str | os.PathLike, n_tensors: int) 
     """ConfigError naming ``file`` and the field when the config's layer count needs more tensors than the checkpoint
     holds (``MIN_TENSORS_PER_LAYER`` per layer): a config that does not describe the weights, refused before the
     model is built (building thousands of layers takes minutes even on the meta device)."""
-    field, layers = _layers(config)
+    field, layers = _stored_layers(config)
     if _positive_int(layers) and layers * MIN_TENSORS_PER_LAYER > n_tensors:
         raise ConfigError(f"{file}: config.{field}={layers} but the checkpoint holds only {n_tensors} tensors (every "
                           f"layer stores at least {MIN_TENSORS_PER_LAYER}); the config does not describe these weights")
