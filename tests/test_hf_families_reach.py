@@ -88,7 +88,7 @@ def test_multimodal_wrappers_without_an_adapter_are_refused_naming_the_language_
 @pytest.mark.parametrize("name", ["xlm_roberta", "xlm_roberta_mlm", "clip_vision_proj", "dinov2_cls", "beit_relative_bias",
                                   "siglip_cls", "modernbert", "llava", "gemma3_cg", "mistral3",
                                   "siglip_vision_head", "albert_mlm", "albert_cls_groups",
-                                  "deberta_v3_mlm", "deberta_v2_pos_proj", "mobilebert_mlm", "mobilebert_cls"])
+                                  "deberta_v3_mlm", "deberta_v2_pos_proj", "mobilebert_mlm", "mobilebert_cls", "mamba"])
 def test_streaming_equals_in_memory_and_outputs_load(name, tmp_path):
     ma, mb = make(name, 0), make(name, 1)
     da, db = tmp_path / "a", tmp_path / "b"
@@ -342,8 +342,8 @@ REFUSED_MODELS = {
     "marian": (lambda: T.MarianMTModel(T.MarianConfig(vocab_size=50, d_model=32, encoder_layers=1, decoder_layers=1,
                                                       encoder_attention_heads=4, decoder_attention_heads=4,
                                                       max_position_embeddings=32, pad_token_id=0)), "sinusoidal"),
-    "mamba": (lambda: T.MambaForCausalLM(T.MambaConfig(vocab_size=50, hidden_size=32, state_size=4,
-                                                       num_hidden_layers=2)), "selective state-space"),
+    "mamba2": (lambda: T.Mamba2ForCausalLM(T.Mamba2Config(vocab_size=50, hidden_size=32, state_size=4, num_heads=4,
+                                                          head_dim=16, n_groups=1, num_hidden_layers=2)), "Mamba-2"),
     "swin": (lambda: T.SwinModel(T.SwinConfig(image_size=8, patch_size=2, embed_dim=16, depths=[1, 1],
                                               num_heads=[2, 2], window_size=2)), "patch merging"),
     "convnext": (lambda: T.ConvNextForImageClassification(T.ConvNextConfig(

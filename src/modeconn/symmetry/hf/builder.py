@@ -383,7 +383,7 @@ def build_spec(
             name = acc.space(h.name, h.size, chosen["hidden"])
             acc.bind([*h.writers, *h.norms], name, "out")
             acc.bind(h.readers, name, "in")
-            acc.probe(name, _module_of(h.readers[0].key), "input")
+            acc.probe(name, *(h.probe or (_module_of(h.readers[0].key), "input")))
 
     _check_coverage(structure, shapes)
     tensors = {k: tuple(v) for k, v in acc.binds.items()}

@@ -19,12 +19,10 @@ REFUSED: dict[str, str] = {
     "kimi_k2": _MOE + " (DeepSeek-V3's layout: dense DeepSeek-V2/V3 configurations are supported)",
     **dict.fromkeys(("llama4", "llama4_text"), _MOE + "; Llama-4 also interleaves layers without RoPE and chunked "
                                                      "attention"),
-    "mamba": ("a selective state-space model: its depthwise causal convolution, the x_proj split into Δ, B and C, and "
-              "the per-channel A_log and D tie the channels of in_proj's two halves together; which channel "
-              "permutations are symmetries of a selective-scan block has not been derived and checked, so none is "
-              "offered rather than one guessed"),
-    "mamba2": "a selective state-space model (Mamba-2: grouped B/C heads and a gated RMSNorm over the SSM output); "
-              "see mamba",
+    "mamba2": ("a Mamba-2 selective state-space model: B and C are shared by groups of heads (n_groups), the time "
+               "step is per head, and a gated RMSNorm over groups of channels follows the scan; which head, channel "
+               "and group permutations keep it has not been derived and checked (Mamba-1 is supported), so none is "
+               "offered rather than one guessed"),
     "swin": ("windowed attention with per-head relative position bias tables and patch merging: each stage "
              "concatenates 2×2 neighbouring tokens into 4·C channels, so the stream's space changes between stages; "
              "no table describes stage transitions"),

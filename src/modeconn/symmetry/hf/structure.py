@@ -176,7 +176,8 @@ class Hidden:
     """Any other hidden space (a pooler whose output a classifier reads): writers, norm params, readers.
 
     ``joins_stream``: the space must carry the residual stream's transform (BERT's MLM transform, whose
-    decoder is tied to the word embeddings)."""
+    decoder is tied to the word embeddings). ``probe``: ``(module, "input" | "output", offset)`` where activation
+    matching observes the space, when that is not the first reader's input (Mamba's state: ``x_proj``'s B rows)."""
 
     name: str
     size: int
@@ -185,6 +186,7 @@ class Hidden:
     norms: tuple[Slice, ...] = ()
     activation: str = ""
     joins_stream: bool = False
+    probe: tuple[str, str, int] | None = None
 
 
 @dataclass(frozen=True)
