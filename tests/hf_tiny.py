@@ -167,6 +167,11 @@ TINY = {
     "mobilebert_cls": lambda: T.MobileBertForSequenceClassification(T.MobileBertConfig(**_BERT | _MOBILEBERT,
                                                                                         num_labels=3)),
     "mobilebert_base": lambda: T.MobileBertModel(T.MobileBertConfig(**_BERT | _MOBILEBERT)),
+    # transformers' ConvNeXt: one channel space per stage
+    "convnext": lambda: T.ConvNextForImageClassification(T.ConvNextConfig(
+        hidden_sizes=[8, 16], depths=[2, 1], num_stages=2, num_labels=5, image_size=16)),
+    "convnext_base": lambda: T.ConvNextModel(T.ConvNextConfig(hidden_sizes=[8, 16, 24], depths=[1, 1, 1], num_stages=3,
+                                                              image_size=32)),
     "whisper": lambda: T.WhisperForConditionalGeneration(T.WhisperConfig(
         num_mel_bins=8, max_source_positions=8, max_target_positions=16, **BART)),
 }

@@ -88,7 +88,7 @@ def test_multimodal_wrappers_without_an_adapter_are_refused_naming_the_language_
 @pytest.mark.parametrize("name", ["xlm_roberta", "xlm_roberta_mlm", "clip_vision_proj", "dinov2_cls", "beit_relative_bias",
                                   "siglip_cls", "modernbert", "llava", "gemma3_cg", "mistral3",
                                   "siglip_vision_head", "albert_mlm", "albert_cls_groups",
-                                  "deberta_v3_mlm", "deberta_v2_pos_proj", "mobilebert_mlm", "mobilebert_cls", "mamba"])
+                                  "deberta_v3_mlm", "deberta_v2_pos_proj", "mobilebert_mlm", "mobilebert_cls", "mamba", "convnext"])
 def test_streaming_equals_in_memory_and_outputs_load(name, tmp_path):
     ma, mb = make(name, 0), make(name, 1)
     da, db = tmp_path / "a", tmp_path / "b"
@@ -187,6 +187,9 @@ def test_apertus_activation_parameters_are_frozen():
     ("deberta_v3_mlm", "encoder.LayerNorm.weight"),  # … after its LayerNorm
     ("minicpm3", "q_a_layernorm.weight"),  # latent attention: the norms on the query and KV latents
     ("deepseek_v3", "kv_a_layernorm.weight"),
+    ("convnext", "layers.0.dwconv.weight"),  # ConvNeXt: depthwise convolutions move with their stage's channels …
+    ("convnext", "downsampling_layer.0.weight"),  # … the downsampling LayerNorm with the stage it normalises …
+    ("convnext", "layer_scale_parameter"),  # … and the layer scales
     ("mobilebert_mlm", "cls.predictions.dense.weight"),  # MobileBERT: the MLM transform's channels beyond the word table
     ("mobilebert_mlm", "bottleneck.attention.LayerNorm.weight"),  # the shared query/key input's NoNorm
 ])
@@ -346,8 +349,8 @@ REFUSED_MODELS = {
                                                           head_dim=16, n_groups=1, num_hidden_layers=2)), "Mamba-2"),
     "swin": (lambda: T.SwinModel(T.SwinConfig(image_size=8, patch_size=2, embed_dim=16, depths=[1, 1],
                                               num_heads=[2, 2], window_size=2)), "patch merging"),
-    "convnext": (lambda: T.ConvNextForImageClassification(T.ConvNextConfig(
-        hidden_sizes=[8, 16], depths=[1, 1], num_stages=2, num_labels=5)), "convolutional network"),
+    "convnextv2": (lambda: T.ConvNextV2ForImageClassification(T.ConvNextV2Config(
+        hidden_sizes=[8, 16], depths=[1, 1], num_stages=2, num_labels=5)), "global response normalisation"),
 }
 
 

@@ -26,10 +26,9 @@ REFUSED: dict[str, str] = {
     "swin": ("windowed attention with per-head relative position bias tables and patch merging: each stage "
              "concatenates 2×2 neighbouring tokens into 4·C channels, so the stream's space changes between stages; "
              "no table describes stage transitions"),
-    "convnext": ("a convolutional network (depthwise convolutions, channels-last LayerNorm, layer scale): no "
-                 "transformer table describes it and torch.fx cannot trace transformers' class (control flow on the "
-                 "input); timm's ConvNeXt models are traced by modeconn.symmetry_spec(model, example_input)"),
-    "convnextv2": "a convolutional network with global response normalisation (GRN); see convnext",
+    "convnextv2": ("ConvNeXt-V2's global response normalisation (GRN) scales each channel by its spatial norm "
+                   "relative to the mean over channels, with per-channel parameters; its symmetries have not been "
+                   "derived and checked for transformers' class (ConvNeXt-V1 is supported)"),
 }
 """``model_type`` → why it is refused."""
 
