@@ -172,6 +172,11 @@ TINY = {
         hidden_sizes=[8, 16], depths=[2, 1], num_stages=2, num_labels=5, image_size=16)),
     "convnext_base": lambda: T.ConvNextModel(T.ConvNextConfig(hidden_sizes=[8, 16, 24], depths=[1, 1, 1], num_stages=3,
                                                               image_size=32)),
+    # Swin: one channel space per stage (patch merging 4·C → 2·C), per-head relative position bias columns
+    "swin": lambda: T.SwinForImageClassification(T.SwinConfig(image_size=8, patch_size=2, embed_dim=8, depths=[1, 2],
+                                                             num_heads=[2, 4], window_size=2, num_labels=5)),
+    "swin_base_abs_pos": lambda: T.SwinModel(T.SwinConfig(image_size=8, patch_size=2, embed_dim=8, depths=[2, 1],
+                                                          num_heads=[2, 2], window_size=2, use_absolute_embeddings=True)),
     "whisper": lambda: T.WhisperForConditionalGeneration(T.WhisperConfig(
         num_mel_bins=8, max_source_positions=8, max_target_positions=16, **BART)),
 }

@@ -36,7 +36,7 @@ NOT_ABSORBABLE = {"gemma2": "sandwich", "gemma3": "sandwich", "olmo2": "post-nor
                   "xlm_roberta": "post-LN", "dinov2_cls": "layer scales", "beit": "layer scales",
                   "modernbert": "embeddings.norm", "llava": "multimodal wrapper", "gemma3_cg": "multimodal wrapper",
                   "mistral3": "multimodal wrapper", "mamba": "reads its RMSNorm's weight",
-                  "convnext": "inside each branch"}
+                  "convnext": "inside each branch", "swin": "patch merging"}
 DECODERS = ["gpt_neox", "gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "phi", "olmo", "olmo2",
             "stablelm", "starcoder2", "gptj", "opt", "falcon", "bloom", "gemma3", "cohere", "falcon_grouped",
             "falcon_alibi_mha", "llama_biases_tied", "stablelm_parallel_qk_ln",

@@ -88,7 +88,7 @@ def test_multimodal_wrappers_without_an_adapter_are_refused_naming_the_language_
 @pytest.mark.parametrize("name", ["xlm_roberta", "xlm_roberta_mlm", "clip_vision_proj", "dinov2_cls", "beit_relative_bias",
                                   "siglip_cls", "modernbert", "llava", "gemma3_cg", "mistral3",
                                   "siglip_vision_head", "albert_mlm", "albert_cls_groups",
-                                  "deberta_v3_mlm", "deberta_v2_pos_proj", "mobilebert_mlm", "mobilebert_cls", "mamba", "convnext"])
+                                  "deberta_v3_mlm", "deberta_v2_pos_proj", "mobilebert_mlm", "mobilebert_cls", "mamba", "convnext", "swin"])
 def test_streaming_equals_in_memory_and_outputs_load(name, tmp_path):
     ma, mb = make(name, 0), make(name, 1)
     da, db = tmp_path / "a", tmp_path / "b"
@@ -187,6 +187,7 @@ def test_apertus_activation_parameters_are_frozen():
     ("deberta_v3_mlm", "encoder.LayerNorm.weight"),  # … after its LayerNorm
     ("minicpm3", "q_a_layernorm.weight"),  # latent attention: the norms on the query and KV latents
     ("deepseek_v3", "kv_a_layernorm.weight"),
+    ("swin", "layers.0.downsample.norm.weight"),  # Swin's patch merging norm: four blocks of stage 0's channels
     ("convnext", "layers.0.dwconv.weight"),  # ConvNeXt: depthwise convolutions move with their stage's channels …
     ("convnext", "downsampling_layer.0.weight"),  # … the downsampling LayerNorm with the stage it normalises …
     ("convnext", "layer_scale_parameter"),  # … and the layer scales
@@ -315,6 +316,28 @@ def test_albert_checkpoint_with_shared_layers_reads_as_deep_as_its_config(tmp_pa
     assert set(spec.spaces) == set(hf.hf_symmetry_spec(model).spaces)
 
 
+def test_swin_bias_columns_follow_heads_and_merging_reads_four_blocks():
+    """Each head's relative position bias column moves with the head; patch merging's reduction reads stage 0's
+    channels in all four concatenated blocks: either left behind changes the logits."""
+    import dataclasses
+
+    groups = {"heads": "permutation", "qk": None, "vo": None}
+    model = make("swin")
+    spec = hf.hf_symmetry_spec(model, groups)
+    assert _changes(model, spec) < 1e-4
+    st = hf.describe(model)
+    no_bias = tuple(dataclasses.replace(a, heads=tuple(dataclasses.replace(h, extra=()) for h in a.heads))
+                    for a in st.attentions)
+    tables = tuple(k for k in model.state_dict() if k.endswith("relative_position_bias_table"))
+    frozen = dataclasses.replace(st, attentions=no_bias, frozen=(*st.frozen, *tables))  # the tables stay put
+    assert _changes(model, hf.build_spec(frozen, model.state_dict(), groups)) > 1e-3
+    spec = hf.hf_symmetry_spec(model)
+    red, stage = "swin.encoder.layers.0.downsample.reduction.weight", "swin.encoder.layers.0"
+    assert sum(b.space == stage for b in spec.tensors[red]) == 4
+    first = [b for b in spec.tensors[red] if b.space != stage] + [b for b in spec.tensors[red] if b.space == stage][:1]
+    assert _changes(model, dataclasses.replace(spec, tensors={**spec.tensors, red: tuple(first)})) > 1e-3
+
+
 def test_siglip_pooling_head_follows_the_stream():
     """The probe moves with the stream and in_proj's columns read it: with the stream permuted (permute_outputs),
     last_hidden_state comes back permuted and pooler_output unchanged; without the probe's binding it changes."""
@@ -347,8 +370,6 @@ REFUSED_MODELS = {
                                                       max_position_embeddings=32, pad_token_id=0)), "sinusoidal"),
     "mamba2": (lambda: T.Mamba2ForCausalLM(T.Mamba2Config(vocab_size=50, hidden_size=32, state_size=4, num_heads=4,
                                                           head_dim=16, n_groups=1, num_hidden_layers=2)), "Mamba-2"),
-    "swin": (lambda: T.SwinModel(T.SwinConfig(image_size=8, patch_size=2, embed_dim=16, depths=[1, 1],
-                                              num_heads=[2, 2], window_size=2)), "patch merging"),
     "convnextv2": (lambda: T.ConvNextV2ForImageClassification(T.ConvNextV2Config(
         hidden_sizes=[8, 16], depths=[1, 1], num_stages=2, num_labels=5)), "global response normalisation"),
 }

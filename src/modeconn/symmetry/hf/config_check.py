@@ -47,8 +47,10 @@ SIZE_FIELDS = (
     "ffn_dim", "vocab_size", "max_position_embeddings", "n_positions", "n_ctx", "num_channels", "image_size",
     "patch_size", "num_labels",
 )
-"""Config fields holding sizes: when present (and not ``null``) each must be an integer ≥ 1 (image and patch sizes
-may also be a list of such integers)."""
+"""Config fields holding sizes: when present (and not ``null``) each must be an integer ≥ 1 (those of
+:data:`LIST_FIELDS` may also be a list of such integers)."""
+LIST_FIELDS = ("image_size", "patch_size", "num_heads")
+"""Size fields that may be a list: image and patch sizes per dimension, heads per stage (Swin)."""
 NULLABLE_FIELDS = ("num_key_value_heads", "head_dim", "intermediate_size", "n_inner", "ffn_dim",
                    "max_position_embeddings", "n_positions", "n_ctx")
 """Size fields that may be ``null`` (transformers then derives them: kv heads = heads, n_inner = 4·hidden …)."""
@@ -95,12 +97,14 @@ def validate_hf_config(cfg: Mapping[str, Any], file: str | os.PathLike) -> None:
         if field not in cfg or (cfg[field] is None and field in NULLABLE_FIELDS):
             continue
         value, minimum = cfg[field], 0 if field in NONNEGATIVE_FIELDS else 1
-        items = value if field in ("image_size", "patch_size") and isinstance(value, list) and value else [value]
+        items = value if field in LIST_FIELDS and isinstance(value, list) and value else [value]
         if not all(_positive_int(v, minimum) for v in items):
             raise invalid_field(file, field, value, f"a size must be an integer ≥ {minimum} (not a string, float or bool)")
     hidden_field, hidden = _first(cfg, HIDDEN_FIELDS)
     heads_field, heads = _first(cfg, HEAD_FIELDS)
     kv = cfg.get("num_key_value_heads")
+    if isinstance(heads, list):  # heads per stage (Swin): each stage has its own width
+        heads = None
     if hidden is not None and heads is not None and cfg.get("head_dim") is None and hidden % heads:
         raise invalid_field(file, hidden_field, hidden, f"not divisible by config.{heads_field}={heads} (the head size "
                                                         "would not be an integer)")

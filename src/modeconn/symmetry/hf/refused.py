@@ -23,9 +23,6 @@ REFUSED: dict[str, str] = {
                "step is per head, and a gated RMSNorm over groups of channels follows the scan; which head, channel "
                "and group permutations keep it has not been derived and checked (Mamba-1 is supported), so none is "
                "offered rather than one guessed"),
-    "swin": ("windowed attention with per-head relative position bias tables and patch merging: each stage "
-             "concatenates 2×2 neighbouring tokens into 4·C channels, so the stream's space changes between stages; "
-             "no table describes stage transitions"),
     "convnextv2": ("ConvNeXt-V2's global response normalisation (GRN) scales each channel by its spatial norm "
                    "relative to the mean over channels, with per-channel parameters; its symmetries have not been "
                    "derived and checked for transformers' class (ConvNeXt-V1 is supported)"),

@@ -112,8 +112,9 @@ class Stream:
 @dataclass(frozen=True)
 class QueryHead:
     """One query head: its Q rows (output side, ``head_dim`` entries) and O columns (input side, the value head's
-    size). ``extra``: further Q rows that move with the head but belong to no QK space (multi-head latent
-    attention's rotary part, scored against a rotary key shared by every head)."""
+    size). ``extra``: further slices that move with the head but belong to no QK space (multi-head latent
+    attention's rotary Q rows, scored against a rotary key shared by every head; Swin's column of a relative
+    position bias table)."""
 
     q: tuple[Slice, ...]
     o: tuple[Slice, ...]
