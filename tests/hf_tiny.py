@@ -12,6 +12,20 @@ _SIZE = {"hidden_size": 32, "num_attention_heads": 4, "intermediate_size": 64, "
 _LM = {**_SIZE, "vocab_size": 50, "max_position_embeddings": 32, "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0}
 _BERT = {**_SIZE, "vocab_size": 50, "max_position_embeddings": 32, "pad_token_id": 0}
 _VIT = {**_SIZE, "image_size": 8, "patch_size": 4, "num_channels": 3}
+_T5 = {"vocab_size": 50, "d_model": 32, "d_kv": 8, "d_ff": 64, "num_layers": 2, "num_heads": 4, "pad_token_id": 0,
+       "decoder_start_token_id": 0}
+BART = {"vocab_size": 50, "d_model": 32, "encoder_layers": 2, "decoder_layers": 2, "encoder_attention_heads": 4,
+         "decoder_attention_heads": 4, "encoder_ffn_dim": 64, "decoder_ffn_dim": 48, "pad_token_id": 0, "bos_token_id": 0,
+         "eos_token_id": 2, "decoder_start_token_id": 0}
+
+_DEBERTA_V3 = {"relative_attention": True, "pos_att_type": ["p2c", "c2p"], "position_buckets": 8,
+               "norm_rel_ebd": "layer_norm", "share_att_key": True, "position_biased_input": False}
+
+_MLA = {"q_lora_rank": 24, "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 6,
+        "num_key_value_heads": 4}
+
+_MOBILEBERT = {"embedding_size": 16, "intra_bottleneck_size": 16, "true_hidden_size": 16, "intermediate_size": 24,
+               "num_feedforward_networks": 2}
 
 TINY = {
     "gpt_neox": lambda: T.GPTNeoXForCausalLM(T.GPTNeoXConfig(rotary_pct=0.5, **_LM)),
@@ -118,8 +132,61 @@ TINY = {
     "siglip_vision_head": lambda: T.SiglipVisionModel(T.SiglipVisionConfig(**_VIT)),
     "siglip_cls": lambda: T.SiglipForImageClassification(T.SiglipConfig(
         vision_config=_VIT, text_config={**_SIZE, "vocab_size": 50}, num_labels=5)),
+    # encoder–decoders: one stream where the token embeddings are tied, two otherwise (BART untied, Whisper)
+    "t5": lambda: T.T5ForConditionalGeneration(T.T5Config(**_T5)),
+    "t5_gated_untied_head": lambda: T.T5ForConditionalGeneration(T.T5Config(
+        **_T5 | {"num_decoder_layers": 3, "feed_forward_proj": "gated-gelu", "tie_word_embeddings": False})),
+    "t5_base": lambda: T.T5Model(T.T5Config(**_T5)),
+    "t5_encoder": lambda: T.T5EncoderModel(T.T5Config(**_T5)),
+    "mt5": lambda: T.MT5ForConditionalGeneration(T.MT5Config(**_T5)),
+    "umt5": lambda: T.UMT5ForConditionalGeneration(T.UMT5Config(**_T5)),
+    "bart": lambda: T.BartForConditionalGeneration(T.BartConfig(max_position_embeddings=32, **BART)),
+    "bart_untied": lambda: T.BartForConditionalGeneration(T.BartConfig(max_position_embeddings=32,
+                                                                       tie_word_embeddings=False, **BART)),
+    "bart_base": lambda: T.BartModel(T.BartConfig(max_position_embeddings=32, **BART)),
+    "mbart": lambda: T.MBartForConditionalGeneration(T.MBartConfig(max_position_embeddings=32, **BART)),
+    "pegasus": lambda: T.PegasusForConditionalGeneration(T.PegasusConfig(max_position_embeddings=32, **BART)),
+    # ALBERT: an embedding space of its own (embedding_size 16 ≠ hidden 32), layers shared across depth
+    "albert_mlm": lambda: T.AlbertForMaskedLM(T.AlbertConfig(**_BERT | {"embedding_size": 16, "num_hidden_layers": 3})),
+    "albert_cls_groups": lambda: T.AlbertForSequenceClassification(T.AlbertConfig(**_BERT | {
+        "embedding_size": 16, "num_labels": 3, "num_hidden_layers": 4, "num_hidden_groups": 2, "inner_group_num": 2})),
+    "albert_base": lambda: T.AlbertModel(T.AlbertConfig(embedding_size=16, **_BERT)),
+    # DeBERTa: disentangled attention (v3: shared Q/K projections of the position table; v2: pos_*_proj)
+    "deberta_v3_mlm": lambda: T.DebertaV2ForMaskedLM(T.DebertaV2Config(**_BERT | _DEBERTA_V3)),
+    "deberta_v3_cls": lambda: T.DebertaV2ForSequenceClassification(T.DebertaV2Config(**_BERT | _DEBERTA_V3, num_labels=3)),
+    "deberta_v2_pos_proj": lambda: T.DebertaV2ForTokenClassification(T.DebertaV2Config(
+        **_BERT, num_labels=3, relative_attention=True, pos_att_type=["p2c", "c2p"], max_relative_positions=16,
+        type_vocab_size=2)),
+    # multi-head latent attention (v_head_dim ≠ qk_nope_head_dim; DeepSeek: every layer dense)
+    "minicpm3": lambda: T.MiniCPM3ForCausalLM(T.MiniCPM3Config(**_LM | _MLA)),
+    "deepseek_v2_no_q_latent": lambda: T.DeepseekV2ForCausalLM(T.DeepseekV2Config(
+        **_LM | _MLA | {"q_lora_rank": None, "first_k_dense_replace": 2})),
+    "deepseek_v3": lambda: T.DeepseekV3ForCausalLM(T.DeepseekV3Config(**_LM | _MLA | {"first_k_dense_replace": 2})),
+    # MobileBERT: bottlenecks (intra 16, shared Q/K input 16), trigram embeddings (16 → 32), NoNorm
+    "mobilebert_mlm": lambda: T.MobileBertForMaskedLM(T.MobileBertConfig(**_BERT | _MOBILEBERT)),
+    "mobilebert_cls": lambda: T.MobileBertForSequenceClassification(T.MobileBertConfig(**_BERT | _MOBILEBERT,
+                                                                                        num_labels=3)),
+    "mobilebert_base": lambda: T.MobileBertModel(T.MobileBertConfig(**_BERT | _MOBILEBERT)),
+    # transformers' ConvNeXt: one channel space per stage
+    "convnext": lambda: T.ConvNextForImageClassification(T.ConvNextConfig(
+        hidden_sizes=[8, 16], depths=[2, 1], num_stages=2, num_labels=5, image_size=16)),
+    "convnext_base": lambda: T.ConvNextModel(T.ConvNextConfig(hidden_sizes=[8, 16, 24], depths=[1, 1, 1], num_stages=3,
+                                                              image_size=32)),
+    # Swin: one channel space per stage (patch merging 4·C → 2·C), per-head relative position bias columns
+    "swin": lambda: T.SwinForImageClassification(T.SwinConfig(image_size=8, patch_size=2, embed_dim=8, depths=[1, 2],
+                                                             num_heads=[2, 4], window_size=2, num_labels=5)),
+    "swin_base_abs_pos": lambda: T.SwinModel(T.SwinConfig(image_size=8, patch_size=2, embed_dim=8, depths=[2, 1],
+                                                          num_heads=[2, 2], window_size=2, use_absolute_embeddings=True)),
+    "whisper": lambda: T.WhisperForConditionalGeneration(T.WhisperConfig(
+        num_mel_bins=8, max_source_positions=8, max_target_positions=16, **BART)),
 }
 NAMES = list(TINY)
+NO_FFN = {  # families without an FFN role (test_hf_mamba.py runs the common checks on them)
+    "mamba": lambda: T.MambaForCausalLM(T.MambaConfig(vocab_size=50, hidden_size=32, state_size=4, num_hidden_layers=2,
+                                                      conv_kernel=3, time_step_rank=5, pad_token_id=0)),
+    "mamba_base": lambda: T.MambaModel(T.MambaConfig(vocab_size=50, hidden_size=32, state_size=4, num_hidden_layers=2,
+                                                     conv_kernel=3, time_step_rank=5, use_conv_bias=False)),
+}
 
 
 def randomize(model: nn.Module, seed: int = 0) -> nn.Module:
@@ -137,7 +204,7 @@ def randomize(model: nn.Module, seed: int = 0) -> nn.Module:
 
 def make(name: str, seed: int = 0) -> nn.Module:
     torch.manual_seed(seed)
-    return randomize(TINY[name](), seed)
+    return randomize((TINY | NO_FFN)[name](), seed)
 
 
 def outputs(model: nn.Module, x: dict) -> dict[str, torch.Tensor]:

@@ -17,7 +17,8 @@ from modeconn.symmetry.spec import AxisBinding, Space
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 # the residual stream is the model output: frozen by default
-BASE_MODELS = {"bert", "vit_base", "clip_vision", "clip_vision_proj", "dinov2", "siglip_vision", "modernbert", "siglip_vision_head"}
+BASE_MODELS = {"bert", "vit_base", "clip_vision", "clip_vision_proj", "dinov2", "siglip_vision", "modernbert", "siglip_vision_head",
+               "t5_base", "t5_encoder", "bart_base", "albert_base", "mobilebert_base", "convnext_base", "swin_base_abs_pos"}
 
 
 def _spec(name):

@@ -28,18 +28,20 @@ PRE_NORM = ["mistral", "qwen2", "qwen3", "gemma", "phi3", "phi", "olmo", "stable
             "falcon_alibi_mha", "llama_biases_tied", "deit_plain",
             # reach, round 2 (#34)
             "arcee", "nemotron", "vaultgemma", "hunyuan_dense", "glm", "apertus", "persimmon", "gpt_neo", "codegen",
-            "gpt_bigcode", "gpt_bigcode_mha", "mpt", "mpt_alibi", "siglip_cls"]
+            "gpt_bigcode", "gpt_bigcode_mha", "mpt", "mpt_alibi", "siglip_cls",
+            "minicpm3", "deepseek_v2_no_q_latent", "deepseek_v3"]
 NOT_ABSORBABLE = {"gemma2": "sandwich", "gemma3": "sandwich", "olmo2": "post-norms", "bloom": "word_embeddings_layernorm",
                   "clip": "pre_layrnorm", "clip_vision": "pre_layrnorm",
                   "roberta": "post-LN", "electra": "post-LN", "distilbert": "post-LN", "glm4": "post-norms",
                   "xlm_roberta": "post-LN", "dinov2_cls": "layer scales", "beit": "layer scales",
                   "modernbert": "embeddings.norm", "llava": "multimodal wrapper", "gemma3_cg": "multimodal wrapper",
-                  "mistral3": "multimodal wrapper"}
+                  "mistral3": "multimodal wrapper", "mamba": "reads its RMSNorm's weight",
+                  "convnext": "inside each branch", "swin": "patch merging"}
 DECODERS = ["gpt_neox", "gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "phi", "olmo", "olmo2",
             "stablelm", "starcoder2", "gptj", "opt", "falcon", "bloom", "gemma3", "cohere", "falcon_grouped",
             "falcon_alibi_mha", "llama_biases_tied", "stablelm_parallel_qk_ln",
             "arcee", "nemotron", "vaultgemma", "hunyuan_dense", "glm", "glm4", "apertus", "persimmon", "gpt_neo", "codegen",
-            "gpt_bigcode", "gpt_bigcode_mha", "mpt", "mpt_alibi"]
+            "gpt_bigcode", "gpt_bigcode_mha", "mpt", "mpt_alibi", "minicpm3", "deepseek_v2_no_q_latent", "deepseek_v3"]
 FULL = {"residual": "orthogonal", "heads": "permutation", "qk": "head_invertible", "vo": "head_invertible"}
 
 
@@ -354,7 +356,7 @@ def test_stream_apply_from_the_api_writes_the_config(tmp_path):
 
 # ----------------------------------------------------------------------------- streaming absorption (#21 item 1)
 ABSORB_STREAMED = ["gpt_neox", "gpt2", "llama_tied_mqa", "mistral", "qwen3", "gemma", "phi3", "phi", "olmo", "stablelm",
-                   "starcoder2", "gptj", "opt", "falcon", "cohere", "llama_biases_tied", "deit_plain"]
+                   "starcoder2", "gptj", "opt", "falcon", "cohere", "llama_biases_tied", "deit_plain", "minicpm3", "deepseek_v3"]
 
 
 @pytest.mark.parametrize("name", ABSORB_STREAMED)

@@ -87,7 +87,8 @@ def test_multimodal_wrappers_without_an_adapter_are_refused_naming_the_language_
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["xlm_roberta", "xlm_roberta_mlm", "clip_vision_proj", "dinov2_cls", "beit_relative_bias",
                                   "siglip_cls", "modernbert", "llava", "gemma3_cg", "mistral3",
-                                  "siglip_vision_head"])
+                                  "siglip_vision_head", "albert_mlm", "albert_cls_groups",
+                                  "deberta_v3_mlm", "deberta_v2_pos_proj", "mobilebert_mlm", "mobilebert_cls", "mamba", "convnext", "swin"])
 def test_streaming_equals_in_memory_and_outputs_load(name, tmp_path):
     ma, mb = make(name, 0), make(name, 1)
     da, db = tmp_path / "a", tmp_path / "b"
@@ -180,6 +181,18 @@ def test_apertus_activation_parameters_are_frozen():
     ("llava", "multi_modal_projector.linear_2.weight"),  # the projector writes the language model's stream
     ("gemma3_cg", "mm_input_projection_weight"),
     ("mistral3", "multi_modal_projector.linear_2.weight"),
+    ("albert_mlm", "embeddings.LayerNorm.weight"),  # ALBERT's embedding space: its LayerNorm …
+    ("albert_mlm", "predictions.dense.weight"),  # … and the MLM transform, whose decoder is tied to the word table
+    ("deberta_v3_mlm", "encoder.rel_embeddings.weight"),  # DeBERTa's position table is read through Q/K columns …
+    ("deberta_v3_mlm", "encoder.LayerNorm.weight"),  # … after its LayerNorm
+    ("minicpm3", "q_a_layernorm.weight"),  # latent attention: the norms on the query and KV latents
+    ("deepseek_v3", "kv_a_layernorm.weight"),
+    ("swin", "layers.0.downsample.norm.weight"),  # Swin's patch merging norm: four blocks of stage 0's channels
+    ("convnext", "layers.0.dwconv.weight"),  # ConvNeXt: depthwise convolutions move with their stage's channels …
+    ("convnext", "downsampling_layer.0.weight"),  # … the downsampling LayerNorm with the stage it normalises …
+    ("convnext", "layer_scale_parameter"),  # … and the layer scales
+    ("mobilebert_mlm", "cls.predictions.dense.weight"),  # MobileBERT: the MLM transform's channels beyond the word table
+    ("mobilebert_mlm", "bottleneck.attention.LayerNorm.weight"),  # the shared query/key input's NoNorm
 ])
 def test_layer_scales_copied_heads_and_projectors_must_move_with_the_stream(name, tensors):
     import dataclasses
@@ -192,6 +205,137 @@ def test_layer_scales_copied_heads_and_projectors_must_move_with_the_stream(name
                                                for k, v in spec.tensors.items()})
     assert any(k.endswith(tensors) for k in spec.tensors)
     assert _changes(model, wrong) > 1e-3
+
+
+def test_albert_embedding_space_and_shared_layers():
+    """One head/FFN space per stored layer (4 applications of 2 groups × 2 layers: 4 stored), the embedding space
+    (size 16) read by embedding_hidden_mapping_in's columns: without that binding the logits change."""
+    import dataclasses
+
+    model = make("albert_cls_groups")
+    spec = hf.hf_symmetry_spec(model)
+    assert sum(s.endswith(".ffn") for s in spec.spaces) == 4
+    emb = "albert.embeddings"
+    assert spec.spaces[emb].size == 16
+    assert _changes(model, spec) < 1e-4
+    key = "albert.encoder.embedding_hidden_mapping_in.weight"
+    wrong = dataclasses.replace(spec, tensors={**spec.tensors, key: tuple(b for b in spec.tensors[key] if b.space != emb)})
+    assert _changes(model, wrong) > 1e-3
+
+
+@pytest.mark.parametrize("groups", ["permutation", {"heads": "permutation", "qk": "head_invertible", "vo": None}])
+def test_deberta_position_projections_move_with_the_heads(groups):
+    """``share_att_key=False``: pos_query_proj / pos_key_proj rows follow each head's Q / K rows (their columns read
+    the stream); bound to the stream only, the logits change."""
+    import dataclasses
+
+    model = make("deberta_v2_pos_proj")
+    spec = hf.hf_symmetry_spec(model, groups)
+    assert _changes(model, spec) < 1e-4
+    pos = {k for k in spec.tensors if ".pos_key_proj." in k or ".pos_query_proj." in k}
+    assert len(pos) == 8
+    wrong = dataclasses.replace(spec, tensors={k: tuple(b for b in v if k not in pos or b.space == "residual")
+                                               for k, v in spec.tensors.items()})
+    assert _changes(model, wrong) > 1e-3
+
+
+def test_deberta_convolution_is_refused_naming_the_field():
+    from modeconn.errors import SpecError
+
+    model = T.DebertaV2Model(T.DebertaV2Config(**_TEXT, conv_kernel_size=3, relative_attention=True))
+    with pytest.raises(SpecError, match="conv_kernel_size"):
+        hf.hf_symmetry_spec(model)
+
+
+@pytest.mark.parametrize("name", ["minicpm3", "deepseek_v2_no_q_latent"])
+def test_latent_attention_rotary_query_rows_move_with_their_head(name):
+    """A head's rotary Q rows (scored against the one rotary key every head shares) move with the head; left behind,
+    head permutations change the logits. Per-head Q/K maps act on the non-rotary dims only."""
+    import dataclasses
+
+    groups = {"heads": "permutation", "qk": "head_invertible", "vo": "head_invertible"}
+    model = make(name)
+    spec = hf.hf_symmetry_spec(model, groups)
+    assert dict(spec.spaces[next(s for s in spec.spaces if s.endswith(".qk"))].params)["dim"] == 8  # nope dims
+    assert _changes(model, spec) < 1e-4
+    st = hf.describe(model)
+    no_extra = tuple(dataclasses.replace(a, heads=tuple(dataclasses.replace(h, extra=()) for h in a.heads))
+                     for a in st.attentions)
+    wrong = hf.build_spec(dataclasses.replace(st, attentions=no_extra), model.state_dict(), groups)
+    assert _changes(model, wrong) > 1e-3
+
+
+def test_deepseek_mixture_of_experts_layers_are_refused_naming_the_field():
+    from modeconn.errors import SpecError
+
+    model = T.DeepseekV3ForCausalLM(T.DeepseekV3Config(
+        **_TEXT | {"num_key_value_heads": 4, "q_lora_rank": 24, "kv_lora_rank": 16, "qk_nope_head_dim": 8,
+                   "qk_rope_head_dim": 4, "v_head_dim": 8, "first_k_dense_replace": 1, "n_routed_experts": 4,
+                   "num_experts_per_tok": 2, "moe_intermediate_size": 16}))
+    with pytest.raises(SpecError, match="first_k_dense_replace.*Mixture-of-Experts"):
+        hf.hf_symmetry_spec(model)
+
+
+def test_mobilebert_trigram_blocks_and_value_read_their_spaces():
+    """embedding_transformation reads the word table's space three times (the trigram); the value projection reads
+    the stream, not the bottleneck: each binding dropped changes the logits."""
+    import dataclasses
+
+    model = make("mobilebert_mlm")
+    spec = hf.hf_symmetry_spec(model)
+    assert _changes(model, spec) < 1e-4
+    emb = "mobilebert.embeddings.word_embeddings"
+    et, value = "mobilebert.embeddings.embedding_transformation.weight", "mobilebert.encoder.layer.0.attention.self.value.weight"
+    assert sum(b.space == emb for b in spec.tensors[et]) == 3
+    for key, space in ((et, emb), (value, "residual")):
+        kept = [b for b in spec.tensors[key] if b.space != space]
+        if key == et:
+            kept += [b for b in spec.tensors[key] if b.space == space][:1]  # the first trigram block only
+        wrong = dataclasses.replace(spec, tensors={**spec.tensors, key: tuple(kept)})
+        assert _changes(model, wrong) > 1e-3, key
+
+
+@pytest.mark.parametrize(("field", "value"), [("use_bottleneck_attention", True), ("key_query_shared_bottleneck", False)])
+def test_mobilebert_other_bottleneck_wirings_are_refused_naming_the_field(field, value):
+    from modeconn.errors import SpecError
+
+    model = T.MobileBertModel(T.MobileBertConfig(**_TEXT | {"embedding_size": 16, "intra_bottleneck_size": 16,
+                                                           "true_hidden_size": 16, field: value}))
+    with pytest.raises(SpecError, match=field):
+        hf.hf_symmetry_spec(model)
+
+
+def test_albert_checkpoint_with_shared_layers_reads_as_deep_as_its_config(tmp_path):
+    """albert-base's shape: 12 applications of one stored layer (fewer tensors than 12 layers would store)."""
+    from hf_tiny import randomize
+
+    torch.manual_seed(0)
+    model = randomize(T.AlbertForMaskedLM(T.AlbertConfig(**_TEXT | {"embedding_size": 16, "num_hidden_layers": 12})))
+    model.save_pretrained(tmp_path / "a")
+    spec = hf_checkpoint_spec(tmp_path / "a")
+    assert set(spec.spaces) == set(hf.hf_symmetry_spec(model).spaces)
+
+
+def test_swin_bias_columns_follow_heads_and_merging_reads_four_blocks():
+    """Each head's relative position bias column moves with the head; patch merging's reduction reads stage 0's
+    channels in all four concatenated blocks: either left behind changes the logits."""
+    import dataclasses
+
+    groups = {"heads": "permutation", "qk": None, "vo": None}
+    model = make("swin")
+    spec = hf.hf_symmetry_spec(model, groups)
+    assert _changes(model, spec) < 1e-4
+    st = hf.describe(model)
+    no_bias = tuple(dataclasses.replace(a, heads=tuple(dataclasses.replace(h, extra=()) for h in a.heads))
+                    for a in st.attentions)
+    tables = tuple(k for k in model.state_dict() if k.endswith("relative_position_bias_table"))
+    frozen = dataclasses.replace(st, attentions=no_bias, frozen=(*st.frozen, *tables))  # the tables stay put
+    assert _changes(model, hf.build_spec(frozen, model.state_dict(), groups)) > 1e-3
+    spec = hf.hf_symmetry_spec(model)
+    red, stage = "swin.encoder.layers.0.downsample.reduction.weight", "swin.encoder.layers.0"
+    assert sum(b.space == stage for b in spec.tensors[red]) == 4
+    first = [b for b in spec.tensors[red] if b.space != stage] + [b for b in spec.tensors[red] if b.space == stage][:1]
+    assert _changes(model, dataclasses.replace(spec, tensors={**spec.tensors, red: tuple(first)})) > 1e-3
 
 
 def test_siglip_pooling_head_follows_the_stream():
@@ -221,14 +365,13 @@ def test_siglip_pooling_head_follows_the_stream():
 
 # ------------------------------------------------------------------ refused with the reason
 REFUSED_MODELS = {
-    "t5": (lambda: T.T5ForConditionalGeneration(T.T5Config(vocab_size=50, d_model=32, d_kv=8, d_ff=64, num_layers=2,
-                                                           num_heads=4)), "encoder–decoder"),
-    "mamba": (lambda: T.MambaForCausalLM(T.MambaConfig(vocab_size=50, hidden_size=32, state_size=4,
-                                                       num_hidden_layers=2)), "selective state-space"),
-    "swin": (lambda: T.SwinModel(T.SwinConfig(image_size=8, patch_size=2, embed_dim=16, depths=[1, 1],
-                                              num_heads=[2, 2], window_size=2)), "patch merging"),
-    "convnext": (lambda: T.ConvNextForImageClassification(T.ConvNextConfig(
-        hidden_sizes=[8, 16], depths=[1, 1], num_stages=2, num_labels=5)), "convolutional network"),
+    "marian": (lambda: T.MarianMTModel(T.MarianConfig(vocab_size=50, d_model=32, encoder_layers=1, decoder_layers=1,
+                                                      encoder_attention_heads=4, decoder_attention_heads=4,
+                                                      max_position_embeddings=32, pad_token_id=0)), "sinusoidal"),
+    "mamba2": (lambda: T.Mamba2ForCausalLM(T.Mamba2Config(vocab_size=50, hidden_size=32, state_size=4, num_heads=4,
+                                                          head_dim=16, n_groups=1, num_hidden_layers=2)), "Mamba-2"),
+    "convnextv2": (lambda: T.ConvNextV2ForImageClassification(T.ConvNextV2Config(
+        hidden_sizes=[8, 16], depths=[1, 1], num_stages=2, num_labels=5)), "global response normalisation"),
 }
 
 

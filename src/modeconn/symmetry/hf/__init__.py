@@ -11,7 +11,7 @@ tied tensors) without choosing a group; :func:`build_spec` turns that descriptio
 ``transformers``; a model is recognised as an HF model only if ``transformers`` is already imported.
 """
 
-from . import bert, families, gpt2, vit, wrappers  # noqa: F401  (register the adapters)
+from . import albert, bert, convnext, deberta, families, gpt2, mamba, mla, mobilebert, seq2seq, swin, vit, wrappers  # noqa: F401  (register the adapters)
 from ._common import ScaleFreeRMSNorm
 from .builder import FULL_GROUPS, ROLES, SUPPORTED, HFSymmetrySpec, build_spec, resolve_groups
 from .registry import (

@@ -6,7 +6,8 @@ Groups are requested per *role* (``d`` = head_dim, ``r`` = rotary dims, ``G`` = 
 role          spaces                                                                      groups
 ============  ==========================================================================  =====================
 residual      one space of size d_model: every writer (out), norm params (out), every      **permutation**,
-              reader (in)                                                                 orthogonal [1]
+              reader (in); an encoder–decoder with an encoder stream of its own: a second orthogonal [1]
+              space ``encoder.residual`` (its writers, norms, and readers incl. cross-attention K/V)
 heads         one per layer, ``G`` units: whole key/value groups move (the Q rows and O    permutation,
               columns of every query head of a group, its K and V rows)                   **None**
 qk            permutation: one space per K head and layer, size ``d − r``: the non-rotary  **permutation**,
@@ -191,7 +192,12 @@ def _dual_side(group: str) -> str:
 
 
 def _build_residual(acc: _Acc, st: Structure, group: str, permute_outputs: bool) -> None:
-    s = st.stream
+    _build_stream(acc, st.stream, "residual", group, permute_outputs)
+    if st.encoder_stream is not None:
+        _build_stream(acc, st.encoder_stream, "encoder.residual", group, permute_outputs)
+
+
+def _build_stream(acc: _Acc, s, name: str, group: str, permute_outputs: bool) -> None:
     if s.is_output and not permute_outputs:
         return  # the stream is the model's output: acting on it would change the output
     if not GROUPS.get(group).exact:  # a continuous stream transform (orthogonal) commutes with scale-free RMS norms only
@@ -202,7 +208,7 @@ def _build_residual(acc: _Acc, st: Structure, group: str, permute_outputs: bool)
                 f"{'the model is post-norm' if s.post_norm else f'norms {bad} carry parameters or subtract the mean'}"
                 " — run modeconn.absorb_normalization(model) first"
             )
-    name = acc.space("residual", s.size, group)
+    name = acc.space(name, s.size, group)
     acc.bind(s.writers, name, "out")
     acc.bind([p for n in s.norms for p in n.params()], name, "out")
     acc.bind(s.readers, name, "in")
@@ -271,7 +277,7 @@ def _build_heads(acc: _Acc, a: Attention, groups: _Groups, heads: str) -> tuple[
     """Whole key/value groups move: Q rows, K/V rows (out), O columns (in). Returns the head space and its runs
     per tensor axis (the strides its child spaces must follow)."""
     parent = acc.space(f"{a.path}.heads", len(groups), heads)
-    writers = [[*(s for h in qs for s in h.q), *kv.k, *kv.v] for kv, qs in groups]
+    writers = [[*(s for h in qs for s in (*h.q, *h.extra)), *kv.k, *kv.v] for kv, qs in groups]
     readers = [[s for h in qs for s in h.o] for kv, qs in groups]
     acc.bind_units(writers, parent, "out", merge=True)
     acc.bind_units(readers, parent, "in", merge=True)
@@ -279,7 +285,7 @@ def _build_heads(acc: _Acc, a: Attention, groups: _Groups, heads: str) -> tuple[
     for ka, off, size, step in _unit_runs(writers, True) + _unit_runs(readers, True):
         strides.setdefault(ka, []).append((off, size, step))
     o0 = groups[0][1][0].o[0]
-    acc.probe(parent, _module_of(o0.key), "input", o0.offset, len(groups[0][1]) * a.head_dim)
+    acc.probe(parent, _module_of(o0.key), "input", o0.offset, len(groups[0][1]) * a.v_dim)
     return parent, strides
 
 
@@ -306,7 +312,7 @@ def _build_qk_perms(acc: _Acc, a: Attention, groups: _Groups, qk: str) -> None:
 def _build_vo_heads(acc: _Acc, a: Attention, groups: _Groups, vo: str, parent: str | None,
                     strides: _Strides | None) -> None:
     """One VO space per layer, a unit per key/value head: V rows out, O columns of its query heads in."""
-    name = acc.space(f"{a.path}.vo", len(groups), vo, parent, {"dim": a.head_dim})
+    name = acc.space(f"{a.path}.vo", len(groups), vo, parent, {"dim": a.v_dim})
     acc.bind_units([list(kv.v) for kv, _ in groups], name, "out", strides=strides)
     acc.bind_units([[s for h in qs for s in h.o] for _, qs in groups], name, "in", strides=strides)
 
@@ -314,7 +320,7 @@ def _build_vo_heads(acc: _Acc, a: Attention, groups: _Groups, vo: str, parent: s
 def _build_vo_perms(acc: _Acc, a: Attention, groups: _Groups, vo: str) -> None:
     """One VO space per key/value head, of size head_dim."""
     for j, (kv, qs) in enumerate(groups):
-        name = acc.space(f"{a.path}.vo{j}", a.head_dim, vo)
+        name = acc.space(f"{a.path}.vo{j}", a.v_dim, vo)
         acc.bind(kv.v, name, "out")
         acc.bind([s for h in qs for s in h.o], name, "in")
         for h in qs:
@@ -377,7 +383,7 @@ def build_spec(
             name = acc.space(h.name, h.size, chosen["hidden"])
             acc.bind([*h.writers, *h.norms], name, "out")
             acc.bind(h.readers, name, "in")
-            acc.probe(name, _module_of(h.readers[0].key), "input")
+            acc.probe(name, *(h.probe or (_module_of(h.readers[0].key), "input")))
 
     _check_coverage(structure, shapes)
     tensors = {k: tuple(v) for k, v in acc.binds.items()}

@@ -47,8 +47,10 @@ SIZE_FIELDS = (
     "ffn_dim", "vocab_size", "max_position_embeddings", "n_positions", "n_ctx", "num_channels", "image_size",
     "patch_size", "num_labels",
 )
-"""Config fields holding sizes: when present (and not ``null``) each must be an integer ≥ 1 (image and patch sizes
-may also be a list of such integers)."""
+"""Config fields holding sizes: when present (and not ``null``) each must be an integer ≥ 1 (those of
+:data:`LIST_FIELDS` may also be a list of such integers)."""
+LIST_FIELDS = ("image_size", "patch_size", "num_heads")
+"""Size fields that may be a list: image and patch sizes per dimension, heads per stage (Swin)."""
 NULLABLE_FIELDS = ("num_key_value_heads", "head_dim", "intermediate_size", "n_inner", "ffn_dim",
                    "max_position_embeddings", "n_positions", "n_ctx")
 """Size fields that may be ``null`` (transformers then derives them: kv heads = heads, n_inner = 4·hidden …)."""
@@ -95,12 +97,14 @@ def validate_hf_config(cfg: Mapping[str, Any], file: str | os.PathLike) -> None:
         if field not in cfg or (cfg[field] is None and field in NULLABLE_FIELDS):
             continue
         value, minimum = cfg[field], 0 if field in NONNEGATIVE_FIELDS else 1
-        items = value if field in ("image_size", "patch_size") and isinstance(value, list) and value else [value]
+        items = value if field in LIST_FIELDS and isinstance(value, list) and value else [value]
         if not all(_positive_int(v, minimum) for v in items):
             raise invalid_field(file, field, value, f"a size must be an integer ≥ {minimum} (not a string, float or bool)")
     hidden_field, hidden = _first(cfg, HIDDEN_FIELDS)
     heads_field, heads = _first(cfg, HEAD_FIELDS)
     kv = cfg.get("num_key_value_heads")
+    if isinstance(heads, list):  # heads per stage (Swin): each stage has its own width
+        heads = None
     if hidden is not None and heads is not None and cfg.get("head_dim") is None and hidden % heads:
         raise invalid_field(file, hidden_field, hidden, f"not divisible by config.{heads_field}={heads} (the head size "
                                                         "would not be an integer)")
@@ -131,6 +135,15 @@ def estimate_parameters(cfg: Mapping[str, Any]) -> int:
     return layers * (4 * h * h + 3 * h * inter) + (2 * vocab + positions) * h
 
 
+def _stored_layers(config: Any) -> tuple[str, Any]:
+    """``(field, layers the checkpoint stores)``: ALBERT applies ``num_hidden_groups × inner_group_num`` stored layers
+    over its whole depth; other configs store every layer."""
+    groups, inner = getattr(config, "num_hidden_groups", None), getattr(config, "inner_group_num", None)
+    if _positive_int(groups) and _positive_int(inner):
+        return "num_hidden_groups", groups * inner
+    return _layers(config)
+
+
 def _layers(config: Any) -> tuple[str, Any]:
     for f in LAYER_FIELDS:
         v = getattr(config, f, None)
@@ -143,7 +156,7 @@ def check_fits_checkpoint(config: Any, file: str | os.PathLike, n_tensors: int) 
     """ConfigError naming ``file`` and the field when the config's layer count needs more tensors than the checkpoint
     holds (``MIN_TENSORS_PER_LAYER`` per layer): a config that does not describe the weights, refused before the
     model is built (building thousands of layers takes minutes even on the meta device)."""
-    field, layers = _layers(config)
+    field, layers = _stored_layers(config)
     if _positive_int(layers) and layers * MIN_TENSORS_PER_LAYER > n_tensors:
         raise ConfigError(f"{file}: config.{field}={layers} but the checkpoint holds only {n_tensors} tensors (every "
                           f"layer stores at least {MIN_TENSORS_PER_LAYER}); the config does not describe these weights")

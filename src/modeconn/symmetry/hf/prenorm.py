@@ -35,7 +35,7 @@ from torch import nn
 from ...errors import UnsupportedOperationError
 from ._common import Walker, base_path, join, require, rotary_dims, token_inputs
 from .registry import ADAPTERS, Adapter
-from .structure import FFN, Attention, KVHead, LinearRef, NormRef, QueryHead, Slice, Stream, Structure
+from .structure import FFN, Attention, Hidden, KVHead, LinearRef, NormRef, QueryHead, Slice, Stream, Structure
 
 QKV_LAYOUTS = ("blocks", "per_head", "grouped", "codegen")
 """Row layouts of a fused QKV matrix (``G`` key/value heads, ``r = heads/G`` query heads per group):
@@ -79,7 +79,9 @@ class Table:
     scales of what a block writes, ``module.param`` relative to the layer (DINOv2's ``layer_scale1.lambda1``; skipped
     where absent): they move with the stream; ``head_copies``: the heads read the concatenation of this many
     poolings of the stream (DINOv2's classifier: the CLS token and the patch mean); ``final_norm``: a name or a
-    function of the config choosing it (BEiT: the pooler's norm under mean pooling)."""
+    function of the config choosing it (BEiT: the pooler's norm under mean pooling); ``attention``: a function
+    ``(walker, table, model, prefix, layer path, base) →`` :class:`LayerAttention` describing a layer's attention
+    that Q/K/V projections do not (multi-head latent attention, :mod:`.mla`)."""
 
     family: str
     classes: tuple[str, ...]
@@ -119,6 +121,19 @@ class Table:
     stream_readers: tuple[Embedding, ...] = ()
     layer_scales: tuple[str, ...] = ()
     base: Callable[[nn.Module], str] = staticmethod(base_path)
+    attention: Callable[..., LayerAttention] | None = None
+
+
+@dataclass(frozen=True)
+class LayerAttention:
+    """One layer's attention as :func:`describe` consumes it: the layer, the projections reading the stream, the
+    output projection writing it, frozen keys, and hidden spaces inside the attention (latent projections)."""
+
+    attention: Attention
+    readers: tuple[LinearRef, ...]
+    o: LinearRef
+    frozen: tuple[str, ...] = ()
+    hidden: tuple[Hidden, ...] = ()
 
 
 def _resolve(flag: bool | ConfigTest | str | Callable[[Any], str], cfg: Any) -> Any:
@@ -198,8 +213,7 @@ _QK_NORM_NAMES = (("q_norm", "k_norm"), ("q_layernorm", "k_layernorm"), ("query_
 _QK_NORM_FROZEN = {"head": ("qk",), "separate": ("heads", "qk")}
 
 
-def _attention(W: Walker, t: Table, model: nn.Module, prefix: str, lp: str, base: str) -> tuple[Attention, _Proj,
-                                                                                                 LinearRef, tuple]:
+def _attention(W: Walker, t: Table, model: nn.Module, prefix: str, lp: str, base: str) -> LayerAttention:
     cfg = t.config_of(model)
     ap = join(lp, t.attn)
     nh = cfg.num_attention_heads
@@ -217,7 +231,7 @@ def _attention(W: Walker, t: Table, model: nn.Module, prefix: str, lp: str, base
     perm_only = (("qk", "vo") if t.clip_qkv(cfg) else ()) + (("qk",) if scope == "full" else ())
     att = Attention(join(prefix, ap), hd, heads, kv, rot, style, tuple(dict.fromkeys(frozen_roles)),
                     tuple(dict.fromkeys(perm_only)))
-    return att, p, o, frozen
+    return LayerAttention(att, p.readers, o, frozen)
 
 
 def _ffn(W: Walker, t: Table, cfg: Any, prefix: str, lp: str) -> tuple[FFN, tuple[LinearRef, ...], LinearRef]:
@@ -318,18 +332,20 @@ def describe(t: Table, model: nn.Module, prefix: str) -> Structure:
     base = t.base(model)
     H = cfg.hidden_size
     writers, readers, norms, attentions, ffns, frozen = _embeddings(W, t, base), [], [], [], [], list(W.buffers())
+    hidden: list[Hidden] = []
     if t.embed_norm is not None:
         norms.append(W.norm(join(base, t.embed_norm), (), t.norm_offset, t.norm_kind))
     for i in range(cfg.num_hidden_layers):
         lp = join(base, f"{t.layers}.{i}")
-        att, proj, o, qk_frozen = _attention(W, t, model, prefix, lp, base)
+        la = (t.attention or _attention)(W, t, model, prefix, lp, base)
         ffn, ffn_readers, down = _ffn(W, t, cfg, prefix, lp)
-        norms += _block_norms(W, t, cfg, lp, proj.readers, ffn_readers)
-        readers += [c for r in (*proj.readers, *ffn_readers) for c in r.cols()]
-        writers += [*o.rows(), *down.rows()]
-        attentions.append(att)
+        norms += _block_norms(W, t, cfg, lp, la.readers, ffn_readers)
+        readers += [c for r in (*la.readers, *ffn_readers) for c in r.cols()]
+        writers += [*la.o.rows(), *down.rows()]
+        attentions.append(la.attention)
         ffns.append(ffn)
-        frozen += [*qk_frozen, *_layer_frozen(W, t, lp)]
+        hidden += la.hidden
+        frozen += [*la.frozen, *_layer_frozen(W, t, lp)]
         writers += _layer_scales(W, t, lp)
     readers += [W.param(join(base, e.path), e.name, e.axis) for e in t.stream_readers if _present(W, base, e)]
     named = {sl.key for sl in (*writers, *readers)}
@@ -342,7 +358,7 @@ def describe(t: Table, model: nn.Module, prefix: str) -> Structure:
     is_output = not heads or type(model).__name__ in t.returns_stream
     stream = Stream(H, tuple(writers), tuple(norms), tuple(readers), is_output=is_output)
     return Structure(t.family, model.config.model_type, type(model).__name__, prefix, stream, tuple(attentions), tuple(ffns),
-                     frozen=tuple(frozen))
+                     tuple(hidden), frozen=tuple(frozen))
 
 
 TABLES: dict[str, Table] = {}

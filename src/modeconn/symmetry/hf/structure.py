@@ -30,8 +30,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-NormKind = Literal["layernorm", "rmsnorm", "rms"]
-"""``layernorm``: (x − mean)/std · γ + β; ``rmsnorm``: x/rms · γ; ``rms``: x/rms, no parameters (absorbed).
+NormKind = Literal["layernorm", "rmsnorm", "rms", "affine"]
+"""``layernorm``: (x − mean)/std · γ + β; ``rmsnorm``: x/rms · γ; ``rms``: x/rms, no parameters (absorbed);
+``affine``: x · γ + β, no normalisation (MobileBERT's NoNorm).
 The scale is ``offset + weight`` (:attr:`NormRef.offset`; Gemma's RMSNorm: ``1 + w``)."""
 
 
@@ -110,10 +111,14 @@ class Stream:
 
 @dataclass(frozen=True)
 class QueryHead:
-    """One query head: its Q rows (output side) and O columns (input side), ``head_dim`` entries each."""
+    """One query head: its Q rows (output side, ``head_dim`` entries) and O columns (input side, the value head's
+    size). ``extra``: further slices that move with the head but belong to no QK space (multi-head latent
+    attention's rotary Q rows, scored against a rotary key shared by every head; Swin's column of a relative
+    position bias table)."""
 
     q: tuple[Slice, ...]
     o: tuple[Slice, ...]
+    extra: tuple[Slice, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -136,7 +141,8 @@ class Attention:
     is requested — ALiBi's slopes are fixed per head index (no head permutation); a norm shared by every head's
     Q/K (Qwen3's per-head ``q_norm``) follows no per-head map or per-dim permutation. ``permutation_only``:
     roles on which only permutations act (an elementwise op on Q/K/V such as OLMo's ``clip_qkv``, or a Q/K norm
-    over the whole projection whose weights move with the rows); continuous per-head groups leave them unbound."""
+    over the whole projection whose weights move with the rows); continuous per-head groups leave them unbound.
+    ``v_head_dim``: the V rows' and O columns' size per head where it differs from the Q/K ``head_dim``."""
 
     path: str
     head_dim: int
@@ -146,6 +152,12 @@ class Attention:
     rotary_style: str | None = None
     frozen_roles: tuple[str, ...] = ()
     permutation_only: tuple[str, ...] = ()
+    v_head_dim: int | None = None
+
+    @property
+    def v_dim(self) -> int:
+        """The value heads' size (``head_dim`` unless ``v_head_dim`` says otherwise: multi-head latent attention)."""
+        return self.head_dim if self.v_head_dim is None else self.v_head_dim
 
 
 @dataclass(frozen=True)
@@ -165,7 +177,8 @@ class Hidden:
     """Any other hidden space (a pooler whose output a classifier reads): writers, norm params, readers.
 
     ``joins_stream``: the space must carry the residual stream's transform (BERT's MLM transform, whose
-    decoder is tied to the word embeddings)."""
+    decoder is tied to the word embeddings). ``probe``: ``(module, "input" | "output", offset)`` where activation
+    matching observes the space, when that is not the first reader's input (Mamba's state: ``x_proj``'s B rows)."""
 
     name: str
     size: int
@@ -174,6 +187,7 @@ class Hidden:
     norms: tuple[Slice, ...] = ()
     activation: str = ""
     joins_stream: bool = False
+    probe: tuple[str, str, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -184,6 +198,9 @@ class Structure:
     must be named by a slice, listed here or be a tied alias, else the builder raises SpecError naming it.
     ``aliases``: tied tensors, ``alias key → primary key`` (same storage in the state dict; filled by
     :func:`modeconn.symmetry.hf.describe`). ``prefix``: the HF model's path inside a wrapper (``""`` if none).
+    ``encoder_stream``: an encoder–decoder's encoder residual stream where it is a space of its own (untied encoder
+    and decoder embeddings, or no token embeddings in the encoder: Whisper); ``stream`` is then the decoder's, and
+    cross-attention's K/V columns read the encoder stream. With tied embeddings both streams are one space: ``stream``.
     """
 
     family: str
@@ -197,14 +214,17 @@ class Structure:
     frozen: tuple[str, ...] = ()
     aliases: Mapping[str, str] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    encoder_stream: Stream | None = None
 
     def slices(self) -> list[Slice]:
         """Every slice the structure names (for coverage checks)."""
-        s = self.stream
-        out = [*s.writers, *s.readers, *(p for n in s.norms for p in n.params())]
+        out = []
+        for s in (self.stream, self.encoder_stream):
+            if s is not None:
+                out += [*s.writers, *s.readers, *(p for n in s.norms for p in n.params())]
         for a in self.attentions:
             for h in a.heads:
-                out += [*h.q, *h.o]
+                out += [*h.q, *h.o, *h.extra]
             for kv in a.kv_heads:
                 out += [*kv.k, *kv.v]
         for f in self.ffns:
