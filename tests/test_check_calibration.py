@@ -32,5 +32,6 @@ def test_check_calibration_quick_ranks_held_out_families(tmp_path, one_thread):
     assert "Held-out scores" in (out / "report.md").read_text()
     lm = [x for x in r["rows"] if x["family"] == "lm-neox-austen"]      # a transformer family in the population
     assert {x["setting"] for x in lm} == {"independent", "fine-tunes"} and all(np.isfinite(x["headroom"]) for x in lm)
-    assert r["heldout_weight_matched"]["pooled"]["n"] == sum(not x["fixed_structure"] for x in r["rows"])
+    standard = {x["family"] for x in r["rows"] if not x["fixed_structure"]}   # aligned lines: no W-asymmetric pair
+    assert set(r["heldout_weight_matched"]["families"]) == standard != {x["family"] for x in r["rows"]}
     assert set(r["forms"]["pair"]) == set(FORMS) and "coverage" in r["heldout_pair"]["pooled"]

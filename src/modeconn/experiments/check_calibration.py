@@ -3,14 +3,17 @@
 
 A population of model pairs in families (:data:`FAMILIES`): MNIST MLPs, standard and W-asymmetric over the σ_F grid;
 fine-tunes of one MNIST MLP base; synthetic subspace mixtures over the intrinsic dimension k (σ_F = 1) and over the
-coherence ν(U) (mask only, F = 0); standard and W-asymmetric BatchNorm ResNet20 on Fashion-MNIST; standard ViTs on
-Fashion-MNIST. Per pair the measured unaligned, weight-matched and activation-matched test-loss ``barrier_mean``
+coherence ν(U) (mask only, F = 0); standard and W-asymmetric BatchNorm ResNet20 on Fashion-MNIST; ViTs on
+Fashion-MNIST (independent and from one initialisation); default-recipe MLPs on the digits and on Fashion-MNIST over
+width and epochs; GPT-NeoX and Llama causal LMs on Austen (independent, shared-init and fine-tuned pairs over width
+and epochs). Per pair the measured unaligned, weight-matched and activation-matched test-loss ``barrier_mean``
 (:func:`~modeconn.experiments.identifiability.pair_metrics`) and the diagnostics of
 :func:`modeconn.diagnostics.check`. The predictor (:mod:`modeconn.diagnostics.predictor`) is fitted leaving one family
-out at a time and scored on the family it did not see: Spearman ρ of predicted vs measured unaligned barrier and go /
-no-go accuracy (barrier_mean < 0.1 nats), pooled over the held-out predictions; the same for the twin predictor (model
-A alone) and for the predictions after weight and after activation matching, each fitted to its own measured barrier
-(:data:`PREDICTORS`). The fit on every family is written as ``calibration`` (the coefficients
+out at a time and scored on the family it did not see: Spearman ρ of predicted vs measured barrier, go / no-go
+accuracy (barrier_mean < 0.1 nats) and the coverage of the stated interval, pooled over the held-out predictions,
+for the unaligned pair predictor, the twin predictor (model A alone) and the predictions after weight and after
+activation matching, each fitted to its own measured barrier (:data:`PREDICTORS`; every form of :data:`FORMS` is
+scored too). The fit on every family is written as ``calibration`` (the coefficients
 :mod:`modeconn.diagnostics.calibration` ships). The cost of ``check`` is timed against ``modeconn barrier`` (naive,
 weight and activation matching, 25 λ) on the first pair.
 """
