@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from cli_runner import run_cli
+from modeconn.experiments.check_calibration import FORMS
 
 pytestmark = pytest.mark.experiment
 
@@ -29,3 +30,8 @@ def test_check_calibration_quick_ranks_held_out_families(tmp_path, one_thread):
     assert r["heldout_pair"]["pooled"]["n"] == len(r["rows"]) and set(r["heldout_pair"]["families"]) == {x[0] for x in rows}
     assert 0 < r["cost"]["ratio"] < 1 and np.isfinite(r["calibration_pair"]["slope"])
     assert "Held-out scores" in (out / "report.md").read_text()
+    lm = [x for x in r["rows"] if x["family"] == "lm-neox-austen"]      # a transformer family in the population
+    assert {x["setting"] for x in lm} == {"independent", "fine-tunes"} and all(np.isfinite(x["headroom"]) for x in lm)
+    standard = {x["family"] for x in r["rows"] if not x["fixed_structure"]}   # aligned lines: no W-asymmetric pair
+    assert set(r["heldout_weight_matched"]["families"]) == standard != {x["family"] for x in r["rows"]}
+    assert set(r["forms"]["pair"]) == set(FORMS) and "coverage" in r["heldout_pair"]["pooled"]

@@ -16,6 +16,7 @@ recommendation "not applicable" (measure the barrier instead).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -204,25 +205,92 @@ def _endpoint(model: nn.Module, loader) -> dict[str, float]:
     return {"test_loss": float(r["loss"]), "test_acc": float(r["acc"])}
 
 
-def _line(model: LogLinear, x: float | None, why: str | None) -> dict[str, Any]:
-    """``model``'s prediction at ``x``, or :func:`not_applicable` for an undefined ``x`` (``why``)."""
+def _line(model: LogLinear, x: float | None, why: str | None, features: Mapping[str, float]) -> dict[str, Any]:
+    """``model``'s prediction at ``x`` (and ``features``, the values of its further terms), or
+    :func:`not_applicable` for an undefined ``x`` (``why``)."""
     if x is None or why is not None:
         return not_applicable(why or f"{model.feature} is undefined")
-    return model.predict(x)
+    return model.predict(x, **features)
 
 
-def _predict(pair: Mapping[str, Any] | None, layers, calibration: Mapping[str, LogLinear]) -> dict:
+ALIGNMENTS = {"unaligned": "q_identity", "weight_matched": "q_weight", "activation_matched": "q_optimal"}
+"""Each pair prediction and the mean unit correlation its ``x = 1 − q̄`` reads (identity, weight matching's, the
+optimal permutation)."""
+
+
+def label_entropy(dataset) -> float:
+    """Entropy (nats) of the label marginal of ``dataset`` (a ``TensorDataset(x, labels)``; sequence labels
+    ``(N, T)`` count every token, negative labels — ignored positions — none): the loss of the best prediction that
+    ignores the input."""
+    y = dataset.tensors[1].flatten()
+    counts = torch.bincount(y[y >= 0].long()).double()
+    p = counts[counts > 0] / counts.sum()
+    return float(-(p * p.log()).sum())
+
+
+def endpoint_features(entropy: float, endpoints: list[dict[str, float]],
+                      moved: Mapping[str, float] | None = None) -> dict[str, Any]:
+    """The endpoint features of the predictor (:mod:`~modeconn.diagnostics.predictor`): the label entropy H
+    (``entropy``), the endpoints' mean ``test_loss`` L, ``headroom = H − L`` (what the models learned beyond the
+    label marginal) and, for a pair, ``moved_loss[name]``, the test loss of B moved by each alignment's
+    permutation (``moved``)."""
+    losses = [e["test_loss"] for e in endpoints]
+    loss = float(np.mean(losses))
+    return {"label_entropy": entropy, "test_loss": loss, "headroom": entropy - loss, "moved_loss": dict(moved or {})}
+
+
+def _moved_losses(spec, model_b: nn.Module, sb, elements: Mapping[str, Any], test) -> dict[str, float]:
+    """Test loss of B moved by each alignment's element (name → element)."""
+    import copy
+
+    moved = copy.deepcopy(model_b)
+    out = {}
+    for name, g in elements.items():
+        moved.load_state_dict(spec.apply(sb, g))
+        out[name] = _endpoint(moved, test)["test_loss"]
+    return out
+
+
+def optimal_element(spec, corr: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The optimal permutation of each permutation space's correlation (activation matching's element on the
+    activations ``check`` read); the identity on the other spaces."""
+    from ..identifiability import identity_vs_optimal
+
+    element = dict(spec.identity())
+    for s, c in corr.items():
+        if element[s].dim() == 1:
+            element[s] = identity_vs_optimal(c)["perm"].to(element[s].device)
+    return element
+
+
+def not_a_symmetry(layer: str, moved_loss: float | None) -> str:
+    """Why no barrier after alignment is predicted for a model with fixed asymmetric structure."""
+    moved = "" if moved_loss is None else f"; B moved by it has test loss {moved_loss:.3f}"
+    return (f"layer {layer!r} has fixed asymmetric structure: a permutation is not a symmetry of the model, so the "
+            f"aligned B computes another function{moved}, and the calibration holds no such pair (align nothing, or "
+            "measure it: modeconn barrier)")
+
+
+def _predict(pair: Mapping[str, Any] | None, layers, calibration: Mapping[str, LogLinear],
+             endpoint: Mapping[str, Any]) -> dict:
     """The predictions, ``go`` and ``not_applicable`` (the reason the verdict's own prediction — the pair's when
     there is one, else the twin's — does not exist, or None)."""
     twin = twin_feature(layers)
-    out: dict[str, Any] = {"threshold": GO_THRESHOLD, "twin": _line(calibration["twin"], twin, twin_undefined(layers)),
-                           "twin_feature": twin, "calibration": {k: v.to_json() for k, v in calibration.items()}}
+    head = {k: endpoint[k] for k in ("headroom", "test_loss", "label_entropy")}
+    fixed = next((n for n, v in layers.items() if v.get("asymmetric")), None)
+    out: dict[str, Any] = {"threshold": GO_THRESHOLD,
+                           "twin": _line(calibration["twin"], twin, twin_undefined(layers), head),
+                           "twin_feature": twin, "endpoint_features": dict(endpoint),
+                           "calibration": {k: v.to_json() for k, v in calibration.items()}}
     if pair is not None:
-        for name, key in (("unaligned", "q_identity"), ("weight_matched", "q_weight"),
-                          ("activation_matched", "q_optimal")):
+        for name, key in ALIGNMENTS.items():
             q = pair[key]
             model = calibration.get("pair" if name == "unaligned" else name, calibration["pair"])
-            out[name] = _line(model, None if q is None else 1.0 - q, pair["undefined"].get(key))
+            terms = {t for t, _ in model.terms}
+            why = next((pair["undefined"][k] for k in (key, *terms) if k in pair["undefined"]), None)
+            if name != "unaligned" and fixed is not None and why is None:
+                why = not_a_symmetry(fixed, endpoint["moved_loss"].get(name))
+            out[name] = _line(model, None if q is None else 1.0 - q, why, {**head, "cka": pair["cka"]})
     why = undefined_reason(pair["undefined"]) if pair is not None else out["twin"].get("not_applicable")
     out["not_applicable"] = why
     out["go"] = None if why else out["unaligned" if pair is not None else "twin"]["barrier_mean"] < GO_THRESHOLD
@@ -236,7 +304,8 @@ def check(model_a: nn.Module, model_b: nn.Module | None = None, *, data: Dataset
     """Will ``model_a`` and ``model_b`` merge without alignment? With ``model_a`` alone: would an independently
     trained twin of it (same architecture, fixed structure and data, another seed)?
 
-    No point of the interpolation path is evaluated: the endpoints' test loss (first ``eval_limit`` test examples),
+    No point between the endpoints of an interpolation path is evaluated: the endpoints' test loss (first
+    ``eval_limit`` test examples; also of B moved by weight matching's and by the optimal activation permutation),
     activations of both models on ``max_batches`` training batches of ``batch_size``, one weight matching, and
     realization costs of model A's layers (module docstrings of :mod:`modeconn.diagnostics`).
 
@@ -257,7 +326,10 @@ def check(model_a: nn.Module, model_b: nn.Module | None = None, *, data: Dataset
         is undefined, those None and ``not_applicable`` the reason; ``prediction["go"]`` (unaligned, or the twin's,
         below :data:`~modeconn.diagnostics.predictor.GO_THRESHOLD`) — None, with ``prediction["not_applicable"]``
         the reason, when any feature of the pair (of A alone: the twin feature) is undefined (module docstring);
-        ``recommendation`` (method, advice) and the diagnostics behind them.
+        the aligned predictions are not applicable (with the reason) for a model with fixed asymmetric structure,
+        where a permutation is not a symmetry; ``prediction["endpoint_features"]``: ``label_entropy``,
+        ``headroom`` and ``moved_loss`` (:func:`endpoint_features`); ``recommendation`` (method, advice) and the
+        diagnostics behind them.
     Raises:
         ConfigError: not modules, ``data`` not a DatasetBundle, models of different keys or shapes, a bad
             ``max_batches`` — before any forward pass.
@@ -283,12 +355,15 @@ def check(model_a: nn.Module, model_b: nn.Module | None = None, *, data: Dataset
     layers = model_identifiability(model_a, spec, train, max_batches, seed)
     pair: dict[str, Any] = {}
     features = None
+    moved: dict[str, float] = {}
     if model_b is not None:
         sa, sb = model_a.state_dict(), model_b.state_dict()
         tick = phase()
         wm = weight_matching(spec, sa, sb, progress=tick)
         phase()
         corr, samples, _, constant = collect(spec, model_a, model_b, train, max_batches, seed)
+        moved = _moved_losses(spec, model_b, sb, {"weight_matched": wm.element,
+                                                  "activation_matched": optimal_element(spec, corr)}, test)
         spaces = space_statistics(spec, corr, samples, wm.element, constant)
         cosines = weight_cosines(spec, sa, sb, wm.apply(sb))
         features = pair_features(spaces, cosines, corr)
@@ -297,7 +372,7 @@ def check(model_a: nn.Module, model_b: nn.Module | None = None, *, data: Dataset
         pair = {"spaces": spaces, "weights": cosines, "features": features,
                 "relationship": {"name": rel.name, "advice": rel.advice}}
     phase()
-    prediction = _predict(features, layers, calibration)
+    prediction = _predict(features, layers, calibration, endpoint_features(label_entropy(data.train), endpoints, moved))
     rec = _recommend(prediction, pair)
     return CheckResult(data.name, endpoints, layers, prediction, rec, pair, time.perf_counter() - start)
 
@@ -334,7 +409,8 @@ def _recommend(prediction: Mapping[str, Any], pair: Mapping[str, Any]) -> dict[s
         return {"method": NOT_APPLICABLE, "advice": "no barrier can be predicted for these models; measure it instead "
                 "(modeconn barrier A B)"}
     if pair:
-        f: dict[str, Any] = {k: prediction[k]["barrier_mean"] for k in ("unaligned", "weight_matched", "activation_matched")}
+        f: dict[str, Any] = {k: math.inf if prediction[k]["barrier_mean"] is None else prediction[k]["barrier_mean"]
+                             for k in ALIGNMENTS}  # an aligned prediction not made is never "go"
         f["relationship"] = pair["relationship"]["name"]
         rule = first(RECOMMENDATIONS, f)
     else:

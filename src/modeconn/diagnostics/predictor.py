@@ -1,26 +1,27 @@
-"""The stated predictor of ``modeconn check``: a log-log line from one diagnostic to the test-loss ``barrier_mean``.
+"""The stated predictor of ``modeconn check``: log-linear lines from diagnostics to the test-loss ``barrier_mean``.
 
 Pair predictor (two models A, B): for an assignment ``π`` of B's units to A's (the identity, weight matching's, or
 activation matching's optimum), ``x = 1 − q̄(π)`` where ``q̄(π)`` is the mean over spaces of the mean unit
 correlation ``q(π) = (1/n) Σ_i corr[i, π(i)]`` (:mod:`modeconn.diagnostics.pair`). Twin predictor (A alone):
 ``x = min over layers of relative_swap_cost`` (:mod:`modeconn.diagnostics.structure`; 0 for a standard network).
-Both map ``x`` to a barrier (nats) through::
+Each line maps ``x`` and further features ``z_k`` (its ``terms``: the headroom — entropy of the training labels minus
+the endpoints' mean test loss —, that test loss, the label entropy, for the pair lines the mean linear CKA;
+:func:`modeconn.diagnostics.check.endpoint_features`) to a barrier (nats)::
 
-    log(max(B, B_FLOOR)) = intercept + slope · log(max(x, X_FLOOR))
+    log(max(B, B_FLOOR)) = intercept + slope · log(max(x, X_FLOOR)) + Σ_k c_k · log(max(z_k, X_FLOOR))
 
-i.e. ``B̂ = exp(intercept) · x^slope``. The coefficients are least-squares fits on pairs with measured unaligned
-barriers (``modeconn experiment check-calibration``); the interval is the fit's residual quantiles ``[Q_LO, Q_HI]``
-(multiplicative). The aligned predictions read the same line at ``x = 1 − q̄(π)`` for weight matching's and activation
-matching's permutation; ``check`` takes lines of their own where a calibration gives them (``"weight_matched"``,
-``"activation_matched"``) — the shipped one does not: on the calibration population such lines, fitted to aligned
-barriers, rank held-out aligned barriers worse than the pair line does (docs/results/check-calibration).
+i.e. ``B̂ = exp(intercept) · x^slope · Π z_k^c_k``. The coefficients are least-squares fits on pairs with measured
+barriers (``modeconn experiment check-calibration``), one line per prediction fitted to its own measured barrier
+(unaligned, after weight matching, after activation matching); the interval is ``[Q_LO, Q_HI]`` quantiles of
+the residuals (multiplicative) — the shipped calibration takes them from leave-one-family-out fits, the error on a
+family the line has not seen.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -31,17 +32,24 @@ B_FLOOR = 0.005
 """Barriers below this (nats, negatives included) are fitted as this value: below it they are measurement noise."""
 X_FLOOR = 0.01
 """Diagnostic values below this are fitted as this value."""
-Q_LO, Q_HI = 0.1, 0.9
+Q_LO, Q_HI = 0.05, 0.95
 """Residual quantiles that make the prediction interval."""
 GO_THRESHOLD = 0.1
 """Go / no-go: merging without alignment is predicted to work when the predicted ``barrier_mean`` is below this (nats)."""
 
 
+def _log(value: float, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise ConfigError(f"{name} = {value!r}: a prediction needs a finite value of the diagnostic")
+    return math.log(max(float(value), X_FLOOR))
+
+
 @dataclass(frozen=True)
 class LogLinear:
-    """``log(B) = intercept + slope · log(max(x, X_FLOOR))`` (``B`` in nats); ``lo ≤ 0 ≤ hi`` the residual quantiles
-    of ``log B`` (clamped at 0, so that the interval always holds the fitted line — an exact fit's residuals are
-    rounding noise of either sign); ``n`` points fitted; ``feature`` names ``x``."""
+    """``log(B) = intercept + slope · log(max(x, X_FLOOR)) + Σ_k c_k · log(max(z_k, X_FLOOR))`` (``B`` in nats;
+    ``terms``: the further features ``(name, c_k)``, none for a one-feature line); ``lo ≤ 0 ≤ hi`` the residual
+    quantiles of ``log B`` (clamped at 0, so that the interval always holds the fitted line — an exact fit's
+    residuals are rounding noise of either sign); ``n`` points fitted; ``feature`` names ``x``."""
 
     feature: str
     intercept: float
@@ -49,18 +57,28 @@ class LogLinear:
     lo: float
     hi: float
     n: int
+    terms: tuple[tuple[str, float], ...] = ()
 
-    def predict(self, x: float) -> dict[str, float]:
-        """``{"barrier_mean", "low", "high"}`` in nats for diagnostic value ``x`` (``low ≤ barrier_mean ≤ high``).
-        Raises ConfigError for an ``x`` that is not a finite number: an undefined diagnostic has no prediction
-        (:func:`not_applicable`)."""
-        if isinstance(x, bool) or not isinstance(x, numbers.Real) or not math.isfinite(x):
-            raise ConfigError(f"{self.feature} = {x!r}: a prediction needs a finite value of the diagnostic")
-        mid = self.intercept + self.slope * math.log(max(float(x), X_FLOOR))
-        return {"barrier_mean": math.exp(mid), "low": math.exp(mid + self.lo), "high": math.exp(mid + self.hi)}
+    def predict(self, x: float, **features: float) -> dict[str, float]:
+        """``{"barrier_mean", "low", "high"}`` in nats for diagnostic value ``x`` and the values of the ``terms``'
+        features by name (``low ≤ barrier_mean ≤ high``; none below :data:`B_FLOOR`, the fit's noise floor).
+        Raises ConfigError for a value that is not a finite number or a term's feature not given: an undefined
+        diagnostic has no prediction (:func:`not_applicable`)."""
+        mid = self.intercept + self.slope * _log(x, self.feature)
+        for name, c in self.terms:
+            if name not in features:
+                raise ConfigError(f"this calibration line needs the feature {name!r}, which was not given")
+            mid += c * _log(features[name], name)
+        return {k: max(math.exp(min(mid + d, 700.0)), B_FLOOR)  # 700: no float overflow far outside the fit
+                for k, d in (("barrier_mean", 0.0), ("low", self.lo), ("high", self.hi))}
 
     def to_json(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "terms": [list(t) for t in self.terms]}
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> LogLinear:
+        """The line :meth:`to_json` wrote."""
+        return cls(**{**d, "terms": tuple((str(n), float(c)) for n, c in d.get("terms", ()))})
 
 
 def not_applicable(reason: str) -> dict[str, float | str | None]:
@@ -69,19 +87,30 @@ def not_applicable(reason: str) -> dict[str, float | str | None]:
     return {"barrier_mean": None, "low": None, "high": None, "not_applicable": reason}
 
 
-def fit_loglinear(feature: str, x: Sequence[float], barrier: Sequence[float]) -> LogLinear:
-    """Least-squares fit of :class:`LogLinear` to points ``(x, barrier)`` (equal lengths, ≥ 3 points; nats).
+def fit_loglinear(feature: str, x: Sequence[float], barrier: Sequence[float],
+                  terms: Mapping[str, Sequence[float]] | None = None,
+                  fixed: Mapping[str, tuple[float, Sequence[float]]] | None = None) -> LogLinear:
+    """Least-squares fit of :class:`LogLinear` to points ``(x, barrier)`` (equal lengths, ≥ 3 points; nats) and, in
+    ``terms``, further features by name (one value per point) whose coefficients are fitted; ``fixed``: features
+    ``name → (coefficient, values)`` whose coefficient is given (e.g. 1: the barrier proportional to the feature).
 
-    A slope is fitted only when ``x`` varies (else 0, the mean). Raises ConfigError for too few or mismatched points.
+    A slope is fitted only for a feature that varies (else 0). Raises ConfigError for too few or mismatched points.
     """
-    if len(x) != len(barrier) or len(x) < 3:
-        raise ConfigError(f"fit_loglinear needs ≥ 3 points and as many barriers as x, got {len(x)} and {len(barrier)}")
-    lx = np.log(np.maximum(np.asarray(x, float), X_FLOOR))
+    terms, fixed = dict(terms or {}), dict(fixed or {})
+    if len(x) != len(barrier) or len(x) < 3 or any(len(v) != len(x) for v in
+                                                   [*terms.values(), *(v for _, v in fixed.values())]):
+        raise ConfigError(f"fit_loglinear needs ≥ 3 points and as many barriers (and feature values) as x, got "
+                          f"{len(x)} and {len(barrier)}")
+    log = lambda v: np.log(np.maximum(np.asarray(v, float), X_FLOOR))  # noqa: E731
+    cols = [log(v) for v in (x, *terms.values())]
     ly = np.log(np.maximum(np.asarray(barrier, float), B_FLOOR))
-    if np.ptp(lx) > 0:
-        slope, intercept = np.polyfit(lx, ly, 1)
-    else:
-        slope, intercept = 0.0, float(ly.mean())
-    res = ly - (intercept + slope * lx)
-    return LogLinear(feature, float(intercept), float(slope), min(float(np.quantile(res, Q_LO)), 0.0),
-                     max(float(np.quantile(res, Q_HI)), 0.0), len(lx))
+    ly_free = ly - sum((c * log(v) for c, v in fixed.values()), np.zeros_like(ly))
+    varies = [np.ptp(c) > 0 for c in cols]
+    design = np.column_stack([np.ones_like(ly)] + [c for c, v in zip(cols, varies, strict=True) if v])
+    coef = np.linalg.lstsq(design, ly_free, rcond=None)[0]
+    it = iter(coef[1:])
+    slopes = [float(next(it)) if v else 0.0 for v in varies]
+    res = ly_free - design @ coef
+    return LogLinear(feature, float(coef[0]), slopes[0], min(float(np.quantile(res, Q_LO)), 0.0),
+                     max(float(np.quantile(res, Q_HI)), 0.0), len(ly),
+                     (*zip(terms, slopes[1:], strict=True), *((n, float(c)) for n, (c, _) in fixed.items())))

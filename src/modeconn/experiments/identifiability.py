@@ -63,10 +63,17 @@ def train_pair(arch: str, kwargs: dict, bundle: DatasetBundle, epochs: int, pair
     return train_models(arch, bundle, (2 * pair, 2 * pair + 1), {"epochs": epochs, **train}, **kwargs)
 
 
+def _end_loss(curve) -> float:
+    """The test loss at λ = 1 (model B as the path sees it: aligned, where the path is)."""
+    return float(curve.finite_values("test", "loss")[-1])
+
+
 def pair_metrics(a: nn.Module, b: nn.Module, bundle: DatasetBundle, lambdas: int, *,
                  activation_barrier: bool = False) -> dict[str, Any]:
-    """Unaligned and weight-matched barriers on test loss, accuracy drops, identity/optimal AM ratio; with
-    ``activation_barrier`` also the barrier after activation matching (``activation_barrier_mean`` / ``_interp``)."""
+    """Unaligned and weight-matched barriers on test loss, accuracy drops, identity/optimal AM ratio, the endpoints'
+    test loss (``endpoint_loss`` [A, B]; ``aligned_endpoint_loss``: weight-matched B); with ``activation_barrier``
+    also the barrier after activation matching (``activation_barrier_mean`` / ``_interp``,
+    ``activation_endpoint_loss``)."""
     x0 = bundle.train.tensors[0][:2]
     spec = symmetry_spec(a, x0)
     test = {"test": make_loader(bundle.test, 1000)}
@@ -81,13 +88,16 @@ def pair_metrics(a: nn.Module, b: nn.Module, bundle: DatasetBundle, lambdas: int
     if activation_barrier:
         activation = path(am.apply(sb))
         extra = {"activation_barrier_mean": activation.barrier("mean", "test"),
-                 "activation_barrier_interp": activation.barrier("interp", "test")}
+                 "activation_barrier_interp": activation.barrier("interp", "test"),
+                 "activation_endpoint_loss": _end_loss(activation)}
     return {**extra,
         "test_acc": [evaluate_model(m, test["test"])["acc"] for m in (a, b)],
         "unaligned_barrier_mean": naive.barrier("mean", "test"),
         "unaligned_barrier_interp": naive.barrier("interp", "test"),
         "aligned_barrier_mean": aligned.barrier("mean", "test"),
         "aligned_barrier_interp": aligned.barrier("interp", "test"),
+        "endpoint_loss": [float(naive.finite_values("test", "loss")[0]), _end_loss(naive)],
+        "aligned_endpoint_loss": _end_loss(aligned),
         "unaligned_acc_drop_pct": naive.accuracy_drop("test"),
         "aligned_acc_drop_pct": aligned.accuracy_drop("test"),
         "identity_ratio": float(np.mean(ratios)) if ratios else None,

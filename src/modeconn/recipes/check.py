@@ -1,6 +1,6 @@
 """``modeconn check A [B]``: load, run :func:`modeconn.diagnostics.check`, write report.md, results.json, check.png.
 
-No point of the interpolation path is evaluated (that is ``modeconn barrier``).
+No point between the endpoints of an interpolation path is evaluated (that is ``modeconn barrier``).
 """
 
 from __future__ import annotations

@@ -24,18 +24,38 @@ def _yes_no(x: bool | None) -> str:
     return "—" if x is None else "yes" if x else "no"
 
 
+def _interval(p: dict[str, Any]) -> str:
+    return f"predicted barrier_mean {p['barrier_mean']:.3f} nats, interval {p['low']:.3f}–{p['high']:.3f}"
+
+
+_ALIGNED = (("weight_matched", "weight matching"), ("activation_matched", "activation matching"))
+
+
 def verdict(results: dict[str, Any]) -> str:
-    """One line: go / no-go (or not applicable, and why) and the recommended method."""
+    """One line: go / no-go as the models are and, for a pair predicted not to merge as it is, "GO after" the first
+    alignment predicted below the threshold, else the predicted barriers after alignment (or not applicable, and
+    why); the recommended method."""
     p, rec = results["prediction"], results["recommendation"]
-    key = "unaligned" if results["pair"] else "twin"
-    what = "these two merge" if results["pair"] else "an independent twin of A merges"
+    pair = bool(results["pair"])
+    what = "merging these two" if pair else "merging A with an independently trained twin of it"
+    tail = f"; recommended: {rec['method']} — {rec['advice']}"
     if p["go"] is None:
-        return (f"NOT APPLICABLE: whether {what} without alignment cannot be predicted — {p['not_applicable']}; no "
-                f"barrier is predicted. Recommended: {rec['method']} — {rec['advice']}")
-    go = "GO" if p["go"] else "NO-GO"
-    return (f"{go}: {what} without alignment is predicted {'' if p['go'] else 'not '}to work (predicted barrier_mean "
-            f"{p[key]['barrier_mean']:.3f} nats, interval {p[key]['low']:.3f}–{p[key]['high']:.3f}; go below "
-            f"{p['threshold']}); recommended: {rec['method']} — {rec['advice']}")
+        return (f"NOT APPLICABLE: whether {what} works without alignment cannot be predicted — "
+                f"{p['not_applicable']}; no barrier is predicted. Recommended: {rec['method']} — {rec['advice']}")
+    own = p["unaligned" if pair else "twin"]
+    as_is = f"as {'they are' if pair else 'it is'} ({_interval(own)}; go below {p['threshold']})"
+    if p["go"]:
+        return f"GO: {what} {as_is} is predicted to work{tail}"
+    after = next(((k, label) for k, label in _ALIGNED if pair and p[k]["barrier_mean"] is not None
+                  and p[k]["barrier_mean"] < p["threshold"]), None)
+    if after is not None:
+        return (f"NO-GO as they are, GO after {after[1]}: {what} is predicted to fail {as_is} and to work after "
+                f"{after[1]} ({_interval(p[after[0]])}){tail}")
+    if not pair:
+        return f"NO-GO: {what} is predicted to fail {as_is}{tail}"
+    aligned = "; ".join(f"after {label} {_interval(p[k])}" if p[k]["barrier_mean"] is not None else
+                        f"after {label} not predicted" for k, label in _ALIGNED)
+    return f"NO-GO as they are: {what} is predicted to fail {as_is}; {aligned}{tail}"
 
 
 def summary_lines(results: dict[str, Any]) -> list[str]:
@@ -52,7 +72,7 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
                 lines.append(f"  {key:<19} B_mean     n/a  ({p['not_applicable']})")
                 continue
             lines.append(f"  {key:<19} B_mean {p['barrier_mean']:7.3f}  [{p['low']:.3f}, {p['high']:.3f}]")
-    lines.append("B_mean: predicted test-loss barrier_mean (nats) [10 %–90 % interval of the calibration residuals]")
+    lines.append("B_mean: predicted test-loss barrier_mean (nats) [5 %–95 % interval of the held-out residuals]")
     return lines
 
 
@@ -89,12 +109,15 @@ def report(results: dict[str, Any]) -> str:
               for n, v in results["layers"].items()]
     lines = [
         "# modeconn check", "", f"Models: {', '.join(results['models'])}; dataset {results['dataset']}; "
-        f"{results['seconds']:.1f} s. No point of the interpolation path was evaluated.", "",
+        f"{results['seconds']:.1f} s. No point between the endpoints of an interpolation path was evaluated.", "",
         f"**{verdict(results)}**", "",
         "## Predicted test-loss barrier_mean (nats)", "",
-        "From the stated predictor (modeconn.diagnostics.predictor: B̂ = exp(intercept) · x^slope, x = 1 − mean unit "
-        "correlation under the assignment; for the twin x = min relative swap cost of A's layers), fitted by "
-        "`modeconn experiment check-calibration`; interval: 10 %–90 % quantiles of the fit's residuals.", "",
+        "From the stated predictor (modeconn.diagnostics.predictor: B̂ = exp(intercept) · x^slope · Π z^c, "
+        "x = 1 − mean unit correlation under the assignment, z: the endpoints' mean test loss, the entropy of the "
+        "training labels, their difference and the mean CKA; for the twin x = min relative swap cost of A's layers, "
+        "no CKA), one line per prediction, "
+        "fitted by `modeconn experiment check-calibration`; interval: 5 %–95 % quantiles of the residuals on "
+        "families each line was not fitted on.", "",
         markdown_table(["interpolation", "predicted barrier_mean", "interval"], preds), "",
         markdown_table(["model", "test loss (nats)", "test accuracy %"], ends), ""]
     if results["pair"]:

@@ -32,10 +32,11 @@ from .outcome import Outcome
 Log = Callable[[str], None]
 
 
-COPIES = {"align": 3, "merge": 2, "dual": 5, "barrier": 3, "path": 4, "check": 2, "eval": 1}
+COPIES = {"align": 3, "merge": 2, "dual": 5, "barrier": 3, "path": 4, "check": 3, "eval": 1}
 """Model-sized float32 copies a command holds at its peak, per input model (align: A, B and the aligned B; merge: each
 model and its aligned state dict, plus the merge; dual: each model, its absorbed copy, the transformed copy, the
-learned transforms and Adam's state; barrier and path: the endpoints and the points evaluated) — what
+learned transforms and Adam's state; barrier and path: the endpoints and the points evaluated; check: the
+endpoints and B moved by an alignment) — what
 :func:`check_fits_in_memory` multiplies by."""
 STREAMING = {"align": "streaming weight matching (--method weight)", "merge": "a streamed merge (--align weight or none)"}
 """What reads one tensor at a time instead, per command (the others evaluate the models: no streaming way)."""
