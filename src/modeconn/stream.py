@@ -103,6 +103,7 @@ def hf_checkpoint_spec(path: PathLike, groups: str | Mapping[str, str | None] = 
     from .symmetry.absorb import ABSORBED_KEY, check_absorbed_weights, rebuild_absorbed
     from .symmetry.hf import hf_symmetry_spec
     from .symmetry.hf.config_check import build_meta_model, check_fits_checkpoint
+    from .symmetry.hf.skeleton import skeleton_spec
 
     path = Path(path)
     config = config if config is not None else hf_config(path)
@@ -114,6 +115,10 @@ def hf_checkpoint_spec(path: PathLike, groups: str | Mapping[str, str | None] = 
         model = rebuild_absorbed(config, path / CONFIG_NAME)
         names = {k: k for k in model.state_dict()}
     else:
+        spec = skeleton_spec(config, {k: i.shape for k, i in ckpt.infos.items()}, ckpt.dtypes, groups)
+        if spec is not None:  # a table family: no model class imported (see modeconn.symmetry.hf.skeleton)
+            spec.check_state_dict(ckpt.meta(), f"checkpoint {path}")
+            return spec
         model = build_meta_model(config, path / CONFIG_NAME)
         names = checkpoint_tensor_names(model)
     spec = hf_symmetry_spec(model, groups)
