@@ -106,3 +106,12 @@ def test_streaming_weight_matching_on_the_skeleton_spec_recovers_a_permutation(t
     back = stream_apply(spec, b, res.element, tmp_path / "back")
     a, out = LazyCheckpoint(d), LazyCheckpoint(back)
     assert all(torch.equal(a[k], out[k]) for k in a)
+
+
+def test_only_the_tested_causal_lm_classes_take_the_route():
+    cfg = transformers.LlamaConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=2, intermediate_size=64)
+    cfg.architectures = ["LlamaForCausalLM"]
+    assert skeleton.table_of(cfg) is not None
+    for other in (["LlamaForSequenceClassification"], ["LlamaModel"], ["SomethingElse"], None):
+        cfg.architectures = other
+        assert skeleton.table_of(cfg) is None

@@ -58,10 +58,12 @@ class _Root(nn.Module):
 
 
 def table_of(config: Any) -> Table | None:
-    """The table of the config's family if the skeleton route covers it and the config names one of its classes."""
+    """The table of the config's family if the skeleton route covers it and the config names one of its causal-LM
+    classes (the classes the equality test builds)."""
     t = TABLES.get(str(getattr(config, "model_type", "")))
     names = getattr(config, "architectures", None) or ()
-    if t is None or t.family not in SKELETON_FAMILIES or len(names) != 1 or names[0] not in t.classes:
+    if (t is None or t.family not in SKELETON_FAMILIES or len(names) != 1 or names[0] not in t.classes
+            or not names[0].endswith("ForCausalLM")):
         return None
     return t
 
