@@ -9,8 +9,9 @@ seeded generator when the shard writer asks for it (:func:`modeconn.io.lazy.writ
 Each measured step runs in a fresh subprocess and reports its own peak RSS (``VmHWM``, resident file-mapped pages
 included):
 
-* ``baseline``: Python + torch + transformers + modeconn imported, the spec built on the meta device from
-  config.json and the shard headers read — what every streaming run pays before touching a weight;
+* ``baseline``: Python + torch + modeconn imported, the spec built from config.json and the shard headers (for a
+  table family such as GPT-NeoX without transformers' model classes: :mod:`modeconn.symmetry.hf.skeleton`) — what
+  every streaming run pays before touching a weight;
 * ``wm``: that plus streaming weight matching — ``restarts=1`` and ``--max-iter`` sweeps after the greedy start, or
   with ``--defaults`` every option at its default (restarts from kicks until one fails to beat the best, sweeps until
   one changes nothing); torch's threads: ``OMP_NUM_THREADS`` (the JSON records it, and the CPU seconds of the step);
@@ -42,6 +43,10 @@ from _common import write_json
 PYTHIA_1B = {"hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 8, "intermediate_size": 8192,
              "vocab_size": 50304, "rotary_pct": 0.25, "max_position_embeddings": 2048, "tie_word_embeddings": False,
              "use_parallel_residual": True, "bos_token_id": 0, "eos_token_id": 0}
+
+
+HEAVY = ("transformers.modeling_utils", "torch._dynamo", "torch.distributed.tensor", "torchvision", "scipy")
+"""Modules whose presence in a step's process the JSON records (the model classes pull in the first four)."""
 
 
 def peak_rss_bytes() -> int:
@@ -92,8 +97,6 @@ def make_checkpoint(out: Path, layers: int, seed: int, shard_bytes: int) -> dict
 def child(step: str, a: str, b: str, work: str, max_iter: int | None) -> None:
     """One measured step in this (fresh) process; prints one JSON line with its numbers."""
     t0 = time.perf_counter()
-    import transformers  # noqa: F401  (part of the baseline: the spec needs the model class)
-
     from modeconn.io.lazy import LazyCheckpoint
     from modeconn.stream import hf_checkpoint_spec, stream_apply, stream_weight_matching
 
@@ -133,6 +136,7 @@ def child(step: str, a: str, b: str, work: str, max_iter: int | None) -> None:
             assert torch.equal(dst[k], spec.apply_tensor(k, src[k], g)), k
         out["spot_checked"] = checked
     out["peak_rss_bytes"] = peak_rss_bytes()
+    out["heavy_modules_imported"] = sorted(m for m in HEAVY if m in sys.modules)
     print(json.dumps(out), flush=True)
 
 

@@ -2,7 +2,7 @@
 
     from modeconn.stream import hf_checkpoint_spec, stream_apply, stream_merge, stream_weight_matching
 
-    spec = hf_checkpoint_spec("ckpt/a")                              # skeleton on the meta device: no weights read
+    spec = hf_checkpoint_spec("ckpt/a")                              # from names, shapes and config: no weights read
     res = stream_weight_matching(spec, "ckpt/a", "ckpt/b", restarts=1, max_iter=3)
     stream_apply(spec, "ckpt/b", res.element, "ckpt/b_aligned")      # same shards and index as ckpt/b
     stream_merge(spec, ["ckpt/a", "ckpt/b"], "ckpt/merged", elements=[None, res.element])
@@ -21,10 +21,13 @@ the host and copied per tensor; results come back per tensor to be written); ``N
 before the option existed. An unavailable device is a ConfigError naming the option before any work
 (:func:`modeconn._util.device.resolve_device`).
 
-Hugging Face directories (``config.json`` with ``model_type``): :func:`hf_checkpoint_spec` builds the model on the
-meta device from its config (no weights are read or allocated) and takes its spec from the family adapter
-(:func:`modeconn.symmetry.hf.hf_symmetry_spec`), with tensor names as stored in the checkpoint (transformers ≥ 5
-renames a few on load, e.g. GPT-NeoX's ``embed_out`` → ``lm_head``). Streaming uses permutation groups (residual,
+Hugging Face directories (``config.json`` with ``model_type``): :func:`hf_checkpoint_spec` takes the spec of a table
+family (Llama, GPT-NeoX …: :data:`~modeconn.symmetry.hf.skeleton.SKELETON_FAMILIES`) from the checkpoint's tensor
+names and shapes and its config alone (:mod:`modeconn.symmetry.hf.skeleton`: transformers' model classes are not
+imported); for other families it builds the model on the meta device from its config (no weights are read or
+allocated) and takes its spec from the family adapter (:func:`modeconn.symmetry.hf.hf_symmetry_spec`), with tensor
+names as stored in the checkpoint (transformers ≥ 5 renames a few on load, e.g. GPT-NeoX's ``embed_out`` →
+``lm_head``). Streaming uses permutation groups (residual,
 per-head q·k / v·o, FFN permutations; head permutations with per-head transforms work too): normalization
 absorption (:func:`modeconn.absorb_normalization`), which the orthogonal residual group needs, rewrites the model
 in memory and is not available here. Tied tensors (GPT-2's ``wte`` / ``lm_head``) are transformed once and stay
@@ -76,8 +79,12 @@ def hf_checkpoint_spec(path: PathLike, groups: str | Mapping[str, str | None] = 
                        config=None, checkpoint: LazyCheckpoint | None = None):
     """The symmetry spec of a Hugging Face checkpoint directory, without reading its weights.
 
-    Builds the model class named by ``config.architectures`` (one of transformers' own classes for the model type;
-    else the causal-LM, else the base auto class) on the meta device (for an absorbed checkpoint, format
+    For a table family (:data:`~modeconn.symmetry.hf.skeleton.SKELETON_FAMILIES`) the spec comes from the stored
+    tensor names and shapes and the config (:func:`~modeconn.symmetry.hf.skeleton.skeleton_spec`, tested equal to the
+    model class's), without importing transformers' model classes. Otherwise (another family, an absorbed checkpoint,
+    a tensor no table names, an orthogonal residual) it builds the model class named by ``config.architectures``
+    (one of transformers' own classes for the model type; else the causal-LM, else the base auto class) on the meta
+    device (for an absorbed checkpoint, format
     :data:`~modeconn.symmetry.absorb.ABSORBED_FORMAT` read by :func:`~modeconn.symmetry.absorb.read_absorbed_config`,
     with its norms and added biases replayed, so ``groups`` may bind the orthogonal residual group), takes its
     :func:`~modeconn.symmetry.hf.hf_symmetry_spec`
@@ -103,6 +110,7 @@ def hf_checkpoint_spec(path: PathLike, groups: str | Mapping[str, str | None] = 
     from .symmetry.absorb import ABSORBED_KEY, check_absorbed_weights, rebuild_absorbed
     from .symmetry.hf import hf_symmetry_spec
     from .symmetry.hf.config_check import build_meta_model, check_fits_checkpoint
+    from .symmetry.hf.skeleton import skeleton_spec
 
     path = Path(path)
     config = config if config is not None else hf_config(path)
@@ -114,6 +122,10 @@ def hf_checkpoint_spec(path: PathLike, groups: str | Mapping[str, str | None] = 
         model = rebuild_absorbed(config, path / CONFIG_NAME)
         names = {k: k for k in model.state_dict()}
     else:
+        spec = skeleton_spec(config, {k: i.shape for k, i in ckpt.infos.items()}, ckpt.dtypes, groups)
+        if spec is not None:  # a table family: no model class imported (see modeconn.symmetry.hf.skeleton)
+            spec.check_state_dict(ckpt.meta(), f"checkpoint {path}")
+            return spec
         model = build_meta_model(config, path / CONFIG_NAME)
         names = checkpoint_tensor_names(model)
     spec = hf_symmetry_spec(model, groups)

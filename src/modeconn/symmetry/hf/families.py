@@ -134,7 +134,7 @@ register(Table("modernbert", ("ModernBertModel",), embeddings=(Embedding("embedd
                absorb=_NOT_PRE_NORM.format("ModernBERT", "embeddings.norm and the stream it starts")))
 register(Table("gpt_neox", _lm("GPTNeoX"), embeddings=(Embedding("embed_in"),), attn="attention", qkv="query_key_value",
                qkv_layout="per_head", o="dense", up="dense_h_to_4h", gate=None, down="dense_4h_to_h",
-               final_norm="final_layer_norm"))
+               final_norm="final_layer_norm", heads=("embed_out", "lm_head", "score", "classifier", "qa_outputs")))
 
 _DEIT_TOKENS = tuple(Embedding("embeddings", n, 2, optional=o) for n, o in (
     ("cls_token", False), ("distillation_token", False), ("position_embeddings", False), ("mask_token", True)))
