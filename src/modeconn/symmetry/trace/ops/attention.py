@@ -83,6 +83,8 @@ def matmul(tr: Tracer, node: torch.fx.Node) -> Val | None:
         return tr.unsupported(node, "matrix-vector product with a permuted operand")
     con_a, con_b = live_a and a.dim == a.ndim - 1, live_b and b.dim == b.ndim - 2
     if con_a or con_b:
+        if con_a and con_b and shared_across_heads(tr, node, (a, b), operands, nd):
+            return tr.frozen_val(node)
         if not (con_a and con_b and contractible(tr, a, b, nd)):
             return tr.unsupported(node, "contracts a permuted dim with one that does not carry the same spaces")
         tr.union_segs(a, b, node)
@@ -118,6 +120,26 @@ def matmul_one_sided(tr: Tracer, node: torch.fx.Node, v: Val, o_node: Any, contr
     return v.remap(lambda d: d + shift, nd)
 
 
+def shared_across_heads(tr: Tracer, node: torch.fx.Node, vals: tuple[Val, Val], nodes: Any, nd: int | None) -> bool:
+    """Multi-query attention (MobileNetV4's ``q @ kᵀ`` with q per head and one key for all heads, broadcast along the
+    head axis): every head's query space joined with the single key space; False (nothing joined) if the operands
+    are not one per-head value and one value of a single space, of equal widths, broadcast along the head axis."""
+    heads = [i for i, v in enumerate(vals) if v.outer is not None]
+    if len(heads) != 1:
+        return False
+    per_head, shared = vals[heads[0]], vals[1 - heads[0]]
+    shape = shape_of(nodes[1 - heads[0]])
+    nd = per_head.ndim if nd is None else nd
+    axis = per_head.outer + nd - per_head.ndim - (nd - len(shape)) if shape is not None else -1
+    if shared.outer is not None or len(shared.segs) != 1 or (0 <= axis and shape[axis] != 1):
+        return False
+    if any((s.n, s.block) != (shared.segs[0].n, shared.segs[0].block) for s in per_head.segs):
+        return False
+    for s in per_head.segs:
+        tr.union(s.space, shared.segs[0].space, node)
+    return True
+
+
 def contractible(tr: Tracer, a: Val, b: Val, nd: int) -> bool:
     """Whether a's last dim and b's second-to-last carry the same layout (per head on one batch axis)."""
     if len(a.segs) != len(b.segs) or any((sa.n, sa.block) != (sb.n, sb.block) for sa, sb in zip(a.segs, b.segs, strict=False)):
@@ -135,6 +157,8 @@ def attention_function(tr: Tracer, node: torch.fx.Node) -> Val | None:
     if q is None or k is None or v is None:
         return tr.unsupported(node, "attention of non-tensor operands")
     if tr.inactive(q) and tr.inactive(k):
+        return v
+    if q.dim == q.ndim - 1 and k.dim == k.ndim - 1 and shared_across_heads(tr, node, (q, k), node.args[:2], None):
         return v
     if not (q.dim == q.ndim - 1 and k.dim == k.ndim - 1 and same_layout(q, k)):
         return tr.unsupported(node, "query and key carry their symmetry on different dims or layouts")

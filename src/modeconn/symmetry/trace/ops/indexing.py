@@ -149,9 +149,22 @@ def pieces(tr: Tracer, node: torch.fx.Node, x: Val | None, sizes: list[int], dim
         if dim == x.outer:
             return tr.unsupported(node, "splits the axis indexing per-head spaces")
         return tuple(x for _ in sizes)
+    if x.outer is not None:
+        return head_pieces(tr, node, x, sizes)
     ends = [sum(sizes[: i + 1]) for i in range(len(sizes))]
     refined = tr.refine(x, {0, *ends})
     pieces = [whole_segments(refined, slice(a, b)) if refined else None for a, b in zip([0, *ends], ends, strict=False)]
     if any(p is None for p in pieces):
         return tr.unsupported(node, "splits the permuted dim through a unit, or a space already split differently")
     return tuple(replace(x, segs=p) for p in pieces)
+
+
+def head_pieces(tr: Tracer, node: torch.fx.Node, x: Val, sizes: list[int]) -> tuple | None:
+    """Pieces along the per-head feature dim (CoAtNet's and MaxViT's ``(B, heads, 3 · head_dim, N).chunk(3, dim=2)``:
+    q, k and v interleaved per head): every head's space split alike, piece ``i`` carrying part ``i`` of each head."""
+    if any(s.block != 1 for s in x.segs):
+        return tr.unsupported(node, "splits per-head spaces laid out in blocks")
+    per_head = [tr.split_at(s.space, sizes) for s in x.segs]
+    if any(p is None for p in per_head):
+        return tr.unsupported(node, "splits per-head spaces already split differently")
+    return tuple(replace(x, segs=tuple(Seg(parts[i], n) for parts in per_head)) for i, n in enumerate(sizes))

@@ -52,7 +52,63 @@ def merge_or_split(tr: Tracer, x: Val, in_shape: tuple[int, ...], out_shape: tup
         return merge_dims(tr, x, in_shape, *merged)
     if split is not None:
         return split_dim(tr, x, out_shape, *split)
-    return f"reshape {in_shape} → {out_shape} neither merges adjacent dims nor splits one"
+    return grouped_reshape(tr, x, in_shape, out_shape)
+
+
+def grouped_reshape(tr: Tracer, x: Val, in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> Val | Parts | str:
+    """A reshape that regroups several independent runs of dims at once (CoAtNet's and MobileNetV4's
+    ``(B, C, H, W) → (B, heads, C / heads, H·W)``): applied run by run, each a merge or a split of the dims it
+    covers; a run touching the permuted dim or the per-head axis must be a plain merge or split, any other run
+    may regroup its dims freely (they carry no symmetry)."""
+    runs = dim_runs(in_shape, out_shape)
+    why = f"reshape {in_shape} → {out_shape} neither merges adjacent dims nor splits one"
+    if runs is None:
+        return why
+    cur: Val | Parts = x
+    shape, pos = list(in_shape), 0
+    for (i0, i1), (o0, o1) in runs:
+        ni, no = i1 - i0, o1 - o0
+        new = shape[:pos] + list(out_shape[o0:o1]) + shape[pos + ni :]
+        if ni > 1 and no == 1 and isinstance(cur, Val):
+            step: Val | Parts | str = merge_dims(tr, cur, tuple(shape), pos, pos + ni - 1)
+        elif ni == 1 and no > 1 and isinstance(cur, Val):
+            step = split_dim(tr, cur, tuple(new), pos, pos + no - 1)
+        elif touched_axes(cur) & set(range(pos, pos + ni)):
+            return why
+        else:
+            step = cur.remap(lambda d, pos=pos, ni=ni, no=no: d if d < pos else d + no - ni, len(new))
+        if isinstance(step, str):
+            return step
+        cur, shape, pos = step, new, pos + no
+    return cur
+
+
+def touched_axes(v: Val | Parts) -> set[int]:
+    """The axes of a value that carry symmetry: its permuted dim and per-head axis (those of every part)."""
+    if isinstance(v, Parts):
+        return {v.axis}.union(*(touched_axes(p) for p in v.vals))
+    return {d for d in (v.dim, v.outer) if d is not None}
+
+
+def dim_runs(in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> list[tuple[tuple[int, int], tuple[int, int]]] | None:
+    """The shortest consecutive runs ``((i0, i1), (o0, o1))`` of input and output dims with equal products that
+    tile both shapes; None if the sizes do not line up."""
+    runs, i, o = [], 0, 0
+    while i < len(in_shape) or o < len(out_shape):
+        i0, o0, pi, po = i, o, 1, 1
+        if i < len(in_shape):
+            pi, i = in_shape[i], i + 1
+        if o < len(out_shape):
+            po, o = out_shape[o], o + 1
+        while pi != po:
+            if pi < po and i < len(in_shape):
+                pi, i = pi * in_shape[i], i + 1
+            elif po < pi and o < len(out_shape):
+                po, o = po * out_shape[o], o + 1
+            else:
+                return None
+        runs.append(((i0, i), (o0, o)))
+    return runs
 
 
 def compact_reshape(tr: Tracer, x: Val, in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> Val | Parts | None:
