@@ -85,12 +85,26 @@ def patch_merging_pad(tr: Tracer, node: torch.fx.Node) -> Val | None:
     return Val(x.dim, x.ndim, x.segs * 4)
 
 
+def rotary(tr: Tracer, node: torch.fx.Node) -> Val | None:
+    """``apply_rot_embed_cat(x, emb)``: rotary position embedding of queries or keys. It rotates pairs of a head's
+    dims by position-dependent angles, so a permutation of those dims keeps q·k only where it moves whole pairs alike
+    in every head that shares the angles; no permutation is offered (the query/key spaces stay fixed), the output
+    carries x's (now frozen) spaces."""
+    x = tr.value(node.args[0])
+    for a in (node.args[0], *node.args[1:2], node.kwargs.get("emb")):
+        if isinstance(a, torch.fx.Node):
+            tr.freeze(tr.vals.get(a))
+    return x if x is not None else tr.frozen_val(node)
+
+
 def first_elementwise(tr: Tracer, node: torch.fx.Node) -> Val | None:
     return elementwise(tr, node, tr.arg_val(node))
 
 
 _LIBRARY: dict[str, dict[str, Rule]] = {
     "torchvision.ops.stochastic_depth": {"stochastic_depth": first_elementwise},
+    "timm.layers.pos_embed_sincos": {"apply_rot_embed_cat": rotary, "_build_grid": constant,
+                                     "_apply_coord_augs": constant},
     "torchvision.models.swin_transformer": {"shifted_window_attention": swin_attention,
                                             "_get_relative_position_bias": constant,
                                             "_patch_merging_pad": patch_merging_pad},

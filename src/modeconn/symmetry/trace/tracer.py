@@ -232,7 +232,21 @@ class Tracer(Axes):
         if found:
             return val
         rule = node_op_for(node)
-        return rule(self, node) if rule is not None else self.unsupported(node, "no symmetry rule for this operation")
+        if rule is not None:
+            return rule(self, node)
+        if self.reads_fixed_values_only(node):
+            return self.frozen_val(node)
+        return self.unsupported(node, "no symmetry rule for this operation")
+
+    def reads_fixed_values_only(self, node: torch.fx.Node) -> bool:
+        """Whether ``node`` reads only values no permutation acts on and constants outside the state dict (DINOv3's
+        rotary angles computed from a coordinate grid): then so is its output, whatever the operation. Not inside an
+        unregistered layer subclass (refused by name, :func:`.leaves.layer_in_stack`) nor for parameters."""
+        vals = [self.vals.get(a) for a in flat_args(node)]
+        if layer_in_stack(node) is not None or not any(isinstance(v, (Val, Attr)) for v in vals):
+            return False
+        return all(v is None or isinstance(v, Attr) and v.key is None or isinstance(v, Val) and self.inactive(v)
+                   for v in vals)
 
     def special(self, node: torch.fx.Node) -> tuple[bool, Any]:
         """``(True, value)`` for nodes decided before the operator tables: tuple elements, non-tensor values (sizes,

@@ -11,7 +11,7 @@ import torch
 import torch.fx
 
 from ..registry import node_op
-from ..values import Attr, AttrCat, Seg, Val, shape_len, shape_of, whole_segments
+from ..values import Attr, AttrCat, Seg, Val, same_layout, shape_len, shape_of, whole_segments
 
 if TYPE_CHECKING:
     from ..tracer import Tracer
@@ -34,8 +34,9 @@ def cat(tr: Tracer, node: torch.fx.Node) -> Val | None:
     dim %= ndim
     if any(v.dim != vals[0].dim for v in vals):
         return tr.unsupported(node, "concatenated tensors carry their symmetry on different dims")
-    if any(v.outer is not None and not tr.all_frozen(v) for v in vals):
-        return tr.unsupported(node, "concatenation of values with per-head spaces")
+    if any(v.outer is not None and not tr.all_frozen(v) for v in vals) and (  # per head: along tokens only
+            dim in (vals[0].dim, vals[0].outer) or not all(same_layout(vals[0], v) for v in vals[1:])):
+        return tr.unsupported(node, "concatenation of values with per-head spaces other than along another axis")
     if dim == vals[0].dim:
         return Val(dim, ndim, tuple(s for v in vals for s in v.segs))
     for v in vals[1:]:
@@ -86,21 +87,26 @@ def index(tr: Tracer, node: torch.fx.Node) -> Val | None:
     idx = node.args[1] if isinstance(node.args[1], tuple) else (node.args[1],)
     if x is None or tr.all_frozen(x):  # e.g. a relative-position bias gathered from its table
         return tr.frozen_val(node)
-    if x.outer is not None or any(i is Ellipsis or not isinstance(i, (int, slice, type(None))) for i in idx):
-        return tr.unsupported(node, "indexing with tensors, Ellipsis or a value with per-head spaces")
-    out_dim, axis, segs = x.dim, 0, x.segs
+    if any(i is Ellipsis or not isinstance(i, (int, slice, type(None))) for i in idx):
+        return tr.unsupported(node, "indexing with tensors or Ellipsis")
+    out_dim, out_outer, axis, segs = x.dim, x.outer, 0, x.segs
     for i in idx:
         if i is None:
-            out_dim += 1
+            out_dim += axis <= x.dim
+            out_outer = None if out_outer is None else out_outer + (axis <= x.outer)
             continue
-        if axis == x.dim and not (isinstance(i, slice) and i == slice(None)):
+        whole = isinstance(i, slice) and i == slice(None)
+        if axis == x.outer and not whole:
+            return tr.unsupported(node, "indexing into the axis indexing per-head spaces")
+        if axis == x.dim and not whole:
             segs = index_slice(tr, x, i) if isinstance(i, slice) else None
             if segs is None:
                 return tr.unsupported(node, "indexing into the permuted dim other than a range of whole spaces")
-        if axis < x.dim and isinstance(i, int):
-            out_dim -= 1
+        if isinstance(i, int):
+            out_dim -= axis < x.dim
+            out_outer = None if out_outer is None else out_outer - (axis < x.outer)
         axis += 1
-    return Val(out_dim, shape_len(node, x.ndim), segs)
+    return Val(out_dim, shape_len(node, x.ndim), segs, out_outer)
 
 
 def index_slice(tr: Tracer, x: Val, i: slice) -> tuple[Seg, ...] | None:
