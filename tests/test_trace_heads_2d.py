@@ -115,3 +115,46 @@ def test_multi_query_rule_that_leaves_the_heads_queries_unjoined_to_the_key_is_c
                         lambda tr, node, vals, nodes, nd: (vals[0].outer is None) != (vals[1].outer is None))
     with pytest.raises(SpecError, match="changes its function"):
         mc.symmetry_spec(model, x)
+
+
+def _botnet() -> tuple[torch.nn.Module, torch.Tensor]:
+    """BoTNet-26t at 64 px with weights of a trained model's scale (timm's initialisation leaves the attention
+    logits so small that no permutation of queries and keys could change the outputs)."""
+    model, _ = _build("botnet26t_256", img_size=64)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for key, p in model.named_parameters():
+            if "self_attn" in key:
+                p.add_(torch.randn(p.shape, generator=g) / p[0].numel() ** 0.5)
+    return model, torch.randn(2, 3, 64, 64)
+
+
+def test_botnet_heads_in_the_batch_axis_share_one_query_key_space_with_the_position_tables():
+    model, x = _botnet()
+    spec = mc.symmetry_spec(model, x)
+    attn = model.get_submodule("stages.2.1.self_attn")
+    d, heads = attn.dim_head_qk, attn.num_heads
+    rows = {b.offset: b.space for b in spec.tensors["stages.2.1.self_attn.qkv.weight"] if b.side == "out"}
+    qk = {rows[o] for o in range(0, 2 * heads * d, d)}
+    assert len(qk) == 1  # one table for every head: one within-head permutation for all queries and keys
+    assert {b.space for b in spec.tensors["stages.2.1.self_attn.pos_embed.width_rel"]} == qk
+    assert len({rows[o] for o in range(2 * heads * d, 3 * heads * d, d)} - qk) == heads  # values: per head
+    assert set(frozen_writers(spec, model)) <= {"head.fc"}
+    assert check_function_preserved(spec, model, (x,), seed=5) <= 1e-5
+    sd = model.state_dict()
+    g = spec.random_element(seed=1)
+    planted = mc.weight_matching(spec, sd, spec.apply(sd, g), restarts=1, max_iter=5)
+    assert spec.equal(planted.element, spec.inverse(g))
+
+
+@pytest.mark.slow
+def test_a_relative_position_rule_that_leaves_the_table_unbound_is_caught(monkeypatch):
+    model, x = _botnet()
+
+    def unbound(tr, node, q, table):  # joins the heads but never moves the table with them
+        tr.join_heads(node, q)
+        return tr.frozen_val(node)
+
+    monkeypatch.setattr(attention, "matmul_parameter", unbound)
+    with pytest.raises(SpecError, match="changes its function"):
+        mc.symmetry_spec(model, x)

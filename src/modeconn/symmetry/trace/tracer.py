@@ -261,8 +261,19 @@ class Tracer(Axes):
             return True, None  # Python arithmetic on sizes, torch._assert(h == ...): no tensor, no symmetry
         if not is_method and t in tables().ELEMENTWISE_RULES:  # registered elementwise ops (stochastic depth, custom activations)
             return True, elementwise(self, node, self.arg_val(node))
+        if isinstance(first, Attr) and first.stored is None and first.order is None and matches(
+                node, {"transpose"}, {torch.transpose}):  # a relative-position table read as rel_kᵀ
+            return True, transposed(first, *node.args[1:3])
         if isinstance(first, Attr) and matches(node, PARAMETER_VIEW_METHODS, PARAMETER_VIEW_FUNCTIONS):
             return True, first if t in ("expand", "expand_as") else parameter_view(self, node, first)
         if t is operator.getitem:
             return True, index(self, node)
         return False, None
+
+
+def transposed(a: Attr, d0: int, d1: int) -> Attr:
+    """``a.transpose(d0, d1)``: the same parameter, its axes swapped."""
+    order = list(range(len(a.shape)))
+    d0, d1 = d0 % len(order), d1 % len(order)
+    order[d0], order[d1] = order[d1], order[d0]
+    return Attr(a.key, tuple(a.shape[i] for i in order), None, tuple(order))

@@ -14,7 +14,7 @@ from torch import nn
 
 from ...spec import AxisBinding
 from ..registry import module_op, node_op
-from ..values import Parts, Seg, Val, matches, same_layout, shape_len, shape_of
+from ..values import Attr, Parts, Seg, Val, matches, same_layout, shape_len, shape_of
 from .elementwise import ELEMENTWISE_METHODS
 from .reshape import permute
 
@@ -70,6 +70,10 @@ def matmul(tr: Tracer, node: torch.fx.Node) -> Val | None:
     other operand is not permuted (``attn @ v``), and so does a batch axis both permute with the same spaces.
     Everything else mixes along a permuted dim: unsupported."""
     operands = list(node.args[:2])
+    raw = [tr.vals.get(o) if isinstance(o, torch.fx.Node) else None for o in operands]
+    if isinstance(raw[0], Val) and isinstance(raw[1], Attr) and raw[1].key is not None and len(raw[1].shape) == 2 and (
+            raw[0].dim == raw[0].ndim - 1 and not tr.inactive(raw[0])):
+        return matmul_parameter(tr, node, raw[0], raw[1])
     a, b = (tr.value(o) for o in operands)
     out_shape = shape_of(node)
     if a is None or b is None or out_shape is None:
@@ -94,6 +98,25 @@ def matmul(tr: Tracer, node: torch.fx.Node) -> Val | None:
     if live_a:
         return matmul_one_sided(tr, node, a, operands[1], a.ndim - 1, nd)
     return matmul_one_sided(tr, node, b, operands[0], b.ndim - 2, nd)
+
+
+def matmul_parameter(tr: Tracer, node: torch.fx.Node, x: Val, p: Attr) -> Val | None:
+    """``x @ p`` for a parameter ``p`` whose rows x's permuted last dim contracts (BoTNet's relative-position logits
+    ``q @ rel_kᵀ``, one table for every head): the heads' spaces joined into one (the table is shared), the table's
+    axis bound to it; the result carries no symmetry."""
+    if x.outer is not None and not tr.join_heads(node, x):
+        return tr.unsupported(node, "a parameter contracted with heads of different layouts")
+    one = Val(0, 2, x.segs[:1])
+    axis = p.stored_axis(0)
+    prev = tr.attr_bound.get(p.key)
+    if prev is not None and (prev[0] != axis or not same_layout(prev[1], one)):
+        return tr.unsupported(node, f"parameter {p.key!r} is read with different layouts")
+    if prev is not None:
+        tr.union_segs(prev[1], one, node)
+    else:
+        tr.attr_bound[p.key] = (axis, one)
+        tr.bind(p.key, axis, one, "in")
+    return tr.frozen_val(node)
 
 
 def matmul_joint_batch(tr: Tracer, node: torch.fx.Node, a: Val, b: Val, nd: int) -> Val | None:

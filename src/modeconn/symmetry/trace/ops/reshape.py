@@ -73,6 +73,8 @@ def grouped_reshape(tr: Tracer, x: Val, in_shape: tuple[int, ...], out_shape: tu
             step: Val | Parts | str = merge_dims(tr, cur, tuple(shape), pos, pos + ni - 1)
         elif ni == 1 and no > 1 and isinstance(cur, Val):
             step = split_dim(tr, cur, tuple(new), pos, pos + no - 1)
+        elif ni == 2 and no == 2 and isinstance(cur, Val) and shape[pos] != out_shape[o0]:
+            step = split_then_merge(tr, cur, tuple(shape), tuple(new), pos)
         elif touched_axes(cur) & set(range(pos, pos + ni)):
             return why
         else:
@@ -81,6 +83,23 @@ def grouped_reshape(tr: Tracer, x: Val, in_shape: tuple[int, ...], out_shape: tu
             return step
         cur, shape, pos = step, new, pos + no
     return cur
+
+
+def split_then_merge(tr: Tracer, x: Val, shape: tuple[int, ...], new: tuple[int, ...], pos: int) -> Val | str:
+    """``(a, b) → (c, d)`` at ``pos`` as the split of one dim and the merge of the next pair: BoTNet's
+    ``(B, heads · d) → (B · heads, d)`` splits the channels into (heads, d), then merges the samples with the heads;
+    ``(B · heads, d) → (B, heads · d)`` the reverse."""
+    a, b = shape[pos : pos + 2]
+    c, d = new[pos : pos + 2]
+    if c % a == 0:  # (a, b) → (a, c / a, d) → (c, d)
+        mid = (*shape[:pos], a, c // a, d, *shape[pos + 2 :])
+        step = split_dim(tr, x, mid, pos + 1, pos + 2)
+        return step if isinstance(step, str) else merge_dims(tr, step, mid, pos, pos + 1)
+    if a % c == 0:  # (a, b) → (c, a / c, b) → (c, d)
+        mid = (*shape[:pos], c, a // c, b, *shape[pos + 2 :])
+        step = split_dim(tr, x, mid, pos, pos + 1)
+        return step if isinstance(step, str) else merge_dims(tr, step, mid, pos + 1, pos + 2)
+    return f"reshape {shape} → {new} regroups dims other than by one split and one merge"
 
 
 def touched_axes(v: Val | Parts) -> set[int]:
@@ -135,7 +154,10 @@ def merge_dims(tr: Tracer, x: Val, in_shape: tuple[int, ...], s: int, e: int) ->
 
     if not inside(x.dim):
         if inside(x.outer):
-            return "flatten merges the axis indexing per-head spaces with other dims"
+            if x.outer != e or x.dim < s:
+                return "flatten merges the axis indexing per-head spaces with other dims than those before it"
+            # (B, heads, …) → (B · heads, …) (BoTNet's heads in the batch axis): the heads' layouts repeat per sample
+            return Val(x.dim - (e - s), nd, x.segs * math.prod(in_shape[s:e]), s)
         return x.remap(lambda d: d if d < s else d - (e - s), nd)
     if x.outer is not None:  # merging heads back: (…, heads, head_dim) → (…, heads·head_dim)
         if (x.outer, x.dim) == (s, e) and e == s + 1 and all(g.n * g.block == in_shape[e] for g in x.segs):
@@ -152,7 +174,7 @@ def split_dim(tr: Tracer, x: Val, out_shape: tuple[int, ...], s: int, e: int) ->
     nd = len(out_shape)
     moved = x.remap(lambda d: d if d <= s else d + (e - s), nd)
     if x.outer == s:
-        return "reshape splits the axis indexing per-head spaces"
+        return split_heads_axis(x, out_shape, s, e)
     if x.dim != s:
         return moved
     big = [s + i for i, n in enumerate(out_shape[s : e + 1]) if n != 1]
@@ -173,6 +195,15 @@ def split_dim(tr: Tracer, x: Val, out_shape: tuple[int, ...], s: int, e: int) ->
             return "the permuted dim is already split into groups of another width"
         heads.extend(Seg(c, width) for c in parts)
     return Val(dim, nd, tuple(heads), outer)
+
+
+def split_heads_axis(x: Val, out_shape: tuple[int, ...], s: int, e: int) -> Val | str:
+    """The per-head axis (B · heads) split back into (B, heads): the heads' layouts must repeat for every sample."""
+    heads = out_shape[e]
+    if any(n != 1 for n in out_shape[s + 1 : e]) or len(x.segs) % heads or any(
+            x.segs[i] != x.segs[i % heads] for i in range(len(x.segs))):
+        return "reshape splits the axis indexing per-head spaces other than into (samples, heads)"
+    return Val(x.dim + (e - s), len(out_shape), x.segs[:heads], e)
 
 
 def split_parts(tr: Tracer, x: Val, out_shape: tuple[int, ...], big: list[int]) -> Parts | str:
