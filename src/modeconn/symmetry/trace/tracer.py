@@ -264,7 +264,8 @@ class Tracer(Axes):
         if isinstance(first, Attr) and first.stored is None and first.order is None and matches(
                 node, {"transpose"}, {torch.transpose}):  # a relative-position table read as rel_kᵀ
             return True, transposed(first, *node.args[1:3])
-        if isinstance(first, Attr) and matches(node, PARAMETER_VIEW_METHODS, PARAMETER_VIEW_FUNCTIONS):
+        if isinstance(first, Attr) and first.order is None and matches(node, PARAMETER_VIEW_METHODS,
+                                                                       PARAMETER_VIEW_FUNCTIONS):
             return True, first if t in ("expand", "expand_as") else parameter_view(self, node, first)
         if t is operator.getitem:
             return True, index(self, node)

@@ -73,12 +73,12 @@ def grouped_reshape(tr: Tracer, x: Val, in_shape: tuple[int, ...], out_shape: tu
             step: Val | Parts | str = merge_dims(tr, cur, tuple(shape), pos, pos + ni - 1)
         elif ni == 1 and no > 1 and isinstance(cur, Val):
             step = split_dim(tr, cur, tuple(new), pos, pos + no - 1)
-        elif ni == 2 and no == 2 and isinstance(cur, Val) and shape[pos] != out_shape[o0]:
-            step = split_then_merge(tr, cur, tuple(shape), tuple(new), pos)
-        elif touched_axes(cur) & set(range(pos, pos + ni)):
-            return why
-        else:
+        elif not touched_axes(cur) & set(range(pos, pos + ni)):
             step = cur.remap(lambda d, pos=pos, ni=ni, no=no: d if d < pos else d + no - ni, len(new))
+        elif ni == 2 and no == 2 and isinstance(cur, Val):
+            step = split_then_merge(tr, cur, tuple(shape), tuple(new), pos)
+        else:
+            return why
         if isinstance(step, str):
             return step
         cur, shape, pos = step, new, pos + no
