@@ -158,3 +158,17 @@ def test_a_relative_position_rule_that_leaves_the_table_unbound_is_caught(monkey
     monkeypatch.setattr(attention, "matmul_parameter", unbound)
     with pytest.raises(SpecError, match="changes its function"):
         mc.symmetry_spec(model, x)
+
+
+def test_a_relative_position_mlp_bias_gathered_by_token_pair_stays_fixed(monkeypatch):
+    torch.manual_seed(0)
+    model = timm.create_model("coatnet_rmlp_nano_rw_224", pretrained=False, num_classes=10, img_size=32,
+                              **SMALL["coatnet_0_rw_224"][0]).eval()
+    x = torch.randn(2, 3, 32, 32)
+    spec = mc.symmetry_spec(model, x)
+    fc2 = "stages.2.blocks.0.attn.rel_pos.mlp.fc2"
+    assert fc2 in frozen_writers(spec, model)  # its output is one bias per head, added to the scores
+    assert check_function_preserved(spec, model, (x,), seed=5) <= 1e-5
+    monkeypatch.setattr(attention, "fixed_score_terms", lambda tr, node: None)  # the bias left free to move
+    with pytest.raises(SpecError, match="changes its function.*rel_pos.mlp.fc2"):
+        mc.symmetry_spec(model, x)

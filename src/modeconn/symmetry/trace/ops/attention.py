@@ -179,6 +179,7 @@ def attention_function(tr: Tracer, node: torch.fx.Node) -> Val | None:
     q, k, v = (tr.value(a) for a in node.args[:3])
     if q is None or k is None or v is None:
         return tr.unsupported(node, "attention of non-tensor operands")
+    fixed_score_terms(tr, node)
     if tr.inactive(q) and tr.inactive(k):
         return v
     if q.dim == q.ndim - 1 and k.dim == k.ndim - 1 and shared_across_heads(tr, node, (q, k), node.args[:2], None):
@@ -187,6 +188,14 @@ def attention_function(tr: Tracer, node: torch.fx.Node) -> Val | None:
         return tr.unsupported(node, "query and key carry their symmetry on different dims or layouts")
     tr.union_segs(q, k, node)
     return v
+
+
+def fixed_score_terms(tr: Tracer, node: torch.fx.Node) -> None:
+    """The mask or bias ``scaled_dot_product_attention`` adds to the scores (CoAtNet-RMLP's relative-position MLP,
+    gathered by token pair): the scores are invariant, so it is never permuted."""
+    for a in (*node.args[3:], *node.kwargs.values()):
+        if isinstance(a, torch.fx.Node):
+            tr.freeze(tr.value(a))
 
 
 def parts_op(tr: Tracer, node: torch.fx.Node, x: Parts) -> Any:

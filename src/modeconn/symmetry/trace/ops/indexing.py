@@ -87,8 +87,10 @@ def index(tr: Tracer, node: torch.fx.Node) -> Val | None:
     idx = node.args[1] if isinstance(node.args[1], tuple) else (node.args[1],)
     if x is None or tr.all_frozen(x):  # e.g. a relative-position bias gathered from its table
         return tr.frozen_val(node)
-    if any(i is Ellipsis or not isinstance(i, (int, slice, type(None))) for i in idx):
-        return tr.unsupported(node, "indexing with tensors or Ellipsis")
+    if any(i is Ellipsis or not isinstance(i, (int, slice, type(None), torch.fx.Node)) for i in idx):
+        return tr.unsupported(node, "indexing with Ellipsis or lists")
+    if any(isinstance(i, torch.fx.Node) for i in idx):
+        return gather(tr, node, x, idx)
     out_dim, out_outer, axis, segs = x.dim, x.outer, 0, x.segs
     for i in idx:
         if i is None:
@@ -107,6 +109,18 @@ def index(tr: Tracer, node: torch.fx.Node) -> Val | None:
             out_outer = None if out_outer is None else out_outer - (axis < x.outer)
         axis += 1
     return Val(out_dim, shape_len(node, x.ndim), segs, out_outer)
+
+
+def gather(tr: Tracer, node: torch.fx.Node, x: Val, idx: tuple) -> Val | None:
+    """``x[:, index]`` with one index tensor on an axis before the permuted dim and full slices elsewhere (a relative-
+    position bias MLP's output gathered by token pair, CoAtNet-RMLP): the indexed axis replaced by the index's dims."""
+    tensors = [k for k, i in enumerate(idx) if isinstance(i, torch.fx.Node)]
+    shape = shape_of(idx[tensors[0]])
+    if len(tensors) != 1 or shape is None or x.outer is not None or tensors[0] >= x.dim or any(
+            i != slice(None) for k, i in enumerate(idx) if k != tensors[0]):
+        return tr.unsupported(node, "indexing with tensors other than one index on an axis before the permuted dim")
+    tr.value(idx[tensors[0]])  # the index: read, never permuted
+    return Val(x.dim - 1 + len(shape), shape_len(node, x.ndim), x.segs)
 
 
 def index_slice(tr: Tracer, x: Val, i: slice) -> tuple[Seg, ...] | None:
