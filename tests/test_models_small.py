@@ -16,7 +16,7 @@ from archs import make
 from torch import nn
 
 import modeconn as mc
-from modeconn.errors import ConfigError, UnsupportedOperationError
+from modeconn.errors import ConfigError, SpecError, UnsupportedOperationError
 from modeconn.models import build_model, fixed_structure_keys, model_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -279,11 +279,11 @@ class _Tokens(nn.Module):
         elif self.mode == "add+reduce":  # p also read by a reduction: it cannot be permuted, so neither can h (an
             # error by default since #18 — a live space frozen without a report; on_unsupported="freeze" accepts it)
             h = h + self.p + self.p.sum()
-        elif self.mode == "matmul-param":  # mixes the permuted dim with an unpermuted matrix
+        elif self.mode == "matmul-param":  # contracts the permuted dim with a matrix that moves along (its columns)
             h = h @ self.mix.transpose(0, 1)
         elif self.mode == "non-persistent":  # a buffer outside the state dict cannot move with h
             h = h * self.const
-        elif self.mode == "shared-k":  # q in 2 heads, one k for all heads: not the per-head rule (multi-query)
+        elif self.mode == "shared-k":  # q in 2 heads, one k for all heads (multi-query): both heads join k's space
             q, k = h.unflatten(-1, (2, 3)).transpose(1, 2), self.k(x).unflatten(-1, (1, 3)).transpose(1, 2)
             h = h + (q @ k.transpose(-2, -1)).sum()
         elif self.mode == "split-conflict":  # the same space cut into 2 groups of 3 and 3 groups of 2
@@ -302,8 +302,8 @@ class _Tokens(nn.Module):
         ("add", None, True),
         ("add+reduce", "also read where it cannot move", False),  # #18: a silent freeze is an error unless asked
         ("non-persistent", None, False),
-        ("matmul-param", "contracts a permuted dim", False),
-        ("shared-k", "does not carry the same spaces", False),
+        ("matmul-param", None, True),  # the matrix's columns bound to the hidden space
+        ("shared-k", None, True),
         ("split-conflict", "already split into groups of another width", False),
         ("mean-over-heads", None, True),
         ("tile", "no symmetry rule", False),
@@ -320,10 +320,22 @@ def test_parameter_and_matmul_rules(mode, error, hidden_bound):
     assert bool(spec.spaces) == hidden_bound
     assert (spec.tensors["p"] != ()) == (hidden_bound and mode == "add")
     assert spec.tensors["per_token"] == ()
+    assert [b.axis for b in spec.tensors["mix"]] == ([1] if mode == "matmul-param" else [])
     if spec.spaces:
         sd = model.state_dict()
         torch.testing.assert_close(_logits(model, spec.apply(sd, spec.random_element(seed=1)), x), model(x).detach(),
                                    atol=1e-5, rtol=1e-5)
+
+
+def test_a_matmul_rule_that_binds_the_other_axis_of_the_parameter_is_caught(monkeypatch):
+    from dataclasses import replace
+
+    from modeconn.symmetry.trace.ops import attention
+
+    real = attention.matmul_parameter
+    monkeypatch.setattr(attention, "matmul_parameter", lambda tr, node, x, p: real(tr, node, x, replace(p, order=(0, 1))))
+    with pytest.raises(SpecError, match="changes its function"):
+        mc.symmetry_spec(_Tokens("matmul-param").eval(), torch.randn(4, 5, 3))
 
 
 def test_unknown_ops_still_raise():

@@ -23,6 +23,13 @@ tokens, a per-feature scale) are bound, on the axis broadcast against the permut
 spaces (output side, like a bias); read anywhere else they stay unbound and, if also bound somewhere, their
 spaces are frozen.
 
+Convolutional attention reshapes channels into heads while it flattens the spatial dims (CoAtNet's
+``(B, C, H, W) → (B, heads, C / heads, H·W)``): a reshape is taken run by run of dims whose sizes line up, each a
+merge or a split; heads may be merged into the batch axis and split back (BoTNet's ``(B·heads, d, H·W)``), their
+layouts then repeated per sample. A parameter contracted with per-head queries (a relative-position table shared by
+the heads) joins the heads' spaces and moves with them; one key for all heads (multi-query attention) joins every
+head's query space with the key's. Rotary embeddings fix the query/key dims they rotate (:mod:`.library`).
+
 Supported: Linear, Conv1d/2d/3d (groups=1 or depthwise), BatchNorm1d/2d/3d, LayerNorm, GroupNorm
 (1 group or one per channel), PReLU, elementwise activations, softmax, dropout, pooling, flatten / view /
 reshape that merges adjacent dimensions or splits the permuted one into (groups, width), unflatten,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from types import ModuleType
+from types import FunctionType, ModuleType
 from typing import Any
 
 import torch.fx
@@ -136,8 +136,10 @@ def fx_trace(model: nn.Module, leaf_modules: tuple[type[nn.Module], ...],
             leaf = layer_leaf(m) if trust_layer_subclasses else tables()._rule_leaf(m)
             return isinstance(m, leaf_modules) or leaf or super().is_leaf_module(m, qualname)
 
+    # library functions with a rule that fx would trace into (timm's rotary embedding): one node each
+    autowrap = tuple(f for f in tables().LIBRARY_RULES if isinstance(f, FunctionType) and not f.__name__.startswith("_"))
     try:
-        graph = _Tr().trace(model)
+        graph = _Tr(autowrap_functions=autowrap).trace(model)
     except Exception as exc:
         if not trust_layer_subclasses:
             blame_layer_subclass(_Tr, model, exc)

@@ -11,6 +11,9 @@ output; :func:`library_rules` lists the rules of the libraries already imported 
 - torchvision Swin ``_patch_merging_pad``: four strided 2×2 sub-grids concatenated along channels (channels-last),
   so the output carries the input's spaces four times.
 
+- timm ``apply_rot_embed_cat`` (traced as one node, :func:`modeconn.symmetry.trace.leaves.fx_trace`): rotary position
+  embedding; the query/key dims it rotates stay fixed. ``_build_grid`` / ``_apply_coord_augs``: constants.
+
 Layer subclasses with a ``forward`` of their own that keep their base layer's symmetry (:func:`library_modules`; any
 other such subclass is traced into, see :func:`modeconn.symmetry.trace.leaves.rule_leaf`):
 
@@ -85,12 +88,26 @@ def patch_merging_pad(tr: Tracer, node: torch.fx.Node) -> Val | None:
     return Val(x.dim, x.ndim, x.segs * 4)
 
 
+def rotary(tr: Tracer, node: torch.fx.Node) -> Val | None:
+    """``apply_rot_embed_cat(x, emb)``: rotary position embedding of queries or keys. It rotates pairs of a head's
+    dims by position-dependent angles, so a permutation of those dims keeps q·k only if it maps every pair, in order,
+    onto a pair rotated by the same angles at every position (at most an exchange of pairs of equal frequency on the
+    same axis); none is offered: the query/key spaces stay fixed, the output carries x's (now frozen) spaces."""
+    x = tr.value(node.args[0])
+    for a in (node.args[0], *node.args[1:2], node.kwargs.get("emb")):
+        if isinstance(a, torch.fx.Node):
+            tr.freeze(tr.vals.get(a))
+    return x if x is not None else tr.frozen_val(node)
+
+
 def first_elementwise(tr: Tracer, node: torch.fx.Node) -> Val | None:
     return elementwise(tr, node, tr.arg_val(node))
 
 
 _LIBRARY: dict[str, dict[str, Rule]] = {
     "torchvision.ops.stochastic_depth": {"stochastic_depth": first_elementwise},
+    "timm.layers.pos_embed_sincos": {"apply_rot_embed_cat": rotary, "_build_grid": constant,
+                                     "_apply_coord_augs": constant},
     "torchvision.models.swin_transformer": {"shifted_window_attention": swin_attention,
                                             "_get_relative_position_bias": constant,
                                             "_patch_merging_pad": patch_merging_pad},

@@ -232,7 +232,21 @@ class Tracer(Axes):
         if found:
             return val
         rule = node_op_for(node)
-        return rule(self, node) if rule is not None else self.unsupported(node, "no symmetry rule for this operation")
+        if rule is not None:
+            return rule(self, node)
+        if self.reads_fixed_values_only(node):
+            return self.frozen_val(node)
+        return self.unsupported(node, "no symmetry rule for this operation")
+
+    def reads_fixed_values_only(self, node: torch.fx.Node) -> bool:
+        """Whether ``node`` reads only values no permutation acts on and constants outside the state dict (DINOv3's
+        rotary angles computed from a coordinate grid): then so is its output, whatever the operation. Not inside an
+        unregistered layer subclass (refused by name, :func:`.leaves.layer_in_stack`) nor for parameters."""
+        vals = [self.vals.get(a) for a in flat_args(node)]
+        if layer_in_stack(node) is not None or not any(isinstance(v, (Val, Attr)) for v in vals):
+            return False
+        return all(v is None or isinstance(v, Attr) and v.key is None or isinstance(v, Val) and self.inactive(v)
+                   for v in vals)
 
     def special(self, node: torch.fx.Node) -> tuple[bool, Any]:
         """``(True, value)`` for nodes decided before the operator tables: tuple elements, non-tensor values (sizes,
@@ -247,8 +261,20 @@ class Tracer(Axes):
             return True, None  # Python arithmetic on sizes, torch._assert(h == ...): no tensor, no symmetry
         if not is_method and t in tables().ELEMENTWISE_RULES:  # registered elementwise ops (stochastic depth, custom activations)
             return True, elementwise(self, node, self.arg_val(node))
-        if isinstance(first, Attr) and matches(node, PARAMETER_VIEW_METHODS, PARAMETER_VIEW_FUNCTIONS):
+        if isinstance(first, Attr) and first.stored is None and first.order is None and matches(
+                node, {"transpose"}, {torch.transpose}):  # a relative-position table read as rel_kᵀ
+            return True, transposed(first, *node.args[1:3])
+        if isinstance(first, Attr) and first.order is None and matches(node, PARAMETER_VIEW_METHODS,
+                                                                       PARAMETER_VIEW_FUNCTIONS):
             return True, first if t in ("expand", "expand_as") else parameter_view(self, node, first)
         if t is operator.getitem:
             return True, index(self, node)
         return False, None
+
+
+def transposed(a: Attr, d0: int, d1: int) -> Attr:
+    """``a.transpose(d0, d1)``: the same parameter, its axes swapped."""
+    order = list(range(len(a.shape)))
+    d0, d1 = d0 % len(order), d1 % len(order)
+    order[d0], order[d1] = order[d1], order[d0]
+    return Attr(a.key, tuple(a.shape[i] for i in order), None, tuple(order))

@@ -77,9 +77,12 @@ class Attr:
     key: str | None
     shape: tuple[int, ...]
     stored: tuple[int, ...] | None = None  # the stored shape when ``shape`` is a view adding/removing size-1 dims
+    order: tuple[int, ...] | None = None  # the stored axis of each axis when ``shape`` is a transposed view
 
     def stored_axis(self, axis: int) -> int:
-        """The axis of the stored tensor that axis ``axis`` of this (possibly reshaped) view is."""
+        """The axis of the stored tensor that axis ``axis`` of this (possibly reshaped or transposed) view is."""
+        if self.order is not None:
+            return self.order[axis]
         if self.stored is None:
             return axis
         rank = sum(1 for d in self.shape[:axis] if d != 1)

@@ -14,7 +14,7 @@ from torch import nn
 
 from ...spec import AxisBinding
 from ..registry import module_op, node_op
-from ..values import Parts, Seg, Val, matches, same_layout, shape_len, shape_of
+from ..values import Attr, Parts, Seg, Val, matches, same_layout, shape_len, shape_of
 from .elementwise import ELEMENTWISE_METHODS
 from .reshape import permute
 
@@ -70,6 +70,10 @@ def matmul(tr: Tracer, node: torch.fx.Node) -> Val | None:
     other operand is not permuted (``attn @ v``), and so does a batch axis both permute with the same spaces.
     Everything else mixes along a permuted dim: unsupported."""
     operands = list(node.args[:2])
+    raw = [tr.vals.get(o) if isinstance(o, torch.fx.Node) else None for o in operands]
+    if isinstance(raw[0], Val) and isinstance(raw[1], Attr) and raw[1].key is not None and len(raw[1].shape) == 2 and (
+            raw[0].dim == raw[0].ndim - 1 and not tr.inactive(raw[0])):
+        return matmul_parameter(tr, node, raw[0], raw[1])
     a, b = (tr.value(o) for o in operands)
     out_shape = shape_of(node)
     if a is None or b is None or out_shape is None:
@@ -83,6 +87,8 @@ def matmul(tr: Tracer, node: torch.fx.Node) -> Val | None:
         return tr.unsupported(node, "matrix-vector product with a permuted operand")
     con_a, con_b = live_a and a.dim == a.ndim - 1, live_b and b.dim == b.ndim - 2
     if con_a or con_b:
+        if con_a and con_b and shared_across_heads(tr, node, (a, b), operands, nd):
+            return tr.frozen_val(node)
         if not (con_a and con_b and contractible(tr, a, b, nd)):
             return tr.unsupported(node, "contracts a permuted dim with one that does not carry the same spaces")
         tr.union_segs(a, b, node)
@@ -92,6 +98,25 @@ def matmul(tr: Tracer, node: torch.fx.Node) -> Val | None:
     if live_a:
         return matmul_one_sided(tr, node, a, operands[1], a.ndim - 1, nd)
     return matmul_one_sided(tr, node, b, operands[0], b.ndim - 2, nd)
+
+
+def matmul_parameter(tr: Tracer, node: torch.fx.Node, x: Val, p: Attr) -> Val | None:
+    """``x @ p`` for a parameter ``p`` whose rows x's permuted last dim contracts (BoTNet's relative-position logits
+    ``q @ rel_kᵀ``, one table for every head): the heads' spaces joined into one (the table is shared), the table's
+    axis bound to it; the result carries no symmetry."""
+    if x.outer is not None and not tr.join_heads(node, x):
+        return tr.unsupported(node, "a parameter contracted with heads of different layouts")
+    one = Val(0, 2, x.segs[:1])
+    axis = p.stored_axis(0)
+    prev = tr.attr_bound.get(p.key)
+    if prev is not None and (prev[0] != axis or not same_layout(prev[1], one)):
+        return tr.unsupported(node, f"parameter {p.key!r} is read with different layouts")
+    if prev is not None:
+        tr.union_segs(prev[1], one, node)
+    else:
+        tr.attr_bound[p.key] = (axis, one)
+        tr.bind(p.key, axis, one, "in")
+    return tr.frozen_val(node)
 
 
 def matmul_joint_batch(tr: Tracer, node: torch.fx.Node, a: Val, b: Val, nd: int) -> Val | None:
@@ -118,6 +143,26 @@ def matmul_one_sided(tr: Tracer, node: torch.fx.Node, v: Val, o_node: Any, contr
     return v.remap(lambda d: d + shift, nd)
 
 
+def shared_across_heads(tr: Tracer, node: torch.fx.Node, vals: tuple[Val, Val], nodes: Any, nd: int | None) -> bool:
+    """Multi-query attention (MobileNetV4's ``q @ kᵀ`` with q per head and one key for all heads, broadcast along the
+    head axis): every head's query space joined with the single key space; False (nothing joined) if the operands
+    are not one per-head value and one value of a single space, of equal widths, broadcast along the head axis."""
+    heads = [i for i, v in enumerate(vals) if v.outer is not None]
+    if len(heads) != 1:
+        return False
+    per_head, shared = vals[heads[0]], vals[1 - heads[0]]
+    shape = shape_of(nodes[1 - heads[0]])
+    nd = per_head.ndim if nd is None else nd
+    axis = per_head.outer + nd - per_head.ndim - (nd - len(shape)) if shape is not None else -1
+    if shared.outer is not None or len(shared.segs) != 1 or (0 <= axis and shape[axis] != 1):
+        return False
+    if any((s.n, s.block) != (shared.segs[0].n, shared.segs[0].block) for s in per_head.segs):
+        return False
+    for s in per_head.segs:
+        tr.union(s.space, shared.segs[0].space, node)
+    return True
+
+
 def contractible(tr: Tracer, a: Val, b: Val, nd: int) -> bool:
     """Whether a's last dim and b's second-to-last carry the same layout (per head on one batch axis)."""
     if len(a.segs) != len(b.segs) or any((sa.n, sa.block) != (sb.n, sb.block) for sa, sb in zip(a.segs, b.segs, strict=False)):
@@ -134,12 +179,23 @@ def attention_function(tr: Tracer, node: torch.fx.Node) -> Val | None:
     q, k, v = (tr.value(a) for a in node.args[:3])
     if q is None or k is None or v is None:
         return tr.unsupported(node, "attention of non-tensor operands")
+    fixed_score_terms(tr, node)
     if tr.inactive(q) and tr.inactive(k):
+        return v
+    if q.dim == q.ndim - 1 and k.dim == k.ndim - 1 and shared_across_heads(tr, node, (q, k), node.args[:2], None):
         return v
     if not (q.dim == q.ndim - 1 and k.dim == k.ndim - 1 and same_layout(q, k)):
         return tr.unsupported(node, "query and key carry their symmetry on different dims or layouts")
     tr.union_segs(q, k, node)
     return v
+
+
+def fixed_score_terms(tr: Tracer, node: torch.fx.Node) -> None:
+    """The mask or bias ``scaled_dot_product_attention`` adds to the scores (CoAtNet-RMLP's relative-position MLP,
+    gathered by token pair): the scores are invariant, so it is never permuted."""
+    for a in (*node.args[3:], *node.kwargs.values()):
+        if isinstance(a, torch.fx.Node):
+            tr.freeze(tr.value(a))
 
 
 def parts_op(tr: Tracer, node: torch.fx.Node, x: Parts) -> Any:

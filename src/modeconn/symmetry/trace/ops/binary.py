@@ -74,6 +74,8 @@ def parameter_operand(tr: Tracer, node: torch.fx.Node, x_node, x: Val, p_node, p
     a per-feature scale): ``p``'s axis that broadcasts against ``x.dim`` is bound to x's spaces on the
     output side, like a bias; a ``p`` constant along that axis needs no binding."""
     out_shape = shape_of(node)
+    if p.key is None and tr.all_frozen(x):  # constants only (DINOv3's rotary coordinates): nothing moves
+        return tr.frozen_val(node)
     if out_shape is None or shape_of(x_node) != out_shape:
         return tr.unsupported(node, f"{p_node.name} broadcasts the activations to a larger shape")
     if constant_along(out_shape, p.shape, x.dim):

@@ -11,7 +11,7 @@ import torch
 import torch.fx
 
 from ..registry import node_op
-from ..values import Attr, AttrCat, Seg, Val, shape_len, shape_of, whole_segments
+from ..values import Attr, AttrCat, Seg, Val, same_layout, shape_len, shape_of, whole_segments
 
 if TYPE_CHECKING:
     from ..tracer import Tracer
@@ -34,8 +34,9 @@ def cat(tr: Tracer, node: torch.fx.Node) -> Val | None:
     dim %= ndim
     if any(v.dim != vals[0].dim for v in vals):
         return tr.unsupported(node, "concatenated tensors carry their symmetry on different dims")
-    if any(v.outer is not None and not tr.all_frozen(v) for v in vals):
-        return tr.unsupported(node, "concatenation of values with per-head spaces")
+    if any(v.outer is not None and not tr.all_frozen(v) for v in vals) and (  # per head: along tokens only
+            dim in (vals[0].dim, vals[0].outer) or not all(same_layout(vals[0], v) for v in vals[1:])):
+        return tr.unsupported(node, "concatenation of values with per-head spaces other than along another axis")
     if dim == vals[0].dim:
         return Val(dim, ndim, tuple(s for v in vals for s in v.segs))
     for v in vals[1:]:
@@ -86,21 +87,40 @@ def index(tr: Tracer, node: torch.fx.Node) -> Val | None:
     idx = node.args[1] if isinstance(node.args[1], tuple) else (node.args[1],)
     if x is None or tr.all_frozen(x):  # e.g. a relative-position bias gathered from its table
         return tr.frozen_val(node)
-    if x.outer is not None or any(i is Ellipsis or not isinstance(i, (int, slice, type(None))) for i in idx):
-        return tr.unsupported(node, "indexing with tensors, Ellipsis or a value with per-head spaces")
-    out_dim, axis, segs = x.dim, 0, x.segs
+    if any(i is Ellipsis or not isinstance(i, (int, slice, type(None), torch.fx.Node)) for i in idx):
+        return tr.unsupported(node, "indexing with Ellipsis or lists")
+    if any(isinstance(i, torch.fx.Node) for i in idx):
+        return gather(tr, node, x, idx)
+    out_dim, out_outer, axis, segs = x.dim, x.outer, 0, x.segs
     for i in idx:
         if i is None:
-            out_dim += 1
+            out_dim += axis <= x.dim
+            out_outer = None if out_outer is None else out_outer + (axis <= x.outer)
             continue
-        if axis == x.dim and not (isinstance(i, slice) and i == slice(None)):
+        whole = isinstance(i, slice) and i == slice(None)
+        if axis == x.outer and not whole:
+            return tr.unsupported(node, "indexing into the axis indexing per-head spaces")
+        if axis == x.dim and not whole:
             segs = index_slice(tr, x, i) if isinstance(i, slice) else None
             if segs is None:
                 return tr.unsupported(node, "indexing into the permuted dim other than a range of whole spaces")
-        if axis < x.dim and isinstance(i, int):
-            out_dim -= 1
+        if isinstance(i, int):
+            out_dim -= axis < x.dim
+            out_outer = None if out_outer is None else out_outer - (axis < x.outer)
         axis += 1
-    return Val(out_dim, shape_len(node, x.ndim), segs)
+    return Val(out_dim, shape_len(node, x.ndim), segs, out_outer)
+
+
+def gather(tr: Tracer, node: torch.fx.Node, x: Val, idx: tuple) -> Val | None:
+    """``x[:, index]`` with one index tensor on an axis before the permuted dim and full slices elsewhere (a relative-
+    position bias MLP's output gathered by token pair, CoAtNet-RMLP): the indexed axis replaced by the index's dims."""
+    tensors = [k for k, i in enumerate(idx) if isinstance(i, torch.fx.Node)]
+    shape = shape_of(idx[tensors[0]])
+    if len(tensors) != 1 or shape is None or x.outer is not None or tensors[0] >= x.dim or any(
+            i != slice(None) for k, i in enumerate(idx) if k != tensors[0]):
+        return tr.unsupported(node, "indexing with tensors other than one index on an axis before the permuted dim")
+    tr.value(idx[tensors[0]])  # the index: read, never permuted
+    return Val(x.dim - 1 + len(shape), shape_len(node, x.ndim), x.segs)
 
 
 def index_slice(tr: Tracer, x: Val, i: slice) -> tuple[Seg, ...] | None:
@@ -149,9 +169,22 @@ def pieces(tr: Tracer, node: torch.fx.Node, x: Val | None, sizes: list[int], dim
         if dim == x.outer:
             return tr.unsupported(node, "splits the axis indexing per-head spaces")
         return tuple(x for _ in sizes)
+    if x.outer is not None:
+        return head_pieces(tr, node, x, sizes)
     ends = [sum(sizes[: i + 1]) for i in range(len(sizes))]
     refined = tr.refine(x, {0, *ends})
     pieces = [whole_segments(refined, slice(a, b)) if refined else None for a, b in zip([0, *ends], ends, strict=False)]
     if any(p is None for p in pieces):
         return tr.unsupported(node, "splits the permuted dim through a unit, or a space already split differently")
     return tuple(replace(x, segs=p) for p in pieces)
+
+
+def head_pieces(tr: Tracer, node: torch.fx.Node, x: Val, sizes: list[int]) -> tuple | None:
+    """Pieces along the per-head feature dim (CoAtNet's and MaxViT's ``(B, heads, 3 · head_dim, N).chunk(3, dim=2)``:
+    q, k and v interleaved per head): every head's space split alike, piece ``i`` carrying part ``i`` of each head."""
+    if any(s.block != 1 for s in x.segs):
+        return tr.unsupported(node, "splits per-head spaces laid out in blocks")
+    per_head = [tr.split_at(s.space, sizes) for s in x.segs]
+    if any(p is None for p in per_head):
+        return tr.unsupported(node, "splits per-head spaces already split differently")
+    return tuple(replace(x, segs=tuple(Seg(parts[i], n) for parts in per_head)) for i, n in enumerate(sizes))

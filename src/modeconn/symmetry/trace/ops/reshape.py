@@ -52,7 +52,82 @@ def merge_or_split(tr: Tracer, x: Val, in_shape: tuple[int, ...], out_shape: tup
         return merge_dims(tr, x, in_shape, *merged)
     if split is not None:
         return split_dim(tr, x, out_shape, *split)
-    return f"reshape {in_shape} → {out_shape} neither merges adjacent dims nor splits one"
+    return grouped_reshape(tr, x, in_shape, out_shape)
+
+
+def grouped_reshape(tr: Tracer, x: Val, in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> Val | Parts | str:
+    """A reshape that regroups several independent runs of dims at once (CoAtNet's and MobileNetV4's
+    ``(B, C, H, W) → (B, heads, C / heads, H·W)``): applied run by run, each a merge or a split of the dims it
+    covers; a run touching the permuted dim or the per-head axis must be a plain merge or split, any other run
+    may regroup its dims freely (they carry no symmetry)."""
+    runs = dim_runs(in_shape, out_shape)
+    why = f"reshape {in_shape} → {out_shape} neither merges adjacent dims nor splits one"
+    if runs is None:
+        return why
+    cur: Val | Parts = x
+    shape, pos = list(in_shape), 0
+    for (i0, i1), (o0, o1) in runs:
+        ni, no = i1 - i0, o1 - o0
+        new = shape[:pos] + list(out_shape[o0:o1]) + shape[pos + ni :]
+        if ni > 1 and no == 1 and isinstance(cur, Val):
+            step: Val | Parts | str = merge_dims(tr, cur, tuple(shape), pos, pos + ni - 1)
+        elif ni == 1 and no > 1 and isinstance(cur, Val):
+            step = split_dim(tr, cur, tuple(new), pos, pos + no - 1)
+        elif not touched_axes(cur) & set(range(pos, pos + ni)):
+            step = cur.remap(lambda d, pos=pos, ni=ni, no=no: d if d < pos else d + no - ni, len(new))
+        elif ni == 2 and no == 2 and isinstance(cur, Val):
+            step = split_then_merge(tr, cur, tuple(shape), tuple(new), pos)
+        else:
+            return why
+        if isinstance(step, str):
+            return step
+        cur, shape, pos = step, new, pos + no
+    return cur
+
+
+def split_then_merge(tr: Tracer, x: Val, shape: tuple[int, ...], new: tuple[int, ...], pos: int) -> Val | str:
+    """``(a, b) → (c, d)`` at ``pos`` as the split of one dim and the merge of the next pair: BoTNet's
+    ``(B, heads · d) → (B · heads, d)`` splits the channels into (heads, d), then merges the samples with the heads;
+    ``(B · heads, d) → (B, heads · d)`` the reverse."""
+    a, b = shape[pos : pos + 2]
+    c, d = new[pos : pos + 2]
+    if c % a == 0:  # (a, b) → (a, c / a, d) → (c, d)
+        mid = (*shape[:pos], a, c // a, d, *shape[pos + 2 :])
+        step = split_dim(tr, x, mid, pos + 1, pos + 2)
+        return step if isinstance(step, str) else merge_dims(tr, step, mid, pos, pos + 1)
+    if a % c == 0:  # (a, b) → (c, a / c, b) → (c, d)
+        mid = (*shape[:pos], c, a // c, b, *shape[pos + 2 :])
+        step = split_dim(tr, x, mid, pos, pos + 1)
+        return step if isinstance(step, str) else merge_dims(tr, step, mid, pos + 1, pos + 2)
+    return f"reshape {shape} → {new} regroups dims other than by one split and one merge"
+
+
+def touched_axes(v: Val | Parts) -> set[int]:
+    """The axes of a value that carry symmetry: its permuted dim and per-head axis (those of every part)."""
+    if isinstance(v, Parts):
+        return {v.axis}.union(*(touched_axes(p) for p in v.vals))
+    return {d for d in (v.dim, v.outer) if d is not None}
+
+
+def dim_runs(in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> list[tuple[tuple[int, int], tuple[int, int]]] | None:
+    """The shortest consecutive runs ``((i0, i1), (o0, o1))`` of input and output dims with equal products that
+    tile both shapes; None if the sizes do not line up."""
+    runs, i, o = [], 0, 0
+    while i < len(in_shape) or o < len(out_shape):
+        i0, o0, pi, po = i, o, 1, 1
+        if i < len(in_shape):
+            pi, i = in_shape[i], i + 1
+        if o < len(out_shape):
+            po, o = out_shape[o], o + 1
+        while pi != po:
+            if pi < po and i < len(in_shape):
+                pi, i = pi * in_shape[i], i + 1
+            elif po < pi and o < len(out_shape):
+                po, o = po * out_shape[o], o + 1
+            else:
+                return None
+        runs.append(((i0, i), (o0, o)))
+    return runs
 
 
 def compact_reshape(tr: Tracer, x: Val, in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> Val | Parts | None:
@@ -79,7 +154,10 @@ def merge_dims(tr: Tracer, x: Val, in_shape: tuple[int, ...], s: int, e: int) ->
 
     if not inside(x.dim):
         if inside(x.outer):
-            return "flatten merges the axis indexing per-head spaces with other dims"
+            if x.outer != e or x.dim < s:
+                return "flatten merges the axis indexing per-head spaces with other dims than those before it"
+            # (B, heads, …) → (B · heads, …) (BoTNet's heads in the batch axis): the heads' layouts repeat per sample
+            return Val(x.dim - (e - s), nd, x.segs * math.prod(in_shape[s:e]), s)
         return x.remap(lambda d: d if d < s else d - (e - s), nd)
     if x.outer is not None:  # merging heads back: (…, heads, head_dim) → (…, heads·head_dim)
         if (x.outer, x.dim) == (s, e) and e == s + 1 and all(g.n * g.block == in_shape[e] for g in x.segs):
@@ -96,7 +174,7 @@ def split_dim(tr: Tracer, x: Val, out_shape: tuple[int, ...], s: int, e: int) ->
     nd = len(out_shape)
     moved = x.remap(lambda d: d if d <= s else d + (e - s), nd)
     if x.outer == s:
-        return "reshape splits the axis indexing per-head spaces"
+        return split_heads_axis(x, out_shape, s, e)
     if x.dim != s:
         return moved
     big = [s + i for i, n in enumerate(out_shape[s : e + 1]) if n != 1]
@@ -117,6 +195,15 @@ def split_dim(tr: Tracer, x: Val, out_shape: tuple[int, ...], s: int, e: int) ->
             return "the permuted dim is already split into groups of another width"
         heads.extend(Seg(c, width) for c in parts)
     return Val(dim, nd, tuple(heads), outer)
+
+
+def split_heads_axis(x: Val, out_shape: tuple[int, ...], s: int, e: int) -> Val | str:
+    """The per-head axis (B · heads) split back into (B, heads): the heads' layouts must repeat for every sample."""
+    heads = out_shape[e]
+    if any(n != 1 for n in out_shape[s + 1 : e]) or len(x.segs) % heads or any(
+            x.segs[i] != x.segs[i % heads] for i in range(len(x.segs))):
+        return "reshape splits the axis indexing per-head spaces other than into (samples, heads)"
+    return Val(x.dim + (e - s), len(out_shape), x.segs[:heads], e)
 
 
 def split_parts(tr: Tracer, x: Val, out_shape: tuple[int, ...], big: list[int]) -> Parts | str:
