@@ -149,9 +149,21 @@ def pieces(tr: Tracer, node: torch.fx.Node, x: Val | None, sizes: list[int], dim
         if dim == x.outer:
             return tr.unsupported(node, "splits the axis indexing per-head spaces")
         return tuple(x for _ in sizes)
+    if x.outer is not None:  # per head (EfficientFormer's q/k/v of each head): each head's layout cut alike
+        heads = [cut(tr, replace(x, segs=(s,), outer=None), sizes) for s in x.segs]
+        if any(h is None or any(len(p) != 1 for p in h) for h in heads):
+            return tr.unsupported(node, "splits per-head values through a unit, or a space already split differently")
+        return tuple(replace(x, segs=tuple(h[j][0] for h in heads)) for j in range(len(sizes)))  # type: ignore[index]
+    found = cut(tr, x, sizes)
+    if found is None:
+        return tr.unsupported(node, "splits the permuted dim through a unit, or a space already split differently")
+    return tuple(replace(x, segs=p) for p in found)
+
+
+def cut(tr: Tracer, x: Val, sizes: list[int]) -> list[tuple[Seg, ...]] | None:
+    """The segments of each consecutive piece of ``sizes`` of ``x``'s permuted dim (its spaces split at the pieces'
+    ends); None where a piece cuts through a unit or a space is already split differently."""
     ends = [sum(sizes[: i + 1]) for i in range(len(sizes))]
     refined = tr.refine(x, {0, *ends})
-    pieces = [whole_segments(refined, slice(a, b)) if refined else None for a, b in zip([0, *ends], ends, strict=False)]
-    if any(p is None for p in pieces):
-        return tr.unsupported(node, "splits the permuted dim through a unit, or a space already split differently")
-    return tuple(replace(x, segs=p) for p in pieces)
+    found = [whole_segments(refined, slice(a, b)) if refined else None for a, b in zip([0, *ends], ends, strict=False)]
+    return None if any(p is None for p in found) else found  # type: ignore[return-value]

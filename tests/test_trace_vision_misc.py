@@ -1,0 +1,167 @@
+"""Vision tracer rules for timm's ConvNeXt-V2 global response norm, BiT's GroupNorm with several groups, ECA
+channel attention and EfficientFormer's per-head q/k/v split, on tiny timm builds or replicas: each traced spec keeps
+the outputs of a perturbed copy (every parameter, statistic and GRN gamma/beta randomised) under a random element,
+weight matching recovers a planted element, and a negative control shows what the rule binds or freezes matters."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import pytest
+import torch
+from torch import nn
+
+import modeconn as mc
+from modeconn.errors import SpecError, UnsupportedOperationError
+from modeconn.symmetry.selfcheck import check_function_preserved
+from modeconn.symmetry.trace.ops import norms
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+timm = pytest.importorskip("timm")
+
+
+def _convnextv2() -> nn.Module:
+    from timm.models.convnext import ConvNeXt
+
+    return ConvNeXt(depths=(1, 1, 1, 1), dims=(8, 16, 16, 32), use_grn=True, ls_init_value=None, num_classes=5)
+
+
+def _bit(groups: int = 8) -> nn.Module:
+    from timm.layers import GroupNormAct
+    from timm.models.resnetv2 import ResNetV2
+
+    return ResNetV2(layers=(1, 1, 1, 1), channels=(64, 64, 128, 128), stem_chs=16, stem_type="fixed", num_classes=5,
+                    norm_layer=functools.partial(GroupNormAct, num_groups=groups))
+
+
+def _eca() -> nn.Module:
+    from timm.models.resnet import Bottleneck, ResNet
+
+    return ResNet(Bottleneck, layers=(1, 1, 1, 1), channels=(8, 8, 16, 16), stem_width=8, num_classes=5,
+                  block_args={"attn_layer": "eca"})
+
+
+def _perturbed(model: nn.Module, seed: int) -> nn.Module:
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for t in model.state_dict().values():
+            if t.is_floating_point():
+                t.add_(0.2 * torch.randn(t.shape, generator=g))
+    return model.eval()
+
+
+def _kept_and_recovered(spec: mc.SymmetrySpec, model: nn.Module, x: torch.Tensor) -> None:
+    assert check_function_preserved(spec, model, (x,), seed=7, rtol=1e-5) <= 1e-5
+    sd = model.state_dict()
+    g = spec.random_element(seed=3)
+    res = mc.weight_matching(spec, sd, spec.apply(sd, g), restarts=1)
+    assert spec.equal(res.element, spec.inverse(g))
+
+
+def _unbound(spec: mc.SymmetrySpec, model: nn.Module) -> list[str]:
+    sd = model.state_dict()
+    return [k for k, b in spec.tensors.items() if not b and sd[k].is_floating_point()]
+
+
+def test_convnextv2_global_response_norm_moves_gamma_and_beta_with_the_channels():
+    torch.manual_seed(0)
+    model, x = _perturbed(_convnextv2(), 1), torch.randn(2, 3, 32, 32)
+    spec = mc.symmetry_spec(model, x)
+    assert _unbound(spec, model) == ["head.fc.bias"]
+    assert spec.tensors["stages.0.blocks.0.mlp.grn.weight"] and spec.tensors["stages.0.blocks.0.mlp.grn.bias"]
+    _kept_and_recovered(spec, model, x)
+    # the broken rule: GRN's gamma left in place while its channels move
+    broken = dataclasses.replace(spec, tensors={**spec.tensors, "stages.0.blocks.0.mlp.grn.weight": ()})
+    with pytest.raises(SpecError, match="changes its function"):
+        check_function_preserved(broken, model, (x,), seed=7)
+
+
+def test_bit_group_norm_admits_the_group_preserving_permutations_only(monkeypatch):
+    torch.manual_seed(0)
+    model, x = _perturbed(_bit(), 2), torch.randn(2, 3, 32, 32)
+    spec = mc.symmetry_spec(model, x)
+    assert _unbound(spec, model) == ["head.fc.bias"]
+    # 8 groups: the 64-channel residual stream of stage 1 permutes within groups of 8 channels
+    assert {s.size for s in spec.spaces.values()} <= {2, 4, 8, 16}
+    _kept_and_recovered(spec, model, x)
+    # the broken rule (channels moved across the groups): the self-check catches it
+    monkeypatch.setattr(norms, "group_preserving", lambda tr, node, x, groups: x)
+    with pytest.raises(SpecError, match="changes its function"):
+        mc.symmetry_spec(model, x)
+
+
+def test_group_norm_over_a_space_split_differently_is_refused_or_frozen():
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.g = nn.Conv2d(3, 12, 1), nn.GroupNorm(3, 12)
+            self.b, self.head = nn.Conv2d(12, 12, 1, groups=4), nn.Linear(12, 2)
+
+        def forward(self, x):  # groups of 3 channels feed the conv, groups of 4 the norm: only the identity fits both
+            return self.head(self.g(self.b(self.a(x)) + self.a(x)).mean((2, 3)))
+
+    torch.manual_seed(0)
+    model, x = _perturbed(Net(), 3), torch.randn(2, 3, 4, 4)
+    with pytest.raises(UnsupportedOperationError, match="cannot be split at the groups' boundaries"):
+        mc.symmetry_spec(model, x)
+    spec = mc.symmetry_spec(model, x, on_unsupported="freeze")
+    assert not spec.tensors["g.weight"]
+    assert check_function_preserved(spec, model, (x,), seed=1) <= 1e-5
+
+
+def test_eca_channel_attention_freezes_the_channels_it_reads_and_keeps_the_others():
+    torch.manual_seed(0)
+    model, x = _perturbed(_eca(), 4), torch.randn(2, 3, 32, 32)
+    with pytest.raises(UnsupportedOperationError, match="freezing would leave"):
+        mc.symmetry_spec(model, x)
+    spec = mc.symmetry_spec(model, x, on_unsupported="freeze")
+    unbound = _unbound(spec, model)
+    # the residual stream (every conv3 / downsample output, read by the ECA conv) stays put; the bottlenecks' inner
+    # channels (conv1, conv2) still move
+    assert {"layer1.0.bn3.weight", "layer1.0.se.conv.weight", "layer2.0.downsample.1.weight"} <= set(unbound)
+    assert spec.tensors["layer1.0.conv1.weight"] and spec.tensors["layer2.0.conv2.weight"]
+    _kept_and_recovered(spec, model, x)
+    # the negative control: a permutation of the channels into the ECA conv does not commute with it
+    eca, h = model.layer1[0].se, torch.randn(2, 32, 4, 4)
+    p = torch.randperm(32, generator=torch.Generator().manual_seed(0))
+    assert not torch.allclose(eca(h[:, p]), eca(h)[:, p], atol=1e-4)
+
+
+class _PerHeadSplit(nn.Module):
+    """EfficientFormer's attention: a fused projection reshaped to (B, N, heads, 2·key + value) and split per head."""
+
+    def __init__(self, d: int = 12, heads: int = 2, key: int = 3, value: int = 4):
+        super().__init__()
+        self.heads, self.key, self.value = heads, key, value
+        self.inp, self.qkv = nn.Linear(5, d), nn.Linear(d, heads * (2 * key + value))
+        self.proj, self.out = nn.Linear(heads * value, d), nn.Linear(d, 3)
+
+    def forward(self, x):
+        h = self.inp(x)
+        b, n, _ = h.shape
+        qkv = self.qkv(h).reshape(b, n, self.heads, -1).permute(0, 2, 1, 3)
+        q, k, v = qkv.split([self.key, self.key, self.value], dim=3)
+        a = (q @ k.transpose(-2, -1)).softmax(dim=-1)
+        return self.out(h + self.proj((a @ v).transpose(1, 2).reshape(b, n, -1))).mean(1)
+
+
+def test_split_of_per_head_values_cuts_every_head_alike():
+    torch.manual_seed(0)
+    model, x = _perturbed(_PerHeadSplit(), 6), torch.randn(2, 4, 5)
+    spec = mc.symmetry_spec(model, x)
+    assert sorted(s.size for n, s in spec.spaces.items() if "qkv" in n) == [3, 3, 4, 4]  # per head: q/k, v
+    qkv = spec.tensors["qkv.weight"]
+    assert sorted(b.offset for b in qkv if b.axis == 0) == [0, 3, 6, 10, 13, 16]  # q, k, v of head 0 and of head 1
+    assert {b.offset for b in spec.tensors["proj.weight"] if b.axis == 1} == {0, 4}
+    _kept_and_recovered(spec, model, x)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["convnextv2_atto", "resnetv2_50x1_bit"])
+def test_real_timm_models_with_grn_and_group_norm_are_fully_supported(name):
+    torch.manual_seed(0)
+    model, x = _perturbed(timm.create_model(name, pretrained=False, num_classes=10), 5), torch.randn(1, 3, 32, 32)
+    spec = mc.symmetry_spec(model, x)
+    assert _unbound(spec, model) == ["head.fc.bias"]
+    _kept_and_recovered(spec, model, x)
