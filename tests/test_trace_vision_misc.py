@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 import modeconn as mc
-from modeconn.errors import SpecError, UnsupportedOperationError
+from modeconn.errors import SpecError, TraceError, UnsupportedOperationError
 from modeconn.symmetry.selfcheck import check_function_preserved
 from modeconn.symmetry.trace.ops import norms
 
@@ -164,4 +164,46 @@ def test_real_timm_models_with_grn_and_group_norm_are_fully_supported(name):
     model, x = _perturbed(timm.create_model(name, pretrained=False, num_classes=10), 5), torch.randn(1, 3, 32, 32)
     spec = mc.symmetry_spec(model, x)
     assert _unbound(spec, model) == ["head.fc.bias"]
+    _kept_and_recovered(spec, model, x)
+
+
+class _PadsToPatches(nn.Module):
+    """MobileViT's pattern: a branch on a size (pad only when the map is not a multiple of the patch), which torch.fx
+    cannot trace symbolically."""
+
+    def __init__(self, data_branch: bool = False):
+        super().__init__()
+        self.data_branch = data_branch
+        self.a, self.b, self.head = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 8, 2, stride=2), nn.Linear(8, 4)
+
+    def forward(self, x):
+        h = torch.relu(self.a(x))
+        if h.shape[-1] % 2:
+            h = nn.functional.pad(h, (0, 1, 0, 1))
+        if self.data_branch and h.sum() > 0:  # a branch on values: never decided from the example
+            h = -h
+        return self.head(torch.relu(self.b(h)).mean((2, 3)))
+
+
+def test_branches_on_sizes_are_traced_at_the_example_shapes():
+    torch.manual_seed(0)
+    model, x = _perturbed(_PadsToPatches(), 7), torch.randn(2, 3, 5, 5)
+    with pytest.raises(torch.fx.proxy.TraceError):
+        torch.fx.symbolic_trace(model)
+    spec = mc.symmetry_spec(model, x)
+    assert _unbound(spec, model) == ["head.bias"]
+    _kept_and_recovered(spec, model, x)
+    with pytest.raises(TraceError, match="could not trace"):  # the negative control: a branch on values stays refused
+        mc.symmetry_spec(_PadsToPatches(data_branch=True), x)
+
+
+def test_mobilevit_traces_at_the_example_shapes_and_freezes_its_unfolded_transformer():
+    torch.manual_seed(0)
+    model = _perturbed(timm.create_model("mobilevit_xxs", pretrained=False, num_classes=10), 8)
+    x = torch.randn(1, 3, 64, 64)
+    with pytest.raises(UnsupportedOperationError, match="MobileVitBlock"):
+        mc.symmetry_spec(model, x)
+    spec = mc.symmetry_spec(model, x, on_unsupported="freeze")
+    unbound = _unbound(spec, model)
+    assert "stages.2.1.transformer.0.norm1.weight" in unbound and "stages.0.0.conv1_1x1.conv.weight" not in unbound
     _kept_and_recovered(spec, model, x)
