@@ -207,3 +207,43 @@ def test_mobilevit_traces_at_the_example_shapes_and_freezes_its_unfolded_transfo
     unbound = _unbound(spec, model)
     assert "stages.2.1.transformer.0.norm1.weight" in unbound and "stages.0.0.conv1_1x1.conv.weight" not in unbound
     _kept_and_recovered(spec, model, x)
+
+
+class _CachedBiasAttention(nn.Module):
+    """timm's EfficientFormer attention (per-head q/k/v split, an attention-bias gather memoised per device in eval)."""
+
+    def __init__(self):
+        super().__init__()
+        from timm.models.efficientformer import Attention
+
+        self.inp, self.attn, self.head = nn.Linear(5, 16), Attention(16, key_dim=4, num_heads=2, resolution=2), nn.Linear(16, 3)
+
+    def forward(self, x):
+        h = self.inp(x)
+        return self.head(h + self.attn(h)).mean(1)
+
+
+def test_memoised_attention_biases_are_recomputed_by_every_forward_of_the_check(monkeypatch):
+    from modeconn.symmetry import selfcheck
+
+    torch.manual_seed(0)
+    model, x = _perturbed(_CachedBiasAttention(), 9), torch.randn(2, 4, 5)
+    before = model(x)
+    spec = mc.symmetry_spec(model, x)
+    torch.testing.assert_close(model(x), before)  # nothing of the perturbed copies is left in the model's cache
+    assert _unbound(spec, model) == ["attn.attention_biases", "head.bias"]
+    _kept_and_recovered(spec, model, x)
+    monkeypatch.setattr(selfcheck, "MEMO_CACHES", frozenset())  # the negative control: an unknown cache is refused
+    with pytest.raises(SpecError, match="attention_bias_cache"):
+        mc.symmetry_spec(model, x)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["efficientformer_l1", "efficientvit_m0", "tiny_vit_5m_224"])
+def test_real_timm_models_with_memoised_attention_biases_are_supported(name):
+    torch.manual_seed(0)
+    model, x = _perturbed(timm.create_model(name, pretrained=False, num_classes=10), 10), torch.randn(1, 3, 224, 224)
+    spec = mc.symmetry_spec(model, x)
+    assert all(k.endswith(("attention_biases", "head.bias", "head_dist.bias", ".fc.bias", "head.l.bias", "head_dist.l.bias"))
+               for k in _unbound(spec, model)), _unbound(spec, model)
+    _kept_and_recovered(spec, model, x)
