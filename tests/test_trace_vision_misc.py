@@ -158,12 +158,14 @@ def test_split_of_per_head_values_cuts_every_head_alike():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["convnextv2_atto", "resnetv2_50x1_bit"])
-def test_real_timm_models_with_grn_and_group_norm_are_fully_supported(name):
+@pytest.mark.parametrize(("name", "size", "classifier"), [("convnextv2_atto", 32, "head.fc"),
+                                                          ("resnetv2_50x1_bit", 32, "head.fc"),
+                                                          ("twins_pcpvt_small", 64, "head")])
+def test_real_timm_models_are_fully_supported(name, size, classifier):
     torch.manual_seed(0)
-    model, x = _perturbed(timm.create_model(name, pretrained=False, num_classes=10), 5), torch.randn(1, 3, 32, 32)
+    model, x = _perturbed(timm.create_model(name, pretrained=False, num_classes=10), 5), torch.randn(1, 3, size, size)
     spec = mc.symmetry_spec(model, x)
-    assert _unbound(spec, model) == ["head.fc.bias"]
+    assert _unbound(spec, model) == [f"{classifier}.bias"]
     _kept_and_recovered(spec, model, x)
 
 
@@ -244,6 +246,43 @@ def test_real_timm_models_with_memoised_attention_biases_are_supported(name):
     torch.manual_seed(0)
     model, x = _perturbed(timm.create_model(name, pretrained=False, num_classes=10), 10), torch.randn(1, 3, 224, 224)
     spec = mc.symmetry_spec(model, x)
-    assert all(k.endswith(("attention_biases", "head.bias", "head_dist.bias", ".fc.bias", "head.l.bias", "head_dist.l.bias"))
+    assert all(k.endswith(("attention_biases", "head.bias", "head_dist.bias", ".fc.bias", "head.l.bias", "head.linear.bias"))
                for k in _unbound(spec, model)), _unbound(spec, model)
     _kept_and_recovered(spec, model, x)
+
+
+class _SubSampleAttention(nn.Module):
+    """Twins-PCPVT's attention with one head: keys/values from a fused ``kv`` reshaped to (B, N, 2, 1, head_dim)."""
+
+    def __init__(self):
+        super().__init__()
+        from timm.models.twins import GlobalSubSampleAttn
+
+        self.embed, self.attn, self.head = nn.Conv2d(3, 16, 2, stride=2), GlobalSubSampleAttn(16, 1, sr_ratio=2), nn.Linear(16, 3)
+
+    def forward(self, x):
+        h = self.embed(x)
+        size = h.shape[2:]
+        h = h.flatten(2).transpose(1, 2)
+        return self.head(h + self.attn(h, size)).mean(1)
+
+
+def test_unbinding_per_part_values_gives_keys_and_values_their_own_spaces(monkeypatch):
+    from modeconn.symmetry.trace import registry
+    from modeconn.symmetry.trace.ops import indexing
+
+    torch.manual_seed(0)
+    model, x = _perturbed(_SubSampleAttention(), 11), torch.randn(2, 3, 8, 8)
+    spec = mc.symmetry_spec(model, x)
+    assert _unbound(spec, model) == ["head.bias"]
+    assert {b.offset for b in spec.tensors["attn.kv.weight"] if b.axis == 0} == {0, 16}  # keys and values apart
+    _kept_and_recovered(spec, model, x)
+    real = indexing.unbind
+
+    def swapped(tr, node, x):  # the broken rule: keys carry the values' space and values the keys'
+        out = real(tr, node, x)
+        return out[::-1] if isinstance(out, tuple) else out
+
+    monkeypatch.setitem(registry.METHOD_OPS, "unbind", lambda tr, node: swapped(tr, node, tr.arg_val(node)))
+    with pytest.raises(SpecError, match="changes its function"):
+        mc.symmetry_spec(model, x)

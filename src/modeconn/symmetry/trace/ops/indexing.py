@@ -167,3 +167,26 @@ def cut(tr: Tracer, x: Val, sizes: list[int]) -> list[tuple[Seg, ...]] | None:
     refined = tr.refine(x, {0, *ends})
     found = [whole_segments(refined, slice(a, b)) if refined else None for a, b in zip([0, *ends], ends, strict=False)]
     return None if any(p is None for p in found) else found  # type: ignore[return-value]
+
+
+@node_op(torch.unbind, methods=("unbind",), first=True)
+def unbind(tr: Tracer, node: torch.fx.Node, x: Val | None) -> tuple | None:
+    """``x.unbind(dim)``: along the axis indexing per-head spaces, slice ``i`` carries head ``i``'s space (Twins'
+    ``k, v = kv.unbind(0)`` where one head makes the key/value split (2, 1, head_dim) a per-part split); along another
+    dim every slice carries x's spaces. Unbinding the permuted dim is unsupported."""
+    shape = shape_of(node.args[0])
+    if x is None or shape is None:
+        return tr.unsupported(node, "unbind of a value of unknown shape")
+    dim = node.kwargs.get("dim", node.args[1] if len(node.args) > 1 else 0) % x.ndim
+
+    def drop(d: int) -> int:
+        return d - (d > dim)
+
+    if dim == x.dim:
+        if not tr.all_frozen(x):
+            return tr.unsupported(node, "unbinds the permuted dim")
+        rest = [n for i, n in enumerate(shape) if i != dim] or [1]
+        return tuple(Val(0, x.ndim - 1, (Seg(tr.new_space(rest[0], node.name, True), rest[0]),)) for _ in range(shape[dim]))
+    if dim == x.outer:
+        return tuple(Val(drop(x.dim), x.ndim - 1, (s,)) for s in x.segs)
+    return tuple(x.remap(drop, x.ndim - 1) for _ in range(shape[dim]))
