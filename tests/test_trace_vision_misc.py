@@ -160,7 +160,9 @@ def test_split_of_per_head_values_cuts_every_head_alike():
 @pytest.mark.slow
 @pytest.mark.parametrize(("name", "size", "classifier"), [("convnextv2_atto", 32, "head.fc"),
                                                           ("resnetv2_50x1_bit", 32, "head.fc"),
-                                                          ("twins_pcpvt_small", 64, "head")])
+                                                          ("twins_pcpvt_small", 64, "head"),
+                                                          ("twins_svt_small", 64, "head"),
+                                                          ("hiera_tiny_224", 224, "head.fc")])
 def test_real_timm_models_are_fully_supported(name, size, classifier):
     torch.manual_seed(0)
     model, x = _perturbed(timm.create_model(name, pretrained=False, num_classes=10), 5), torch.randn(1, 3, size, size)
@@ -286,3 +288,35 @@ def test_unbinding_per_part_values_gives_keys_and_values_their_own_spaces(monkey
     monkeypatch.setitem(registry.METHOD_OPS, "unbind", lambda tr, node: swapped(tr, node, tr.arg_val(node)))
     with pytest.raises(SpecError, match="changes its function"):
         mc.symmetry_spec(model, x)
+
+
+class _WindowedQKV(nn.Module):
+    """Hiera's and Twins' windowed attention: one reshape splits the tokens into (windows, window) and the fused
+    projection into (3, heads, head_dim); ``mix=True`` instead regroups the channels with the tokens (no symmetry)."""
+
+    def __init__(self, mix: bool = False):
+        super().__init__()
+        self.mix, self.heads = mix, 2
+        self.inp, self.qkv, self.proj, self.out = nn.Linear(5, 8), nn.Linear(8, 24), nn.Linear(8, 8), nn.Linear(8, 3)
+
+    def forward(self, x):
+        h = self.inp(x)
+        b, n, c = h.shape
+        if self.mix:
+            return self.out(self.qkv(h).reshape(b, n * 3, c).mean(1))
+        qkv = self.qkv(h).reshape(b, 2, n // 2, 3, self.heads, c // self.heads).permute(3, 0, 4, 1, 2, 5)
+        q, k, v = qkv.unbind(0)
+        a = (q @ k.transpose(-2, -1)).softmax(-1) @ v  # (B, heads, windows, window, head_dim)
+        a = a.permute(0, 2, 3, 1, 4).reshape(b, n, c)
+        return self.out(h + self.proj(a)).mean(1)
+
+
+def test_a_reshape_of_several_dim_groups_splits_the_fused_projection_per_part_and_head():
+    torch.manual_seed(0)
+    model, x = _perturbed(_WindowedQKV(), 12), torch.randn(2, 6, 5)
+    spec = mc.symmetry_spec(model, x)
+    assert _unbound(spec, model) == ["out.bias"]
+    assert sorted(s.size for n, s in spec.spaces.items() if "qkv" in n) == [4, 4, 4, 4]  # 2 heads × (q/k, v)
+    _kept_and_recovered(spec, model, x)
+    with pytest.raises(UnsupportedOperationError, match="neither merges adjacent dims nor splits one"):
+        mc.symmetry_spec(_perturbed(_WindowedQKV(mix=True), 12), x)  # channels regrouped with tokens: refused
