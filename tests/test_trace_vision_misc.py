@@ -158,16 +158,17 @@ def test_split_of_per_head_values_cuts_every_head_alike():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("name", "size", "classifier"), [("convnextv2_atto", 32, "head.fc"),
-                                                          ("resnetv2_50x1_bit", 32, "head.fc"),
-                                                          ("twins_pcpvt_small", 64, "head"),
-                                                          ("twins_svt_small", 64, "head"),
-                                                          ("hiera_tiny_224", 224, "head.fc")])
+@pytest.mark.parametrize(("name", "size", "classifier"), [("convnextv2_atto", 32, ["head.fc"]),
+                                                          ("resnetv2_50x1_bit", 32, ["head.fc"]),
+                                                          ("twins_pcpvt_small", 64, ["head"]),
+                                                          ("twins_svt_small", 64, ["head"]),
+                                                          ("hiera_tiny_224", 224, ["head.fc"]),
+                                                          ("crossvit_tiny_240", 240, ["head.0", "head.1"])])
 def test_real_timm_models_are_fully_supported(name, size, classifier):
     torch.manual_seed(0)
     model, x = _perturbed(timm.create_model(name, pretrained=False, num_classes=10), 5), torch.randn(1, 3, size, size)
     spec = mc.symmetry_spec(model, x)
-    assert _unbound(spec, model) == [f"{classifier}.bias"]
+    assert _unbound(spec, model) == [f"{c}.bias" for c in classifier]
     _kept_and_recovered(spec, model, x)
 
 
@@ -320,3 +321,32 @@ def test_a_reshape_of_several_dim_groups_splits_the_fused_projection_per_part_an
     _kept_and_recovered(spec, model, x)
     with pytest.raises(UnsupportedOperationError, match="neither merges adjacent dims nor splits one"):
         mc.symmetry_spec(_perturbed(_WindowedQKV(mix=True), 12), x)  # channels regrouped with tokens: refused
+
+
+class _TwoHeads(nn.Module):
+    """CrossViT's ends: the class token taken with ``x[:, 0:1, ...]`` and two classifier heads stacked, then averaged."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp, self.a, self.b = nn.Linear(5, 8), nn.Linear(8, 8), nn.Linear(8, 8)
+        self.heads = nn.ModuleList([nn.Linear(8, 3), nn.Linear(8, 3)])
+
+    def forward(self, x):
+        h = self.inp(x)[:, 0:1, ...].flatten(1)
+        return torch.stack([self.heads[0](torch.relu(self.a(h))), self.heads[1](torch.relu(self.b(h)))]).mean(0)
+
+
+def test_stacked_heads_share_their_output_space_and_ellipsis_indexing_keeps_the_channels(monkeypatch):
+    from modeconn.symmetry.trace import registry
+
+    torch.manual_seed(0)
+    model, x = _perturbed(_TwoHeads(), 13), torch.randn(2, 4, 5)
+    spec = mc.symmetry_spec(model, x)
+    assert _unbound(spec, model) == ["heads.0.bias", "heads.1.bias"]
+    assert spec.tensors["inp.weight"] and spec.tensors["a.weight"]
+    _kept_and_recovered(spec, model, x)
+    # the broken rule: stacked values keep separate spaces (the mean over the stack mixes them)
+    monkeypatch.setitem(registry.FUNCTION_OPS, torch.stack, lambda tr, node: tr.value(node.args[0][0]).remap(
+        lambda d: d + 1, 3))
+    with pytest.raises(SpecError, match="changes its function"):
+        mc.symmetry_spec(model, x)

@@ -11,7 +11,7 @@ import torch
 import torch.fx
 
 from ..registry import node_op
-from ..values import Attr, AttrCat, Seg, Val, shape_len, shape_of, whole_segments
+from ..values import Attr, AttrCat, Seg, Val, same_layout, shape_len, shape_of, whole_segments
 
 if TYPE_CHECKING:
     from ..tracer import Tracer
@@ -86,6 +86,10 @@ def index(tr: Tracer, node: torch.fx.Node) -> Val | None:
     idx = node.args[1] if isinstance(node.args[1], tuple) else (node.args[1],)
     if x is None or tr.all_frozen(x):  # e.g. a relative-position bias gathered from its table
         return tr.frozen_val(node)
+    if idx.count(Ellipsis) == 1:  # CrossViT's ``x[:, 0:1, ...]``: the dims it stands for, taken whole
+        at = idx.index(Ellipsis)
+        rest = x.ndim - sum(i is not None for i in idx if i is not Ellipsis)
+        idx = idx[:at] + (slice(None),) * rest + idx[at + 1:]
     if x.outer is not None or any(i is Ellipsis or not isinstance(i, (int, slice, type(None))) for i in idx):
         return tr.unsupported(node, "indexing with tensors, Ellipsis or a value with per-head spaces")
     out_dim, axis, segs = x.dim, 0, x.segs
@@ -190,3 +194,20 @@ def unbind(tr: Tracer, node: torch.fx.Node, x: Val | None) -> tuple | None:
     if dim == x.outer:
         return tuple(Val(drop(x.dim), x.ndim - 1, (s,)) for s in x.segs)
     return tuple(x.remap(drop, x.ndim - 1) for _ in range(shape[dim]))
+
+
+@node_op(torch.stack)
+def stack(tr: Tracer, node: torch.fx.Node) -> Val | None:
+    """``torch.stack(xs, dim)`` (CrossViT's two classifier heads stacked, then averaged): the tensors carry one
+    permutation (their spaces joined, as an elementwise op's operands), along their dims moved past the new one."""
+    parts = node.args[0] if node.args else node.kwargs.get("tensors", ())
+    vals = [tr.value(p) for p in parts]
+    if not vals or any(v is None or v.outer is not None for v in vals):
+        return tr.unsupported(node, "stack of non-tensor values or of values with per-head spaces")
+    x = vals[0]
+    for v in vals[1:]:
+        if not same_layout(v, x):
+            return tr.unsupported(node, "stacked tensors carry their symmetry on different dims or layouts")
+        tr.union_segs(x, v, node)
+    dim = node.kwargs.get("dim", node.args[1] if len(node.args) > 1 else 0) % (x.ndim + 1)
+    return x.remap(lambda d: d + (d >= dim), x.ndim + 1)
