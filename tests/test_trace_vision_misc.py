@@ -163,7 +163,8 @@ def test_split_of_per_head_values_cuts_every_head_alike():
                                                           ("twins_pcpvt_small", 64, ["head"]),
                                                           ("twins_svt_small", 64, ["head"]),
                                                           ("hiera_tiny_224", 224, ["head.fc"]),
-                                                          ("crossvit_tiny_240", 240, ["head.0", "head.1"])])
+                                                          ("crossvit_tiny_240", 240, ["head.0", "head.1"]),
+                                                          ("mobilevitv2_050", 64, ["head.fc"])])
 def test_real_timm_models_are_fully_supported(name, size, classifier):
     torch.manual_seed(0)
     model, x = _perturbed(timm.create_model(name, pretrained=False, num_classes=10), 5), torch.randn(1, 3, size, size)
@@ -350,3 +351,26 @@ def test_stacked_heads_share_their_output_space_and_ellipsis_indexing_keeps_the_
         lambda d: d + 1, 3))
     with pytest.raises(SpecError, match="changes its function"):
         mc.symmetry_spec(model, x)
+
+
+class _LinearSelfAttention(nn.Module):
+    """MobileViT-v2's separable attention: a one-channel query's softmax scores broadcast over the key channels."""
+
+    def __init__(self):
+        super().__init__()
+        from timm.models.mobilevit import LinearSelfAttention
+
+        self.inp, self.attn, self.head = nn.Conv2d(3, 8, 1), LinearSelfAttention(8), nn.Linear(8, 3)
+
+    def forward(self, x):
+        h = self.inp(x)
+        return self.head((h + self.attn(h)).mean((2, 3)))
+
+
+def test_a_one_channel_operand_broadcasts_over_the_channels_it_multiplies():
+    torch.manual_seed(0)
+    model, x = _perturbed(_LinearSelfAttention(), 14), torch.randn(2, 3, 4, 6)
+    spec = mc.symmetry_spec(model, x)
+    assert _unbound(spec, model) == ["head.bias"]
+    assert {b.offset for b in spec.tensors["attn.qkv_proj.weight"] if b.axis == 0} == {0, 1, 9}  # query (one unit), key, value
+    _kept_and_recovered(spec, model, x)
