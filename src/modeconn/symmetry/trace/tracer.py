@@ -165,9 +165,8 @@ class Tracer(Axes):
         dim = dim % x.ndim if x.ndim else 0
         if x.dim == dim or self.all_frozen(x):
             return x
-        why = f"node {node.name!r} ({target_name(node)}) acts on dim {dim} but the symmetry of its input acts on dim {x.dim}"
-        if self.on_unsupported == "error":
-            raise UnsupportedOperationError(why)
+        if self.on_unsupported == "error":  # raises, naming the module and the way out
+            self.unsupported(node, f"acts on dim {dim} but the symmetry of its input acts on dim {x.dim}")
         self.freeze(x)
         shape = shape_of(node.args[0]) if node.args else None
         n = shape[dim] if shape is not None else 1
