@@ -163,7 +163,8 @@ def test_depthwise_and_grouped_convolutions_keep_the_function():
     assert set(frozen.spaces) == set(spec.spaces)
 
 
-def test_groupnorm_with_groups_is_unsupported():
+def test_groupnorm_with_groups_permutes_within_each_group():
+    """Refused before; now group-preserving permutations (channels within each group, as grouped convolutions)."""
     class GN(nn.Module):
         def __init__(self):
             super().__init__()
@@ -172,10 +173,9 @@ def test_groupnorm_with_groups_is_unsupported():
         def forward(self, x):
             return self.h(self.gn(self.c(x)).mean((2, 3)))
 
-    with pytest.raises(UnsupportedOperationError, match="GroupNorm with 2 groups"):
-        mc.symmetry_spec(GN(), torch.randn(2, 1, 5, 5))
-    spec = mc.symmetry_spec(GN(), torch.randn(2, 1, 5, 5), on_unsupported="freeze")
-    assert spec.spaces == {}
+    spec = mc.symmetry_spec(GN(), torch.randn(2, 1, 5, 5))
+    assert sorted(s.size for s in spec.spaces.values()) == [4, 4]
+    assert {b.offset for b in spec.tensors["gn.weight"]} == {0, 4}
 
 
 def test_trace_does_not_mutate_model():

@@ -23,7 +23,9 @@ Otherwise :class:`SpecError` names the spaces whose transform alone changes the 
 the tensors bound to no space that have an axis of such a space's size (the usual culprit: a norm or scale that a rule
 did not bind). A model whose forwards keep changing its Python state — an attribute of a module that is not a
 parameter, buffer or submodule changes between two forwards after the first (a counter, a growing list, a tensor
-written in place), or a parameter or buffer written by an eval-mode forward — is refused (:class:`_StateWatch`).
+written in place), or a parameter or buffer written by an eval-mode forward — is refused (:class:`_StateWatch`). Known
+memo caches of a function of the parameters (:data:`MEMO_CACHES`) are emptied before and after every forward of the
+check instead, so that each forward recomputes them from the state it runs with.
 
 What a passing check shows: on the perturbed weights, at these examples and at ×:data:`SCALE`, in both modes, the
 traced graph's bindings keep the outputs under one element that moves every unit — so a binding that is wrong
@@ -306,6 +308,9 @@ def _passes(inputs: Sequence[Any], scale: bool = True) -> list[_Pass]:
 
 
 _MODULE_INTERNALS = frozenset(vars(nn.Module()))
+MEMO_CACHES = frozenset({"attention_bias_cache"})
+"""Module attributes that memoise a function of the module's parameters per device (timm's attention-bias gather in
+EfficientFormer, LeViT, TinyViT, EfficientViT-MSRA: a dict that ``train()`` empties)."""
 _ABSENT = object()
 
 
@@ -345,7 +350,14 @@ def _python_state(model: nn.Module) -> dict[tuple[str, str], Any]:
     """Every attribute of every submodule that is neither a module nor ``nn.Module``'s own bookkeeping (``training``,
     hooks, the parameter and buffer tables): ``(module path, attribute) → fingerprint``."""
     return {(path, k): _fingerprint(v) for path, m in model.named_modules(remove_duplicate=False)
-            for k, v in vars(m).items() if k not in _MODULE_INTERNALS and not isinstance(v, nn.Module)}
+            for k, v in vars(m).items() if k not in _MODULE_INTERNALS | MEMO_CACHES and not isinstance(v, nn.Module)}
+
+
+def _clear_memo_caches(model: nn.Module) -> None:
+    for m in model.modules():
+        for k in MEMO_CACHES & vars(m).keys():
+            if isinstance(vars(m)[k], dict):
+                vars(m)[k] = {}
 
 
 class _StateWatch:
@@ -359,9 +371,11 @@ class _StateWatch:
 
     def run(self, check: _Pass, state: dict[str, torch.Tensor], seed: int) -> list[torch.Tensor]:
         versions = {k: t._version for k, t in state.items()}
+        _clear_memo_caches(self.model)
         try:
             return check.run(self.model, state, seed)
         finally:
+            _clear_memo_caches(self.model)
             self.seen()
             if check.mode == "eval":  # train mode writes fresh copies of the buffers (BatchNorm statistics)
                 self.unwritten(state, versions)

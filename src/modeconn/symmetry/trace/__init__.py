@@ -30,11 +30,13 @@ layouts then repeated per sample. A parameter contracted with per-head queries (
 the heads) joins the heads' spaces and moves with them; one key for all heads (multi-query attention) joins every
 head's query space with the key's. Rotary embeddings fix the query/key dims they rotate (:mod:`.library`).
 
-Supported: Linear, Conv1d/2d/3d (groups=1 or depthwise), BatchNorm1d/2d/3d, LayerNorm, GroupNorm
-(1 group or one per channel), PReLU, elementwise activations, softmax, dropout, pooling, flatten / view /
-reshape that merges adjacent dimensions or splits the permuted one into (groups, width), unflatten,
-permute / transpose, mean/sum/amax reductions, residual additions and products, parameters added to
-activations, matmul / bmm, concatenation. Anything else raises :class:`UnsupportedOperationError` naming
+Supported: Linear, Conv1d/2d/3d (groups=1, depthwise or grouped), BatchNorm1d/2d/3d, LayerNorm, GroupNorm (with
+several groups: permutations within each group), PReLU, padding, elementwise activations, softmax, dropout, pooling,
+flatten / view / reshape that merges adjacent dimensions or splits the permuted one into (groups, width) — also
+several groups of dims at once —, unflatten, permute / transpose, mean/sum/amax/norm reductions, residual additions
+and products, parameters added to activations, matmul / bmm, concatenation, stack, split / chunk / unbind. A model
+whose forward branches on sizes (fx cannot trace it symbolically) is traced at the example's shapes
+(:mod:`.concrete`). Anything else raises :class:`UnsupportedOperationError` naming
 the node, or with ``on_unsupported="freeze"`` freezes every space touching it.
 
 The package: :mod:`.values` (what a node's value carries), :mod:`.axes` (the union-find of spaces),

@@ -63,10 +63,11 @@ def symmetry_spec(
     # the self-check's perturbed state: shape propagation runs with it, so its outputs are the check's reference
     state = perturbed_state(model, torch.Generator().manual_seed(0)) if check else None
     with eval_mode(model):  # traced in eval mode: train-only branches (BatchNorm counters, dropout paths) stay out
-        gm = tables()._fx_trace(model, leaf_modules, trust_layer_subclasses=False)
+        examples = check_examples(inputs)
+        gm = tables()._fx_trace(model, leaf_modules, trust_layer_subclasses=False, example=examples)
         try:
             with torch.no_grad():  # shapes need no more than the examples the self-check runs on
-                outputs = propagate_shapes(gm, check_examples(inputs), state)
+                outputs = propagate_shapes(gm, examples, state)
         except Exception as exc:  # any failure of the example forward is a user-facing trace error
             raise TraceError(f"running {type(model).__name__} on the example input failed: {exc}") from exc
     tracer = Tracer(gm, on_unsupported, frozenset(model.state_dict()))

@@ -18,6 +18,7 @@ import torch.fx
 from torch import nn
 
 from ...errors import ConfigError, SpecError, TraceError
+from .concrete import ConcreteTracer
 from .ops.norms import NORM_MODULES
 from .registry import module_types
 
@@ -127,20 +128,24 @@ def layer_in_stack(node: torch.fx.Node) -> tuple[str, type, type] | None:
 
 
 def fx_trace(model: nn.Module, leaf_modules: tuple[type[nn.Module], ...],
-             trust_layer_subclasses: bool = True) -> torch.fx.GraphModule:
+             trust_layer_subclasses: bool = True, example: tuple[torch.Tensor, ...] | None = None) -> torch.fx.GraphModule:
     """``model`` traced by torch.fx with the stock layers we have rules for as leaves (:func:`rule_leaf`, or
     :func:`layer_leaf` with ``trust_layer_subclasses``; fx alone would trace through any module defined outside
-    torch.nn)."""
-    class _Tr(torch.fx.Tracer):
-        def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
-            leaf = layer_leaf(m) if trust_layer_subclasses else tables()._rule_leaf(m)
-            return isinstance(m, leaf_modules) or leaf or super().is_leaf_module(m, qualname)
+    torch.nn). Where fx cannot trace it symbolically (a branch on a size) and ``example`` is given, it is traced at the
+    example's shapes (:class:`~.concrete.ConcreteTracer`)."""
+    def is_leaf(tracer: torch.fx.Tracer, m: nn.Module, qualname: str) -> bool:
+        leaf = layer_leaf(m) if trust_layer_subclasses else tables()._rule_leaf(m)
+        return isinstance(m, leaf_modules) or leaf or torch.fx.Tracer.is_leaf_module(tracer, m, qualname)
 
     # library functions with a rule that fx would trace into (timm's rotary embedding): one node each
     autowrap = tuple(f for f in tables().LIBRARY_RULES if isinstance(f, FunctionType) and not f.__name__.startswith("_"))
+    _Tr = type("_Tr", (torch.fx.Tracer,), {"is_leaf_module": is_leaf})
     try:
         graph = _Tr(autowrap_functions=autowrap).trace(model)
     except Exception as exc:
+        graph = concrete_trace(model, is_leaf, example)
+        if graph is not None:
+            return torch.fx.GraphModule(model, graph)
         if not trust_layer_subclasses:
             blame_layer_subclass(_Tr, model, exc)
         raise TraceError(
@@ -148,6 +153,18 @@ def fx_trace(model: nn.Module, leaf_modules: tuple[type[nn.Module], ...],
             "need a hand-written spec (SymmetrySpec.from_axes) or an adapter."
         ) from exc
     return torch.fx.GraphModule(model, graph)
+
+
+def concrete_trace(model: nn.Module, is_leaf: Callable, example: tuple[torch.Tensor, ...] | None) -> torch.fx.Graph | None:
+    """The graph of ``model`` at ``example``'s shapes, or None (no example, or this fails too)."""
+    if example is None:
+        return None
+    tracer = type("_Concrete", (ConcreteTracer,), {"is_leaf_module": is_leaf})(example)
+    try:
+        with torch.no_grad():
+            return tracer.trace(model)
+    except Exception:  # noqa: BLE001 — the symbolic trace's error is the one reported
+        return None
 
 
 def blame_layer_subclass(tracer: type[torch.fx.Tracer], model: nn.Module, exc: Exception) -> None:

@@ -159,14 +159,18 @@ class Tracer(Axes):
         return self.value(node.args[i]) if i < len(node.args) else None
 
     def require_dim(self, node: torch.fx.Node, x: Val, dim: int) -> Val:
-        """Check the symmetry acts on ``dim`` of ``x`` (fully frozen values pass)."""
+        """``x`` if the symmetry acts on its ``dim`` (fully frozen values pass); else an error, or with
+        ``on_unsupported="freeze"`` ``x``'s spaces frozen and an unpermuted value in their place (ECA's channel
+        attention: a 1-D convolution across the channels, which no channel permutation commutes with)."""
         dim = dim % x.ndim if x.ndim else 0
-        if x.dim != dim and not self.all_frozen(x):
-            raise UnsupportedOperationError(
-                f"node {node.name!r} ({target_name(node)}) acts on dim {dim} but the symmetry of its input "
-                f"acts on dim {x.dim}"
-            )
-        return x
+        if x.dim == dim or self.all_frozen(x):
+            return x
+        if self.on_unsupported == "error":  # raises, naming the module and the way out
+            self.unsupported(node, f"acts on dim {dim} but the symmetry of its input acts on dim {x.dim}")
+        self.freeze(x)
+        shape = shape_of(node.args[0]) if node.args else None
+        n = shape[dim] if shape is not None else 1
+        return Val(dim, x.ndim, (Seg(self.new_space(n, node.name, frozen=True), n),))
 
     def union_segs(self, a: Val, b: Val, node: torch.fx.Node) -> None:
         """Union the spaces of ``a`` and ``b`` segment by segment (same layout)."""

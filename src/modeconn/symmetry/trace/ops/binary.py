@@ -59,10 +59,10 @@ def binary_values(tr: Tracer, node: torch.fx.Node, first: tuple, second: tuple) 
 
 
 def broadcast_constant(tr: Tracer, node: torch.fx.Node, first: tuple, second: tuple) -> Val | None:
-    """The permuted operand when the other one is unpermuted and constant along its permuted dim (a scalar,
-    a per-token mask: it broadcasts), else None."""
+    """The permuted operand when the other one is unpermuted (its spaces frozen or of one unit: MobileViT-v2's single
+    query channel) and constant along its permuted dim (a scalar, a per-token mask: it broadcasts), else None."""
     for (x_node, x), (c_node, c) in ((first, second), (second, first)):
-        if tr.all_frozen(c) and not tr.all_frozen(x) and shape_of(x_node) == shape_of(node) and constant_along(
+        if tr.inactive(c) and not tr.all_frozen(x) and shape_of(x_node) == shape_of(node) and constant_along(
             shape_of(node), shape_of(c_node), x.dim
         ):
             return x

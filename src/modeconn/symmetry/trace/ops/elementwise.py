@@ -27,6 +27,11 @@ POOL_MODULES = (
     nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d,
     nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d, nn.AdaptiveMaxPool3d, nn.Upsample,
 )
+PAD_MODULES = (
+    nn.ConstantPad1d, nn.ConstantPad2d, nn.ConstantPad3d, nn.ZeroPad1d, nn.ZeroPad2d, nn.ZeroPad3d,
+    nn.ReflectionPad1d, nn.ReflectionPad2d, nn.ReflectionPad3d, nn.ReplicationPad1d, nn.ReplicationPad2d,
+    nn.ReplicationPad3d, nn.CircularPad1d, nn.CircularPad2d, nn.CircularPad3d,
+)
 ELEMENTWISE_FUNCTIONS = (
     F.relu, F.relu6, F.leaky_relu, F.gelu, F.silu, F.elu, F.selu, F.celu, F.softplus, F.mish, F.hardswish,
     F.hardtanh, F.hardsigmoid, F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.logsigmoid,
@@ -105,6 +110,14 @@ def pad(tr: Tracer, node: torch.fx.Node, x: Val | None) -> Val | None:
     return other_dims(tr, node, x, {nd - 1 - i for i in range(len(pad) // 2) if pad[2 * i] or pad[2 * i + 1]}, "pads")
 
 
+@module_op(*PAD_MODULES)
+def pad_module(tr: Tracer, node: torch.fx.Node, name: str, mod: nn.Module, x: Val) -> Val | None:
+    """A padding layer (BiT's stem ``ConstantPad2d``): pads its last ``len(padding) / 2`` dims, each padded entry a
+    constant or a copy of an entry of the same channel."""
+    n = len(mod.padding) // 2
+    return other_dims(tr, node, x, set(range(x.ndim - n, x.ndim)), "pads")
+
+
 @node_op(torch.roll, methods=("roll",), first=True)
 def roll(tr: Tracer, node: torch.fx.Node, x: Val | None) -> Val | None:
     """``torch.roll(x, shifts, dims)`` along dims the symmetry does not act on (Swin's cyclic window shift); a roll of
@@ -136,10 +149,22 @@ def power(tr: Tracer, node: torch.fx.Node) -> Val | None:
 
 @node_op(torch.mean, torch.sum, torch.amax, torch.amin, methods=("mean", "sum", "amax", "amin"), first=True)
 def reduce(tr: Tracer, node: torch.fx.Node, x: Val | None) -> Val | None:
+    dims = node.kwargs.get("dim", node.args[1] if len(node.args) > 1 else None)
+    return reduced(tr, node, x, dims, node.kwargs.get("keepdim", node.args[2] if len(node.args) > 2 else False))
+
+
+@node_op(torch.norm, torch.linalg.vector_norm, methods=("norm",), first=True)
+def vector_norm(tr: Tracer, node: torch.fx.Node, x: Val | None) -> Val | None:
+    """``x.norm(p, dim, keepdim)`` / ``torch.linalg.vector_norm(x, ord, dim, keepdim)`` (ConvNeXt-V2's global
+    response norm over the spatial dims): a symmetric function of the entries it reduces, like :func:`reduce`."""
+    dims = node.kwargs.get("dim", node.args[2] if len(node.args) > 2 else None)
+    return reduced(tr, node, x, dims, node.kwargs.get("keepdim", node.args[3] if len(node.args) > 3 else False))
+
+
+def reduced(tr: Tracer, node: torch.fx.Node, x: Val | None, dims, keepdim: bool) -> Val | None:
+    """``x`` reduced over ``dims`` (None: all) by a function symmetric in the reduced entries."""
     if x is None:
         return tr.frozen_val(node)
-    dims = node.kwargs.get("dim", node.args[1] if len(node.args) > 1 else None)
-    keepdim = node.kwargs.get("keepdim", node.args[2] if len(node.args) > 2 else False)
     if dims is None:
         return tr.frozen_val(node)  # full reduction: a scalar, invariant under every permutation
     dims = {d % x.ndim for d in (dims if isinstance(dims, (tuple, list)) else (dims,))}

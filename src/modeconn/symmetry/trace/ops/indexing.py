@@ -87,8 +87,12 @@ def index(tr: Tracer, node: torch.fx.Node) -> Val | None:
     idx = node.args[1] if isinstance(node.args[1], tuple) else (node.args[1],)
     if x is None or tr.all_frozen(x):  # e.g. a relative-position bias gathered from its table
         return tr.frozen_val(node)
+    if idx.count(Ellipsis) == 1:  # CrossViT's ``x[:, 0:1, ...]``: the dims it stands for, taken whole
+        at = idx.index(Ellipsis)
+        rest = x.ndim - sum(i is not None for i in idx if i is not Ellipsis)
+        idx = idx[:at] + (slice(None),) * rest + idx[at + 1:]
     if any(i is Ellipsis or not isinstance(i, (int, slice, type(None), torch.fx.Node)) for i in idx):
-        return tr.unsupported(node, "indexing with Ellipsis or lists")
+        return tr.unsupported(node, "indexing with several Ellipses or lists")
     if any(isinstance(i, torch.fx.Node) for i in idx):
         return gather(tr, node, x, idx)
     out_dim, out_outer, axis, segs = x.dim, x.outer, 0, x.segs
@@ -171,20 +175,66 @@ def pieces(tr: Tracer, node: torch.fx.Node, x: Val | None, sizes: list[int], dim
         return tuple(x for _ in sizes)
     if x.outer is not None:
         return head_pieces(tr, node, x, sizes)
-    ends = [sum(sizes[: i + 1]) for i in range(len(sizes))]
-    refined = tr.refine(x, {0, *ends})
-    pieces = [whole_segments(refined, slice(a, b)) if refined else None for a, b in zip([0, *ends], ends, strict=False)]
-    if any(p is None for p in pieces):
+    found = cut(tr, x, sizes)
+    if found is None:
         return tr.unsupported(node, "splits the permuted dim through a unit, or a space already split differently")
-    return tuple(replace(x, segs=p) for p in pieces)
+    return tuple(replace(x, segs=p) for p in found)
 
 
 def head_pieces(tr: Tracer, node: torch.fx.Node, x: Val, sizes: list[int]) -> tuple | None:
-    """Pieces along the per-head feature dim (CoAtNet's and MaxViT's ``(B, heads, 3 · head_dim, N).chunk(3, dim=2)``:
-    q, k and v interleaved per head): every head's space split alike, piece ``i`` carrying part ``i`` of each head."""
-    if any(s.block != 1 for s in x.segs):
-        return tr.unsupported(node, "splits per-head spaces laid out in blocks")
-    per_head = [tr.split_at(s.space, sizes) for s in x.segs]
-    if any(p is None for p in per_head):
-        return tr.unsupported(node, "splits per-head spaces already split differently")
-    return tuple(replace(x, segs=tuple(Seg(parts[i], n) for parts in per_head)) for i, n in enumerate(sizes))
+    """Pieces along the per-head feature dim (EfficientFormer's q/k/v of each head; CoAtNet's and MaxViT's
+    ``(B, heads, 3 · head_dim, N).chunk(3, dim=2)``): each head's layout cut alike, piece ``i`` carrying part ``i`` of
+    each head."""
+    heads = [cut(tr, replace(x, segs=(s,), outer=None), sizes) for s in x.segs]
+    if any(h is None or any(len(p) != 1 for p in h) for h in heads):
+        return tr.unsupported(node, "splits per-head values through a unit, or a space already split differently")
+    return tuple(replace(x, segs=tuple(h[j][0] for h in heads)) for j in range(len(sizes)))  # type: ignore[index]
+
+
+def cut(tr: Tracer, x: Val, sizes: list[int]) -> list[tuple[Seg, ...]] | None:
+    """The segments of each consecutive piece of ``sizes`` of ``x``'s permuted dim (its spaces split at the pieces'
+    ends); None where a piece cuts through a unit or a space is already split differently."""
+    ends = [sum(sizes[: i + 1]) for i in range(len(sizes))]
+    refined = tr.refine(x, {0, *ends})
+    found = [whole_segments(refined, slice(a, b)) if refined else None for a, b in zip([0, *ends], ends, strict=False)]
+    return None if any(p is None for p in found) else found  # type: ignore[return-value]
+
+
+@node_op(torch.unbind, methods=("unbind",), first=True)
+def unbind(tr: Tracer, node: torch.fx.Node, x: Val | None) -> tuple | None:
+    """``x.unbind(dim)``: along the axis indexing per-head spaces, slice ``i`` carries head ``i``'s space (Twins'
+    ``k, v = kv.unbind(0)`` where one head makes the key/value split (2, 1, head_dim) a per-part split); along another
+    dim every slice carries x's spaces. Unbinding the permuted dim is unsupported."""
+    shape = shape_of(node.args[0])
+    if x is None or shape is None:
+        return tr.unsupported(node, "unbind of a value of unknown shape")
+    dim = node.kwargs.get("dim", node.args[1] if len(node.args) > 1 else 0) % x.ndim
+
+    def drop(d: int) -> int:
+        return d - (d > dim)
+
+    if dim == x.dim:
+        if not tr.all_frozen(x):
+            return tr.unsupported(node, "unbinds the permuted dim")
+        rest = [n for i, n in enumerate(shape) if i != dim] or [1]
+        return tuple(Val(0, x.ndim - 1, (Seg(tr.new_space(rest[0], node.name, True), rest[0]),)) for _ in range(shape[dim]))
+    if dim == x.outer:
+        return tuple(Val(drop(x.dim), x.ndim - 1, (s,)) for s in x.segs)
+    return tuple(x.remap(drop, x.ndim - 1) for _ in range(shape[dim]))
+
+
+@node_op(torch.stack)
+def stack(tr: Tracer, node: torch.fx.Node) -> Val | None:
+    """``torch.stack(xs, dim)`` (CrossViT's two classifier heads stacked, then averaged): the tensors carry one
+    permutation (their spaces joined, as an elementwise op's operands), along their dims moved past the new one."""
+    parts = node.args[0] if node.args else node.kwargs.get("tensors", ())
+    vals = [tr.value(p) for p in parts]
+    if not vals or any(v is None or v.outer is not None for v in vals):
+        return tr.unsupported(node, "stack of non-tensor values or of values with per-head spaces")
+    x = vals[0]
+    for v in vals[1:]:
+        if not same_layout(v, x):
+            return tr.unsupported(node, "stacked tensors carry their symmetry on different dims or layouts")
+        tr.union_segs(x, v, node)
+    dim = node.kwargs.get("dim", node.args[1] if len(node.args) > 1 else 0) % (x.ndim + 1)
+    return x.remap(lambda d: d + (d >= dim), x.ndim + 1)

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..registry import module_op, node_op
-from ..values import Attr, Val, shape_of, target_name
+from ..values import Attr, Val, target_name
 
 if TYPE_CHECKING:
     from ..tracer import Tracer
@@ -30,10 +30,9 @@ def norm(tr: Tracer, node: torch.fx.Node, name: str, mod: nn.Module, x: Val) -> 
         first = x.ndim - len(mod.normalized_shape)
         axis = x.dim - first if x.dim >= first else None
     elif isinstance(mod, nn.GroupNorm):
-        x = tr.require_dim(node, x, 1)
-        if mod.num_groups not in (1, mod.num_channels):
-            return tr.unsupported(node, f"GroupNorm with {mod.num_groups} groups of a {mod.num_channels}-channel "
-                                    "input only admits group-preserving permutations")
+        x = group_preserving(tr, node, tr.require_dim(node, x, 1), mod.num_groups)
+        if x is None:
+            return tr.frozen_val(node)
         axis = 0
     else:
         x = tr.require_dim(node, x, 1)
@@ -86,10 +85,25 @@ def functional_group_norm(tr: Tracer, node: torch.fx.Node) -> Val | None:
     all channels) or one per channel it commutes with channel permutations; its affine moves with them."""
     names = ("input", "num_groups", "weight", "bias")
     groups = dict(zip(names, node.args, strict=False)).get("num_groups", node.kwargs.get("num_groups"))
-    shape = shape_of(node)
-    if shape is None or groups not in (1, shape[1]):
-        return tr.unsupported(node, f"group_norm with {groups} groups only admits group-preserving permutations")
+    x = tr.value(node.args[0]) if node.args else None
+    if isinstance(groups, int) and x is not None and group_preserving(tr, node, x, groups) is None:
+        return tr.frozen_val(node)
     return channel_norm(tr, node, names)
+
+
+def group_preserving(tr: Tracer, node: torch.fx.Node, x: Val, groups: int) -> Val | None:
+    """``x`` (channels on dim 1) with its spaces split at the boundaries of ``groups`` consecutive channel groups, whose
+    statistics a group norm shares: permutations within each group commute with it (as grouped convolutions' group-
+    preserving permutations do; whole groups do not move). One group or one per channel needs no split. None after
+    :meth:`~.tracer.Tracer.unsupported` where the groups cut through a unit or a space split differently."""
+    if groups == 1 or tr.all_frozen(x) or x.width == groups:
+        return x
+    size = x.width // groups
+    split = tr.refine(x, {size * i for i in range(1, groups)}) if x.width % groups == 0 else None
+    if split is None:
+        tr.unsupported(node, f"group norm with {groups} groups of a {x.width}-channel input whose spaces cannot be "
+                             "split at the groups' boundaries")
+    return split
 
 
 def channel_norm(tr: Tracer, node: torch.fx.Node, names: tuple[str, ...]) -> Val | None:

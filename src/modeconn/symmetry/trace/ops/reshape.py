@@ -39,6 +39,8 @@ def reshape(tr: Tracer, node: torch.fx.Node, x: Val | None) -> Val | None:
     new = merge_or_split(tr, x, in_shape, out_shape)
     if isinstance(new, str) and x.dim is not None and 1 not in (in_shape[x.dim], *(in_shape[d] for d in (x.outer,) if d is not None)):
         new = compact_reshape(tr, x, in_shape, out_shape) or kept_dim(x, in_shape, out_shape) or new
+    if isinstance(new, str):
+        new = windowed_reshape(tr, x, in_shape, out_shape) or new
     if isinstance(new, (Val, Parts)):
         return new
     if tr.all_frozen(x):
@@ -269,6 +271,50 @@ def merged_range(in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> tuple
         ) == out_shape[s]:
             return s, e
     return None
+
+
+def windowed_reshape(tr: Tracer, x: Val, in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> Val | Parts | None:
+    """A reshape that merges or splits several groups of dims at once (Twins' and Hiera's windowed attention:
+    ``(B, nH, nW, h, w, C) → (B, nH·nW, h·w, 3, heads, head_dim)``): the permuted dim's group merged or split as
+    :func:`merge_or_split` does, the other groups free unless one holds the per-head axis and changes; None otherwise."""
+    groups = dim_groups(in_shape, out_shape)
+    if groups is None:
+        return None
+    where = {d: k for k, ((a, b), _) in enumerate(groups) for d in range(a, b + 1)}
+    (a, b), (c, d) = groups[where[x.dim]]
+    outer = None
+    if x.outer is not None and where[x.outer] != where[x.dim]:
+        (oa, ob), (oc, od) = groups[where[x.outer]]
+        if (oa, oc) != (ob, od):
+            return None
+        outer = oc
+    local = Val(x.dim - a, b - a + 1, x.segs, None if outer is not None or x.outer is None else x.outer - a)
+    new = merge_or_split(tr, local, in_shape[a : b + 1], out_shape[c : d + 1])
+    if isinstance(new, str):
+        return None
+    new = new.remap(lambda k: k + c, len(out_shape))
+    if outer is None:
+        return new
+    return replace(new, outer=outer) if isinstance(new, Val) and new.outer is None else None
+
+
+def dim_groups(in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> list[tuple[tuple[int, int], tuple[int, int]]] | None:
+    """The shapes cut into consecutive groups of dims with equal products, ``((first in, last in), (first out, last
+    out))`` each, as fine as possible (size-1 dims join the group before them); None if there is no such cut."""
+    groups: list[tuple[tuple[int, int], tuple[int, int]]] = []
+    i = j = 0
+    while i < len(in_shape) and j < len(out_shape):
+        si, sj, pi, pj = i, j, in_shape[i], out_shape[j]
+        i, j = i + 1, j + 1
+        while pi != pj or (i < len(in_shape) and in_shape[i] == 1) or (j < len(out_shape) and out_shape[j] == 1):
+            if pi <= pj and i < len(in_shape) and (pi != pj or in_shape[i] == 1):
+                pi, i = pi * in_shape[i], i + 1
+            elif j < len(out_shape):
+                pj, j = pj * out_shape[j], j + 1
+            else:
+                return None
+        groups.append(((si, i - 1), (sj, j - 1)))
+    return groups if i == len(in_shape) and j == len(out_shape) else None
 
 
 def kept_dim(x: Val, in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> Val | None:
