@@ -596,6 +596,8 @@ class _Problem:
     def _blocks(self, s: str, el: torch.Tensor) -> torch.Tensor:
         """An element as (batch, d, d) fp64 matrices."""
         group = self.groups[s]
+        if hasattr(group, "matrices"):  # a discrete unit-wise group (block_permutation): its one-hot matrices
+            return group.matrices(el.to(self.device_of()))
         el = el.to(self.device_of(), torch.float64)
         if not group.unitwise:
             return el[None]
@@ -603,6 +605,8 @@ class _Problem:
 
     def _element(self, s: str, m: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         group = self.groups[s]
+        if hasattr(group, "from_matrices"):
+            return group.from_matrices(m).to(like.device)
         if not group.unitwise:
             m = m[0]
         elif m.shape[-1] == 1 and like.dim() == 1:
@@ -740,19 +744,37 @@ class _Problem:
         kids = set(self.spec.children[root])
         total = None
         for k, pb, a_mat in self._terms_for(root, members, greedy_done):
-            covered = torch.zeros(pb.block, dtype=torch.bool)
-            for cb in self.spec.tensors[k]:
-                if cb.space in kids and cb.axis == pb.axis and cb.step == pb.step and pb.offset <= cb.offset < pb.offset + pb.block:
-                    covered[cb.offset - pb.offset: cb.offset - pb.offset + cb.block] = True
+            covered = self._covered(k, pb, kids)
             if bool(covered.all()):
                 continue
             a_mat = self._amat(k, pb, a_mat)
-            keep = (~covered).to(a_mat.device)
-            x = a_mat.reshape(n, pb.block, -1)[:, keep].reshape(n, -1)
-            y = unit_matrix(b_of(k), pb, n).reshape(n, pb.block, -1)[:, keep].reshape(n, -1)
+            keep = (~covered).reshape(-1).to(a_mat.device)
+            x = a_mat.reshape(n, keep.numel(), -1)[:, keep].reshape(n, -1)
+            y = unit_matrix(b_of(k), pb, n).reshape(n, keep.numel(), -1)[:, keep].reshape(n, -1)
             term = (x @ y.T).double()
             total = term if total is None else total + term
         return total
+
+
+    def _covered(self, k: str, pb: AxisBinding, kids: set[str]) -> torch.Tensor:
+        """Which entries of a unit of the parent binding ``pb`` of tensor ``k`` a child binding covers: a mask over
+        the unit's ``block`` entries (children on ``pb``'s axis), or over the unit's whole slice of the tensor
+        (children with ``unit_axis = pb.axis``; ``pb.block = 1``)."""
+        binds = [cb for cb in self.spec.tensors[k] if cb.space in kids]
+        if any(cb.unit_axis == pb.axis for cb in binds):
+            shape = list(self.spec.shapes.get(k) or self.a[k].shape)
+            del shape[pb.axis]
+            covered = torch.zeros(shape, dtype=torch.bool)
+            for cb in binds:
+                if cb.unit_axis == pb.axis:
+                    axis = cb.axis - (cb.axis > pb.axis)
+                    covered.narrow(axis, cb.offset, cb.block).fill_(True)
+            return covered
+        covered = torch.zeros(pb.block, dtype=torch.bool)
+        for cb in binds:
+            if cb.axis == pb.axis and cb.step == pb.step and pb.offset <= cb.offset < pb.offset + pb.block:
+                covered[cb.offset - pb.offset: cb.offset - pb.offset + cb.block] = True
+        return covered
 
 
 def _finite_costs(total: torch.Tensor, n: int) -> torch.Tensor:
