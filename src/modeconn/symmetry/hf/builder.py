@@ -54,6 +54,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 
 from ...errors import ConfigError, SpecError, StateDictMismatchError
@@ -93,9 +94,12 @@ Groups = str | Mapping[str, str | None]
 class HFSymmetrySpec(SymmetrySpec):
     """A :class:`SymmetrySpec` that knows the :class:`Structure` it was built from. Tied tensors (``aliases``: alias
     key → primary key), their checks and the fused permutation gathers are the IR's own
-    (:class:`~modeconn.symmetry.spec.SymmetrySpec`)."""
+    (:class:`~modeconn.symmetry.spec.SymmetrySpec`). ``stacked``: for a spec of a checkpoint directory, the tensors
+    it binds that the checkpoint stores split (Mixture-of-Experts banks stored per expert; model key → their
+    :class:`modeconn.io.hf.Stacking`), which the streaming functions read through :mod:`modeconn.io.stacked`."""
 
     structure: Structure | None = field(default=None, compare=False, repr=False)
+    stacked: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
 def resolve_groups(groups: Groups) -> dict[str, str | None]:
