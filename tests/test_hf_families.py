@@ -39,7 +39,9 @@ DECODERS = ["gpt_neox", "gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma", "
             "stablelm", "starcoder2", "gptj", "opt", "falcon", "bloom", "gemma3", "cohere", "falcon_grouped",
             "falcon_alibi_mha", "llama_biases_tied", "stablelm_parallel_qk_ln",
             "arcee", "nemotron", "vaultgemma", "hunyuan_dense", "glm", "glm4", "apertus", "persimmon", "gpt_neo", "codegen",
-            "gpt_bigcode", "gpt_bigcode_mha", "mpt", "mpt_alibi"]
+            "gpt_bigcode", "gpt_bigcode_mha", "mpt", "mpt_alibi",
+            # Mixture-of-Experts (stored per expert by transformers 5, streamed as banks)
+            "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "granitemoe", "qwen2_moe_dense_layer"]
 FULL = {"residual": "orthogonal", "heads": "permutation", "qk": "head_invertible", "vo": "head_invertible"}
 
 
