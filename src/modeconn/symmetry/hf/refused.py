@@ -13,15 +13,15 @@ _ENCODER_DECODER = ("an encoder–decoder: the decoder's residual stream and the
 _MLA = ("multi-head latent attention: queries and keys/values pass through low-rank latent projections with a norm "
         "between them (q_a_layernorm, kv_a_layernorm) and a decoupled RoPE part shared by every head; no table "
         "describes these latent spaces yet")
-_MOE = ("a Mixture-of-Experts model: its expert spaces and the router are described under the Mixture-of-Experts "
-        "support, not by the dense tables")
+_LLAMA4 = ("Llama-4 interleaves layers without RoPE and chunked attention, and its Mixture-of-Experts layers (a shared "
+           "expert beside routed experts with a sigmoid router) store their banks in a layout no table describes yet "
+           "(the Mixture-of-Experts tables: Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, GraniteMoE)")
 
 REFUSED: dict[str, str] = {
     **dict.fromkeys(("t5", "mt5", "umt5", "bart", "mbart", "whisper", "marian", "pegasus", "m2m_100", "nllb_moe"),
                     _ENCODER_DECODER),
     **dict.fromkeys(("minicpm3", "deepseek_v2", "deepseek_v3", "kimi_k2"), _MLA),
-    **dict.fromkeys(("llama4", "llama4_text"), _MOE + "; Llama-4 also interleaves layers without RoPE and chunked "
-                                                     "attention"),
+    **dict.fromkeys(("llama4", "llama4_text"), _LLAMA4),
     "mamba": ("a selective state-space model: its depthwise causal convolution, the x_proj split into Δ, B and C, and "
               "the per-channel A_log and D tie the channels of in_proj's two halves together; which channel "
               "permutations are symmetries of a selective-scan block has not been derived and checked, so none is "
