@@ -356,7 +356,8 @@ def test_stream_apply_from_the_api_writes_the_config(tmp_path):
 
 # ----------------------------------------------------------------------------- streaming absorption (#21 item 1)
 ABSORB_STREAMED = ["gpt_neox", "gpt2", "llama_tied_mqa", "mistral", "qwen3", "gemma", "phi3", "phi", "olmo", "stablelm",
-                   "starcoder2", "gptj", "opt", "falcon", "cohere", "llama_biases_tied", "deit_plain"]
+                   "starcoder2", "gptj", "opt", "falcon", "cohere", "llama_biases_tied", "deit_plain", "mixtral",
+                   "qwen2_moe"]
 
 
 @pytest.mark.parametrize("name", ABSORB_STREAMED)
