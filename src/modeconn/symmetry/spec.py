@@ -108,6 +108,10 @@ class AxisBinding:
     ``query_key_value`` rows laid out per head as ``[q_h | k_h | v_h]``: q, k and v parts are bound with
     ``block = d``, ``stride = 3d`` and offsets ``0, d, 2d``. Unless ``partial``, a strided binding needs
     ``size·stride`` = the axis length.
+
+    ``unit_axis`` (child spaces only): the units lie along that other axis — unit ``i`` is index ``i`` there — and
+    each acts on the same entries ``[offset, offset + block)`` of ``axis`` (the hidden units of expert ``i`` in a
+    stacked ``(experts, hidden, d)`` bank); the parent binds ``unit_axis`` with ``block = 1``.
     """
 
     axis: int
