@@ -52,7 +52,7 @@ from .checks import all_finite, check_compatible, check_finite
 from .errors import CheckpointError, ConfigError
 from .io import CONFIG_NAME, check_dtype_kinds
 from .io.checkpoint import _check_target
-from .io.hf import checkpoint_layout, checkpoint_tensor_names, is_hf_checkpoint, side_files, with_config
+from .io.hf import checkpoint_layout, is_hf_checkpoint, side_files, with_config
 from .io.stacked import stacked_view
 from .io.lazy import READ_AHEAD, LazyCheckpoint, ReadAhead, ShardLayout, write_like, write_order
 from .io.vocabulary import check_vocabularies
@@ -364,7 +364,7 @@ def token_tensor_names(config, path: Path) -> list[str]:
     from .symmetry.hf.config_check import build_meta_model
 
     model = build_meta_model(config, path / CONFIG_NAME)
-    names = checkpoint_tensor_names(model)
+    names = checkpoint_layout(model)[0]  # token tensors are renamed at most (never split like MoE banks)
     ends = {id(m) for m in (model.get_input_embeddings(), model.get_output_embeddings()) if m is not None}
     return [names[f"{n}.weight"] for n, m in model.named_modules() if id(m) in ends and f"{n}.weight" in names]
 
