@@ -714,29 +714,62 @@ class _Problem:
         over ``−D_ij``; kept (with each unit's pair transforms) if ``D`` decreases."""
         n, device = self.spec.spaces[root].size, self.device_of()
         total = torch.zeros(n, n, dtype=torch.float64, device=device)
-        solved = {}
+        idx, cur = torch.arange(n, device=device), g[root].to(device)
+        cur_cost, picks = torch.zeros((), dtype=torch.float64, device=device), {}
         for c in self.spec.children[root]:
-            st = self._stats(c, self._terms_for(c, members, greedy_done), b_of, pairs=True)
-            if st is not None:
-                m, cm = self._solve(c, st)
-                total += cm
-                solved[c] = (m, st)
+            pairs = self._pair_solution(c, self._terms_for(c, members, greedy_done), b_of, g[c], cur)
+            if pairs is not None:
+                total += pairs[0]
+                cur_cost = cur_cost + pairs[1]
+                picks[c] = pairs[2]
         plain = self._plain_score(root, b_of, greedy_done, members)
         if plain is not None:
             total -= 2 * plain
-        if not solved and plain is None:
+            cur_cost = cur_cost - 2 * plain[idx, cur].sum()
+        if not picks and plain is None:
             return
         total = _finite_costs(total, n)
         perm = self._lap(-total, root)
-        idx, cur = torch.arange(n, device=device), g[root].to(device)
-        cur_cost = -2 * plain[idx, cur].sum() if plain is not None else torch.zeros((), dtype=torch.float64)
-        for c, (m, st) in solved.items():
-            cur_cost = cur_cost + self._cost(c, self._blocks(c, g[c]), st.take_pairs(cur)).sum()
         if not bool(total[idx, perm.to(device)].sum() < cur_cost):
             return
         g[root] = perm
-        for c, (m, _) in solved.items():
-            g[c] = self._element(c, m[idx, perm.to(device)], g[c])
+        for c, pick in picks.items():
+            g[c] = pick(perm.to(device))
+
+    def _pair_solution(self, c: str, terms, b_of, current: torch.Tensor, cur: torch.Tensor):
+        """``(cost (n, n), cost of the current element on the pairs (i, cur[i]), pick)`` of child ``c`` under its
+        parent, ``pick(perm)`` giving the child's element for the parent's ``perm``; ``None`` without terms. A
+        discrete unit-wise child (``block_permutation``: a group with ``from_matrices``) is solved one A-unit at a
+        time, so only one row of pair statistics (n, d, d) is held, not all (n, n, d, d)."""
+        group, idx = self.groups[c], torch.arange(len(cur), device=cur.device)
+        if hasattr(group, "from_matrices"):
+            return self._pair_rows(c, terms, b_of, current, cur)
+        st = self._stats(c, terms, b_of, pairs=True)
+        if st is None:
+            return None
+        m, cm = self._solve(c, st)
+        now = self._cost(c, self._blocks(c, current), st.take_pairs(cur)).sum()
+        return cm, now, lambda perm: self._element(c, m[idx, perm], current)
+
+    def _pair_rows(self, c: str, terms, b_of, current: torch.Tensor, cur: torch.Tensor):
+        """:meth:`_pair_solution` of an isometric discrete child, row by row: ``K_ij = Σ_terms X_i Y_jᵀ``."""
+        n = self.spec.spaces[c].size
+        mats = [(self._views(c, self._amat(k, bd, a_mat)), self._views(c, unit_matrix(b_of(k), bd, n)))
+                for k, bd, a_mat in terms]
+        if not mats:
+            return None
+        d = mats[0][0].shape[1]
+        zero = torch.zeros(1, d, d, dtype=torch.float64, device=mats[0][0].device)
+        cost = torch.zeros(n, n, dtype=torch.float64, device=zero.device)
+        chosen, now, blocks = [], torch.zeros((), dtype=torch.float64, device=zero.device), self._blocks(c, current)
+        for i in range(n):
+            k = sum((x[i] @ y.reshape(n * d, -1).T).double() for x, y in mats).reshape(d, n, d).transpose(0, 1)
+            m, cost[i] = self._solve(c, solvers.Stats(k, zero, zero, zero, zero))
+            chosen.append(self.groups[c].from_matrices(m))
+            j = int(cur[i])
+            now = now + self._cost(c, blocks[i:i + 1], solvers.Stats(k[j:j + 1], zero, zero, zero, zero)).sum()
+        elements = torch.stack(chosen)  # (n, n, d): A-unit i, B-unit j
+        return cost, now, lambda perm: elements[torch.arange(n), perm.to(elements.device)].to(current.device)
 
     def _plain_score(self, root: str, b_of, greedy_done, members) -> torch.Tensor | None:
         """Σ over the parent's own bindings of ⟨A unit i, B unit j⟩ on the entries no child binding covers."""
