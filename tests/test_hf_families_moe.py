@@ -170,6 +170,13 @@ def test_a_per_expert_binding_needs_its_parent_on_the_expert_axis():
                      tensors={"w": (AxisBinding(1, "H", block=3, unit_axis=0),)}, shapes={"w": (2, 3, 4)})
 
 
+def test_activation_matching_refuses_expert_spaces():
+    """No module boundary shows an expert's hidden units: refused before any forward pass, naming the spaces."""
+    model, spec, x = _spec("mixtral")
+    with pytest.raises(SpecError, match="expert.*no activation probes"):
+        mc.activation_matching(spec, model, make("mixtral", 1), [x["input_ids"]])
+
+
 def test_block_permutation_group_laws():
     from modeconn.symmetry.groups import get_group
 
