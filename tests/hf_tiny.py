@@ -188,6 +188,25 @@ NO_FFN = {  # families without an FFN role (test_hf_mamba.py runs the common che
                                                      conv_kernel=3, time_step_rank=5, use_conv_bias=False)),
 }
 
+_MOE = {**_LM, "num_key_value_heads": 2, "num_experts_per_tok": 2}
+MOE = {  # Mixture-of-Experts decoders: 4 experts of 16 hidden units, top-2 (modeconn/symmetry/hf/moe.py)
+    "mixtral": lambda: T.MixtralForCausalLM(T.MixtralConfig(num_local_experts=4, **{**_MOE, "intermediate_size": 16})),
+    "qwen2_moe": lambda: T.Qwen2MoeForCausalLM(T.Qwen2MoeConfig(
+        num_experts=4, moe_intermediate_size=16, shared_expert_intermediate_size=24, **_MOE)),
+    "qwen3_moe": lambda: T.Qwen3MoeForCausalLM(T.Qwen3MoeConfig(num_experts=4, moe_intermediate_size=16, head_dim=8,
+                                                                 **_MOE)),
+    "olmoe": lambda: T.OlmoeForCausalLM(T.OlmoeConfig(num_experts=4, **{**_MOE, "intermediate_size": 16})),
+    "granitemoe": lambda: T.GraniteMoeForCausalLM(T.GraniteMoeConfig(
+        num_local_experts=4, embedding_multiplier=3.0, residual_multiplier=0.5, logits_scaling=2.0,
+        **{**_MOE, "intermediate_size": 16})),
+    # variants: a dense layer between sparse ones (Qwen's mlp_only_layers), OLMoE's clip_qkv
+    "qwen2_moe_dense_layer": lambda: T.Qwen2MoeForCausalLM(T.Qwen2MoeConfig(
+        num_experts=4, moe_intermediate_size=16, shared_expert_intermediate_size=24, mlp_only_layers=[1], **_MOE)),
+    "olmoe_clip_qkv": lambda: T.OlmoeForCausalLM(T.OlmoeConfig(num_experts=4, clip_qkv=0.5,
+                                                               **{**_MOE, "intermediate_size": 16})),
+}
+MOE_NAMES = list(MOE)
+
 
 def randomize(model: nn.Module, seed: int = 0) -> nn.Module:
     """Every parameter random (norm scales around 1), so that a missing binding shows in the outputs."""
@@ -204,7 +223,7 @@ def randomize(model: nn.Module, seed: int = 0) -> nn.Module:
 
 def make(name: str, seed: int = 0) -> nn.Module:
     torch.manual_seed(seed)
-    return randomize((TINY | NO_FFN)[name](), seed)
+    return randomize((TINY | NO_FFN | MOE)[name](), seed)
 
 
 def outputs(model: nn.Module, x: dict) -> dict[str, torch.Tensor]:

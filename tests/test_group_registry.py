@@ -19,7 +19,8 @@ from modeconn.symmetry.groups.solving import Stats, best_scale, general_cost, tr
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-PARAMS = {"head_orthogonal": {"dim": 4, "rotary_dims": 2}, "head_invertible": {"dim": 4, "rotary_dims": 2}}
+PARAMS = {"head_orthogonal": {"dim": 4, "rotary_dims": 2}, "head_invertible": {"dim": 4, "rotary_dims": 2},
+          "block_permutation": {"dim": 4}}
 
 
 # ------------------------------------------------------------------------------------------ registry
@@ -28,6 +29,11 @@ def test_every_group_declares_its_solver_and_parameterisation(name):
     cls = GROUPS.get(name)
     assert "solver" in dir(cls) and "transform" in dir(cls)  # declared (None allowed), never inherited from Group
     group = get_group(name, **PARAMS.get(name, {}))
+    if group.exact and group.unitwise:  # a permutation per unit (experts' hidden units): one LAP per unit, not learned
+        m, c = solvers.solve(group, _stats(3, group.dim))
+        assert cls.transform is None and torch.equal(m.sum(-1), torch.ones(3, group.dim, dtype=m.dtype))
+        assert torch.equal(group.matrices(group.from_matrices(m)), m)
+        return
     if group.exact:  # permutations: linear assignment, not learned
         assert cls.solver is ASSIGNMENT and cls.transform is None
         assert solvers.is_assignment(group)

@@ -41,7 +41,9 @@ DECODERS = ["gpt_neox", "gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma", "
             "stablelm", "starcoder2", "gptj", "opt", "falcon", "bloom", "gemma3", "cohere", "falcon_grouped",
             "falcon_alibi_mha", "llama_biases_tied", "stablelm_parallel_qk_ln",
             "arcee", "nemotron", "vaultgemma", "hunyuan_dense", "glm", "glm4", "apertus", "persimmon", "gpt_neo", "codegen",
-            "gpt_bigcode", "gpt_bigcode_mha", "mpt", "mpt_alibi", "minicpm3", "deepseek_v2_no_q_latent", "deepseek_v3"]
+            "gpt_bigcode", "gpt_bigcode_mha", "mpt", "mpt_alibi", "minicpm3", "deepseek_v2_no_q_latent", "deepseek_v3",
+            # Mixture-of-Experts (stored per expert by transformers 5, streamed as banks)
+            "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "granitemoe", "qwen2_moe_dense_layer"]
 FULL = {"residual": "orthogonal", "heads": "permutation", "qk": "head_invertible", "vo": "head_invertible"}
 
 
@@ -356,7 +358,8 @@ def test_stream_apply_from_the_api_writes_the_config(tmp_path):
 
 # ----------------------------------------------------------------------------- streaming absorption (#21 item 1)
 ABSORB_STREAMED = ["gpt_neox", "gpt2", "llama_tied_mqa", "mistral", "qwen3", "gemma", "phi3", "phi", "olmo", "stablelm",
-                   "starcoder2", "gptj", "opt", "falcon", "cohere", "llama_biases_tied", "deit_plain", "minicpm3", "deepseek_v3"]
+                   "starcoder2", "gptj", "opt", "falcon", "cohere", "llama_biases_tied", "deit_plain", "minicpm3", "deepseek_v3",
+                   "mixtral", "qwen2_moe"]
 
 
 @pytest.mark.parametrize("name", ABSORB_STREAMED)

@@ -82,3 +82,14 @@ def test_vit_dual_tutorial(tmp_path, shared_data, monkeypatch):
         assert 0 <= p["min"] <= min(p["endpoints"]) + 1e-9
     assert results["merge"]["align"] == "dual" and results["merge"]["format"] == "absorbed"  # LayerNorm: absorbed
     assert results["eval"]["test"]["loss"] == pytest.approx(results["merge"]["test"]["loss"], rel=1e-4)
+
+
+def test_moe_merge_example(tmp_path, shared_data, monkeypatch):
+    """Two Mixtral-style models trained independently on Austen (stored per expert by save_pretrained): the merge
+    after weight matching (experts with their router rows, hidden units per expert) has a lower held-out loss than
+    the plain average; both merges load with from_pretrained."""
+    monkeypatch.setenv("MODECONN_DATA", str(shared_data))
+    loss = _load("moe_merge_austen").main(tmp_path, quick=True)["heldout_loss"]
+    assert all(math.isfinite(v) for v in loss.values())
+    assert loss["merged-aligned"] < loss["merged-naive"]
+    assert json.loads((tmp_path / "merged-aligned" / "merge.json").read_text())["align"] == "weight"

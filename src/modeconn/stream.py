@@ -55,7 +55,8 @@ from .checks import all_finite, check_compatible, check_finite
 from .errors import CheckpointError, ConfigError
 from .io import CONFIG_NAME, check_dtype_kinds
 from .io.checkpoint import _check_target
-from .io.hf import checkpoint_tensor_names, is_hf_checkpoint, side_files, with_config
+from .io.hf import checkpoint_layout, is_hf_checkpoint, side_files, with_config
+from .io.stacked import stacked_view
 from .io.lazy import READ_AHEAD, LazyCheckpoint, ReadAhead, ShardLayout, write_like, write_order
 from .io.vocabulary import check_vocabularies
 from .match.result import Alignment
@@ -71,8 +72,10 @@ Progress = Callable[[str, int, int], None]
 """``progress(stage, done, total)``: the stage (``"run 1/1 sweep 2"``, ``"writing"``), units done and their total."""
 
 
-def _lazy(ckpt: Checkpoint) -> LazyCheckpoint:
-    return ckpt if isinstance(ckpt, LazyCheckpoint) else LazyCheckpoint(ckpt)
+def _lazy(ckpt: Checkpoint, spec: SymmetrySpec | None = None) -> LazyCheckpoint:
+    """``ckpt`` opened, read through the banks ``spec`` binds where it stores them split (:mod:`modeconn.io.stacked`)."""
+    lazy = ckpt if isinstance(ckpt, LazyCheckpoint) else LazyCheckpoint(ckpt)
+    return stacked_view(lazy, getattr(spec, "stacked", None) or {})
 
 
 def hf_checkpoint_spec(path: PathLike, groups: str | Mapping[str, str | None] = "permutation", *,
@@ -118,6 +121,7 @@ def hf_checkpoint_spec(path: PathLike, groups: str | Mapping[str, str | None] = 
     check_fits_checkpoint(config, path / CONFIG_NAME, len(ckpt))  # before building (minutes for a huge layer count)
     absorbed = getattr(config, ABSORBED_KEY, None) is not None
     check_absorbed_weights(ckpt, absorbed, path / CONFIG_NAME)
+    stacked: dict = {}
     if absorbed:  # an absorbed checkpoint (stream_absorb / save_absorbed): the module swaps replayed, model names stored
         model = rebuild_absorbed(config, path / CONFIG_NAME)
         names = {k: k for k in model.state_dict()}
@@ -127,26 +131,30 @@ def hf_checkpoint_spec(path: PathLike, groups: str | Mapping[str, str | None] = 
             spec.check_state_dict(ckpt.meta(), f"checkpoint {path}")
             return spec
         model = build_meta_model(config, path / CONFIG_NAME)
-        names = checkpoint_tensor_names(model)
+        names, stacked = checkpoint_layout(model)  # MoE banks stored per expert: read as banks, under model names
+        names |= {k: k for k in stacked}
+        ckpt = stacked_view(ckpt, stacked)
+        stacked = getattr(ckpt, "stacked", {})
     spec = hf_symmetry_spec(model, groups)
     # every stored tensor of the dtype kind the model has (an int32 header over float32 bytes is refused)
     check_dtype_kinds([{names[k]: t for k, t in model.state_dict().items()}, ckpt.dtypes],
                       [f"the model {path / CONFIG_NAME} describes", f"checkpoint {path}"])
     stored = set(names.values())
-    spec = _renamed(spec, names, {k: ckpt.infos[k].shape for k in ckpt if k not in stored})
+    spec = _renamed(spec, names, {k: ckpt.infos[k].shape for k in ckpt if k not in stored}, stacked)
     spec.check_state_dict(ckpt.meta(), f"checkpoint {path}")
     return spec
 
 
-def _renamed(spec, names: Mapping[str, str], passengers: Mapping[str, tuple[int, ...]]):
-    """``spec`` keyed by checkpoint names, plus unbound ``passengers`` (checkpoint-only tensors, with their shapes)."""
-    if all(k == v for k, v in names.items()) and not passengers:
+def _renamed(spec, names: Mapping[str, str], passengers: Mapping[str, tuple[int, ...]], stacked: Mapping):
+    """``spec`` keyed by checkpoint names, plus unbound ``passengers`` (checkpoint-only tensors, with their shapes) and
+    the banks the checkpoint stores split (``stacked``)."""
+    if all(k == v for k, v in names.items()) and not passengers and not stacked:
         return spec
     return type(spec)(spaces=spec.spaces, tensors={**{names[k]: v for k, v in spec.tensors.items()},
                                                    **dict.fromkeys(passengers, ())},
                       shapes={**{names[k]: v for k, v in spec.shapes.items()}, **passengers}, probes=spec.probes,
                       repair_points=spec.repair_points,
-                      aliases={names[a]: names[p] for a, p in spec.aliases.items()})
+                      aliases={names[a]: names[p] for a, p in spec.aliases.items()}, stacked=dict(stacked))
 
 
 # -------------------------------------------------------------------------------------------- streaming
@@ -154,7 +162,7 @@ def stream_weight_matching(spec: SymmetrySpec, a: Checkpoint, b: Checkpoint, **k
     """:func:`modeconn.weight_matching` of two checkpoint directories (or lazy checkpoints), streamed: B's element
     aligning it to A. ``kwargs``: restarts, max_iter, rtol, seed, init, keys, chunk, progress. Raises as
     :func:`modeconn.weight_matching` and :class:`~modeconn.io.lazy.LazyCheckpoint`."""
-    a, b = _lazy(a), _lazy(b)
+    a, b = _lazy(a, spec), _lazy(b, spec)
     check_dtype_kinds([a.dtypes, b.dtypes], [f"checkpoint {a.path}", f"checkpoint {b.path}"])
     return weight_matching(spec, a, b, **kwargs)
 
@@ -214,7 +222,7 @@ def stream_apply(spec: SymmetrySpec, src: Checkpoint, element: Element, out: Pat
     ``overwrite``), StateDictMismatchError (src does not fit the spec), SpecError (bad element; tied tensors stored
     with different values).
     """
-    ckpt = _lazy(src)
+    ckpt = _lazy(src, spec)
     _check_inputs(spec, [ckpt], [element])
     cache: dict = {}
     tick = (lambda d, t: progress("writing", d, t)) if progress is not None else None
@@ -262,7 +270,7 @@ def stream_merge(spec: SymmetrySpec | None, srcs: Sequence[Checkpoint], out: Pat
         tensor with NaN/Inf, or the rule and tensor where the rule makes NaN/Inf from finite inputs or overflows the
         output dtype — raised here, not on the writer thread, and nothing is written then.
     """
-    ckpts = [_lazy(s) for s in srcs]
+    ckpts = [_lazy(s, spec) for s in srcs]
     if len(ckpts) < 2:
         raise ConfigError(f"merging needs at least two checkpoints, got {len(ckpts)}")
     if not isinstance(device, torch.device):
@@ -357,6 +365,7 @@ def open_hf_checkpoints(paths: Sequence[PathLike], out: PathLike, overwrite: boo
     if vocabulary is not None:
         ckpts = vocabulary.views(ckpts, token_tensor_names(configs[0], Path(paths[0])))
     spec = None if groups is None else hf_checkpoint_spec(paths[0], groups, config=configs[0], checkpoint=ckpts[0])
+    ckpts = [_lazy(c, spec) for c in ckpts]
     _check_inputs(spec, ckpts, [])
     return spec, ckpts
 
@@ -367,7 +376,7 @@ def token_tensor_names(config, path: Path) -> list[str]:
     from .symmetry.hf.config_check import build_meta_model
 
     model = build_meta_model(config, path / CONFIG_NAME)
-    names = checkpoint_tensor_names(model)
+    names = checkpoint_layout(model)[0]  # token tensors are renamed at most (never split like MoE banks)
     ends = {id(m) for m in (model.get_input_embeddings(), model.get_output_embeddings()) if m is not None}
     return [names[f"{n}.weight"] for n, m in model.named_modules() if id(m) in ends and f"{n}.weight" in names]
 

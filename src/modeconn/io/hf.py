@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,22 +43,88 @@ def checkpoint_tensor_names(model: torch.nn.Module) -> dict[str, str]:
     """Model state-dict key → the name ``save_pretrained`` stores the tensor under (transformers ≥ 5 renames a few,
     e.g. GPT-NeoX's ``lm_head.weight`` is stored as ``embed_out.weight``; the identity before transformers 5).
     Works on a model built on the meta device. Raises UnsupportedOperationError if saving converts (fuses/splits)
-    tensors instead of renaming them."""
+    tensors instead of renaming them (:func:`checkpoint_layout` describes those)."""
+    names, stacked = checkpoint_layout(model)
+    if stacked:
+        raise UnsupportedOperationError(
+            f"{type(model).__name__}: transformers converts (fuses/splits) some tensors between the checkpoint and "
+            f"the model ({sorted(stacked)[:5]}); streaming needs checkpoint tensors that map one to one "
+            "to model tensors"
+        )
+    return names
+
+
+def checkpoint_layout(model: torch.nn.Module) -> tuple[dict[str, str], dict[str, Stacking]]:
+    """``(names, stacked)``: model key → stored name for the tensors ``save_pretrained`` renames (or keeps), and model
+    key → its :class:`Stacking` for the tensors it splits (transformers 5's Mixture-of-Experts banks, one ``(E, R, C)``
+    tensor stored as per-expert matrices, e.g. Mixtral's ``mlp.experts.gate_up_proj`` as
+    ``block_sparse_moe.experts.{e}.w1`` / ``w3``). Works on a model built on the meta device: the split is found by
+    converting index tensors of shape ``(E, R, 1)`` (row ``e·R + r`` holds its own index), so each stored tensor
+    names the rows of the bank it holds. UnsupportedOperationError for a conversion that is neither a renaming nor
+    such a split of whole rows."""
     sd = model.state_dict()
     try:
         from transformers.core_model_loading import revert_weight_conversion
     except ImportError:  # transformers < 5: keys are stored as named
-        return {k: k for k in sd}
+        return {k: k for k in sd}, {}
     saved = revert_weight_conversion(model, dict(sd))
     ids = {id(t): k for k, t in sd.items()}
     names = {ids[id(t)]: k for k, t in saved.items() if id(t) in ids}
-    if len(names) != len(sd) or len(saved) != len(sd):
-        raise UnsupportedOperationError(
-            f"{type(model).__name__}: transformers converts (fuses/splits) some tensors between the checkpoint and "
-            f"the model ({sorted(set(sd) - set(names))[:5]}); streaming needs checkpoint tensors that map one to one "
-            "to model tensors"
-        )
-    return names
+    converted = [k for k in sd if k not in names]
+    if not converted:
+        return names, {}
+    return names, _stacked(model, {k: tuple(sd[k].shape) for k in converted}, revert_weight_conversion)
+
+
+@dataclass(frozen=True)
+class Stacking:
+    """A bank of shape ``shape`` ``(E, R, C)`` stored as ``parts``, in row order."""
+
+    shape: tuple[int, ...]
+    parts: tuple[Part, ...]
+
+
+@dataclass(frozen=True)
+class Part:
+    """One stored tensor ``key`` of shape ``shape`` holding rows ``[start, start + rows)`` of a bank ``(E, R, C)``
+    flattened to ``(E·R, C)``."""
+
+    key: str
+    start: int
+    rows: int
+    shape: tuple[int, ...]
+
+
+def _stacked(model, shapes: Mapping[str, tuple[int, ...]], revert) -> dict[str, Stacking]:
+    bad = [k for k, s in shapes.items() if len(s) != 3]
+    if bad:
+        raise UnsupportedOperationError(f"{type(model).__name__}: transformers converts tensors {bad[:5]} between the "
+                                        "checkpoint and the model in a way modeconn cannot stream (not a stacked bank)")
+    bases, probes, total = {}, {}, 0  # every row of every bank a distinct value: a stored row names its bank and row
+    for k, s in shapes.items():
+        bases[k], probes[k] = total, torch.arange(total, total + s[0] * s[1], dtype=torch.float64).reshape(s[0], s[1], 1)
+        total += s[0] * s[1]
+    out: dict[str, list[Part]] = {k: [] for k in shapes}
+    for stored, t in revert(model, dict(probes)).items():
+        idx = t.reshape(-1).long()
+        bank = next((k for k in shapes if bases[k] <= int(idx[0]) < bases[k] + shapes[k][0] * shapes[k][1]), None)
+        if bank is None or t.shape[-1] != 1 or not torch.equal(idx, torch.arange(int(idx[0]), int(idx[0]) + idx.numel())):
+            raise UnsupportedOperationError(f"{type(model).__name__}: transformers stores {stored!r} as a conversion "
+                                            "of model tensors that is not a run of whole rows of one bank")
+        out[bank].append(Part(stored, int(idx[0]) - bases[bank], idx.numel(), (*t.shape[:-1], shapes[bank][2])))
+    return {k: Stacking(shapes[k], _complete(k, sorted(v, key=lambda p: p.start), shapes[k])) for k, v in out.items()}
+
+
+def _complete(key: str, parts: list[Part], shape: tuple[int, ...]) -> tuple[Part, ...]:
+    """``parts`` if they cover the bank's ``E·R`` rows exactly once, in order; UnsupportedOperationError otherwise."""
+    at = 0
+    for p in parts:
+        if p.start != at:
+            break
+        at += p.rows
+    if at != shape[0] * shape[1]:
+        raise UnsupportedOperationError(f"the stored parts of {key!r} do not cover its {shape[0] * shape[1]} rows once")
+    return tuple(parts)
 
 
 def side_files(path: PathLike) -> dict[str, Path]:

@@ -42,6 +42,8 @@ BUDGET_BYTES = 256 << 20
 def unit_matrix(t: torch.Tensor, b: AxisBinding, n: int) -> torch.Tensor:
     """The (n, -1) matrix of ``t`` with one row per unit of ``b``'s space (block entries kept together;
     row ``i`` is the unit's ``block`` entries along the axis, each followed by the rest of the tensor)."""
+    if b.unit_axis is not None:  # units along another axis: unit i is its index there, then its block of ``axis``
+        return restrict(t, b, n).movedim((b.unit_axis, b.axis), (0, 1)).reshape(n, -1)
     return restrict(t, b, n).movedim(b.axis, 0).reshape(n, -1)
 
 
@@ -53,6 +55,8 @@ def assignment_score(score: torch.Tensor, perm: torch.Tensor) -> float:
 
 def restrict(t: torch.Tensor, b: AxisBinding, n: int) -> torch.Tensor:
     """``t`` restricted to the ``n`` units of ``b`` along ``b.axis``, unit by unit (a view for a contiguous binding)."""
+    if b.unit_axis is not None:
+        return t.narrow(b.axis, b.offset, b.block)
     if b.step != b.block:
         return t.index_select(b.axis, b.indices(n, t.device))
     return t.narrow(b.axis, b.offset, n * b.block)

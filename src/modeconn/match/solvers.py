@@ -13,6 +13,7 @@ group               solver
 ``invertible``,     best (by exact ``D``) of the least-squares surrogate minimiser (exact at planted elements),
 ``head_invertible`` the isometric solution ``Q`` and ``c·Q`` — never worse than orthogonal alignment
 ``scaling``         the better of the surrogate and ``1``, refined by safeguarded Newton on the exact 1-D ``D``
+``block_permutation`` per unit (or unit pair under the parent) the linear assignment maximising ``⟨M, K⟩`` (exact)
 =================== ===========================================================================================
 
 A group whose ``solver`` is ``None`` cannot be weight-matched: :func:`solver_of` / :func:`check_solvable` raise

@@ -596,6 +596,8 @@ class _Problem:
     def _blocks(self, s: str, el: torch.Tensor) -> torch.Tensor:
         """An element as (batch, d, d) fp64 matrices."""
         group = self.groups[s]
+        if hasattr(group, "matrices"):  # a discrete unit-wise group (block_permutation): its one-hot matrices
+            return group.matrices(el.to(self.device_of()))
         el = el.to(self.device_of(), torch.float64)
         if not group.unitwise:
             return el[None]
@@ -603,6 +605,8 @@ class _Problem:
 
     def _element(self, s: str, m: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         group = self.groups[s]
+        if hasattr(group, "from_matrices"):
+            return group.from_matrices(m).to(like.device)
         if not group.unitwise:
             m = m[0]
         elif m.shape[-1] == 1 and like.dim() == 1:
@@ -710,29 +714,62 @@ class _Problem:
         over ``−D_ij``; kept (with each unit's pair transforms) if ``D`` decreases."""
         n, device = self.spec.spaces[root].size, self.device_of()
         total = torch.zeros(n, n, dtype=torch.float64, device=device)
-        solved = {}
+        idx, cur = torch.arange(n, device=device), g[root].to(device)
+        cur_cost, picks = torch.zeros((), dtype=torch.float64, device=device), {}
         for c in self.spec.children[root]:
-            st = self._stats(c, self._terms_for(c, members, greedy_done), b_of, pairs=True)
-            if st is not None:
-                m, cm = self._solve(c, st)
-                total += cm
-                solved[c] = (m, st)
+            pairs = self._pair_solution(c, self._terms_for(c, members, greedy_done), b_of, g[c], cur)
+            if pairs is not None:
+                total += pairs[0]
+                cur_cost = cur_cost + pairs[1]
+                picks[c] = pairs[2]
         plain = self._plain_score(root, b_of, greedy_done, members)
         if plain is not None:
             total -= 2 * plain
-        if not solved and plain is None:
+            cur_cost = cur_cost - 2 * plain[idx, cur].sum()
+        if not picks and plain is None:
             return
         total = _finite_costs(total, n)
         perm = self._lap(-total, root)
-        idx, cur = torch.arange(n, device=device), g[root].to(device)
-        cur_cost = -2 * plain[idx, cur].sum() if plain is not None else torch.zeros((), dtype=torch.float64)
-        for c, (m, st) in solved.items():
-            cur_cost = cur_cost + self._cost(c, self._blocks(c, g[c]), st.take_pairs(cur)).sum()
         if not bool(total[idx, perm.to(device)].sum() < cur_cost):
             return
         g[root] = perm
-        for c, (m, _) in solved.items():
-            g[c] = self._element(c, m[idx, perm.to(device)], g[c])
+        for c, pick in picks.items():
+            g[c] = pick(perm.to(device))
+
+    def _pair_solution(self, c: str, terms, b_of, current: torch.Tensor, cur: torch.Tensor):
+        """``(cost (n, n), cost of the current element on the pairs (i, cur[i]), pick)`` of child ``c`` under its
+        parent, ``pick(perm)`` giving the child's element for the parent's ``perm``; ``None`` without terms. A
+        discrete unit-wise child (``block_permutation``: a group with ``from_matrices``) is solved one A-unit at a
+        time, so only one row of pair statistics (n, d, d) is held, not all (n, n, d, d)."""
+        group, idx = self.groups[c], torch.arange(len(cur), device=cur.device)
+        if hasattr(group, "from_matrices"):
+            return self._pair_rows(c, terms, b_of, current, cur)
+        st = self._stats(c, terms, b_of, pairs=True)
+        if st is None:
+            return None
+        m, cm = self._solve(c, st)
+        now = self._cost(c, self._blocks(c, current), st.take_pairs(cur)).sum()
+        return cm, now, lambda perm: self._element(c, m[idx, perm], current)
+
+    def _pair_rows(self, c: str, terms, b_of, current: torch.Tensor, cur: torch.Tensor):
+        """:meth:`_pair_solution` of an isometric discrete child, row by row: ``K_ij = Σ_terms X_i Y_jᵀ``."""
+        n = self.spec.spaces[c].size
+        mats = [(self._views(c, self._amat(k, bd, a_mat)), self._views(c, unit_matrix(b_of(k), bd, n)))
+                for k, bd, a_mat in terms]
+        if not mats:
+            return None
+        d = mats[0][0].shape[1]
+        zero = torch.zeros(1, d, d, dtype=torch.float64, device=mats[0][0].device)
+        cost = torch.zeros(n, n, dtype=torch.float64, device=zero.device)
+        chosen, now, blocks = [], torch.zeros((), dtype=torch.float64, device=zero.device), self._blocks(c, current)
+        for i in range(n):
+            k = sum((x[i] @ y.reshape(n * d, -1).T).double() for x, y in mats).reshape(d, n, d).transpose(0, 1)
+            m, cost[i] = self._solve(c, solvers.Stats(k, zero, zero, zero, zero))
+            chosen.append(self.groups[c].from_matrices(m))
+            j = int(cur[i])
+            now = now + self._cost(c, blocks[i:i + 1], solvers.Stats(k[j:j + 1], zero, zero, zero, zero)).sum()
+        elements = torch.stack(chosen)  # (n, n, d): A-unit i, B-unit j
+        return cost, now, lambda perm: elements[torch.arange(n), perm.to(elements.device)].to(current.device)
 
     def _plain_score(self, root: str, b_of, greedy_done, members) -> torch.Tensor | None:
         """Σ over the parent's own bindings of ⟨A unit i, B unit j⟩ on the entries no child binding covers."""
@@ -740,19 +777,37 @@ class _Problem:
         kids = set(self.spec.children[root])
         total = None
         for k, pb, a_mat in self._terms_for(root, members, greedy_done):
-            covered = torch.zeros(pb.block, dtype=torch.bool)
-            for cb in self.spec.tensors[k]:
-                if cb.space in kids and cb.axis == pb.axis and cb.step == pb.step and pb.offset <= cb.offset < pb.offset + pb.block:
-                    covered[cb.offset - pb.offset: cb.offset - pb.offset + cb.block] = True
+            covered = self._covered(k, pb, kids)
             if bool(covered.all()):
                 continue
             a_mat = self._amat(k, pb, a_mat)
-            keep = (~covered).to(a_mat.device)
-            x = a_mat.reshape(n, pb.block, -1)[:, keep].reshape(n, -1)
-            y = unit_matrix(b_of(k), pb, n).reshape(n, pb.block, -1)[:, keep].reshape(n, -1)
+            keep = (~covered).reshape(-1).to(a_mat.device)
+            x = a_mat.reshape(n, keep.numel(), -1)[:, keep].reshape(n, -1)
+            y = unit_matrix(b_of(k), pb, n).reshape(n, keep.numel(), -1)[:, keep].reshape(n, -1)
             term = (x @ y.T).double()
             total = term if total is None else total + term
         return total
+
+
+    def _covered(self, k: str, pb: AxisBinding, kids: set[str]) -> torch.Tensor:
+        """Which entries of a unit of the parent binding ``pb`` of tensor ``k`` a child binding covers: a mask over
+        the unit's ``block`` entries (children on ``pb``'s axis), or over the unit's whole slice of the tensor
+        (children with ``unit_axis = pb.axis``; ``pb.block = 1``)."""
+        binds = [cb for cb in self.spec.tensors[k] if cb.space in kids]
+        if any(cb.unit_axis == pb.axis for cb in binds):
+            shape = list(self.spec.shapes.get(k) or self.a[k].shape)
+            del shape[pb.axis]
+            covered = torch.zeros(shape, dtype=torch.bool)
+            for cb in binds:
+                if cb.unit_axis == pb.axis:
+                    axis = cb.axis - (cb.axis > pb.axis)
+                    covered.narrow(axis, cb.offset, cb.block).fill_(True)
+            return covered
+        covered = torch.zeros(pb.block, dtype=torch.bool)
+        for cb in binds:
+            if cb.axis == pb.axis and cb.step == pb.step and pb.offset <= cb.offset < pb.offset + pb.block:
+                covered[cb.offset - pb.offset: cb.offset - pb.offset + cb.block] = True
+        return covered
 
 
 def _finite_costs(total: torch.Tensor, n: int) -> torch.Tensor:

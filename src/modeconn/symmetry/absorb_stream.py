@@ -48,7 +48,8 @@ class AbsorbedView(Mapping[str, torch.Tensor]):
 
     def __init__(self, path: PathLike) -> None:
         from ..io.lazy import LazyCheckpoint
-        from ..io.hf import checkpoint_tensor_names
+        from ..io.hf import checkpoint_layout
+        from ..io.stacked import stacked_view
         from .hf.directory import hf_config
         from .hf.config_check import build_meta_model
 
@@ -56,15 +57,16 @@ class AbsorbedView(Mapping[str, torch.Tensor]):
         self.config = hf_config(self.path)
         if getattr(self.config, ABSORBED_KEY, None) is not None:
             raise UnsupportedOperationError(f"{self.path} is already an absorbed checkpoint")
-        self.ckpt = LazyCheckpoint(self.path)
         meta = build_meta_model(self.config, self.path / "config.json")
+        names, stacked = checkpoint_layout(meta)  # MoE banks stored per expert are read as banks
+        self.ckpt = stacked_view(LazyCheckpoint(self.path), stacked)
         adapter = adapter_for(meta)
         if adapter.absorb is not None:
             raise UnsupportedOperationError(f"normalization absorption is not supported for {adapter.family}: "
                                             f"{adapter.absorb}")
         st = describe(meta)
         check_absorbable(st)
-        self.stored = checkpoint_tensor_names(meta)  # model key → stored name
+        self.stored = names | {k: k for k in stacked}  # model key → stored name
         self._plan(st)
         self.model = absorbed_meta_model(self.config, self.note)
         sd = self.model.state_dict()

@@ -14,7 +14,11 @@ inside bindings of ``P`` on the same tensor axis (unit ``i`` of the child inside
 on such a range the parent acts first, then the child: ``M = D_C · P_perm`` (unit ``i`` of ``g·θ`` is old
 unit ``perm[i]`` transformed by ``C[i]``). This is how heads permute as whole blocks while each head keeps
 its own QK and OV transform (docs/methods.md §0, §3; Theus et al. 2025), and how FFN units get a permutation and
-a per-unit scaling. ``compose``/``inverse`` implement the semidirect product exactly:
+a per-unit scaling. A child binding with ``unit_axis`` puts its units on *another* axis of the tensor, the one the
+parent binds with ``block = 1``: unit ``i`` is index ``i`` of ``unit_axis`` and the child acts, inside it, on
+entries ``[offset, offset + block)`` of ``axis`` — Mixture-of-Experts banks stored as one ``(experts, hidden, d)``
+tensor: the experts permute along axis 0 (with the router's rows), the hidden units of each expert along axis 1
+by a permutation of their own (``block_permutation``). ``compose``/``inverse`` implement the semidirect product exactly:
 ``(π, C)∘(σ, E) = (σ[π], C·E[π])`` and ``(π, C)^{-1} = (π^{-1}, C^{-1}[π^{-1}])``.
 
 Example — one GPT-NeoX attention layer (fused ``query_key_value`` laid out per head as
@@ -104,6 +108,10 @@ class AxisBinding:
     ``query_key_value`` rows laid out per head as ``[q_h | k_h | v_h]``: q, k and v parts are bound with
     ``block = d``, ``stride = 3d`` and offsets ``0, d, 2d``. Unless ``partial``, a strided binding needs
     ``size·stride`` = the axis length.
+
+    ``unit_axis`` (child spaces only): the units lie along that other axis — unit ``i`` is index ``i`` there — and
+    each acts on the same entries ``[offset, offset + block)`` of ``axis`` (the hidden units of expert ``i`` in a
+    stacked ``(experts, hidden, d)`` bank); the parent binds ``unit_axis`` with ``block = 1``.
     """
 
     axis: int
@@ -113,19 +121,28 @@ class AxisBinding:
     offset: int = 0
     partial: bool = False
     stride: int | None = None
+    unit_axis: int | None = None
 
     @property
     def step(self) -> int:
-        """The distance between the starts of consecutive units (``stride``, or ``block`` when unset)."""
+        """The distance between the starts of consecutive units (``stride``, or ``block`` when unset; ``0`` with
+        ``unit_axis``: every unit reads the same entries of ``axis``, in its own index of ``unit_axis``)."""
+        if self.unit_axis is not None:
+            return 0
         return self.block if self.stride is None else self.stride
 
     def indices(self, n: int, device=None) -> torch.Tensor:
-        """The axis indices of the ``n`` units' entries, unit by unit (LongTensor of shape (n·block,))."""
+        """The axis indices of the ``n`` units' entries, unit by unit (LongTensor of shape (n·block,); with
+        ``unit_axis`` the ``block`` indices every unit shares)."""
+        if self.unit_axis is not None:
+            return self.offset + torch.arange(self.block, device=device)
         start = self.offset + torch.arange(n, device=device)[:, None] * self.step
         return (start + torch.arange(self.block, device=device)).reshape(-1)
 
     def span(self, n: int) -> int:
         """One past the last axis index the binding touches for a space of ``n`` units."""
+        if self.unit_axis is not None:
+            return self.offset + self.block
         return self.offset + (n - 1) * self.step + self.block if n else self.offset
 
 
@@ -183,7 +200,8 @@ class SymmetrySpec:
                 parent = self.spaces.get(sp.parent)
                 if parent is None:
                     raise SpecError(f"space {s!r} has unknown parent space {sp.parent!r}")
-                if not self.group_of(sp.parent).exact or parent.parent is not None:
+                pg = self.group_of(sp.parent)
+                if not pg.exact or pg.unitwise or parent.parent is not None:
                     raise SpecError(
                         f"space {s!r}: its parent {sp.parent!r} must be a permutation space without a parent "
                         f"(got group {parent.group!r})"
@@ -205,17 +223,28 @@ class SymmetrySpec:
                     raise SpecError(f"tensor {key!r} axis {b.axis} is bound to unknown space {b.space!r}")
                 if b.side not in ("out", "in"):
                     raise SpecError(f"tensor {key!r} axis {b.axis}: side must be 'out' or 'in', got {b.side!r}")
-                if b.block < 1 or b.offset < 0 or b.step < b.block:
+                if b.unit_axis is not None:
+                    self._check_unit_axis(key, b)
+                elif b.block < 1 or b.offset < 0 or b.step < b.block:
                     raise SpecError(
                         f"tensor {key!r} axis {b.axis} (space {b.space!r}): need block ≥ 1, offset ≥ 0 and "
                         f"stride ≥ block, got block={b.block}, offset={b.offset}, stride={b.stride}"
                     )
                 group = self.group_of(b.space)
-                if group.per_head and b.block != group.dim:
+                if getattr(group, "dim", None) is not None and b.block != group.dim:
                     raise SpecError(
                         f"tensor {key!r} axis {b.axis}: space {b.space!r} ({self.spaces[b.space].group}, dim={group.dim}) "
                         f"needs block = dim (one head per unit), got block={b.block}"
                     )
+
+    def _check_unit_axis(self, key: str, b: AxisBinding) -> None:
+        """A ``unit_axis`` binding: a child space, another axis, a block and no stride."""
+        if self.spaces[b.space].parent is None or b.unit_axis == b.axis or b.unit_axis < 0 or b.stride is not None \
+                or b.block < 1 or b.offset < 0:
+            raise SpecError(
+                f"tensor {key!r} axis {b.axis} (space {b.space!r}): a binding with unit_axis={b.unit_axis} must be of a "
+                "child space, on another axis, with block ≥ 1, offset ≥ 0 and no stride"
+            )
 
     def _check_aliases(self) -> None:
         """SpecError naming both keys for an alias whose primary the spec does not list (or is an alias itself), an
@@ -478,7 +507,8 @@ class SymmetrySpec:
         if skip is not None:
             skips = _skips(skip)
             binds = tuple(b for b in binds if not any(b is x for x in skips))
-        if not all(self._exact[b.space] and self.spaces[b.space].parent is None for b in binds):
+        if not all(self._exact[b.space] and self.spaces[b.space].parent is None and not self.group_of(b.space).unitwise
+                   for b in binds):
             return None
         out: dict[int, torch.Tensor] = {}
         for b in binds:
@@ -563,7 +593,13 @@ class SymmetrySpec:
                 problems.append(f"tensor {key!r} has {len(shape)} axes but axis {b.axis} is bound to {b.space!r}")
                 continue
             n = self.spaces[b.space].size
-            if b.step == b.block:
+            if b.unit_axis is not None:
+                if b.unit_axis >= len(shape) or shape[b.unit_axis] != n or b.span(n) > shape[b.axis]:
+                    problems.append(
+                        f"tensor {key!r} (shape {shape}): space {b.space!r} needs {n} units along axis {b.unit_axis} "
+                        f"and entries [{b.offset}, {b.span(n)}) of axis {b.axis}"
+                    )
+            elif b.step == b.block:
                 end = b.offset + n * b.block
                 if end > shape[b.axis] or (end != shape[b.axis] and b.offset == 0 and not b.partial):
                     problems.append(
@@ -591,6 +627,9 @@ class SymmetrySpec:
                 self._disjoint(key, axis, kids)
                 for c in kids:
                     parent = self.spaces[c.space].parent
+                    if c.unit_axis is not None:
+                        self._check_unit_parent(key, c, parent)
+                        continue
                     if not any(
                         p.space == parent and p.step == c.step and p.offset <= c.offset
                         and c.offset + c.block <= p.offset + p.block
@@ -602,12 +641,22 @@ class SymmetrySpec:
                             "units would be transformed without being moved by the parent permutation"
                         )
 
+    def _check_unit_parent(self, key: str, c: AxisBinding, parent: str) -> None:
+        """A ``unit_axis`` child binding needs its parent on ``unit_axis``, one whole unit per index."""
+        if not any(p.space == parent and p.axis == c.unit_axis and p.block == 1 and p.offset == 0 and p.step == 1
+                   for p in self.tensors[key]):
+            raise SpecError(
+                f"tensor {key!r}: the binding of {c.space!r} (axis {c.axis}, units along axis {c.unit_axis}) needs its "
+                f"parent {parent!r} bound to axis {c.unit_axis} with block 1 — its units would be transformed without "
+                "being moved by the parent permutation"
+            )
+
     def _disjoint(self, key: str, axis: int, bs: list[AxisBinding]) -> None:
         if len(bs) < 2:
             return
         size = {b: self.spaces[b.space].size for b in bs}
-        if all(b.step == b.block for b in bs):
-            spans = sorted((b.offset, b.offset + size[b] * b.block, b.space) for b in bs)
+        if all(b.step == b.block or b.unit_axis is not None for b in bs):
+            spans = sorted((b.offset, b.span(size[b]), b.space) for b in bs)
             for (s0, e0, n0), (s1, _e1, n1) in zip(spans, spans[1:], strict=False):
                 if s1 < e0:
                     raise SpecError(f"tensor {key!r} axis {axis} is bound twice (spaces {n0!r} and {n1!r} overlap)")
@@ -667,6 +716,11 @@ def _parse_axis(axis: int, entry: str | AxisBinding) -> AxisBinding:
 
 def _act_on_binding(t: torch.Tensor, b: AxisBinding, g: torch.Tensor, n: int, group, cache=None) -> torch.Tensor:
     kw = {} if cache is None else {"cache": cache}
+    if b.unit_axis is not None:  # unit i: index i of unit_axis, its entries [offset, offset + block) of axis
+        part = t.narrow(b.axis, b.offset, b.block).movedim((b.unit_axis, b.axis), (0, 1))
+        acted = group.act(part.reshape(n * b.block, -1), 0, g, b.side, b.block, **kw)
+        acted = acted.reshape(part.shape).movedim((0, 1), (b.unit_axis, b.axis))
+        return t.index_copy(b.axis, b.indices(n, t.device), acted)
     length = n * b.block
     if b.step != b.block:
         idx = b.indices(n, t.device)

@@ -93,9 +93,10 @@ from .orthogonal import OrthogonalGroup  # noqa: E402  isort: skip
 from .invertible import InvertibleGroup  # noqa: E402  isort: skip
 from .scaling import ScalingGroup  # noqa: E402  isort: skip
 from .heads import HeadInvertibleGroup, HeadOrthogonalGroup  # noqa: E402  isort: skip
+from .blocks import BlockPermutationGroup  # noqa: E402  isort: skip
 
 __all__ = [
-    "ASSIGNMENT", "EQUAL_ATOL", "EQUAL_RTOL", "GROUPS", "MAX_CONDITION", "ORTHOGONAL_TOL", "PARAMETERIZATIONS",
+    "ASSIGNMENT", "BlockPermutationGroup", "EQUAL_ATOL", "EQUAL_RTOL", "GROUPS", "MAX_CONDITION", "ORTHOGONAL_TOL", "PARAMETERIZATIONS",
     "STRUCTURE_TOL", "ContinuousGroup", "Group", "GroupTransform", "HeadInvertibleGroup", "HeadOrthogonalGroup",
     "InvertibleGroup", "OrthogonalGroup", "Parameterization", "PermutationGroup", "ScalingGroup", "Side", "Solver",
     "Stats", "compute_dtype", "get_group", "get_parameterization",

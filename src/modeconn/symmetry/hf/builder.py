@@ -18,6 +18,10 @@ vo            permutation: one space per V head and layer, size ``d``; head_*: o
               per layer, ``G`` units of ``d``. V rows out, O columns of every query head   head_orthogonal,
               of the group in                                                              head_invertible
 ffn           one per FFN, size d_ff: up/gate rows (out), down columns (in)               **permutation**
+experts       one per Mixture-of-Experts layer, ``E`` units: router rows (out), the expert   **permutation**
+              axis of the stacked banks; the hidden units inside each expert follow the
+              ffn role: a ``block_permutation`` child (one permutation of ``I`` per expert,
+              bound with ``unit_axis`` = the bank's expert axis)
 ffn_scale     one per FFN, size d_ff: the linear branch (``up`` of a GLU, or ``up`` of a   scaling, **None**
               ReLU MLP) out, down columns in; child of the ffn permutation when both
 hidden        one per extra hidden space (pooler read by a classifier)                    **permutation**
@@ -49,28 +53,30 @@ the two keys sit on different sides (an embedding writes the stream, a head read
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 
 from ...errors import ConfigError, SpecError, StateDictMismatchError
 from ..groups import GROUPS
 from ..spec import AxisBinding, Probe, Space, StateDict, SymmetrySpec, storage_key  # noqa: F401  (storage_key: re-export)
-from .structure import Attention, KVHead, QueryHead, Slice, Structure
+from .structure import Attention, Experts, KVHead, QueryHead, Slice, Structure
 
-ROLES = ("residual", "heads", "qk", "vo", "ffn", "ffn_scale", "hidden")
+ROLES = ("residual", "heads", "qk", "vo", "ffn", "experts", "ffn_scale", "hidden")
 SUPPORTED: dict[str, tuple[str, ...]] = {
     "residual": ("permutation", "orthogonal"),
     "heads": ("permutation",),
     "qk": ("permutation", "head_orthogonal", "head_invertible"),
     "vo": ("permutation", "head_orthogonal", "head_invertible"),
     "ffn": ("permutation",),
+    "experts": ("permutation",),
     "ffn_scale": ("scaling",),
     "hidden": ("permutation",),
 }
 DEFAULTS: dict[str, str | None] = {
     "residual": "permutation", "heads": None, "qk": "permutation", "vo": "permutation", "ffn": "permutation",
-    "ffn_scale": None, "hidden": "permutation",
+    "experts": "permutation", "ffn_scale": None, "hidden": "permutation",
 }
 FULL_GROUPS: dict[str, str | None] = {
     "residual": "orthogonal", "heads": "permutation", "qk": "head_orthogonal", "vo": "head_orthogonal",
@@ -89,9 +95,12 @@ Groups = str | Mapping[str, str | None]
 class HFSymmetrySpec(SymmetrySpec):
     """A :class:`SymmetrySpec` that knows the :class:`Structure` it was built from. Tied tensors (``aliases``: alias
     key → primary key), their checks and the fused permutation gathers are the IR's own
-    (:class:`~modeconn.symmetry.spec.SymmetrySpec`)."""
+    (:class:`~modeconn.symmetry.spec.SymmetrySpec`). ``stacked``: for a spec of a checkpoint directory, the tensors
+    it binds that the checkpoint stores split (Mixture-of-Experts banks stored per expert; model key → their
+    :class:`modeconn.io.hf.Stacking`), which the streaming functions read through :mod:`modeconn.io.stacked`."""
 
     structure: Structure | None = field(default=None, compare=False, repr=False)
+    stacked: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
 def resolve_groups(groups: Groups) -> dict[str, str | None]:
@@ -177,6 +186,14 @@ class _Acc:
             if key not in self.shapes:
                 raise SpecError(f"adapter names tensor {key!r}, which is not in the state dict")
             self.binds[key].append(AxisBinding(axis, space, side, size, offset, True, None if step == size else step))
+
+    def bind_within(self, slices: tuple[Slice, ...], space: str, side: str, unit_axis: Callable[[str], int]) -> None:
+        """Bind each slice as the same entries of every unit of the child ``space``, whose units lie along
+        ``unit_axis(key)`` (:class:`~modeconn.symmetry.spec.AxisBinding`'s ``unit_axis``)."""
+        for s in slices:
+            if s.key not in self.shapes:
+                raise SpecError(f"adapter names tensor {s.key!r}, which is not in the state dict")
+            self.binds[s.key].append(AxisBinding(s.axis, space, side, s.size, s.offset, True, None, unit_axis(s.key)))
 
     def probe(self, space: str, module: str, where: str, offset: int = 0, block: int = 1) -> None:
         self.probes[space].append(Probe(module, where, -1, offset, block))
@@ -346,6 +363,18 @@ def _build_ffn(acc: _Acc, f, perm: str | None, scale: str | None) -> None:
         acc.bind(f.down, name, "in")
 
 
+def _build_experts(acc: _Acc, e: Experts, experts: str, ffn: str | None) -> None:
+    """Experts move with their router rows; with an FFN group, each expert's hidden units move on their own."""
+    parent = acc.space(f"{e.path}.experts", e.count, experts)
+    acc.bind(e.router, parent, "out")
+    for sl, side in e.banks:
+        acc.bind((sl,), parent, side)
+    if ffn is not None:
+        child = acc.space(f"{e.path}.expert_ffn", e.count, "block_permutation", parent, {"dim": e.size})
+        acc.bind_within((*e.gate, *e.up), child, "out", e.expert_axis)
+        acc.bind_within(e.down, child, "in", e.expert_axis)
+
+
 def build_spec(
     structure: Structure,
     state_dict: StateDict,
@@ -374,6 +403,9 @@ def build_spec(
         _build_attention(acc, a, chosen["heads"], chosen["qk"], chosen["vo"])
     for f in structure.ffns:
         _build_ffn(acc, f, chosen["ffn"], chosen["ffn_scale"])
+    if chosen["experts"] is not None:
+        for e in structure.experts:
+            _build_experts(acc, e, chosen["experts"], chosen["ffn"])
     for h in structure.hidden:
         if h.joins_stream:  # tied to the stream's transform: bound with it, or frozen with it
             if "residual" in acc.spaces:

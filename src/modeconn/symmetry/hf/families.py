@@ -21,6 +21,11 @@ Decoders added for #34: Arcee, Nemotron (LayerNorm1P: ``1 + w``), VaultGemma, Hu
 CodeGen (its QKV layout), GPT-BigCode, MPT (ALiBi). Encoder: ModernBERT's base model (embedding LayerNorm, fused
 ``[Q | K | V]`` and ``[act | gate]`` GLU, no attention norm in the first layer, local/global attention).
 
+Mixture-of-Experts decoders (:mod:`.moe`): Mixtral, Qwen2-MoE (a shared expert behind a sigmoid gate; dense layers
+where ``mlp_only_layers`` / ``decoder_sparse_step`` say so), Qwen3-MoE (Qwen3's per-head Q/K norms), OLMoE (Q/K norms
+over the whole projection, optional ``clip_qkv``), GraniteMoE (scalar embedding / residual / attention / logit
+multipliers: no symmetry changes).
+
 ``absorb``: where :func:`modeconn.absorb_normalization` cannot apply, the reason.
 """
 
@@ -31,6 +36,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .moe import MoE
 from .prenorm import Embedding, Table, register
 
 _NOT_PRE_NORM = ("{}: normalization absorption needs every norm to read the stream and feed linear layers; {} "
@@ -135,6 +141,13 @@ register(Table("modernbert", ("ModernBertModel",), embeddings=(Embedding("embedd
 register(Table("gpt_neox", _lm("GPTNeoX"), embeddings=(Embedding("embed_in"),), attn="attention", qkv="query_key_value",
                qkv_layout="per_head", o="dense", up="dense_h_to_4h", gate=None, down="dense_4h_to_h",
                final_norm="final_layer_norm", heads=("embed_out", "lm_head", "score", "classifier", "qa_outputs")))
+
+# Mixture-of-Experts decoders (:mod:`.moe`): stacked expert banks, a router per layer, Qwen2-MoE's shared expert
+register(Table("mixtral", _lm("Mixtral"), moe=MoE()))
+register(Table("qwen2_moe", _lm("Qwen2Moe"), moe=MoE(shared="shared_expert", shared_gate="shared_expert_gate")))
+register(Table("qwen3_moe", _lm("Qwen3Moe"), moe=MoE()))
+register(Table("olmoe", _lm("Olmoe"), moe=MoE(), clip_qkv=lambda cfg: cfg.clip_qkv is not None))
+register(Table("granitemoe", _lm("GraniteMoe"), mlp="block_sparse_moe", moe=MoE(router="router")))
 
 _DEIT_TOKENS = tuple(Embedding("embeddings", n, 2, optional=o) for n, o in (
     ("cls_token", False), ("distillation_token", False), ("position_embeddings", False), ("mask_token", True)))

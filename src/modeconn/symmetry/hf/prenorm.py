@@ -34,6 +34,7 @@ from torch import nn
 
 from ...errors import UnsupportedOperationError
 from ._common import Walker, base_path, join, require, rotary_dims, token_inputs
+from .moe import MoE, block
 from .registry import ADAPTERS, Adapter
 from .structure import FFN, Attention, Hidden, KVHead, LinearRef, NormRef, QueryHead, Slice, Stream, Structure
 
@@ -81,7 +82,8 @@ class Table:
     poolings of the stream (DINOv2's classifier: the CLS token and the patch mean); ``final_norm``: a name or a
     function of the config choosing it (BEiT: the pooler's norm under mean pooling); ``attention``: a function
     ``(walker, table, model, prefix, layer path, base) →`` :class:`LayerAttention` describing a layer's attention
-    that Q/K/V projections do not (multi-head latent attention, :mod:`.mla`)."""
+    that Q/K/V projections do not (multi-head latent attention, :mod:`.mla`); ``moe``: where the MLP's
+    Mixture-of-Experts parts are (:mod:`.moe`; a layer without them is dense)."""
 
     family: str
     classes: tuple[str, ...]
@@ -118,6 +120,7 @@ class Table:
     config_of: Callable[[nn.Module], Any] = staticmethod(lambda m: m.config)
     frozen: tuple[str, ...] = ()
     shared_frozen: tuple[str, ...] = ()
+    moe: MoE | None = None
     stream_readers: tuple[Embedding, ...] = ()
     layer_scales: tuple[str, ...] = ()
     base: Callable[[nn.Module], str] = staticmethod(base_path)
@@ -234,8 +237,8 @@ def _attention(W: Walker, t: Table, model: nn.Module, prefix: str, lp: str, base
     return LayerAttention(att, p.readers, o, frozen)
 
 
-def _ffn(W: Walker, t: Table, cfg: Any, prefix: str, lp: str) -> tuple[FFN, tuple[LinearRef, ...], LinearRef]:
-    mp = join(lp, t.mlp)
+def _ffn(W: Walker, t: Table, cfg: Any, prefix: str, mp: str) -> tuple[FFN, tuple[LinearRef, ...], LinearRef]:
+    """The dense FFN at the MLP path ``mp``."""
     down = W.linear(join(mp, t.down))
     if t.gate_up is not None:
         gu = W.linear(join(mp, t.gate_up))
@@ -333,17 +336,19 @@ def describe(t: Table, model: nn.Module, prefix: str) -> Structure:
     H = cfg.hidden_size
     writers, readers, norms, attentions, ffns, frozen = _embeddings(W, t, base), [], [], [], [], list(W.buffers())
     hidden: list[Hidden] = []
+    experts: list = []
     if t.embed_norm is not None:
         norms.append(W.norm(join(base, t.embed_norm), (), t.norm_offset, t.norm_kind))
     for i in range(cfg.num_hidden_layers):
         lp = join(base, f"{t.layers}.{i}")
         la = (t.attention or _attention)(W, t, model, prefix, lp, base)
-        ffn, ffn_readers, down = _ffn(W, t, cfg, prefix, lp)
-        norms += _block_norms(W, t, cfg, lp, la.readers, ffn_readers)
-        readers += [c for r in (*la.readers, *ffn_readers) for c in r.cols()]
-        writers += [*la.o.rows(), *down.rows()]
+        mlp = block(W, t.moe, join(lp, t.mlp), H, t.activation(cfg), lambda mp: _ffn(W, t, cfg, prefix, mp))
+        norms += _block_norms(W, t, cfg, lp, la.readers, mlp.readers)
+        readers += [c for r in (*la.readers, *mlp.readers) for c in r.cols()]
+        writers += [*la.o.rows(), *mlp.writers]
         attentions.append(la.attention)
-        ffns.append(ffn)
+        ffns += mlp.ffns
+        experts += mlp.experts
         hidden += la.hidden
         frozen += [*la.frozen, *_layer_frozen(W, t, lp)]
         writers += _layer_scales(W, t, lp)
@@ -358,7 +363,7 @@ def describe(t: Table, model: nn.Module, prefix: str) -> Structure:
     is_output = not heads or type(model).__name__ in t.returns_stream
     stream = Stream(H, tuple(writers), tuple(norms), tuple(readers), is_output=is_output)
     return Structure(t.family, model.config.model_type, type(model).__name__, prefix, stream, tuple(attentions), tuple(ffns),
-                     tuple(hidden), frozen=tuple(frozen))
+                     tuple(hidden), frozen=tuple(frozen), experts=tuple(experts))
 
 
 TABLES: dict[str, Table] = {}

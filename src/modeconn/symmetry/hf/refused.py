@@ -10,15 +10,17 @@ from __future__ import annotations
 _SINUSOIDAL = ("sinusoidal position embeddings added to both residual streams are recomputed when the model is built "
                "(a buffer, or a table not saved in the checkpoint), so they stay in a fixed channel order: no "
                "permutation of a stream survives saving and loading, and none is offered")
-_MOE = ("a Mixture-of-Experts model: its expert spaces and the router are described under the Mixture-of-Experts "
-        "support, not by the dense tables")
+_MOE = ("a Mixture-of-Experts model whose expert layout no table describes yet (the Mixture-of-Experts tables: "
+        "Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, GraniteMoE)")
+_LLAMA4 = ("Llama-4 interleaves layers without RoPE and chunked attention, and its Mixture-of-Experts layers (a shared "
+           "expert beside routed experts with a sigmoid router) store their banks in a layout no table describes yet "
+           "(the Mixture-of-Experts tables: Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, GraniteMoE)")
 
 REFUSED: dict[str, str] = {
     **dict.fromkeys(("m2m_100", "marian"), _SINUSOIDAL),
     "nllb_moe": _MOE,
     "kimi_k2": _MOE + " (DeepSeek-V3's layout: dense DeepSeek-V2/V3 configurations are supported)",
-    **dict.fromkeys(("llama4", "llama4_text"), _MOE + "; Llama-4 also interleaves layers without RoPE and chunked "
-                                                     "attention"),
+    **dict.fromkeys(("llama4", "llama4_text"), _LLAMA4),
     "mamba2": ("a Mamba-2 selective state-space model: B and C are shared by groups of heads (n_groups), the time "
                "step is per head, and a gated RMSNorm over groups of channels follows the scan; which head, channel "
                "and group permutations keep it has not been derived and checked (Mamba-1 is supported), so none is "

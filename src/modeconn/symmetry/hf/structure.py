@@ -12,6 +12,8 @@ which group acts on them. A :class:`Structure` lists, by state-dict key, axis an
   rotary position embeddings;
 - every **FFN**: the hidden writers on the linear branch (``up``) and the gate branch (``gate``, GLU
   only), the readers (``down``) and the activation;
+- every **Mixture-of-Experts** layer: the router's rows, the stacked expert banks and the hidden units inside
+  each expert;
 - other hidden spaces (a pooler read by a classifier), tensors no group acts on, tied tensors.
 
 :func:`modeconn.symmetry.hf.build_spec` turns a structure into a :class:`SymmetrySpec` for a requested
@@ -173,6 +175,32 @@ class FFN:
 
 
 @dataclass(frozen=True)
+class Experts:
+    """A Mixture-of-Experts layer: ``count`` experts of ``size`` hidden units each, stored as stacked banks (one
+    tensor per projection, the expert index on one axis) and a router with one row per expert.
+
+    ``router``: the router's rows (output side, one unit per expert); ``banks``: ``(slice, side)`` per stacked tensor,
+    the slice covering its whole expert axis; ``up`` / ``gate`` (output side) and ``down`` (input side): the hidden
+    units *inside* each expert — slices of the banks on their hidden axis, the same entries for every expert (the
+    expert axis is the bank's). Experts permute with their router rows; each expert's hidden units permute on
+    their own."""
+
+    path: str
+    count: int
+    size: int
+    router: tuple[Slice, ...]
+    banks: tuple[tuple[Slice, str], ...]
+    up: tuple[Slice, ...]
+    down: tuple[Slice, ...]
+    gate: tuple[Slice, ...] = ()
+    activation: str = ""
+
+    def expert_axis(self, key: str) -> int:
+        """The expert axis of the bank ``key``."""
+        return next(sl.axis for sl, _ in self.banks if sl.key == key)
+
+
+@dataclass(frozen=True)
 class Hidden:
     """Any other hidden space (a pooler whose output a classifier reads): writers, norm params, readers.
 
@@ -211,6 +239,7 @@ class Structure:
     attentions: tuple[Attention, ...] = ()
     ffns: tuple[FFN, ...] = ()
     hidden: tuple[Hidden, ...] = ()
+    experts: tuple[Experts, ...] = ()
     frozen: tuple[str, ...] = ()
     aliases: Mapping[str, str] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
@@ -231,4 +260,6 @@ class Structure:
             out += [*f.up, *f.gate, *f.down]
         for h in self.hidden:
             out += [*h.writers, *h.readers, *h.norms]
+        for e in self.experts:
+            out += [*e.router, *(sl for sl, _ in e.banks), *e.up, *e.gate, *e.down]
         return out
