@@ -94,3 +94,31 @@ def test_a_rotary_rule_that_does_not_fix_query_key_dims_is_caught(name, monkeypa
     monkeypatch.setitem(library._LIBRARY, "timm.layers.pos_embed_sincos", rules)
     with pytest.raises(SpecError, match="changes its function"):
         mc.symmetry_spec(model, x)
+
+
+def _stock(name: str) -> tuple[torch.nn.Module, torch.Tensor]:
+    """The model at timm's own initialisation (attention weights of std 0.02), as `pretrained=False` builds it."""
+    torch.manual_seed(0)
+    kwargs, size = SMALL[name]
+    return timm.create_model(name, pretrained=False, num_classes=10, **kwargs).eval(), torch.randn(2, 3, size, size)
+
+
+def _broken_rotary(monkeypatch) -> None:
+    rules = dict(library._LIBRARY["timm.layers.pos_embed_sincos"])
+    rules["apply_rot_embed_cat"] = lambda tr, node: tr.value(node.args[0])  # passes q/k spaces through the rotation
+    monkeypatch.setitem(library._LIBRARY, "timm.layers.pos_embed_sincos", rules)
+
+
+@pytest.mark.parametrize("name", list(SMALL))
+def test_the_self_check_sees_a_wrong_query_key_binding_at_stock_initialisation(name, monkeypatch):
+    """The self-check's perturbed state scales weight matrices up to unit gain, so a wrong query/key binding changes
+    the outputs even where the model's own small initialisation makes the softmax uniform; without that scaling the
+    same broken rule goes unnoticed (the negative control)."""
+    from modeconn.symmetry import selfcheck
+
+    model, x = _stock(name)
+    _broken_rotary(monkeypatch)
+    with pytest.raises(SpecError, match="changes its function"):
+        mc.symmetry_spec(model, x)
+    monkeypatch.setattr(selfcheck, "_unit_gain", lambda name, w: w)
+    mc.symmetry_spec(model, x)  # blind without it

@@ -5,7 +5,9 @@ unbound while its space moves: the plant uses the same wrong spec, and at stock 
 constant along the space (LayerNorm ``γ = 1, β = 0``, BatchNorm mean 0 / variance 1, zero biases), so moving the
 space does not change the outputs either. On a perturbed copy of the state — every floating tensor gets independent
 noise ``u`` of unit variance (uniform on ``[−√3, √3]``): weights and biases ``+ 0.1·std·u`` (``0.1·u`` where the
-tensor is constant; ``std`` estimated on a strided sample), BatchNorm variances ``· exp(0.2·u)``; layers that break
+tensor is constant; ``std`` estimated on a strided sample), then weight matrices and kernels scaled up to a standard
+deviation of at least ``1/√fan_in`` (:func:`_unit_gain`: at a small initialisation the softmax of attention is
+uniform and hides a wrong query/key binding), BatchNorm variances ``· exp(0.2·u)``; layers that break
 the symmetry by design (W-asymmetric layers: ``symmetric_fixed_structure()``) are set to their symmetric values — a
 random group element whose permutations move every unit (:func:`moving_element`) must leave the outputs unchanged:
 ``max|y(g·θ̃) − y(θ̃)| ≤ rtol · max(1, max|y(θ̃)|)`` (per example), in three comparisons (:func:`_passes`):
@@ -88,7 +90,7 @@ def perturbed_state(model: nn.Module, generator: torch.Generator,
                     new = torch.mul(src, n.mul_(0.2).exp_())
                 else:
                     std = _spread(src)
-                    new = torch.add(src, n, alpha=0.1 * std if std > 0 else 0.1)
+                    new = _unit_gain(name, torch.add(src, n, alpha=0.1 * std if std > 0 else 0.1))
                 made[id(t)] = state[name] = new
         for name, t in model.named_buffers():
             if name not in state and t.is_floating_point():
@@ -101,6 +103,16 @@ def perturbed_state(model: nn.Module, generator: torch.Generator,
 
 _SQRT3 = 3.0 ** 0.5
 _SPREAD_SAMPLE = 1 << 14
+
+
+def _unit_gain(name: str, w: torch.Tensor) -> torch.Tensor:
+    """A weight matrix or kernel (``…weight``, ≥ 2-D) scaled up, never down, to a standard deviation of at least
+    ``1/√fan_in``: at a small initialisation (timm's ``std = 0.02``) attention logits are so small that the softmax
+    is uniform, and a wrong query/key binding could not change the outputs."""
+    if w.dim() < 2 or not name.endswith("weight") or w.numel() == 0:
+        return w
+    std, target = _spread(w), (w.numel() // w.shape[0]) ** -0.5
+    return w.mul_(target / std) if 0 < std < target else w
 
 
 def _spread(t: torch.Tensor) -> float:
