@@ -40,7 +40,8 @@ class WidthAlignment:
 def unit_correlations(spec_a: SymmetrySpec, spec_b: SymmetrySpec, model_a: nn.Module, model_b: nn.Module,
                       loader: Iterable, max_batches: int | None = None) -> dict[str, torch.Tensor]:
     """Per space, the (n_a, n_b) Pearson correlation of A's units with B's over ``loader`` (each probe position a
-    sample; summed over the space's probes; 0 for a constant unit, but 1 for two units constant at one value). Eval mode, no grad; the models are not modified.
+    sample; summed over the space's probes; 0 for a constant unit, but 1 for two units constant at one value).
+    Eval mode, no grad; the models are not modified.
 
     Raises: SpecError if the specs' spaces or probes differ by name; ConfigError for an empty loader.
     """
