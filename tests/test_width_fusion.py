@@ -17,8 +17,9 @@ from modeconn.symmetry import SymmetrySpec
 from modeconn.symmetry.select import check_selectable, select_units
 
 SHAPE = (1, 8, 8)
-CASES = {"mlp": ("mlp", 6, 11, {"depth": 2, "activation": "tanh"}),
-         "resnet20": ("resnet20", 0.25, 0.5, {"norm": "none"})}
+CASES = {"mlp": ("mlp", {"width": 6, "depth": 2, "activation": "tanh"}, {"width": 11, "depth": 2, "activation": "tanh"}),
+         "cnn": ("cnn", {"channels": (4, 6), "hidden": (8,)}, {"channels": (7, 9), "hidden": (12,)}),
+         "resnet20": ("resnet20", {"width": 0.25, "norm": "none"}, {"width": 0.5, "norm": "none"})}
 
 
 def _inputs(n: int = 96) -> list[tuple[torch.Tensor]]:
@@ -50,9 +51,9 @@ def _plant(model_a, model_b, gen: torch.Generator) -> tuple[torch.nn.Module, dic
 
 
 def _pair(name: str):
-    arch, m, n, kw = CASES[name]
-    a = build_model(arch, in_shape=SHAPE, num_classes=10, width=m, seed=0, **kw).eval()
-    b = build_model(arch, in_shape=SHAPE, num_classes=10, width=n, seed=1, **kw).eval()
+    arch, kw_a, kw_b = CASES[name]
+    a = build_model(arch, in_shape=SHAPE, num_classes=10, seed=0, **kw_a).eval()
+    b = build_model(arch, in_shape=SHAPE, num_classes=10, seed=1, **kw_b).eval()
     return a, b
 
 

@@ -11,26 +11,27 @@ from .outcome import Outcome
 
 
 def target_kwargs(cfg_a: dict[str, Any], cfg_b: dict[str, Any], width: float | None) -> dict[str, Any]:
-    """The fused model's architecture kwargs: A's with ``width`` (default the narrower of A's and B's).
+    """The fused model's architecture kwargs: those of the model with the smaller ``width`` (or, for an architecture
+    whose widths are other options such as ``cnn``'s ``channels``, of A), with ``width`` if given.
 
-    Raises ConfigError if A and B differ in anything but ``width`` (named with both values), or the architecture has no
+    Raises ConfigError if A and B are different architectures, or ``width`` is given for an architecture without a
     ``width`` option."""
     ka, kb = cfg_a["kwargs"], cfg_b["kwargs"]
     if cfg_a["architecture"] != cfg_b["architecture"]:
         raise ConfigError(f"A is a {cfg_a['architecture']}, B a {cfg_b['architecture']}: fuse needs one architecture")
     if "width" not in ka:
-        raise ConfigError(f"architecture {cfg_a['architecture']!r} has no width option; fuse changes widths only")
-    differ = [k for k in sorted(set(ka) | set(kb)) if k != "width" and ka.get(k) != kb.get(k)]
-    if differ:
-        k = differ[0]
-        raise ConfigError(f"A and B differ in {k!r} ({ka.get(k)!r} vs {kb.get(k)!r}); only the width may differ")
-    return {**ka, "width": min(ka["width"], kb["width"]) if width is None else width}
+        if width is not None:
+            raise ConfigError(f"architecture {cfg_a['architecture']!r} has no width option; leave out --width (the "
+                              "fused model takes A's widths)")
+        return dict(ka)
+    narrow = ka if ka["width"] <= kb["width"] else kb
+    return {**narrow, "width": narrow["width"] if width is None else width}
 
 
 def fuse(model_a: Path, model_b: Path, out: Path, *, width: float | None = None, dataset: str | None = None,
          data: Path | None = None, limit_train: int | None = None, batches: int = 20, overwrite: bool = False,
          log: Callable[[str], None] = print) -> Outcome:
-    """Fuse checkpoints A and B into a checkpoint of ``width`` (:func:`modeconn.path.width.merge_widths`: activations
+    """Fuse checkpoints A and B into a checkpoint of ``width`` (:func:`target_kwargs`; :func:`modeconn.path.width.merge_widths`: activations
     on ``dataset``'s training split, default the checkpoints' dataset; ``batches`` batches of 128), evaluate it on
     the test split and write it to ``out``. Raises ConfigError (architectures differ beyond the width, a width that
     cannot change, no dataset) or CheckpointError (unreadable inputs, ``out`` exists) before writing anything."""
