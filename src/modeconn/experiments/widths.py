@@ -47,6 +47,7 @@ class Case:
 class WidthsSize:
     cases: tuple[Case, ...]
     finetune_lr_factor: float = 0.1
+    stated_distance: float = 0.03  # the fused model (before fine-tuning) within this accuracy of the better parent
     match_batches: int = 20
     batch_size: int = 128
 
@@ -102,7 +103,16 @@ def run_widths(out: str | Path, *, size: WidthsSize | None = None, data: str | P
         return write_results(tmp, results, report, start)
 
 
+def claims(case: dict[str, Any], distance: float) -> dict[str, bool]:
+    """The acceptance claims of one case's results, each true or false."""
+    acc, better = case["test_acc"], case["better_parent"]
+    return {"fused above the truncation average": acc["fused"] > acc["truncation average"],
+            f"fused within {distance:g} of the better parent": acc["fused"] >= better - distance,
+            "fused + 1 epoch at or above the better parent": acc["fused + 1 epoch"] >= better}
+
+
 def report(r: dict[str, Any]) -> str:
+    distance = r["settings"].get("stated_distance", WidthsSize.stated_distance)
     rows = []
     for name, c in r["cases"].items():
         acc, case = c["test_acc"], c["case"]
@@ -117,6 +127,11 @@ def report(r: dict[str, Any]) -> str:
         "Test accuracy (fraction). A: seed 0 at the narrow width, B: seed 1 at the wide width; both merges are at "
         "A's width with BatchNorm statistics re-estimated; '+ 1 ep': one more epoch of training at a tenth of the "
         "parents' learning rate.", "", table, "",
+        markdown_table(["case", "claim", "holds"], [[n, k, "yes" if v else "**no**"] for n, c in r["cases"].items()
+                                                    for k, v in claims(c, distance).items()]), "",
+        "Training: " + "; ".join(f"{n}: {c['train_examples']:,} training / {c['test_examples']:,} test examples, "
+                                 f"{c['case']['epochs']} epoch(s) at lr {c['case']['lr']}, fusion {c['fuse_seconds']:.1f} s"
+                                 for n, c in r["cases"].items()) + ".", "",
         f"Total {r['seconds']:.0f} s.", "",
     ])
 
