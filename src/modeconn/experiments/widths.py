@@ -53,7 +53,7 @@ class WidthsSize:
 
 
 SIZES = {
-    "quick": WidthsSize((Case("mlp", "mlp", "mnist", (32, 64), {"depth": 2}, epochs=1, limit_train=1000,
+    "quick": WidthsSize((Case("mlp", "mlp", "mnist", (32, 64), {"depth": 2}, epochs=2, limit_train=2000,
                               limit_test=1000),
                          Case("resnet20", "resnet20", "fashion-mnist", (0.125, 0.25), epochs=1, limit_train=300,
                               limit_test=300)),

@@ -64,7 +64,7 @@ def reduce_pair(model_a: nn.Module, model_b: nn.Module, target: nn.Module, loade
 
 
 def merge_widths(model_a: nn.Module, model_b: nn.Module, loader: Iterable, *, target: nn.Module | None = None,
-                 bn_loader: Iterable | None = None, max_batches: int | None = None,
+                 bn: str = "reset", bn_loader: Iterable | None = None, max_batches: int | None = None,
                  match: bool = True) -> tuple[nn.Module, WidthAlignment | None]:
     """Fuse A (width m) and B (width n) into a model of ``target``'s width k (module docstring).
 
@@ -73,6 +73,8 @@ def merge_widths(model_a: nn.Module, model_b: nn.Module, loader: Iterable, *, ta
         loader: batches ``x`` or ``(x, y)`` (training data) on which unit activations are correlated.
         target: an instance of the architecture at the fused width (its weights are ignored); default: the model
             with fewer parameters (k = min(m, n)).
+        bn: BatchNorm policy after averaging, as in :func:`~modeconn.path.merge`: ``reset`` (default: statistics
+            re-estimated) or ``repair`` (REPAIR with the reduced endpoints' channel statistics).
         bn_loader: batches to re-estimate BatchNorm statistics of the fused model (default ``loader``).
         max_batches: correlate on at most this many batches.
         match: False gives the truncation baseline (first k units of each, averaged).
@@ -85,6 +87,6 @@ def merge_widths(model_a: nn.Module, model_b: nn.Module, loader: Iterable, *, ta
         target = min((model_a, model_b), key=lambda m: sum(p.numel() for p in m.parameters()))
     sd_a, sd_b, alignment = reduce_pair(model_a, model_b, target, loader, max_batches=max_batches, match=match)
     fused = copy.deepcopy(target)
-    merged = merge([sd_a, sd_b], model=fused, bn="reset", bn_loader=bn_loader if bn_loader is not None else loader)
+    merged = merge([sd_a, sd_b], model=fused, bn=bn, bn_loader=bn_loader if bn_loader is not None else loader)
     fused.load_state_dict(merged)
     return fused.eval(), alignment
