@@ -29,14 +29,16 @@ from .result import Alignment
 
 
 class CorrelationStats:
-    """Streaming Pearson cross-correlation between two (samples, n) activation streams (float64 sums)."""
+    """Streaming Pearson cross-correlation between two activation streams, (samples, n) and (samples, n_b)
+    (``n_b`` defaults to ``n``; float64 sums)."""
 
-    def __init__(self, n: int, device: torch.device) -> None:
+    def __init__(self, n: int, device: torch.device, n_b: int | None = None) -> None:
         def z(*shape: int) -> torch.Tensor:
             return torch.zeros(*shape, dtype=torch.float64, device=device)
 
         self.count = 0
-        self.sa, self.sb, self.saa, self.sbb, self.sab = z(n), z(n), z(n), z(n), z(n, n)
+        m = n if n_b is None else n_b
+        self.sa, self.sb, self.saa, self.sbb, self.sab = z(n), z(m), z(n), z(m), z(n, m)
 
     def update(self, xa: torch.Tensor, xb: torch.Tensor) -> None:
         """Add samples: ``xa``, ``xb`` of shape (samples, n)."""
@@ -62,8 +64,16 @@ class CorrelationStats:
         ma, mb, sa, sb = self._moments()
         return sa <= 1e-12 * (1 + ma.abs()), sb <= 1e-12 * (1 + mb.abs())
 
+    def equal_constants(self) -> torch.Tensor:
+        """(n, n_b) bool: A's unit i and B's unit j are both constant over the samples, with the same value (to
+        ``1e-6`` relative): interchangeable on these samples, though their correlation is 0/0."""
+        ma, mb, _, _ = self._moments()
+        dead_a, dead_b = self.constant_units()
+        same = (ma[:, None] - mb[None, :]).abs() <= 1e-6 * (1 + ma.abs()[:, None])
+        return dead_a[:, None] & dead_b[None, :] & same
+
     def correlation(self) -> torch.Tensor:
-        """(n, n) Pearson correlation corr[i, j] of A's unit i with B's unit j; 0 where a unit is dead
+        """(n, n_b) Pearson correlation corr[i, j] of A's unit i with B's unit j; 0 where a unit is dead
         (:meth:`constant_units`)."""
         c = max(self.count, 1)
         ma, mb, sa, sb = self._moments()
