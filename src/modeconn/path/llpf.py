@@ -149,6 +149,10 @@ def fingerprint_differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> l
 
 
 Fraction = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
+BUDGET_TICKS_PER_SQRT = 2.0
+"""With a budget and no ``ticks``, an LLPF run makes ``≈ 2·√budget`` ticks (:meth:`LLPFConfig.for_budget`)."""
+STEP_TIMES_TICKS = 6.0
+"""With a budget and neither ``step`` nor ``ticks`` given, ``step = 6 / ticks``."""
 
 
 class LLPFConfig(StrictConfig):
@@ -159,7 +163,8 @@ class LLPFConfig(StrictConfig):
         step: fraction s ∈ (0, 1] of the remaining distance each unlocked group moves per tick (M2M), or the
             shrink factor per tick (M2O: ``p ← (1−s)·p``). Reference: 0.001 with 16,000 ticks on ResNet18.
         ticks: number of ticks (M2M: ``ticks // record_every`` + 2 points; cross-sphere: M2M ticks after the
-            M2O phase).
+            M2O phase). With a ``budget`` and no ``ticks`` (nor ``step``), both are scaled to the budget
+            (:meth:`for_budget`: ≈ 2·√budget ticks).
         unlock_every: ticks between FDF unlocks (default ``max(1, ticks // (3·groups))``: every group is
             unlocked within the first third of the run).
         order: ``"fdf"`` (:func:`fdf_groups`), ``"all"`` (every layer from tick 0: the ablation), or explicit
@@ -219,6 +224,25 @@ class LLPFConfig(StrictConfig):
             raise ValueError(f"min_steps ({self.min_steps}) must be ≤ max_steps ({self.max_steps})")
         return self
 
+    def for_budget(self, cross: bool = False) -> LLPFConfig:
+        """The schedule scaled to ``budget`` where the caller left it open (fields set explicitly are kept; no
+        budget: ``self``): ``ticks ≈ 2·√budget``, so the number of ticks and the refinement per tick (the fair
+        share, ≈ √budget / 2) both grow with the budget, as the paper's long schedules do; ``step =
+        min(1, 6/ticks)`` (``step·ticks`` fixed: the first group ends ≈ e⁻⁶ of the way from B); cross-sphere:
+        ``m2o_max_ticks = ticks``. Never more ticks than the budget pays one step each."""
+        if self.budget is None:
+            return self
+        given, update = self.model_fields_set, {}
+        if "ticks" not in given:
+            ticks = max(1, round(BUDGET_TICKS_PER_SQRT * math.sqrt(self.budget)))
+            update["ticks"] = max(1, min(ticks, self.budget // 2 if cross else self.budget))
+        ticks = update.get("ticks", self.ticks)
+        if "step" not in given and "ticks" not in given:
+            update["step"] = min(1.0, STEP_TIMES_TICKS / ticks)
+        if cross and "m2o_max_ticks" not in given:
+            update["m2o_max_ticks"] = max(1, min(ticks, self.budget - ticks))
+        return self.model_copy(update=update) if update else self
+
 
 def _check_budget(mode: str, c: Mapping[str, Any]) -> None:
     """ConfigError unless the budget pays at least one refinement step per tick (the fair share ≥ 1)."""
@@ -270,6 +294,18 @@ def _set_unlock_every(c: dict[str, Any], n_groups: int) -> None:
             "order='all')")
 
 
+def _ticks_for_groups(c: dict[str, Any], n_groups: int, cross: bool, rescale_step: bool) -> None:
+    """A schedule scaled to the budget (:meth:`LLPFConfig.for_budget`) gets at least 3 ticks per FDF group where the
+    budget pays them (every group then unlocks within the first third of the run), a derived ``step`` rescaled."""
+    if c["order"] == "all" or c["ticks"] >= 3 * n_groups:
+        return
+    room = c["budget"] - (c["m2o_max_ticks"] if cross else 0)
+    ticks = max(c["ticks"], min(3 * n_groups, room))
+    if rescale_step:
+        c["step"] = min(1.0, c["step"] * c["ticks"] / ticks)
+    c["ticks"] = ticks
+
+
 class _Run:
     """One LLPF run (M2M, M2O or cross-sphere); state checkpointed to ``out_dir``: setup (``__init__``: checks,
     settings, network, groups, endpoints, fingerprint) → resume (a checkpoint, or point 0) → one :meth:`_step`
@@ -277,8 +313,9 @@ class _Run:
 
     def __init__(self, mode: str, model: nn.Module, sd_a: StateDict, sd_b: StateDict | None, train_data: Any,
                  config: LLPFConfig, loss_fn: LossFn | None, out_dir, resume: bool,
-                 progress: Callable[[int, int], None] | None, data_info: Mapping[str, Any] | None = None) -> None:
-        self.mode = mode
+                 progress: Callable[[int, int], None] | None, data_info: Mapping[str, Any] | None = None,
+                 scaled: set[str] | frozenset[str] = frozenset()) -> None:
+        self.mode, self.scaled = mode, scaled  # the settings for_budget derived (not given)
         self.device = _endpoint_device(model, sd_a, sd_b)
         c, order = _mode_settings(mode, config)
         self.ds, c["batch_size"] = resolve_dataset(train_data, c["batch_size"])
@@ -323,6 +360,8 @@ class _Run:
             return
         c["order"], self.groups = resolve_groups(self.net, order, c["fdf_level"])
         self.corrected = corrected_keys(self.net, c["variance_correction"])
+        if "ticks" in self.scaled:
+            _ticks_for_groups(c, len(self.groups), cross=self.mode == "cross", rescale_step="step" in self.scaled)
         _set_unlock_every(c, len(self.groups))
         c["groups"] = self.groups
         self.group_of = {k: g for g, keys in enumerate(self.groups) for k in keys}
@@ -728,7 +767,10 @@ def _run(mode: str, model: nn.Module, sd_a: StateDict, sd_b: StateDict | None, t
          progress: Callable[[int, int], None] | None, data_info: Mapping[str, Any] | None,
          options: dict[str, Any]) -> Path:
     cfg = LLPFConfig.from_any(config, **options)  # typos fail here, before any work
-    return _Run(mode, model, sd_a, sd_b, train_data, cfg, loss_fn, out_dir, resume, progress, data_info).run()
+    scaled = {"ticks", "step"} - cfg.model_fields_set if cfg.budget is not None and mode != "m2o" else set()
+    cfg = cfg.for_budget(cross=mode == "cross")
+    return _Run(mode, model, sd_a, sd_b, train_data, cfg, loss_fn, out_dir, resume, progress, data_info,
+                scaled=scaled).run()
 
 
 def llpf_m2m(model: nn.Module, sd_a: StateDict, sd_b: StateDict, train_data: Any,
