@@ -14,7 +14,7 @@ recomputed per point, one continuity sub-point per segment) is timed separately,
 
 Writes ``benchmarks/results/llpf_step.json`` atomically and prints it. Usage::
 
-    python benchmarks/bench_llpf_step.py [--budget 1000] [--repeats 5] [--quick]
+    python benchmarks/bench_llpf_step.py [--budget 1000] [--repeats 5] [--case mlp] [--quick]
 """
 
 from __future__ import annotations
@@ -159,11 +159,12 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=1000)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="budget 100, 1 repeat, not written")
+    ap.add_argument("--case", default="", help="only the cases whose name contains this")
     args = ap.parse_args()
     torch.set_num_threads(1)
     budget, repeats = (100, 1) if args.quick else (args.budget, args.repeats)
     results = []
-    for name, (arch, kw, bs) in CASES.items():
+    for name, (arch, kw, bs) in ((k, v) for k, v in CASES.items() if args.case in k):
         results.append(bench_case(name, arch, kw, bs, budget, repeats))
         print(json.dumps(results[-1]), flush=True)
     payload = {"what": "ms per gradient evaluation: LLPF (everything a tick does) vs a plain SGD step, same model "

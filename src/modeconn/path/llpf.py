@@ -106,7 +106,8 @@ from ..io import save_state_dict
 from ..nn_utils import mean_cross_entropy
 from ._stream import BatchStream, data_fingerprint, resolve_dataset
 from .curves import check_endpoints
-from .llpf_layers import corrected_keys, norm_param_keys, param_owners, resolve_groups, scale_to_variance
+from .llpf_layers import corrected_keys, norm_param_keys, param_owners, project_to_variance_, resolve_groups
+from .llpf_layers import scale_to_variance as scale_to_variance  # public here (modeconn.path.scale_to_variance)
 from .llpf_layers import fdf_groups as fdf_groups  # public here (modeconn.path.llpf.fdf_groups)
 from .llpf_layers import tensor_variance, weight_keys
 from .pathobj import MANIFEST, Path, cpu_clone, distance, model_keys, param_names, sha256_file, write_shard
@@ -306,6 +307,19 @@ def _ticks_for_groups(c: dict[str, Any], n_groups: int, cross: bool, rescale_ste
     c["ticks"] = ticks
 
 
+@torch.no_grad()
+def _sgd_step(params: list[torch.Tensor], grads: tuple[torch.Tensor | None, ...], lrs: list[float]) -> None:
+    """``p ← p − lr·g`` for every parameter with a gradient, one fused ``_foreach_add_`` per learning rate."""
+    by_lr: dict[float, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
+    for p, g, lr in zip(params, grads, lrs, strict=True):
+        if g is not None:
+            ps, gs = by_lr.setdefault(lr, ([], []))
+            ps.append(p)
+            gs.append(g)
+    for lr, (ps, gs) in by_lr.items():
+        torch._foreach_add_(ps, gs, alpha=-lr)
+
+
 class _Run:
     """One LLPF run (M2M, M2O or cross-sphere); state checkpointed to ``out_dir``: setup (``__init__``: checks,
     settings, network, groups, endpoints, fingerprint) → resume (a checkpoint, or point 0) → one :meth:`_step`
@@ -421,7 +435,7 @@ class _Run:
     def _project(self) -> None:
         params = self._params()
         for k in self.corrected:
-            params[k].copy_(scale_to_variance(params[k], self._var_target(k)))
+            project_to_variance_(params[k], self._var_target(k))
 
     def _step_limits(self) -> tuple[int, int]:
         """``(most, least)`` refinement steps of the coming tick: ``max_steps`` / ``min_steps``, with a budget
@@ -451,15 +465,12 @@ class _Run:
             while steps < most:
                 x, y = self.stream.next(self.device)[:2]
                 loss = self.loss_fn(self.net(x), y)
-                if not torch.isfinite(loss):
-                    raise NonFiniteError(f"LLPF refinement loss became {loss.item()} at tick {self.s['tick']} "
+                value = loss.item()  # the one synchronisation of a step
+                if not math.isfinite(value):
+                    raise NonFiniteError(f"LLPF refinement loss became {value} at tick {self.s['tick']} "
                                          f"(step {steps}); lower lr")
-                grads = torch.autograd.grad(loss, params, allow_unused=True)
-                with torch.no_grad():
-                    for p, g, lr in zip(params, grads, lrs, strict=False):
-                        if g is not None:
-                            p.add_(g, alpha=-lr)
-                window.append(loss.item())
+                _sgd_step(params, torch.autograd.grad(loss, params, allow_unused=True), lrs)
+                window.append(value)
                 steps += 1
                 if steps >= least and sum(window) / len(window) <= c["threshold"]:
                     reached = True
