@@ -62,6 +62,21 @@ def test_scale_to_variance_is_exact_and_keeps_the_mean():
         scale_to_variance(t, float("nan"))
 
 
+def test_the_in_place_projection_llpf_uses_equals_scale_to_variance():
+    from modeconn.path.llpf_layers import project_to_variance_
+
+    g = torch.Generator().manual_seed(1)
+    for shape, target in [((64, 32), 0.02), ((8, 4, 3, 3), 1.7)]:
+        t = torch.randn(shape, generator=g) * 0.3 + 0.1
+        inplace = t.clone()
+        project_to_variance_(inplace, target)
+        assert torch.allclose(inplace, scale_to_variance(t, target), rtol=1e-5, atol=1e-6)
+        assert not torch.allclose(inplace, t)  # negative control: it did move the tensor
+    const = torch.ones(5)
+    project_to_variance_(const, 3.0)
+    assert torch.equal(const, torch.ones(5))
+
+
 @pytest.mark.parametrize("target", ["source", "interpolate"])
 def test_m2m_variance_correction_puts_every_weight_on_its_target_sphere(target):
     model = _mlp(0)

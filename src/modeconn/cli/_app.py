@@ -153,7 +153,3 @@ def progress_bar(enabled: bool = True, log_every_s: float = 10.0):
 
         yield update
 
-
-def two_arg(progress, stage: str):
-    """Adapt the one protocol to a callee reporting ``progress(done, total)`` (path search and evaluation)."""
-    return None if progress is None else (lambda done, total: progress(stage, done, total))

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from ._app import (DATASET_HELP, app, check_out, console, data_option, download_option, errors_exit, log,
-                   overwrite_option, parse_kv, progress_bar, two_arg, written)
+                   overwrite_option, parse_kv, progress_bar, written)
 from ._help import live_help
 from ._user_data import reads_user_data
 from .tables import report_text
@@ -27,7 +27,9 @@ def path_command(
     method: str = typer.Option("llpf", help=_method_help()),
     option: list[str] = typer.Option([], "--option", "-o", help="a method setting key=value, repeatable (e.g. -o "
                                      "ticks=200); the settings: modeconn list settings METHOD"),
-    budget: int | None = typer.Option(None, min=1, help="the most gradient evaluations (every method)"),
+    budget: int | None = typer.Option(None, min=1, help="the most gradient evaluations; every method's schedule "
+                                      "scales to it (default 5000: minutes on small models; try 20000+ for a "
+                                      "low-loss LLPF path on a CNN)"),
     dataset: str | None = typer.Option(None, help=DATASET_HELP),
     data: Path | None = data_option(),
     download: bool = download_option(),
@@ -60,10 +62,12 @@ def path_command(
         options = parse_kv(option, "--option")
         try:
             with progress_bar() as progress:
+                stage = {"name": "search"}
                 results = run_path(a, b, method, options, out, dataset=dataset, data=data, limit_train=limit_train,
                                    budget=budget, eval_limit=eval_limit, sub_points=sub_points, seed=seed,
                                    resume=resume, overwrite=overwrite, continuity_tol=continuity_tol, log=log,
-                                   progress=two_arg(progress, "search / evaluation"))
+                                   progress=lambda done, total: progress(stage["name"], done, total),
+                                   on_stage=lambda name: stage.update(name=name))
         except KeyboardInterrupt:
             from ..recipes.path import interrupted_note
 

@@ -104,7 +104,8 @@ class AutoNEBConfig(StrictConfig):
         insert_tol: a pivot is inserted only where a probe's loss exceeds the linear interpolation of its
             segment's pivot losses by more than this (loss units, nats for cross-entropy), ≥ 0.
         eval_batches: training minibatches of the dense check (drawn once, fixed for the run), ≥ 1.
-        budget: most grad evals (None: cycles × steps_per_cycle steps); ≥ ``initial_pivots`` (one step).
+        budget: most grad evals (None: cycles × steps_per_cycle steps); ≥ ``initial_pivots`` (one step). Without
+            ``steps_per_cycle`` the cycles are sized to it (:meth:`for_budget`).
         batch_size: minibatch size (default: the DataLoader's, else 128).
         seed: seeds the run's one ``torch.Generator``.
     """
@@ -133,6 +134,15 @@ class AutoNEBConfig(StrictConfig):
             raise ValueError(f"budget ({self.budget} grad evals) must pay one step of the initial chain "
                              f"(initial_pivots = {self.initial_pivots})")
         return self
+
+    def for_budget(self) -> AutoNEBConfig:
+        """With a ``budget`` and no ``steps_per_cycle``: as many NEB steps per cycle as the budget pays when the
+        chain grows by its most, one pivot per cycle (``budget // Σ_c min(initial_pivots + c, max_pivots)``);
+        otherwise ``self``."""
+        if self.budget is None or "steps_per_cycle" in self.model_fields_set:
+            return self
+        per_step = sum(min(self.initial_pivots + c, self.max_pivots) for c in range(self.cycles))
+        return self.model_copy(update={"steps_per_cycle": max(1, self.budget // per_step)})
 
 
 # ------------------------------------------------------------------------------------------ NEB forces
@@ -464,7 +474,7 @@ def autoneb(
         architectures), DeviceMismatchError, NonFiniteError (NaN/Inf in the endpoints, or the loss became NaN/Inf:
         step, cycle and pivot named).
     """
-    cfg = AutoNEBConfig.from_any(config, **options)
+    cfg = AutoNEBConfig.from_any(config, **options).for_budget()
     run = _Run(model, sd_a, sd_b, train_data, cfg, loss_fn, progress)
     run.run()
     return run.finish()

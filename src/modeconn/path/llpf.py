@@ -106,7 +106,8 @@ from ..io import save_state_dict
 from ..nn_utils import mean_cross_entropy
 from ._stream import BatchStream, data_fingerprint, resolve_dataset
 from .curves import check_endpoints
-from .llpf_layers import corrected_keys, norm_param_keys, param_owners, resolve_groups, scale_to_variance
+from .llpf_layers import corrected_keys, norm_param_keys, param_owners, project_to_variance_, resolve_groups
+from .llpf_layers import scale_to_variance as scale_to_variance  # public here (modeconn.path.scale_to_variance)
 from .llpf_layers import fdf_groups as fdf_groups  # public here (modeconn.path.llpf.fdf_groups)
 from .llpf_layers import tensor_variance, weight_keys
 from .pathobj import MANIFEST, Path, cpu_clone, distance, model_keys, param_names, sha256_file, write_shard
@@ -149,6 +150,10 @@ def fingerprint_differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> l
 
 
 Fraction = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
+BUDGET_TICKS_PER_SQRT = 2.0
+"""With a budget and no ``ticks``, an LLPF run makes ``≈ 2·√budget`` ticks (:meth:`LLPFConfig.for_budget`)."""
+STEP_TIMES_TICKS = 6.0
+"""With a budget and neither ``step`` nor ``ticks`` given, ``step = 6 / ticks``."""
 
 
 class LLPFConfig(StrictConfig):
@@ -159,7 +164,8 @@ class LLPFConfig(StrictConfig):
         step: fraction s ∈ (0, 1] of the remaining distance each unlocked group moves per tick (M2M), or the
             shrink factor per tick (M2O: ``p ← (1−s)·p``). Reference: 0.001 with 16,000 ticks on ResNet18.
         ticks: number of ticks (M2M: ``ticks // record_every`` + 2 points; cross-sphere: M2M ticks after the
-            M2O phase).
+            M2O phase). With a ``budget`` and no ``ticks`` (nor ``step``), both are scaled to the budget
+            (:meth:`for_budget`: ≈ 2·√budget ticks).
         unlock_every: ticks between FDF unlocks (default ``max(1, ticks // (3·groups))``: every group is
             unlocked within the first third of the run).
         order: ``"fdf"`` (:func:`fdf_groups`), ``"all"`` (every layer from tick 0: the ablation), or explicit
@@ -219,6 +225,25 @@ class LLPFConfig(StrictConfig):
             raise ValueError(f"min_steps ({self.min_steps}) must be ≤ max_steps ({self.max_steps})")
         return self
 
+    def for_budget(self, cross: bool = False) -> LLPFConfig:
+        """The schedule scaled to ``budget`` where the caller left it open (fields set explicitly are kept; no
+        budget: ``self``): ``ticks ≈ 2·√budget``, so the number of ticks and the refinement per tick (the fair
+        share, ≈ √budget / 2) both grow with the budget, as the paper's long schedules do; ``step =
+        min(1, 6/ticks)`` (``step·ticks`` fixed: the first group ends ≈ e⁻⁶ of the way from B); cross-sphere:
+        ``m2o_max_ticks = ticks``. Never more ticks than the budget pays one step each."""
+        if self.budget is None:
+            return self
+        given, update = self.model_fields_set, {}
+        if "ticks" not in given:
+            ticks = max(1, round(BUDGET_TICKS_PER_SQRT * math.sqrt(self.budget)))
+            update["ticks"] = max(1, min(ticks, self.budget // 2 if cross else self.budget))
+        ticks = update.get("ticks", self.ticks)
+        if "step" not in given and "ticks" not in given:
+            update["step"] = min(1.0, STEP_TIMES_TICKS / ticks)
+        if cross and "m2o_max_ticks" not in given:
+            update["m2o_max_ticks"] = max(1, min(ticks, self.budget - ticks))
+        return self.model_copy(update=update) if update else self
+
 
 def _check_budget(mode: str, c: Mapping[str, Any]) -> None:
     """ConfigError unless the budget pays at least one refinement step per tick (the fair share ≥ 1)."""
@@ -270,6 +295,31 @@ def _set_unlock_every(c: dict[str, Any], n_groups: int) -> None:
             "order='all')")
 
 
+def _ticks_for_groups(c: dict[str, Any], n_groups: int, cross: bool, rescale_step: bool) -> None:
+    """A schedule scaled to the budget (:meth:`LLPFConfig.for_budget`) gets at least 3 ticks per FDF group where the
+    budget pays them (every group then unlocks within the first third of the run), a derived ``step`` rescaled."""
+    if c["order"] == "all" or c["ticks"] >= 3 * n_groups:
+        return
+    room = c["budget"] - (c["m2o_max_ticks"] if cross else 0)
+    ticks = max(c["ticks"], min(3 * n_groups, room))
+    if rescale_step:
+        c["step"] = min(1.0, c["step"] * c["ticks"] / ticks)
+    c["ticks"] = ticks
+
+
+@torch.no_grad()
+def _sgd_step(params: list[torch.Tensor], grads: tuple[torch.Tensor | None, ...], lrs: list[float]) -> None:
+    """``p ← p − lr·g`` for every parameter with a gradient, one fused ``_foreach_add_`` per learning rate."""
+    by_lr: dict[float, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
+    for p, g, lr in zip(params, grads, lrs, strict=True):
+        if g is not None:
+            ps, gs = by_lr.setdefault(lr, ([], []))
+            ps.append(p)
+            gs.append(g)
+    for lr, (ps, gs) in by_lr.items():
+        torch._foreach_add_(ps, gs, alpha=-lr)
+
+
 class _Run:
     """One LLPF run (M2M, M2O or cross-sphere); state checkpointed to ``out_dir``: setup (``__init__``: checks,
     settings, network, groups, endpoints, fingerprint) → resume (a checkpoint, or point 0) → one :meth:`_step`
@@ -277,8 +327,9 @@ class _Run:
 
     def __init__(self, mode: str, model: nn.Module, sd_a: StateDict, sd_b: StateDict | None, train_data: Any,
                  config: LLPFConfig, loss_fn: LossFn | None, out_dir, resume: bool,
-                 progress: Callable[[int, int], None] | None, data_info: Mapping[str, Any] | None = None) -> None:
-        self.mode = mode
+                 progress: Callable[[int, int], None] | None, data_info: Mapping[str, Any] | None = None,
+                 scaled: set[str] | frozenset[str] = frozenset()) -> None:
+        self.mode, self.scaled = mode, scaled  # the settings for_budget derived (not given)
         self.device = _endpoint_device(model, sd_a, sd_b)
         c, order = _mode_settings(mode, config)
         self.ds, c["batch_size"] = resolve_dataset(train_data, c["batch_size"])
@@ -323,6 +374,8 @@ class _Run:
             return
         c["order"], self.groups = resolve_groups(self.net, order, c["fdf_level"])
         self.corrected = corrected_keys(self.net, c["variance_correction"])
+        if "ticks" in self.scaled:
+            _ticks_for_groups(c, len(self.groups), cross=self.mode == "cross", rescale_step="step" in self.scaled)
         _set_unlock_every(c, len(self.groups))
         c["groups"] = self.groups
         self.group_of = {k: g for g, keys in enumerate(self.groups) for k in keys}
@@ -382,7 +435,7 @@ class _Run:
     def _project(self) -> None:
         params = self._params()
         for k in self.corrected:
-            params[k].copy_(scale_to_variance(params[k], self._var_target(k)))
+            project_to_variance_(params[k], self._var_target(k))
 
     def _step_limits(self) -> tuple[int, int]:
         """``(most, least)`` refinement steps of the coming tick: ``max_steps`` / ``min_steps``, with a budget
@@ -412,15 +465,12 @@ class _Run:
             while steps < most:
                 x, y = self.stream.next(self.device)[:2]
                 loss = self.loss_fn(self.net(x), y)
-                if not torch.isfinite(loss):
-                    raise NonFiniteError(f"LLPF refinement loss became {loss.item()} at tick {self.s['tick']} "
+                value = loss.item()  # the one synchronisation of a step
+                if not math.isfinite(value):
+                    raise NonFiniteError(f"LLPF refinement loss became {value} at tick {self.s['tick']} "
                                          f"(step {steps}); lower lr")
-                grads = torch.autograd.grad(loss, params, allow_unused=True)
-                with torch.no_grad():
-                    for p, g, lr in zip(params, grads, lrs, strict=False):
-                        if g is not None:
-                            p.add_(g, alpha=-lr)
-                window.append(loss.item())
+                _sgd_step(params, torch.autograd.grad(loss, params, allow_unused=True), lrs)
+                window.append(value)
                 steps += 1
                 if steps >= least and sum(window) / len(window) <= c["threshold"]:
                     reached = True
@@ -728,7 +778,10 @@ def _run(mode: str, model: nn.Module, sd_a: StateDict, sd_b: StateDict | None, t
          progress: Callable[[int, int], None] | None, data_info: Mapping[str, Any] | None,
          options: dict[str, Any]) -> Path:
     cfg = LLPFConfig.from_any(config, **options)  # typos fail here, before any work
-    return _Run(mode, model, sd_a, sd_b, train_data, cfg, loss_fn, out_dir, resume, progress, data_info).run()
+    scaled = {"ticks", "step"} - cfg.model_fields_set if cfg.budget is not None and mode != "m2o" else set()
+    cfg = cfg.for_budget(cross=mode == "cross")
+    return _Run(mode, model, sd_a, sd_b, train_data, cfg, loss_fn, out_dir, resume, progress, data_info,
+                scaled=scaled).run()
 
 
 def llpf_m2m(model: nn.Module, sd_a: StateDict, sd_b: StateDict, train_data: Any,

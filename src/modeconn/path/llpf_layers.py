@@ -82,6 +82,21 @@ def scale_to_variance(t: torch.Tensor, target: float) -> torch.Tensor:
     return (mu + (x - mu) * math.sqrt(target / v)).to(t.dtype)
 
 
+@torch.no_grad()
+def project_to_variance_(t: torch.Tensor, target: float) -> None:
+    """In place, what :func:`scale_to_variance` returns: ``t ← mean + (t − mean)·sqrt(target/var(t))`` with the
+    mean and unbiased variance from one ``var_mean`` pass and the update as ``t·f + mean·(1 − f)`` in ``t``'s dtype
+    (two passes, no copy: LLPF projects every corrected tensor twice per tick). A constant tensor or one with < 2
+    entries is left as it is."""
+    if t.numel() < 2:
+        return
+    v, mu = (float(x) for x in torch.var_mean(t))
+    if v == 0.0:
+        return
+    f = math.sqrt(target / v)
+    t.mul_(f).add_(mu * (1.0 - f))
+
+
 def fdf_groups(model: nn.Module, level: int | None = None) -> list[list[str]]:
     """Parameter groups in Follow-Data-Flow order (see the module docstring), from a torch.fx trace.
 

@@ -28,6 +28,9 @@ from .llpf import LLPFConfig, llpf_cross_sphere, llpf_m2m
 from .pathobj import CONTINUITY_TOL, Path, PathCurve, linear_path
 
 StateDict = Mapping[str, torch.Tensor]
+DEFAULT_BUDGET = 5000
+"""Gradient evaluations ``modeconn path`` gives a searching method when no ``--budget`` is given (minutes on
+small models; a few seconds per hundred on a CPU for a small CNN)."""
 
 
 @dataclass(frozen=True)
@@ -58,7 +61,9 @@ class PathMethod:
     """One path-finding method: ``run(model, sd_a, sd_b, train, options, ctx: SearchContext)``.
 
     ``options``: the method's own settings (validated by ``check``). ``checkpoints``: the method writes into
-    ``ctx.out_dir`` as it runs and can resume a killed run.
+    ``ctx.out_dir`` as it runs and can resume a killed run. ``default_budget``: the gradient evaluations
+    ``modeconn path`` gives it when ``--budget`` is not given (its schedule scales to the budget; None: needs
+    none). ``progress_unit``: what its ``progress(done, total)`` counts.
     """
 
     name: str
@@ -66,6 +71,8 @@ class PathMethod:
     run: Callable[..., Path]
     check: Callable[[dict[str, Any]], None]
     checkpoints: bool = False
+    default_budget: int | None = DEFAULT_BUDGET
+    progress_unit: str = "gradient evaluations"
 
 
 def _check_names(method: str, allowed: set[str]) -> Callable[[dict[str, Any]], None]:
@@ -102,7 +109,7 @@ def _llpf_runner(fn: Callable[..., Path], cross: bool) -> Callable[..., Path]:
     def run(model, a, b, train, options, ctx: SearchContext) -> Path:
         opts = _with_budget(options, ctx.budget)
         if ctx.max_points is not None and "record_every" not in opts:  # bounded storage and evaluation
-            cfg = LLPFConfig.from_any(opts)
+            cfg = LLPFConfig.from_any(opts).for_budget(cross)
             ticks = cfg.ticks + (cfg.m2o_max_ticks if cross else 0)
             opts["record_every"] = max(1, math.ceil(ticks / ctx.max_points))
         return fn(model, a, b, train, opts, out_dir=ctx.out_dir, resume=ctx.resume, progress=ctx.progress,
@@ -125,16 +132,20 @@ PATH_METHODS: Registry[PathMethod] = Registry("path method")
 """Every path-finding method by name; ``modeconn path --method`` and its help come from here. Adding a method is
 its runner (and config check) plus one entry below."""
 for _m in (
-    PathMethod("linear", "the straight line θ(λ) = (1−λ)θ_A + λθ_B", _run_linear, _check_names("linear", {"n"})),
+    PathMethod("linear", "the straight line θ(λ) = (1−λ)θ_A + λθ_B", _run_linear, _check_names("linear", {"n"}),
+               default_budget=None, progress_unit="points"),
     PathMethod("llpf", "LLPF model-to-model, Follow-Data-Flow unlock order (docs/methods.md §2)",
-               _llpf_runner(llpf_m2m, cross=False), _check_config(LLPFConfig), checkpoints=True),
+               _llpf_runner(llpf_m2m, cross=False), _check_config(LLPFConfig), checkpoints=True,
+               progress_unit="LLPF ticks"),
     PathMethod("cross-sphere", "LLPF across variance spheres (M2O to B's sphere, then M2M)",
-               _llpf_runner(llpf_cross_sphere, cross=True), _check_config(LLPFConfig), checkpoints=True),
+               _llpf_runner(llpf_cross_sphere, cross=True), _check_config(LLPFConfig), checkpoints=True,
+               progress_unit="LLPF ticks"),
     PathMethod("bezier", "quadratic/higher Bezier curve trained on E_t L(φ(t)) (Garipov et al. 2018)",
                _curve_runner("bezier"), _check_config(CurveConfig, fixed={"kind"})),
     PathMethod("polychain", "polygonal chain trained on E_t L(φ(t)) (Garipov et al. 2018)",
                _curve_runner("polychain"), _check_config(CurveConfig, fixed={"kind"})),
-    PathMethod("autoneb", "AutoNEB pivot chain (Draxler et al. 2018)", _run_autoneb, _check_config(AutoNEBConfig)),
+    PathMethod("autoneb", "AutoNEB pivot chain (Draxler et al. 2018)", _run_autoneb, _check_config(AutoNEBConfig),
+               progress_unit="NEB steps"),
 ):
     PATH_METHODS.register(_m.name)(_m)
 

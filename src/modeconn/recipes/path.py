@@ -241,14 +241,15 @@ def completeness_headline(method: str, results: Mapping[str, Any]) -> str:
     r, c = results["summary"], results["completeness"]
     budget = results["budget"]["requested"]
     spent = f"{r['grad_evals']} gradient evaluations" + (f" (budget {budget})" if budget is not None else "")
-    base = f"{method}: {r['points']} points, {spent}, {r['wall_time_s']:.1f} s search"
+    counts = f"{r['points']} points, {spent}, {r['wall_time_s']:.1f} s search"
+    base = f"{method}: {counts}"
     if c["complete"]:
         low = results["low_loss"]
         verdict = ("LOW-LOSS" if low["low_loss"] else "NOT low-loss") + (
             f" (dense peak {low['dense_peak']:.4f} vs endpoints {low['endpoint_max']:.4f} + {low['margin']:g})")
         return (f"{base}; continuous (reaches B, every segment within {c['continuity_tol']:g} of its ends), "
                 f"{verdict}: peak train loss {r['peak_train_loss']:.4f}{_linear_text(results)}")
-    text = f"{base}; INCOMPLETE PATH: {'; '.join(c['reasons'])}"
+    text = f"{method}: INCOMPLETE PATH ({counts}): {'; '.join(c['reasons'])}"  # the verdict first: never wrapped
     worst = c["worst_segment"]
     if worst is not None:
         text += (f". Dense peak of the failing segment: {worst['dense_peak']:.4f} — the peak at the points "
@@ -314,7 +315,8 @@ def run_path(out: str | FsPath, method: str, model_a: nn.Module, model_b: nn.Mod
              overwrite: bool = False, names: tuple[str, str] = ("A", "B"), inputs: Sequence[str | FsPath] = (),
              limit_train: int | None = None, continuity_tol: float = CONTINUITY_TOL,
              max_points: int | None = DEFAULT_MAX_POINTS, log: Callable[[str], None] = print,
-             progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+             progress: Callable[[int, int], None] | None = None,
+             on_stage: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Find one path, evaluate it, and write ``out``: ``path/`` (safetensors shards + path.json), ``results.json``,
     ``report.md`` and ``path_loss.png`` — all assembled in a uniquely named temporary sibling that becomes ``out``
     in one atomic swap (:func:`~modeconn._util.outdir.output_directory`), so ``out`` always holds one whole run.
@@ -330,6 +332,8 @@ def run_path(out: str | FsPath, method: str, model_a: nn.Module, model_b: nn.Mod
         limit_train: the training-set limit the data was loaded with (recorded; part of a resume's fingerprint).
         continuity_tol: tolerance of the continuity check (:meth:`PathCurve.completeness`).
         max_points: bound on the points an LLPF search stores (``record_every`` sized to it unless given).
+        on_stage: called with the name and unit of each stage before its first ``progress`` call (e.g.
+            ``"search (LLPF ticks)"``, ``"evaluating the path (models)"``).
 
     Returns: the results dict (also ``results.json``); ``results["complete"]`` says whether the path is complete
         (reaches B, every segment passes the continuity check) — the CLI exits with
@@ -351,13 +355,16 @@ def run_path(out: str | FsPath, method: str, model_a: nn.Module, model_b: nn.Mod
     sd_a, sd_b = model_a.state_dict(), model_b.state_dict()
     data_info = {"name": bundle.name, "split": "train", "limit": limit_train}
     ctx = SearchContext(budget, None, False, progress, max_points, data_info)
+    stage = on_stage or (lambda name: None)
     work = None
     try:
         with output_directory(out, inputs=inputs, overwrite=may_replace, command="path") as tmp:
             work = SearchWorkDir.open(out, method, resume=resume, overwrite=overwrite) if m.checkpoints else None
             log(f"finding the {method} path ({m.summary})" + (f" with a budget of {budget} gradient evaluations"
                                                               if budget is not None else ""))
+            stage(f"search ({m.progress_unit})")
             path = _search(out, tmp, m, model_a, sd_a, sd_b, bundle, options, work, ctx)
+            stage("evaluating the path (models)")
             log(f"evaluating {len(path)} points (+{sub_points} sub-points per segment) on "
                 f"{'all' if eval_limit is None else f'at most {eval_limit}'} examples per split")
             curve = evaluate_found_path(path, model_a, bundle, eval_limit=eval_limit, bn_batches=bn_batches,
@@ -367,6 +374,7 @@ def run_path(out: str | FsPath, method: str, model_a: nn.Module, model_b: nn.Mod
             curves, rows = {method: curve}, [row]
             if method != "linear":
                 log(f"evaluating the linear path ({LINEAR_POINTS} points) beside it")
+                stage("evaluating the linear path (models)")
                 lin_path, lin_curve = _linear_baseline(model_a, sd_a, sd_b, bundle, eval_limit, bn_batches, seed,
                                                        progress)
                 lin_row = path_row("linear", lin_curve, lin_path, max(results["endpoint_train_loss"]),
@@ -429,10 +437,13 @@ def path(a: FsPath, b: FsPath, method: str, options: Mapping[str, Any], out: FsP
          data: FsPath | None = None, limit_train: int | None = None, **run: Any) -> dict[str, Any]:
     """The back-end of ``modeconn path``: the method and its options checked before anything is loaded, the pair and
     its data loaded (:func:`~modeconn.recipes.pair.load_pair_and_data`), then :func:`run_path` with ``run``
-    (budget, eval_limit, sub_points, continuity_tol, seed, resume, overwrite, log, progress). Returns its results."""
+    (budget — the method's :attr:`~modeconn.path.methods.PathMethod.default_budget` when None —, eval_limit,
+    sub_points, continuity_tol, seed, resume, overwrite, log, progress, on_stage). Returns its results."""
     from .pair import load_pair_and_data
 
-    check_path_options(method, options)  # typos fail before anything is loaded
+    m = check_path_options(method, options)  # typos fail before anything is loaded
+    if run.get("budget") is None:
+        run["budget"] = m.default_budget  # a run of minutes at the defaults; the method's schedule scales to it
     ma, mb, _, bundle = load_pair_and_data(a, b, "path", dataset, data, limit_train)
     return run_path(out, method, ma, mb, bundle, options, names=(str(a), str(b)),
                     inputs=[p for p in (a, b, data) if p is not None], limit_train=limit_train, **run)

@@ -198,6 +198,31 @@ def plot_peak_bars(bars: Mapping[str, Mapping[str, tuple[float, float]]], path: 
     return _save_axes(fig, ax, path, title)
 
 
+def plot_peak_vs_budget(curves: Mapping[str, Mapping[str, list[tuple[int, float, float]]]], path: str | Path,
+                        margin: float) -> Path:
+    """One panel per key of ``curves`` (a pair of endpoints): per method its dense peak over the higher endpoint
+    against the budget, ``{panel: {method: [(budget, mean, std), …]}}`` (log-x, symmetric-log y), with the low-loss
+    ``margin`` as a dashed line. Writes a PNG to ``path``."""
+    panels = list(curves) or ["(no paths)"]
+    fig, axes = pyplot().subplots(1, len(panels), figsize=(4.0 * len(panels), 3.8), squeeze=False)
+    for ax, panel in zip(axes[0], panels, strict=True):
+        for method, pts in curves.get(panel, {}).items():
+            b, m, s = (np.asarray(v, dtype=float) for v in zip(*pts, strict=True))
+            ax.errorbar(b, m, yerr=s, marker="o", capsize=2, label=method)
+        ax.axhline(margin, color="black", ls="--", lw=0.8, label=f"endpoints + {margin:g}")
+        ax.set_xscale("log")
+        ax.set_yscale("symlog", linthresh=0.01)
+        ax.set_xlabel("gradient evaluations")
+        ax.set_title(panel, fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel("dense peak train loss − max endpoint")
+    fig.tight_layout()
+    fig.savefig(Path(path), dpi=110)
+    pyplot().close(fig)
+    return Path(path)
+
+
 def _save_axes(fig, ax, path: str | Path, title: str) -> Path:
     """Legend and ``title`` on the single axes ``ax``, then ``fig`` saved as a PNG at ``path`` (110 dpi) and closed."""
     ax.legend(fontsize=8)
