@@ -202,14 +202,17 @@ def _check_inputs(spec: SymmetrySpec, model_a: nn.Module, model_b: nn.Module) ->
 
 
 def paired_probe_activations(spec: SymmetrySpec, model_a: nn.Module, model_b: nn.Module, loader: Iterable,
-                             max_batches: int | None = None) -> Iterator[dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor]]]:
+                             max_batches: int | None = None, spec_b: SymmetrySpec | None = None,
+                             ) -> Iterator[dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor]]]:
     """One pass of both models over ``loader`` (at most ``max_batches`` batches; eval mode, no grad): per batch,
     ``{(space, probe index): (A's activations, B's)}``, each ``(rows, n)`` with the space's ``n`` units as columns
-    (:func:`probe_matrix`). The models' train/eval flags are restored when the iteration ends."""
+    (:func:`probe_matrix`). ``spec_b``: B's own spec where B has other widths (the same spaces and probes by name;
+    default ``spec``). The models' train/eval flags are restored when the iteration ends."""
+    spec_b = spec if spec_b is None else spec_b
     device = model_device(model_a)
     batches = 0
     with eval_mode(model_a, model_b), torch.no_grad(), capture(model_a, spec.probes) as st_a, capture(
-        model_b, spec.probes
+        model_b, spec_b.probes
     ) as st_b:
         for batch in loader:
             if max_batches is not None and batches >= max_batches:
@@ -218,8 +221,9 @@ def paired_probe_activations(spec: SymmetrySpec, model_a: nn.Module, model_b: nn
             model_a(x)
             model_b(x)
             yield {(s, i): (probe_matrix(st_a[(p.module, p.where)], p, spec.spaces[s].size),
-                            probe_matrix(st_b[(p.module, p.where)], p, spec.spaces[s].size))
-                   for s, probes in spec.probes.items() for i, p in enumerate(probes)}
+                            probe_matrix(st_b[(q.module, q.where)], q, spec_b.spaces[s].size))
+                   for s, probes in spec.probes.items() for i, (p, q) in enumerate(zip(probes, spec_b.probes[s],
+                                                                                       strict=True))}
             batches += 1
 
 

@@ -19,9 +19,9 @@ from scipy.optimize import linear_sum_assignment
 from torch import nn
 
 from ..errors import ConfigError, SpecError
-from ..nn_utils import batch_inputs, eval_mode, model_device
+from ..nn_utils import model_device
 from ..symmetry import SymmetrySpec
-from .activation import CorrelationStats, capture, probe_matrix
+from .activation import CorrelationStats, paired_probe_activations
 
 __all__ = ["WidthAlignment", "partial_assignment", "unit_correlations", "width_matching"]
 
@@ -51,19 +51,10 @@ def unit_correlations(spec_a: SymmetrySpec, spec_b: SymmetrySpec, model_a: nn.Mo
     stats = {(s, i): CorrelationStats(spec_a.spaces[s].size, device, spec_b.spaces[s].size)
              for s, ps in spec_a.probes.items() for i in range(len(ps))}
     batches = 0
-    with eval_mode(model_a, model_b), torch.no_grad(), capture(model_a, spec_a.probes) as st_a, \
-            capture(model_b, spec_b.probes) as st_b:
-        for batch in loader:
-            if max_batches is not None and batches >= max_batches:
-                break
-            x = batch_inputs(batch).to(device)
-            model_a(x)
-            model_b(x)
-            for (s, i), st in stats.items():
-                p = spec_a.probes[s][i]
-                st.update(probe_matrix(st_a[(p.module, p.where)], p, spec_a.spaces[s].size),
-                          probe_matrix(st_b[(p.module, p.where)], spec_b.probes[s][i], spec_b.spaces[s].size))
-            batches += 1
+    for pairs in paired_probe_activations(spec_a, model_a, model_b, loader, max_batches, spec_b=spec_b):
+        for key, (a, b) in pairs.items():
+            stats[key].update(a, b)
+        batches += 1
     if batches == 0:
         raise ConfigError("unit_correlations got an empty loader")
     return {s: sum(_score(stats[(s, i)]) for i in range(len(ps))) for s, ps in spec_a.probes.items()}
