@@ -99,7 +99,8 @@ def align_lm(ckpts: list[Checkpoint], out: Path, plan, progress, log: Callable[[
             torch.distributed.destroy_process_group()
     procs = f" on {info.world_size} processes" if info.world_size > 1 else ""
     line = (f"{'dual' if method == 'dual' else 'one-sided learned'} matching: path loss {rec['first_loss']:.4f} → "
-            f"{rec['objective']:.4f} nats of cross-entropy (first → last tenth of {config.steps} steps){procs} "
+            f"{rec['objective']:.4f} nats of cross-entropy (means of the first and the last tenth) over "
+            f"{config.steps} steps{procs} "
             f"({len(rec['spaces'])} spaces, weight-matching objective {rec['wm_objective']:.4f})")
     return Outcome(Path(out), "a/, b/, transforms.safetensors, alignment.json", (line,), "aligned endpoints",
                    quiet=info.rank != 0)
