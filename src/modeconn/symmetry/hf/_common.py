@@ -186,3 +186,11 @@ def token_inputs(model: nn.Module, gen: torch.Generator, batch: int = 2, length:
     cfg = model.config
     length = min(length, getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None) or length)
     return {"input_ids": torch.randint(0, cfg.vocab_size, (batch, length), generator=gen)}
+
+
+def pixel_inputs(model: nn.Module, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """Two random images for a vision model's checks: ``pixel_values`` (2, C, H, H) at its config's (or its vision
+    tower's) ``image_size``."""
+    cfg = getattr(model.config, "vision_config", model.config)
+    size = cfg.image_size if isinstance(cfg.image_size, int) else cfg.image_size[0]
+    return {"pixel_values": torch.randn(2, cfg.num_channels, size, size, generator=gen)}

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from ...errors import UnsupportedOperationError
-from ._common import Walker, base_path, join
+from ._common import Walker, base_path, join, pixel_inputs
 from .registry import ADAPTERS, Adapter
 from .structure import FFN, Hidden, Slice, Stream, Structure
 
@@ -79,12 +79,8 @@ def describe(model: nn.Module, prefix: str) -> Structure:
                      notes=("one channel space per stage; depthwise convolutions move with their channels",))
 
 
-def _pixels(model: nn.Module, gen: torch.Generator) -> dict[str, torch.Tensor]:
-    cfg = model.config
-    return {"pixel_values": torch.randn(2, cfg.num_channels, cfg.image_size, cfg.image_size, generator=gen)}
-
 
 ADAPTERS.register("convnext")(Adapter(
-    "convnext", describe, _pixels, CLASSES,
+    "convnext", describe, pixel_inputs, CLASSES,
     absorb="convnext normalises inside each branch and on the downsampling path, so no scale can be folded into "
            "readers and there is no orthogonal channel symmetry to expose"))

@@ -33,9 +33,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from torch import nn
 
+from ._common import pixel_inputs
 from .moe import MoE
 from .prenorm import Embedding, Table, register
 
@@ -48,11 +48,6 @@ def _lm(prefix: str, *extra: str) -> tuple[str, ...]:
     return (f"{prefix}Model", f"{prefix}ForCausalLM", f"{prefix}ForSequenceClassification",
             f"{prefix}ForTokenClassification", f"{prefix}ForQuestionAnswering", *extra)
 
-
-def _pixels(model: nn.Module, gen: torch.Generator) -> dict[str, torch.Tensor]:
-    cfg = getattr(model.config, "vision_config", model.config)
-    size = cfg.image_size if isinstance(cfg.image_size, int) else cfg.image_size[0]
-    return {"pixel_values": torch.randn(2, cfg.num_channels, size, size, generator=gen)}
 
 
 def _act(field: str):
@@ -155,7 +150,7 @@ register(Table("deit", ("DeiTForImageClassification", "DeiTForImageClassificatio
                embeddings=(Embedding("embeddings.patch_embeddings.projection", linear=True), *_DEIT_TOKENS),
                attn="attention", up="fc1", gate=None, down="fc2", attn_norm=("layernorm_before",),
                mlp_norm=("layernorm_after",), final_norm="layernorm",
-               heads=("classifier", "cls_classifier", "distillation_classifier"), rotary=None, example=_pixels))
+               heads=("classifier", "cls_classifier", "distillation_classifier"), rotary=None, example=pixel_inputs))
 
 def _clip_tower(model: nn.Module) -> str:
     """The vision transformer's path: ``vision_model`` (every class in transformers 4; the projection and
@@ -167,7 +162,7 @@ _CLIP = dict(embeddings=(Embedding("embeddings", "class_embedding", 0), Embeddin
                          Embedding("embeddings.position_embedding")),
              embed_norm="pre_layrnorm", layers="encoder.layers", o="out_proj", up="fc1", gate=None, down="fc2",
              attn_norm=("layer_norm1",), mlp_norm=("layer_norm2",), final_norm="post_layernorm", rotary=None,
-             example=_pixels, base=_clip_tower)
+             example=pixel_inputs, base=_clip_tower)
 _LAYER_SCALE = ("{}: normalization absorption does not fold layer scales ({}: a per-channel scale of what each block "
                 "writes, which centering the writers would have to fold into them first)")
 _VIT_PATCHES = (Embedding("embeddings.patch_embeddings.projection", linear=True), Embedding("embeddings", "cls_token", 2))
@@ -176,7 +171,7 @@ register(Table("dinov2", ("Dinov2Model", "Dinov2ForImageClassification"),
                            Embedding("embeddings", "mask_token", 1, optional=True)),
                layers="encoder.layer", attn="attention", up="fc1", gate=None, down="fc2", attn_norm=("norm1",),
                mlp_norm=("norm2",), final_norm="layernorm", heads=("classifier",), head_copies=2,
-               layer_scales=("layer_scale1.lambda1", "layer_scale2.lambda1"), rotary=None, example=_pixels,
+               layer_scales=("layer_scale1.lambda1", "layer_scale2.lambda1"), rotary=None, example=pixel_inputs,
                requires=(("use_swiglu_ffn", lambda v: not v, "False (the SwiGLU FFN variant has no table yet)"),),
                absorb=_LAYER_SCALE.format("DINOv2", "layer_scale1/2.lambda1")))
 register(Table("beit", ("BeitModel", "BeitForImageClassification"),
@@ -187,7 +182,7 @@ register(Table("beit", ("BeitModel", "BeitForImageClassification"),
                final_norm=lambda cfg: "pooler.layernorm" if cfg.use_mean_pooling else "layernorm",
                frozen=("relative_position_bias",), shared_frozen=("shared_position_bias",),
                alibi=lambda cfg: cfg.use_relative_position_bias or cfg.use_shared_relative_position_bias,
-               rotary=None, example=_pixels, absorb=_LAYER_SCALE.format("BEiT", "lambda_1/2")))
+               rotary=None, example=pixel_inputs, absorb=_LAYER_SCALE.format("BEiT", "lambda_1/2")))
 
 _CLIP_ABSORB = _NOT_PRE_NORM.format("CLIP vision", "pre_layrnorm")
 register(Table("clip_vision_model", ("CLIPVisionModel", "CLIPVisionModelWithProjection"), heads=("visual_projection",),
@@ -197,7 +192,7 @@ register(Table("clip", ("CLIPForImageClassification",), heads=("classifier",), f
 
 _SIGLIP = dict(embeddings=(Embedding("embeddings.patch_embedding", linear=True), Embedding("embeddings.position_embedding")),
                layers="encoder.layers", o="out_proj", up="fc1", gate=None, down="fc2", attn_norm=("layer_norm1",),
-               mlp_norm=("layer_norm2",), final_norm="post_layernorm", rotary=None, example=_pixels, base=_clip_tower)
+               mlp_norm=("layer_norm2",), final_norm="post_layernorm", rotary=None, example=pixel_inputs, base=_clip_tower)
 # the attention-pooling head: its fused in_proj reads the probe through the Q rows and the stream through the K/V
 # rows, so the probe is bound as a writer of the stream (q = probe·W_qᵀ is unchanged when both move) and in_proj's
 # columns as one reader; the rest of the head computes pooler_output, a model output: frozen

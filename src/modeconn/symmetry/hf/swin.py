@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from ...errors import UnsupportedOperationError
-from ._common import Walker, base_path, join
+from ._common import Walker, base_path, join, pixel_inputs
 from .registry import ADAPTERS, Adapter
 from .structure import FFN, Attention, Hidden, KVHead, QueryHead, Slice, Stream, Structure
 
@@ -90,12 +90,8 @@ def describe(model: nn.Module, prefix: str) -> Structure:
                      notes=("one channel space per stage; relative position bias columns move with their heads",))
 
 
-def _pixels(model: nn.Module, gen: torch.Generator) -> dict[str, torch.Tensor]:
-    cfg = model.config
-    return {"pixel_values": torch.randn(2, cfg.num_channels, cfg.image_size, cfg.image_size, generator=gen)}
-
 
 ADAPTERS.register("swin")(Adapter(
-    "swin", describe, _pixels, CLASSES,
+    "swin", describe, pixel_inputs, CLASSES,
     absorb="swin's stages change width through patch merging, whose LayerNorm normalises the concatenated tokens "
            "before the reduction: there is no single stream to rotate"))

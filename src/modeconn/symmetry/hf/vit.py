@@ -13,11 +13,10 @@ Attribute names changed in transformers 5 (``layers.i.attention.q_proj``, ``mlp.
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 
 from ...errors import UnsupportedOperationError
-from ._common import Walker, base_path, join
+from ._common import Walker, base_path, join, pixel_inputs
 from .registry import ADAPTERS, Adapter
 from .structure import FFN, Attention, KVHead, QueryHead, Stream, Structure
 
@@ -74,10 +73,5 @@ def describe(model: nn.Module, prefix: str) -> Structure:
                      frozen=tuple(frozen))
 
 
-def example(model: nn.Module, gen: torch.Generator) -> dict[str, torch.Tensor]:
-    cfg = model.config
-    size = cfg.image_size if isinstance(cfg.image_size, int) else cfg.image_size[0]
-    return {"pixel_values": torch.randn(2, cfg.num_channels, size, size, generator=gen)}
 
-
-ADAPTERS.register("vit")(Adapter("vit", describe, example, CLASSES))
+ADAPTERS.register("vit")(Adapter("vit", describe, pixel_inputs, CLASSES))
