@@ -117,3 +117,14 @@ def test_cli_fuse_writes_a_checkpoint_of_the_narrow_width(tmp_path):
     res = CliRunner().invoke(app, ["fuse", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "g"),
                                    "--width", "9"])
     assert res.exit_code != 0 and "at most 6" in res.output
+
+
+def test_cli_fuse_refuses_a_hugging_face_directory_with_the_reason_before_any_weights(tmp_path):
+    import transformers as T
+
+    cfg = T.GPTNeoXConfig(hidden_size=16, num_attention_heads=2, intermediate_size=32, num_hidden_layers=1,
+                          vocab_size=32, max_position_embeddings=16)
+    T.GPTNeoXForCausalLM(cfg).save_pretrained(tmp_path / "hf")
+    res = CliRunner().invoke(app, ["fuse", str(tmp_path / "hf"), str(tmp_path / "hf"), "--out", str(tmp_path / "f")])
+    assert res.exit_code == 2 and "fuse reads modeconn checkpoints" in res.output, res.output
+    assert not (tmp_path / "f").exists()

@@ -28,6 +28,17 @@ def target_kwargs(cfg_a: dict[str, Any], cfg_b: dict[str, Any], width: float | N
     return {**narrow, "width": narrow["width"] if width is None else width}
 
 
+def check_modeconn_kind(paths: list[Path]) -> None:
+    """ConfigError, before any weights are read, for a checkpoint that is not modeconn's own: only its architectures
+    are built at another width (Hugging Face, timm and torchvision widths are not fused)."""
+    from ..checkpoints import open_checkpoints
+
+    for ckpt in open_checkpoints(paths):
+        if ckpt.kind.name != "modeconn":
+            raise ConfigError(f"fuse reads modeconn checkpoints (architectures built with a width option); "
+                              f"{ckpt.describe()} is not one: models of other kinds at different widths are not fused")
+
+
 def fuse(model_a: Path, model_b: Path, out: Path, *, width: float | None = None, dataset: str | None = None,
          data: Path | None = None, limit_train: int | None = None, batches: int = 20, overwrite: bool = False,
          log: Callable[[str], None] = print) -> Outcome:
@@ -43,6 +54,7 @@ def fuse(model_a: Path, model_b: Path, out: Path, *, width: float | None = None,
     from ..train import evaluate
 
     check_output_target(out, inputs=[p for p in (model_a, model_b, data) if p is not None], overwrite=overwrite)
+    check_modeconn_kind([model_a, model_b])
     (a, cfg_a), (b, cfg_b) = load_checkpoint(model_a), load_checkpoint(model_b)
     kwargs = target_kwargs(cfg_a, cfg_b, width)
     dataset = dataset or cfg_a.get("dataset")
