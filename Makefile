@@ -10,6 +10,10 @@ export MODECONN_DATA
 # slower when other processes compete for the cores (the tests' models are tiny anyway).
 OMP_NUM_THREADS ?= 1
 export OMP_NUM_THREADS
+# The suite runs in TEST_WORKERS processes (pytest-xdist), each test file whole on one of them (its module fixtures
+# are built once): with one thread per process this uses both cores of the CI machine.
+TEST_WORKERS ?= 2
+PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 .PHONY: demo test test-fast lint docs bench clean
 
@@ -25,11 +29,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check src tests
-	$(PY) -m pytest -q
+	$(PYTEST) --durations=20
 
 # Local work: the fast tier (no tests marked slow or experiment), a few minutes on 2 cores.
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow and not experiment"
+	$(PYTEST) -m "not slow and not experiment"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests

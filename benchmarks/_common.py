@@ -22,6 +22,7 @@ def environment() -> dict:
         "cpu_count": os.cpu_count(),
         "machine": platform.machine(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "load_average_1_5_15_min": list(os.getloadavg()),
     }
 
 
