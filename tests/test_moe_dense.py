@@ -39,7 +39,35 @@ def test_copies_of_one_dense_model_compute_it_for_any_router(tmp_path, family, m
         assert torch.allclose(moe(x).logits, dense(x).logits, atol=1e-5)
         assert moe.generate(x[:1, :4], max_new_tokens=3, do_sample=False).shape == (1, 7)
     record = json.loads((tmp_path / "moe" / "moe.json").read_text())
-    assert record["experts_from"] == ["a", "b", "c"] and len(record["alignments"]) == 2
+    assert record["experts_from"] == ["a", "b", "c"] and len(record["alignments"]) == 2 and record["groups"] == "full"
+
+
+def test_a_rotated_copy_is_aligned_back_by_the_full_group_and_not_by_permutations(tmp_path):
+    """Planted: B is A moved by a random element of the full group (a residual rotation, per-head maps, permutations),
+    written as a stock Llama. The full group aligns it back, so the MoE computes A for any router; permutations alone
+    cannot undo a rotation, and that MoE does not (the negative control)."""
+    from modeconn.symmetry import absorb_normalization
+    from modeconn.symmetry.absorb_export import stock_model
+    from modeconn.symmetry.hf import FULL_GROUPS, hf_symmetry_spec
+
+    torch.manual_seed(0)
+    dense = TINY["llama"]().eval()
+    dense.save_pretrained(tmp_path / "a")
+    absorbed = absorb_normalization(dense)
+    spec = hf_symmetry_spec(absorbed, groups=FULL_GROUPS)
+    absorbed.load_state_dict(spec.apply(absorbed.state_dict(), spec.random_element(torch.Generator().manual_seed(1))))
+    stock_model(absorbed).save_pretrained(tmp_path / "b")
+    x = torch.randint(1, 50, (2, 10))
+    gaps = {}
+    for align in ("full", "weight"):
+        mc.dense_to_moe([tmp_path / "a", tmp_path / "b"], tmp_path / align, data=x, align=align)
+        moe = T.AutoModelForCausalLM.from_pretrained(tmp_path / align).eval()
+        with torch.no_grad():
+            for name, p in moe.named_parameters():
+                if name.endswith("mlp.gate.weight"):
+                    p.normal_(std=3.0)
+            gaps[align] = float((moe(x).logits - dense(x).logits).abs().max())
+    assert gaps["full"] < 1e-4 < 0.1 < gaps["weight"], gaps
 
 
 def _swap_routers(path, out):
@@ -86,7 +114,7 @@ def test_the_cli_builds_a_mixtral_from_two_llamas_with_per_model_data(tmp_path):
     assert type(moe).__name__ == "MixtralForCausalLM" and moe.config.num_local_experts == 2
     assert (out / "tokenizer.model").exists()
     record = json.loads((out / "moe.json").read_text())
-    assert record["router"]["steps"] == 2 and record["align"] == "weight"
+    assert record["router"]["steps"] == 2 and record["align"] == "full" and record["groups"] == "full"
 
 
 @pytest.mark.parametrize("case,message", [

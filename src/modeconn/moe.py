@@ -4,12 +4,14 @@
 
     dense_to_moe(["llama-law", "llama-fiction"], "moe", data=[law_blocks, fiction_blocks], router_steps=200)
 
-Every model is aligned to the first by streaming weight matching (:func:`modeconn.stream.hf_checkpoint_spec` and
-:func:`modeconn.weight_matching`: residual stream, attention heads' dimensions and FFN hidden units; ``align="none"``
-takes them as stored). The shared parts (embeddings, attention, norms, head) are averaged; model ``i``'s FFN becomes
-expert ``i`` of every layer, in the matching MoE family (:data:`MOE_FAMILIES`: Llama and Mistral → Mixtral, Qwen2 →
-Qwen2-MoE, whose shared expert is written as a zero expert of one hidden unit: the dense models have none). The full
-orthogonal group (after normalization absorption) is not used: an absorbed checkpoint is not a stock MoE checkpoint.
+Every model is aligned to the first by weight matching: by default with the full transformer group after
+normalization absorption (a residual rotation, per-head orthogonal maps, FFN permutations), the aligned models written
+back as stock models of their family (norm weights one, head untied) — which RMSNorm families can hold; else, or with
+``align="weight"``, by streaming weight matching with permutations (residual stream, attention heads' dimensions,
+FFN hidden units); ``align="none"`` takes them as stored. The shared parts (embeddings, attention, norms, head) are
+averaged; model ``i``'s FFN becomes expert ``i`` of every layer, in the matching MoE family (:data:`MOE_FAMILIES`:
+Llama and Mistral → Mixtral, Qwen2 → Qwen2-MoE, whose shared expert is written as a zero expert of one hidden unit:
+the dense models have none).
 
 The router is initialised from data, in the spirit of Branch-Train-MiX (Sukhbaatar et al. 2024): in each layer, the
 input of each aligned dense model's FFN (its post-attention norm's output) is averaged over its own data, and the
@@ -206,17 +208,110 @@ def _per_model(data: Sequence[torch.Tensor] | torch.Tensor, n: int) -> list[torc
 
 
 def _dense_model(config: Mapping[str, Any], sd: Mapping[str, torch.Tensor]):
+    """The dense causal LM of ``config`` holding ``sd`` (every tensor; a tied head may be absent)."""
     import transformers
 
     cfg = transformers.AutoConfig.for_model(config["model_type"],
                                             **{k: v for k, v in config.items() if k != "model_type"})
     model = transformers.AutoModelForCausalLM.from_config(cfg).float().eval()
-    model.load_state_dict(dict(sd), strict=False)
+    missing, unexpected = model.load_state_dict(dict(sd), strict=False)
+    if unexpected or any(k != "lm_head.weight" for k in missing):
+        raise ConfigError(f"the aligned tensors do not fit a {config['model_type']} model: missing {missing}, "
+                          f"unexpected {unexpected}")
     return model
 
 
+@dataclass
+class Aligned:
+    """Every model's tensors in the first one's basis, the alignments' records, the group used and the config the
+    tensors fit (the full group unties the head and sets every norm weight to one)."""
+
+    sds: list[dict[str, torch.Tensor]]
+    records: list[dict[str, Any]]
+    groups: str | None
+    config: dict[str, Any]
+
+
+def _align_permutations(paths: list[Path], ckpts, spec, config: dict[str, Any], seed: int) -> Aligned:
+    """Streaming weight matching with permutations (``spec`` None: the tensors as stored)."""
+    sds, records = [{k: ckpts[0][k] for k in ckpts[0].keys()}], []
+    for path, c in zip(paths[1:], ckpts[1:], strict=True):
+        if spec is None:
+            sds.append({k: c[k] for k in c.keys()})
+            continue
+        res = weight_matching(spec, ckpts[0], c, WeightMatchingConfig(seed=seed))
+        cache: dict = {}
+        sds.append({k: spec.apply_tensor(k, c[k], res.element, cache=cache) for k in c.keys()})
+        records.append({"model": model_names([path])[0], "objective": res.objective})
+    return Aligned(sds, records, None if spec is None else "permutation", config)
+
+
+def _align_full_group(paths: list[Path], config: dict[str, Any], seed: int) -> Aligned | None:
+    """Weight matching with the full transformer group after normalization absorption, in memory
+    (:data:`~modeconn.symmetry.hf.FULL_GROUPS`: a residual rotation, per-head orthogonal maps, FFN permutations),
+    every model then written back as a stock model of its family (norm weights one, head untied:
+    :func:`~modeconn.symmetry.absorb_export.stock_model`). None where the family's norms cannot hold the result."""
+    import transformers
+
+    from .symmetry import absorb_normalization
+    from .symmetry.absorb_export import stock_model
+    from .symmetry.hf import FULL_GROUPS, hf_symmetry_spec
+
+    absorbed = [absorb_normalization(transformers.AutoModelForCausalLM.from_pretrained(p, dtype=torch.float32))
+                for p in paths]
+    spec = hf_symmetry_spec(absorbed[0], groups=FULL_GROUPS)
+    ref = absorbed[0].state_dict()
+    records = []
+    for path, model in zip(paths[1:], absorbed[1:], strict=True):
+        res = weight_matching(spec, ref, model.state_dict(), WeightMatchingConfig(seed=seed))
+        model.load_state_dict(spec.apply(model.state_dict(), res.element))
+        records.append({"model": model_names([path])[0], "objective": res.objective})
+    stock = [stock_model(m) for m in absorbed]
+    if any(m is None for m in stock):
+        return None
+    return Aligned([{k: v.detach() for k, v in m.state_dict().items()} for m in stock], records, "full",
+                   {**config, "tie_word_embeddings": False})
+
+
+def _aligned(paths: list[Path], ckpts, spec, config: dict[str, Any], align: str, seed: int, log: Log) -> Aligned:
+    """Every model aligned to the first as ``align`` says: ``"full"`` (the full group where the family's norms can
+    hold it, else permutations), ``"weight"`` (permutations), ``"none"``."""
+    if align == "full":
+        full = _align_full_group(paths, config, seed)
+        if full is not None:
+            log("aligned every model to the first: weight matching, full group")
+            return full
+        log(f"{config['model_type']}: the full group's result is no stock checkpoint; aligning with permutations")
+    aligned = _align_permutations(paths, ckpts, spec, config, seed)
+    if aligned.groups is not None:
+        log("aligned every model to the first: weight matching, permutations")
+    return aligned
+
+
+def _routers(aligned: Aligned, blocks: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Per layer the router rows from every aligned dense model's FFN inputs on its own blocks."""
+    moments = [ffn_input_moments(_dense_model(aligned.config, sd), b) for sd, b in zip(aligned.sds, blocks, strict=True)]
+    return {name: router_from_moments([m[name] for m in moments]) for name in moments[0]}
+
+
+def _write(out: PathLike, moe, source: Path, inputs: list[Path], record: dict[str, Any], dtype, overwrite: bool) -> None:
+    """``moe`` saved in ``dtype`` with ``source``'s tokenizer files and ``record`` as ``moe.json``, atomically."""
+    with output_directory(out, inputs=inputs, overwrite=overwrite, command="moe") as tmp:
+        if isinstance(dtype, str) and dtype != "float32":
+            moe = moe.to(getattr(torch, dtype))
+        moe.save_pretrained(tmp)
+        for name, src in side_files(source).items():
+            if not (tmp / name).exists():
+                (tmp / name).write_bytes(src.read_bytes())
+        write_json(tmp / "moe.json", record)
+
+
+ALIGNMENTS = ("full", "weight", "none")
+"""``align`` choices of :func:`dense_to_moe`."""
+
+
 def dense_to_moe(models: Sequence[PathLike], out: PathLike, *, data: Sequence[torch.Tensor] | torch.Tensor,
-                 top_k: int | None = None, router_steps: int = 0, router_lr: float = 1e-2, align: str = "weight",
+                 top_k: int | None = None, router_steps: int = 0, router_lr: float = 1e-2, align: str = "full",
                  seed: int = 0, overwrite: bool = False, log: Log | None = None) -> dict[str, Any]:
     """Build one MoE checkpoint at ``out`` from dense Hugging Face causal LMs ``models`` (module docstring).
 
@@ -226,60 +321,41 @@ def dense_to_moe(models: Sequence[PathLike], out: PathLike, *, data: Sequence[to
         data: token-id blocks (n, T), one tensor for all models or one per model (its own data): the routers'
             statistics and, with ``router_steps``, their training.
         top_k: active experts per token (default ``min(2, N)``); ``router_steps``/``router_lr``: router-only training
-            after the initialisation (0: none); ``align``: ``"weight"`` (weight matching) or ``"none"``; ``seed``:
-            the alignment's and the router training's.
+            after the initialisation (0: none); ``align``: ``"full"`` (weight matching with the full group where the
+            family's norms can hold it, else permutations), ``"weight"`` (permutations, streamed) or ``"none"``;
+            ``seed``: the alignment's and the router training's.
     Returns: the record written as ``moe.json``.
     Raises: ConfigError (another family — named —, fewer than two models, bad ``top_k``/``align``/data, ``out`` an
         input or not writable) and the checkpoint errors of :func:`modeconn.stream.open_hf_checkpoints`, all before any
         weights are read.
     """
+    import transformers
+
     from .stream import open_hf_checkpoints
 
     log = log or (lambda s: None)
     paths = [Path(p) for p in models]
     if len(paths) < 2:
         raise ConfigError(f"dense → MoE needs at least two models, got {len(paths)}")
-    if align not in ("weight", "none"):
-        raise ConfigError(f"align must be 'weight' or 'none', got {align!r}")
+    if align not in ALIGNMENTS:
+        raise ConfigError(f"align must be one of {', '.join(ALIGNMENTS)}; got {align!r}")
     top_k = min(2, len(paths)) if top_k is None else top_k
     if not 1 <= top_k <= len(paths):
         raise ConfigError(f"top_k must be between 1 and the number of experts ({len(paths)}), got {top_k}")
     config = read_json_object(paths[0] / "config.json", "config file")
     moe_config(config, len(paths), top_k)  # the family and its fields: refused before anything else is read
     blocks = _per_model(data, len(paths))
-    spec, ckpts = open_hf_checkpoints(paths, out, overwrite, "permutation" if align == "weight" else None)
-    wm = WeightMatchingConfig(seed=seed)
-    sds, alignments = [], []
-    for i, c in enumerate(ckpts):
-        if i == 0 or spec is None:
-            sds.append({k: c[k] for k in c.keys()})
-            continue
-        res = weight_matching(spec, ckpts[0], c, wm)
-        cache: dict = {}
-        sds.append({k: spec.apply_tensor(k, c[k], res.element, cache=cache) for k in c.keys()})
-        alignments.append({"model": model_names(paths)[i], "objective": res.objective})
-        log(f"aligned model {i + 1} to model 1 (weight matching objective {res.objective:.4g})")
-    moments = [ffn_input_moments(_dense_model(config, sd), b) for sd, b in zip(sds, blocks, strict=True)]
-    routers = {name: router_from_moments([m[name] for m in moments]) for name in moments[0]}
-    import transformers
-
-    moe = transformers.AutoModelForCausalLM.from_config(moe_config(config, len(paths), top_k)).float()
-    moe.load_state_dict(moe_state_dict(config, sds, routers), strict=True)
+    spec, ckpts = open_hf_checkpoints(paths, out, overwrite, None if align == "none" else "permutation")
+    aligned = _aligned(paths, ckpts, spec, config, align, seed, log)
+    moe = transformers.AutoModelForCausalLM.from_config(moe_config(aligned.config, len(paths), top_k)).float()
+    moe.load_state_dict(moe_state_dict(aligned.config, aligned.sds, _routers(aligned, blocks)), strict=True)
     losses = train_router(moe, blocks, router_steps, lr=router_lr, seed=seed) if router_steps else []
     if losses:
         log(f"router trained {router_steps} steps: loss {losses[0]:.4f} → {losses[-1]:.4f}")
     record = {"experts_from": model_names(paths), "moe_type": moe_family(config).moe_type, "top_k": top_k,
-              "align": align, "alignments": alignments, "seed": seed,
+              "align": align, "groups": aligned.groups, "alignments": aligned.records, "seed": seed,
               "router": {"init": "centred mean FFN input over pooled variance", "steps": router_steps,
                          "lr": router_lr, "tokens": [int(b.numel()) for b in blocks],
                          "loss": [losses[0], losses[-1]] if losses else None}}
-    dtype = config.get("dtype") or config.get("torch_dtype")
-    with output_directory(out, inputs=paths, overwrite=overwrite, command="moe") as tmp:
-        if isinstance(dtype, str) and dtype != "float32":
-            moe = moe.to(getattr(torch, dtype))
-        moe.save_pretrained(tmp)
-        for name, src in side_files(paths[0]).items():
-            if not (tmp / name).exists():
-                (tmp / name).write_bytes(src.read_bytes())
-        write_json(tmp / "moe.json", record)
+    _write(out, moe, paths[0], paths, record, config.get("dtype") or config.get("torch_dtype"), overwrite)
     return record
