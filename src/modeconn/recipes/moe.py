@@ -16,7 +16,7 @@ from .outcome import Outcome
 
 
 def moe(models: Sequence[Path], out: Path, *, datasets: Sequence[str], data: Path | None = None,
-        limit_train: int | None = None, top_k: int | None = None, router_steps: int = 0, align: str = "weight",
+        limit_train: int | None = None, top_k: int | None = None, router_steps: int = 0, align: str = "full",
         seed: int = 0, overwrite: bool = False, log: Callable[[str], None] = print) -> Outcome:
     """Build the MoE of ``models`` at ``out``; ``datasets``: one registered text dataset or corpus path for all
     models, or one per model (its training split, ``limit_train`` blocks). Raises ConfigError (no dataset, a count
