@@ -22,14 +22,16 @@ from user_data_fixtures import tiny_causal_lms
 T.logging.set_verbosity_error()
 
 
-@pytest.mark.parametrize("family,moe_class", [("llama", "MixtralForCausalLM"), ("qwen2", "Qwen2MoeForCausalLM")])
-def test_copies_of_one_dense_model_compute_it_for_any_router(tmp_path, family, moe_class):
+@pytest.mark.parametrize("family,moe_class,align", [("llama", "MixtralForCausalLM", "full"),
+                                                    ("qwen2", "Qwen2MoeForCausalLM", "full"),
+                                                    ("llama_tied_mqa", "MixtralForCausalLM", "weight")])
+def test_copies_of_one_dense_model_compute_it_for_any_router(tmp_path, family, moe_class, align):
     torch.manual_seed(0)
     dense = TINY[family]().eval()
     for name in ("a", "b", "c"):
         dense.save_pretrained(tmp_path / name)
     x = torch.randint(1, 50, (3, 12))
-    mc.dense_to_moe([tmp_path / n for n in "abc"], tmp_path / "moe", data=x, top_k=2)
+    mc.dense_to_moe([tmp_path / n for n in "abc"], tmp_path / "moe", data=x, top_k=2, align=align)
     moe = T.AutoModelForCausalLM.from_pretrained(tmp_path / "moe").eval()
     assert type(moe).__name__ == moe_class and moe.config.num_experts_per_tok == 2
     with torch.no_grad():
@@ -39,7 +41,8 @@ def test_copies_of_one_dense_model_compute_it_for_any_router(tmp_path, family, m
         assert torch.allclose(moe(x).logits, dense(x).logits, atol=1e-5)
         assert moe.generate(x[:1, :4], max_new_tokens=3, do_sample=False).shape == (1, 7)
     record = json.loads((tmp_path / "moe" / "moe.json").read_text())
-    assert record["experts_from"] == ["a", "b", "c"] and len(record["alignments"]) == 2 and record["groups"] == "full"
+    assert record["experts_from"] == ["a", "b", "c"] and len(record["alignments"]) == 2
+    assert record["groups"] == {"full": "full", "weight": "permutation"}[align]
 
 
 def test_a_rotated_copy_is_aligned_back_by_the_full_group_and_not_by_permutations(tmp_path):

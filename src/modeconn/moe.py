@@ -127,6 +127,8 @@ def moe_state_dict(config: Mapping[str, Any], sds: Sequence[Mapping[str, torch.T
             layers.setdefault(m["layer"], {})[m["proj"]] = [sd[key].float() for sd in sds]
         else:
             out[key] = torch.stack([sd[key].float() for sd in sds]).mean(0).to(sds[0][key].dtype)
+    if config.get("tie_word_embeddings") and "lm_head.weight" not in out:  # stored once, as save_pretrained does
+        out["lm_head.weight"] = out["model.embed_tokens.weight"]
     for prefix, p in layers.items():
         out[f"{prefix}.mlp.experts.gate_up_proj"] = torch.stack([torch.cat(gu) for gu in zip(p["gate"], p["up"], strict=True)])
         out[f"{prefix}.mlp.experts.down_proj"] = torch.stack(p["down"])
