@@ -9,7 +9,8 @@ Three parts, each on the data named (held-out losses in nats per token, accuraci
     text (different novels), in two settings: *branched* (Branch-Train-MiX: a common pre-training on both halves, then
     each branch trained on its half) and *independent* (different initialisations, each trained on its half). Each
     pair becomes a Mixtral (each dense FFN one expert, the rest averaged, the router from the data, then with
-    router-only training), unaligned and aligned; baselines: each dense model and the plain average of the two.
+    router-only training), unaligned, aligned with permutations and with the full group; baselines: each dense model,
+    the plain average of the two and their average after weight matching (permutations).
 (c) **Widths** (:func:`modeconn.path.width.merge_widths`): an MLP pair of two widths on MNIST fused into the narrower
     width against the plain average of width-matched truncations (the widths experiment's case).
 
@@ -58,7 +59,7 @@ class HeterogeneousSize:
     moe: LMSize = LMSize(intermediate=96, steps=400)
     experts: int = 4
     router_steps: int = 100
-    router_blocks: int | None = None  # training windows per model for the router's statistics (None: all)
+    router_blocks: int | None = 1024  # training windows per model for the router's statistics (None: all)
     within: float = 0.05  # the MoE's held-out loss within this fraction of each half's own dense model
     widths: Case = Case("mlp", "mlp", "mnist", (256, 512), {"depth": 3}, epochs=1, limit_train=20_000)
 
@@ -195,6 +196,10 @@ def dense_pair(setting: str, size: HeterogeneousSize, corpus: Corpus, root: Path
     return paths
 
 
+ALIGNMENTS = {"none": "unaligned", "weight": "permutations", "full": "full group"}
+"""The MoE rows' alignments (:func:`modeconn.dense_to_moe`'s ``align``) and their labels."""
+
+
 def dense_to_moe_rows(setting: str, size: HeterogeneousSize, corpus: Corpus, root: Path, log: Log) -> dict[str, Any]:
     """(b) for one setting: held-out loss on each half of the dense models, their plain average and the MoEs."""
     from ..moe import dense_to_moe
@@ -205,12 +210,11 @@ def dense_to_moe_rows(setting: str, size: HeterogeneousSize, corpus: Corpus, roo
     models = {"A (first half)": paths[0], "B (second half)": paths[1],
               "plain average": _average(paths, root / f"{setting}-avg", False),
               "aligned average": _average(paths, root / f"{setting}-wm", True)}
-    for align in ("none", "weight"):
+    for align, label in ALIGNMENTS.items():
         for steps in (0, size.router_steps):
             out = root / f"{setting}-moe-{align}-{steps}"
             dense_to_moe(paths, out, data=own, align=align, router_steps=steps)
-            models[f"MoE, {'aligned' if align == 'weight' else 'unaligned'}, router "
-                   f"{'from data' if steps == 0 else f'+ {steps} steps'}"] = out
+            models[f"MoE, {label}, router {'from data' if steps == 0 else f'+ {steps} steps'}"] = out
     loss = {name: [heldout_loss(p, h) for h in held] for name, p in models.items()}
     log(f"dense → MoE ({setting}): " + "; ".join(f"{k} {v[0]:.4f} / {v[1]:.4f}" for k, v in loss.items()))
     return {"heldout_loss": loss}
@@ -255,6 +259,10 @@ def ran() -> dict[str, str]:
             "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores"}
 
 
+def _windows(count: int | None) -> str:
+    return "every window" if count is None else f"the first {count:,} windows"
+
+
 def _fmt(x: float) -> str:
     return f"{x:.4f}"
 
@@ -279,8 +287,10 @@ def report(r: dict[str, Any]) -> str:
              f"A trained on the first half, B on the second, {s['dense']['steps']} steps each in all (branched: "
              f"{s['dense']['common']} common steps on both halves, then {s['dense']['steps'] - s['dense']['common']} "
              f"per branch; independent: seeds 0 and 1 from scratch). MoE: Mixtral with 2 experts (top-2), router "
-             f"from each model's mean FFN input on its own training half, then {s['router_steps']} router-only "
-             "steps on both halves.", ""]
+             f"from each model's mean FFN input on {_windows(s.get('router_blocks'))} of its own training half, "
+             f"then {s['router_steps']} router-only steps on both halves; the MoE's shared parts unaligned, after "
+             "weight matching with permutations or with the full group. 'aligned average': the dense models' "
+             "average after weight matching (permutations).", ""]
     for setting, part in r["dense_to_moe"].items():
         rows = part["heldout_loss"]
         own = [rows["A (first half)"][0], rows["B (second half)"][1]]
@@ -316,13 +326,14 @@ def findings(r: dict[str, Any]) -> list[str]:
     for setting, part in r["dense_to_moe"].items():
         rows = part["heldout_loss"]
         steps = r["settings"]["router_steps"]
-        un, al = (rows[f"MoE, {a}, router + {steps} steps"] for a in ("unaligned", "aligned"))
-        mean = [sum(v) / 2 for v in (un, al, rows["plain average"])]
-        verdict = ("is the same aligned and unaligned (identical losses)" if un == al
-                   else "gains from alignment" if mean[1] < mean[0] else "does not gain from alignment")
-        out.append(f"- (b) {setting}: the MoE (router + {steps} steps, mean of both halves) {verdict} "
-                   f"({_change(mean[0], mean[1], 'nats/token')}); the plain average of the dense models is "
-                   f"{_fmt(mean[2])}.")
+        mean = {label: sum(rows[f"MoE, {label}, router + {steps} steps"]) / 2 for label in ALIGNMENTS.values()}
+        parts = [f"{label} {_fmt(v)}" for label, v in mean.items()]
+        best = min(mean, key=mean.get)
+        verdict = ("alignment makes no difference (within 0.001)" if max(mean.values()) - min(mean.values()) < 1e-3
+                   else "alignment does not help" if best == "unaligned" else f"best: {best}")
+        out.append(f"- (b) {setting}: the MoE (router + {steps} steps, mean loss of both halves): {', '.join(parts)} "
+                   f"nats/token — {verdict}; the plain "
+                   f"average of the dense models {_fmt(sum(rows['plain average']) / 2)}.")
     acc = r["widths"]["test_acc"]
     out.append(f"- (c) widths: matching the units {'beats' if acc['fused'] > acc['truncation average'] else 'does not beat'}"
                f" truncation ({_change(acc['truncation average'], acc['fused'], 'test accuracy')}).")
