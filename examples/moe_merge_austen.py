@@ -55,24 +55,14 @@ def tokenizer(text: str, vocab: int) -> T.PreTrainedTokenizerFast:
 
 
 def train(seed: int, ids: torch.Tensor, vocab: int, size: dict, steps: int, batch: int) -> T.MixtralForCausalLM:
-    """AdamW (cosine schedule) on random ``CONTEXT``-token windows; the router's load-balancing loss included."""
-    torch.manual_seed(seed)
-    cfg = T.MixtralConfig(vocab_size=vocab, max_position_embeddings=CONTEXT, bos_token_id=0, eos_token_id=0,
-                          pad_token_id=0, output_router_logits=True, router_aux_loss_coef=0.01, **EXPERTS, **size)
-    model = T.MixtralForCausalLM(cfg)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps)
-    gen = torch.Generator().manual_seed(seed)
-    model.train()
-    for _ in range(steps):
-        start = torch.randint(0, len(ids) - CONTEXT - 1, (batch,), generator=gen)
-        x = torch.stack([ids[s:s + CONTEXT] for s in start.tolist()])
-        opt.zero_grad()
-        model(input_ids=x, labels=x).loss.backward()
-        opt.step()
-        sched.step()
-    model.config.output_router_logits = False
-    return model.eval()
+    """AdamW (cosine schedule) on random ``CONTEXT``-token windows; the router's load-balancing loss included
+    (the training of ``modeconn experiment heterogeneous``)."""
+    from modeconn.experiments.heterogeneous import HeterogeneousSize, LMSize, lm_config, train_lm
+
+    lm = LMSize(hidden=size["hidden_size"], layers=size["num_hidden_layers"], heads=size["num_attention_heads"],
+                kv_heads=size["num_key_value_heads"], intermediate=size["intermediate_size"], steps=steps, batch=batch)
+    run = HeterogeneousSize(context=CONTEXT, experts=EXPERTS["num_local_experts"], moe=lm)
+    return train_lm(lm_config("mixtral", run, lm, vocab), ids, lm, steps, seed, CONTEXT)
 
 
 def heldout_loss(path: Path, ids: torch.Tensor, blocks: int = 64) -> float:

@@ -13,7 +13,8 @@ rank  top-level packages / modules of ``modeconn``
 10    ``experiments``                  registered experiments only; never a recipe
 9     ``modeconn`` (``__init__``)      the public façade (``import modeconn as mc`` in an experiment)
 8     ``report``, ``diagnostics``      figures, tables, "will these merge?", the alignment comparison
-7     ``stream``, ``train``            out-of-core align/apply/merge; training (uses ``path``'s BatchNorm policies)
+7     ``stream``, ``train``, ``moe``   out-of-core align/apply/merge; training (uses ``path``'s BatchNorm policies);
+                                       dense → Mixture-of-Experts
 6     ``path``                         interpolation, merge rules, LLPF, curves, AutoNEB, the path-method registry
 5     ``identifiability``              realization / swap cost (reads ``match``'s LAP solvers, so above ``match``;
                                        DESIGN.md draws it below)
@@ -45,7 +46,7 @@ LAYERS: dict[str, int] = {
     "experiments": 10,
     "modeconn": 9,
     "report": 8, "diagnostics": 8,
-    "stream": 7, "train": 7,
+    "stream": 7, "train": 7, "moe": 7,
     "path": 6,
     "identifiability": 5,
     "match": 4,

@@ -25,13 +25,15 @@ from .match import (
     weight_matching,
 )
 from .models import build_model
+from .moe import dense_to_moe
 from .path import Curve, evaluate_path, interpolate, merge
 from .stream import stream_apply, stream_merge, stream_weight_matching
 from .symmetry import Space, SymmetrySpec, absorb_normalization, symmetry_spec
 
 __all__ = [
     "Alignment", "Curve", "DualAlignment", "LazyCheckpoint", "Space", "SymmetrySpec", "absorb_normalization",
-    "activation_matching", "build_model", "check", "dual_matching", "errors", "evaluate_path", "interpolate", "learned_matching",
+    "activation_matching", "build_model", "check", "dense_to_moe", "dual_matching", "errors", "evaluate_path",
+    "interpolate", "learned_matching",
     "load_checkpoint", "merge", "one_sided_matching", "save_checkpoint", "stream_apply", "stream_merge",
     "stream_weight_matching", "symmetry_spec", "weight_matching",
 ]

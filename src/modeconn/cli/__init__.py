@@ -1,7 +1,7 @@
 """The ``modeconn`` command line (typer): one module per command; a command parses its options, calls one recipe
 and prints. Every command prints where its outputs went."""
 
-from . import align, barrier, check, demo, evaluate, experiment, fuse, listing, merge, path, sweep, train  # noqa: F401  (register the commands)
+from . import align, barrier, check, demo, evaluate, experiment, fuse, listing, merge, moe, path, sweep, train  # noqa: F401  (register the commands)
 from ._app import app, console
 
 __all__ = ["app", "console", "main"]

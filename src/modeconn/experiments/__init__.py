@@ -5,7 +5,7 @@ Importing this package registers every named experiment in :data:`EXPERIMENTS` (
 """
 
 from . import (  # noqa: F401  (registration)
-    check_calibration, identifiability, llpf_budget, llpf_experiment, llpf_zoo, lmc_dm, lmc_dm_vit, merge_rules,
+    check_calibration, heterogeneous, identifiability, llpf_budget, llpf_experiment, llpf_zoo, lmc_dm, lmc_dm_vit, merge_rules,
     symmetry_breaking, transformer_wm, widths, zoo,
 )
 from .registry import EXPERIMENTS, Experiment, register_experiment

@@ -1,0 +1,363 @@
+"""Dense → Mixture-of-Experts: N dense Hugging Face causal LMs of one family become one MoE checkpoint.
+
+    from modeconn import dense_to_moe
+
+    dense_to_moe(["llama-law", "llama-fiction"], "moe", data=[law_blocks, fiction_blocks], router_steps=200)
+
+Every model is aligned to the first by weight matching: by default with the full transformer group after
+normalization absorption (a residual rotation, per-head orthogonal maps, FFN permutations), the aligned models written
+back as stock models of their family (norm weights one, head untied) — which RMSNorm families can hold; else, or with
+``align="weight"``, by streaming weight matching with permutations (residual stream, attention heads' dimensions,
+FFN hidden units); ``align="none"`` takes them as stored. The shared parts (embeddings, attention, norms, head) are
+averaged; model ``i``'s FFN becomes expert ``i`` of every layer, in the matching MoE family (:data:`MOE_FAMILIES`:
+Llama and Mistral → Mixtral, Qwen2 → Qwen2-MoE, whose shared expert is written as a zero expert of one hidden unit:
+the dense models have none).
+
+The router is initialised from data, in the spirit of Branch-Train-MiX (Sukhbaatar et al. 2024): in each layer, the
+input of each aligned dense model's FFN (its post-attention norm's output) is averaged over its own data, and the
+router row of expert ``i`` is the centred mean ``(m_i − m̄) / σ²`` (σ²: the pooled per-coordinate variance) — the
+nearest-mean classifier of spherical Gaussians. ``router_steps`` then trains the router rows alone (AdamW, the
+language-model loss, batches drawn from every model's data). Top-k weights are renormalised to sum to one, so N copies
+of one dense model give an MoE computing exactly that model, whatever the router.
+
+The output is written atomically (config.json, safetensors, the first model's tokenizer files, ``moe.json``: the
+inputs, alignment objectives, router settings), loads with ``from_pretrained`` and ``generate``s. Every check (family,
+same configs and vocabularies, weights complete, ``out`` not an input and writable, one data block per model) runs
+before any weights are read.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ._util.jsonio import write_json
+from ._util.outdir import output_directory
+from .errors import ConfigError
+from .io.hf import model_names, side_files
+from .io.safe import read_json_object
+from .match.weight import WeightMatchingConfig, weight_matching
+from .registry import Registry
+
+PathLike = str | os.PathLike
+Log = Callable[[str], None]
+FFN = re.compile(r"^(?P<layer>(?:model\.)?layers\.(?P<index>\d+))\.mlp\.(?P<proj>gate|up|down)_proj\.weight$")
+"""A dense FFN tensor of the Llama-layout tables: the layer's prefix, its index and the projection."""
+
+
+@dataclass(frozen=True)
+class MoEFamily:
+    """The MoE counterpart of a dense family: its ``model_type``, the MoE config's own fields for ``experts`` experts
+    of which ``top_k`` are active, and per layer the tensors the MoE has beyond experts and router
+    (``extra(config, prefix)``)."""
+
+    moe_type: str
+    fields: Callable[[Mapping[str, Any], int, int], dict[str, Any]]
+    extra: Callable[[Mapping[str, Any], str], dict[str, torch.Tensor]] = lambda cfg, prefix: {}
+
+
+MOE_FAMILIES: Registry[MoEFamily] = Registry("dense family with an MoE counterpart")
+
+
+def _mixtral(cfg: Mapping[str, Any], experts: int, top_k: int) -> dict[str, Any]:
+    for bias in ("attention_bias", "mlp_bias"):
+        if cfg.get(bias):
+            raise ConfigError(f"the models set {bias}: Mixtral's layers have no biases, so they cannot become a "
+                              "Mixtral checkpoint")
+    return {"num_local_experts": experts, "num_experts_per_tok": top_k}
+
+
+def _qwen2_moe(cfg: Mapping[str, Any], experts: int, top_k: int) -> dict[str, Any]:
+    return {"num_experts": experts, "num_experts_per_tok": top_k, "moe_intermediate_size": cfg["intermediate_size"],
+            "shared_expert_intermediate_size": 1, "norm_topk_prob": True, "decoder_sparse_step": 1,
+            "mlp_only_layers": []}
+
+
+def _zero_shared_expert(cfg: Mapping[str, Any], prefix: str) -> dict[str, torch.Tensor]:
+    d = int(cfg["hidden_size"])
+    mlp = f"{prefix}.mlp"
+    return {f"{mlp}.shared_expert.gate_proj.weight": torch.zeros(1, d),
+            f"{mlp}.shared_expert.up_proj.weight": torch.zeros(1, d),
+            f"{mlp}.shared_expert.down_proj.weight": torch.zeros(d, 1),
+            f"{mlp}.shared_expert_gate.weight": torch.zeros(1, d)}
+
+
+for _dense in ("llama", "mistral"):
+    MOE_FAMILIES.register(_dense)(MoEFamily("mixtral", _mixtral))
+MOE_FAMILIES.register("qwen2")(MoEFamily("qwen2_moe", _qwen2_moe, _zero_shared_expert))
+
+
+def moe_family(config: Mapping[str, Any]) -> MoEFamily:
+    """The MoE family of a dense config; ConfigError naming the family and those that have one."""
+    family = str(config.get("model_type"))
+    if family not in MOE_FAMILIES.names():
+        raise ConfigError(f"dense → MoE builds Mixtral from Llama or Mistral models and Qwen2-MoE from Qwen2 models; "
+                          f"these are {family} models, whose layers no MoE family in transformers shares "
+                          f"(families: {', '.join(MOE_FAMILIES.names())})")
+    return MOE_FAMILIES.get(family)
+
+
+def moe_config(config: Mapping[str, Any], experts: int, top_k: int):
+    """The transformers config of the MoE: the dense ``config``'s fields (attention, norms, rotary, vocabulary) with
+    the MoE family's own."""
+    import transformers
+
+    family = moe_family(config)
+    dropped = {"architectures", "model_type", "transformers_version", "mlp_bias"}
+    kwargs = {k: v for k, v in config.items() if k not in dropped}
+    return transformers.AutoConfig.for_model(family.moe_type, **kwargs, **family.fields(config, experts, top_k))
+
+
+def moe_state_dict(config: Mapping[str, Any], sds: Sequence[Mapping[str, torch.Tensor]],
+                   routers: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The MoE's tensors from N aligned dense state dicts (Hugging Face names): shared tensors averaged, model
+    ``i``'s FFN as expert ``i`` (banks ``experts.gate_up_proj`` (E, 2I, d), rows ``[gate | up]``, and
+    ``experts.down_proj`` (E, d, I)), ``routers``: layer prefix → router rows (E, d)."""
+    family = moe_family(config)
+    out: dict[str, torch.Tensor] = {}
+    layers: dict[str, dict[str, list[torch.Tensor]]] = {}
+    for key in sds[0]:
+        if (m := FFN.match(key)) is not None:
+            layers.setdefault(m["layer"], {})[m["proj"]] = [sd[key].float() for sd in sds]
+        else:
+            out[key] = torch.stack([sd[key].float() for sd in sds]).mean(0).to(sds[0][key].dtype)
+    if config.get("tie_word_embeddings") and "lm_head.weight" not in out:  # stored once, as save_pretrained does
+        out["lm_head.weight"] = out["model.embed_tokens.weight"]
+    for prefix, p in layers.items():
+        out[f"{prefix}.mlp.experts.gate_up_proj"] = torch.stack([torch.cat(gu) for gu in zip(p["gate"], p["up"], strict=True)])
+        out[f"{prefix}.mlp.experts.down_proj"] = torch.stack(p["down"])
+        out[f"{prefix}.mlp.gate.weight"] = routers[prefix].float()
+        out.update(family.extra(config, prefix))
+    return out
+
+
+def ffn_input_moments(model, blocks: torch.Tensor, batch: int = 16) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer prefix (``model.layers.i``) of a dense causal LM: the mean (d,) and the mean per-coordinate variance
+    (scalar) of its FFN's input (the post-attention norm's output) over every token of ``blocks`` (n, T)."""
+    sums: dict[str, list[torch.Tensor]] = {}
+    hooks = []
+    for i, layer in enumerate(model.model.layers):
+        def hook(_mod, _inp, out, name=f"model.layers.{i}"):
+            h = out.detach().reshape(-1, out.shape[-1]).double()
+            acc = sums.setdefault(name, [torch.zeros((), dtype=torch.float64), 0, 0])
+            acc[0] = acc[0] + h.sum(0)
+            acc[1] = acc[1] + (h * h).sum(0)
+            acc[2] += h.shape[0]
+        hooks.append(layer.post_attention_layernorm.register_forward_hook(hook))
+    try:
+        with torch.no_grad():
+            for s in range(0, len(blocks), batch):
+                model(input_ids=blocks[s:s + batch])
+    finally:
+        for h in hooks:
+            h.remove()
+    moments = {}
+    for name, (s, sq, n) in sums.items():
+        mean = s / n
+        moments[name] = (mean.float(), (sq / n - mean * mean).mean().float())
+    return moments
+
+
+def router_from_moments(moments: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """Router rows (E, d) from each expert's FFN-input mean and variance: ``(m_i − m̄) / σ²``, σ² the mean of the
+    variances (the nearest-mean classifier of spherical Gaussians of one variance)."""
+    means = torch.stack([m for m, _ in moments])
+    var = torch.stack([v for _, v in moments]).mean().clamp_min(1e-8)
+    return (means - means.mean(0)) / var
+
+
+def train_router(model, data: Sequence[torch.Tensor], steps: int, *, lr: float = 1e-2, batch: int = 16,
+                 seed: int = 0) -> list[float]:
+    """Train only the router rows (``mlp.gate.weight``) of an MoE causal LM for ``steps`` AdamW steps on the
+    language-model loss, each batch drawn from the blocks of every dataset in ``data``; returns the losses."""
+    routers = [p for n, p in model.named_parameters() if n.endswith("mlp.gate.weight")]
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for p in routers:
+        p.requires_grad_(True)
+    blocks = torch.cat(list(data))
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW(routers, lr=lr, weight_decay=0.0)
+    losses = []
+    model.train()
+    for _ in range(steps):
+        x = blocks[torch.randint(0, len(blocks), (min(batch, len(blocks)),), generator=gen)]
+        opt.zero_grad()
+        loss = model(input_ids=x, labels=x).loss
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(True)
+    return losses
+
+
+def _per_model(data: Sequence[torch.Tensor] | torch.Tensor, n: int) -> list[torch.Tensor]:
+    blocks = [data] if isinstance(data, torch.Tensor) else list(data)
+    if len(blocks) not in (1, n):
+        raise ConfigError(f"give one dataset for all models or one per model: {n} models, {len(blocks)} datasets")
+    for b in blocks:
+        if not isinstance(b, torch.Tensor) or b.dim() != 2 or b.dtype != torch.long or len(b) == 0:
+            raise ConfigError("each dataset must be token ids, a non-empty int64 tensor (blocks, tokens)")
+    return blocks * n if len(blocks) == 1 else blocks
+
+
+def _dense_model(config: Mapping[str, Any], sd: Mapping[str, torch.Tensor]):
+    """The dense causal LM of ``config`` holding ``sd`` (every tensor; a tied head may be absent)."""
+    import transformers
+
+    cfg = transformers.AutoConfig.for_model(config["model_type"],
+                                            **{k: v for k, v in config.items() if k != "model_type"})
+    model = transformers.AutoModelForCausalLM.from_config(cfg).float().eval()
+    missing, unexpected = model.load_state_dict(dict(sd), strict=False)
+    if unexpected or any(k != "lm_head.weight" for k in missing):
+        raise ConfigError(f"the aligned tensors do not fit a {config['model_type']} model: missing {missing}, "
+                          f"unexpected {unexpected}")
+    return model
+
+
+@dataclass
+class Aligned:
+    """Every model's tensors in the first one's basis, the alignments' records, the group used and the config the
+    tensors fit (the full group unties the head and sets every norm weight to one)."""
+
+    sds: list[dict[str, torch.Tensor]]
+    records: list[dict[str, Any]]
+    groups: str | None
+    config: dict[str, Any]
+
+
+def _align_permutations(paths: list[Path], ckpts, spec, config: dict[str, Any], seed: int) -> Aligned:
+    """Streaming weight matching with permutations (``spec`` None: the tensors as stored)."""
+    sds, records = [{k: ckpts[0][k] for k in ckpts[0].keys()}], []
+    for path, c in zip(paths[1:], ckpts[1:], strict=True):
+        if spec is None:
+            sds.append({k: c[k] for k in c.keys()})
+            continue
+        res = weight_matching(spec, ckpts[0], c, WeightMatchingConfig(seed=seed))
+        cache: dict = {}
+        sds.append({k: spec.apply_tensor(k, c[k], res.element, cache=cache) for k in c.keys()})
+        records.append({"model": model_names([path])[0], "objective": res.objective})
+    return Aligned(sds, records, None if spec is None else "permutation", config)
+
+
+def _align_full_group(paths: list[Path], config: dict[str, Any], seed: int) -> Aligned | None:
+    """Weight matching with the full transformer group after normalization absorption, in memory
+    (:data:`~modeconn.symmetry.hf.FULL_GROUPS`: a residual rotation, per-head orthogonal maps, FFN permutations),
+    every model then written back as a stock model of its family (norm weights one, head untied:
+    :func:`~modeconn.symmetry.absorb_export.stock_model`). None where the family's norms cannot hold the result."""
+    import transformers
+
+    from .symmetry import absorb_normalization
+    from .symmetry.absorb_export import stock_model
+    from .symmetry.hf import FULL_GROUPS, hf_symmetry_spec
+
+    absorbed = [absorb_normalization(transformers.AutoModelForCausalLM.from_pretrained(p, dtype=torch.float32))
+                for p in paths]
+    spec = hf_symmetry_spec(absorbed[0], groups=FULL_GROUPS)
+    ref = absorbed[0].state_dict()
+    records = []
+    for path, model in zip(paths[1:], absorbed[1:], strict=True):
+        res = weight_matching(spec, ref, model.state_dict(), WeightMatchingConfig(seed=seed))
+        model.load_state_dict(spec.apply(model.state_dict(), res.element))
+        records.append({"model": model_names([path])[0], "objective": res.objective})
+    stock = [stock_model(m) for m in absorbed]
+    if any(m is None for m in stock):
+        return None
+    return Aligned([{k: v.detach() for k, v in m.state_dict().items()} for m in stock], records, "full",
+                   {**config, "tie_word_embeddings": False})
+
+
+def _aligned(paths: list[Path], ckpts, spec, config: dict[str, Any], align: str, seed: int, log: Log) -> Aligned:
+    """Every model aligned to the first as ``align`` says: ``"full"`` (the full group where the family's norms can
+    hold it, else permutations), ``"weight"`` (permutations), ``"none"``."""
+    if align == "full":
+        full = _align_full_group(paths, config, seed)
+        if full is not None:
+            log("aligned every model to the first: weight matching, full group")
+            return full
+        log(f"{config['model_type']}: the full group's result is no stock checkpoint; aligning with permutations")
+    aligned = _align_permutations(paths, ckpts, spec, config, seed)
+    if aligned.groups is not None:
+        log("aligned every model to the first: weight matching, permutations")
+    return aligned
+
+
+def _routers(aligned: Aligned, blocks: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Per layer the router rows from every aligned dense model's FFN inputs on its own blocks."""
+    moments = [ffn_input_moments(_dense_model(aligned.config, sd), b) for sd, b in zip(aligned.sds, blocks, strict=True)]
+    return {name: router_from_moments([m[name] for m in moments]) for name in moments[0]}
+
+
+def _write(out: PathLike, moe, source: Path, inputs: list[Path], record: dict[str, Any], dtype, overwrite: bool) -> None:
+    """``moe`` saved in ``dtype`` with ``source``'s tokenizer files and ``record`` as ``moe.json``, atomically."""
+    with output_directory(out, inputs=inputs, overwrite=overwrite, command="moe") as tmp:
+        if isinstance(dtype, str) and dtype != "float32":
+            moe = moe.to(getattr(torch, dtype))
+        moe.save_pretrained(tmp)
+        for name, src in side_files(source).items():
+            if not (tmp / name).exists():
+                (tmp / name).write_bytes(src.read_bytes())
+        write_json(tmp / "moe.json", record)
+
+
+ALIGNMENTS = ("full", "weight", "none")
+"""``align`` choices of :func:`dense_to_moe`."""
+
+
+def dense_to_moe(models: Sequence[PathLike], out: PathLike, *, data: Sequence[torch.Tensor] | torch.Tensor,
+                 top_k: int | None = None, router_steps: int = 0, router_lr: float = 1e-2, align: str = "full",
+                 seed: int = 0, overwrite: bool = False, log: Log | None = None) -> dict[str, Any]:
+    """Build one MoE checkpoint at ``out`` from dense Hugging Face causal LMs ``models`` (module docstring).
+
+    Args:
+        models: two or more checkpoint directories of one dense family (Llama, Mistral, Qwen2), same config and
+            vocabulary; the first is the reference of the alignment.
+        data: token-id blocks (n, T), one tensor for all models or one per model (its own data): the routers'
+            statistics and, with ``router_steps``, their training.
+        top_k: active experts per token (default ``min(2, N)``); ``router_steps``/``router_lr``: router-only training
+            after the initialisation (0: none); ``align``: ``"full"`` (weight matching with the full group where the
+            family's norms can hold it, else permutations), ``"weight"`` (permutations, streamed) or ``"none"``;
+            ``seed``: the alignment's and the router training's.
+    Returns: the record written as ``moe.json``.
+    Raises: ConfigError (another family — named —, fewer than two models, bad ``top_k``/``align``/data, ``out`` an
+        input or not writable) and the checkpoint errors of :func:`modeconn.stream.open_hf_checkpoints`, all before any
+        weights are read.
+    """
+    import transformers
+
+    from .stream import open_hf_checkpoints
+
+    log = log or (lambda s: None)
+    paths = [Path(p) for p in models]
+    if len(paths) < 2:
+        raise ConfigError(f"dense → MoE needs at least two models, got {len(paths)}")
+    if align not in ALIGNMENTS:
+        raise ConfigError(f"align must be one of {', '.join(ALIGNMENTS)}; got {align!r}")
+    top_k = min(2, len(paths)) if top_k is None else top_k
+    if not 1 <= top_k <= len(paths):
+        raise ConfigError(f"top_k must be between 1 and the number of experts ({len(paths)}), got {top_k}")
+    config = read_json_object(paths[0] / "config.json", "config file")
+    moe_config(config, len(paths), top_k)  # the family and its fields: refused before anything else is read
+    blocks = _per_model(data, len(paths))
+    spec, ckpts = open_hf_checkpoints(paths, out, overwrite, None if align == "none" else "permutation")
+    aligned = _aligned(paths, ckpts, spec, config, align, seed, log)
+    moe = transformers.AutoModelForCausalLM.from_config(moe_config(aligned.config, len(paths), top_k)).float()
+    moe.load_state_dict(moe_state_dict(aligned.config, aligned.sds, _routers(aligned, blocks)), strict=True)
+    losses = train_router(moe, blocks, router_steps, lr=router_lr, seed=seed) if router_steps else []
+    if losses:
+        log(f"router trained {router_steps} steps: loss {losses[0]:.4f} → {losses[-1]:.4f}")
+    record = {"experts_from": model_names(paths), "moe_type": moe_family(config).moe_type, "top_k": top_k,
+              "align": align, "groups": aligned.groups, "alignments": aligned.records, "seed": seed,
+              "router": {"init": "centred mean FFN input over pooled variance", "steps": router_steps,
+                         "lr": router_lr, "tokens": [int(b.numel()) for b in blocks],
+                         "loss": [losses[0], losses[-1]] if losses else None}}
+    _write(out, moe, paths[0], paths, record, config.get("dtype") or config.get("torch_dtype"), overwrite)
+    return record

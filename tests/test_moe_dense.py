@@ -1,0 +1,147 @@
+"""Dense → Mixture-of-Experts (``modeconn moe`` / :func:`modeconn.dense_to_moe`) on tiny models the tests write.
+
+The planted identity: N copies of one dense model give an MoE that computes exactly that model's logits whatever the
+router (top-k weights sum to one). The negative control: with the data-initialised router, experts get the tokens of
+their own model's data; the same MoE with its router rows swapped computes the wrong expert's function there."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import transformers as T
+
+import modeconn as mc
+from modeconn.errors import ConfigError
+
+from cli_runner import run_cli
+from hf_tiny import TINY
+from user_data_fixtures import tiny_causal_lms
+
+T.logging.set_verbosity_error()
+
+
+@pytest.mark.parametrize("family,moe_class,align", [("llama", "MixtralForCausalLM", "full"),
+                                                    ("qwen2", "Qwen2MoeForCausalLM", "full"),
+                                                    ("llama_tied_mqa", "MixtralForCausalLM", "weight")])
+def test_copies_of_one_dense_model_compute_it_for_any_router(tmp_path, family, moe_class, align):
+    torch.manual_seed(0)
+    dense = TINY[family]().eval()
+    for name in ("a", "b", "c"):
+        dense.save_pretrained(tmp_path / name)
+    x = torch.randint(1, 50, (3, 12))
+    mc.dense_to_moe([tmp_path / n for n in "abc"], tmp_path / "moe", data=x, top_k=2, align=align)
+    moe = T.AutoModelForCausalLM.from_pretrained(tmp_path / "moe").eval()
+    assert type(moe).__name__ == moe_class and moe.config.num_experts_per_tok == 2
+    with torch.no_grad():
+        for name, p in moe.named_parameters():
+            if name.endswith("mlp.gate.weight"):
+                p.normal_(std=3.0)
+        assert torch.allclose(moe(x).logits, dense(x).logits, atol=1e-5)
+        assert moe.generate(x[:1, :4], max_new_tokens=3, do_sample=False).shape == (1, 7)
+    record = json.loads((tmp_path / "moe" / "moe.json").read_text())
+    assert record["experts_from"] == ["a", "b", "c"] and len(record["alignments"]) == 2
+    assert record["groups"] == {"full": "full", "weight": "permutation"}[align]
+
+
+def test_a_rotated_copy_is_aligned_back_by_the_full_group_and_not_by_permutations(tmp_path):
+    """Planted: B is A moved by a random element of the full group (a residual rotation, per-head maps, permutations),
+    written as a stock Llama. The full group aligns it back, so the MoE computes A for any router; permutations alone
+    cannot undo a rotation, and that MoE does not (the negative control)."""
+    from modeconn.symmetry import absorb_normalization
+    from modeconn.symmetry.absorb_export import stock_model
+    from modeconn.symmetry.hf import FULL_GROUPS, hf_symmetry_spec
+
+    torch.manual_seed(0)
+    dense = TINY["llama"]().eval()
+    dense.save_pretrained(tmp_path / "a")
+    absorbed = absorb_normalization(dense)
+    spec = hf_symmetry_spec(absorbed, groups=FULL_GROUPS)
+    absorbed.load_state_dict(spec.apply(absorbed.state_dict(), spec.random_element(torch.Generator().manual_seed(1))))
+    stock_model(absorbed).save_pretrained(tmp_path / "b")
+    x = torch.randint(1, 50, (2, 10))
+    gaps = {}
+    for align in ("full", "weight"):
+        mc.dense_to_moe([tmp_path / "a", tmp_path / "b"], tmp_path / align, data=x, align=align)
+        moe = T.AutoModelForCausalLM.from_pretrained(tmp_path / align).eval()
+        with torch.no_grad():
+            for name, p in moe.named_parameters():
+                if name.endswith("mlp.gate.weight"):
+                    p.normal_(std=3.0)
+            gaps[align] = float((moe(x).logits - dense(x).logits).abs().max())
+    assert gaps["full"] < 1e-4 < 0.1 < gaps["weight"], gaps
+
+
+def _swap_routers(path, out):
+    moe = T.AutoModelForCausalLM.from_pretrained(path).eval()
+    with torch.no_grad():
+        for name, p in moe.named_parameters():
+            if name.endswith("mlp.gate.weight"):
+                p.copy_(p.flip(0))
+    return moe
+
+
+def test_the_data_router_sends_each_models_tokens_to_its_expert_and_swapped_rows_do_not(tmp_path):
+    """A and B share everything but their FFNs; A's data and B's data use disjoint tokens. With top-1 routing, the
+    MoE on A's data is closer to A than to B (and on B's to B); swapping the router rows reverses it."""
+    torch.manual_seed(0)
+    a = TINY["llama"]().eval()
+    b = TINY["llama"]().eval()
+    shared = {k: v for k, v in a.state_dict().items() if ".mlp." not in k}
+    b.load_state_dict({**b.state_dict(), **shared})
+    with torch.no_grad():
+        for m in (a, b):
+            for layer in m.model.layers:
+                layer.mlp.down_proj.weight.mul_(8.0)  # FFNs that matter next to the residual stream
+    a.save_pretrained(tmp_path / "a")
+    b.save_pretrained(tmp_path / "b")
+    gen = torch.Generator().manual_seed(0)
+    data = [torch.randint(1, 25, (8, 12), generator=gen), torch.randint(25, 50, (8, 12), generator=gen)]
+    mc.dense_to_moe([tmp_path / "a", tmp_path / "b"], tmp_path / "moe", data=data, top_k=1, align="none")
+    right = T.AutoModelForCausalLM.from_pretrained(tmp_path / "moe").eval()
+    wrong = _swap_routers(tmp_path / "moe", None)
+    with torch.no_grad():
+        for x, own, other in ((data[0], a, b), (data[1], b, a)):
+            gap = [(m(x).logits - ref(x).logits).abs().mean() for m in (right, wrong) for ref in (own, other)]
+            assert gap[0] < gap[1] and gap[3] < gap[2]  # the data router: own expert; swapped rows: the other
+
+
+def test_the_cli_builds_a_mixtral_from_two_llamas_with_per_model_data(tmp_path):
+    dirs, corpus = tiny_causal_lms(tmp_path, "llama")
+    out = tmp_path / "moe"
+    res = run_cli("moe", *dirs, "--out", out, "--dataset", corpus, "--dataset", corpus, "--router-steps", "2",
+                  "--limit-train", "8")
+    assert "written to" in res.output.lower() or str(out) in res.output
+    moe = T.AutoModelForCausalLM.from_pretrained(out)
+    assert type(moe).__name__ == "MixtralForCausalLM" and moe.config.num_local_experts == 2
+    assert (out / "tokenizer.model").exists()
+    record = json.loads((out / "moe.json").read_text())
+    assert record["router"]["steps"] == 2 and record["align"] == "full" and record["groups"] == "full"
+
+
+@pytest.mark.parametrize("case,message", [
+    ("family", "gpt_neox models"), ("out-is-input", "--out"), ("datasets", "one per model (2), got 3"),
+    ("no-dataset", "pass --dataset")])
+def test_bad_inputs_are_refused_before_any_weights_are_read(tmp_path, monkeypatch, case, message):
+    dirs, corpus = tiny_causal_lms(tmp_path, "gpt_neox" if case == "family" else "llama")
+    out = dirs[0] if case == "out-is-input" else tmp_path / "moe"
+    datasets = {"datasets": [str(corpus)] * 3, "no-dataset": []}.get(case, [str(corpus)])
+    from modeconn.io.lazy import LazyCheckpoint
+
+    monkeypatch.setattr(LazyCheckpoint, "__getitem__", lambda *a: pytest.fail("weights read"))
+    args = ["moe", *map(str, dirs), "--out", str(out)] + [a for d in datasets for a in ("--dataset", d)]
+    res = run_cli(*args, ok=False)
+    assert res.exit_code != 0 and message in " ".join(res.output.split()), res.output
+    assert not (tmp_path / "moe").exists()
+
+
+def test_the_api_refuses_a_data_count_and_top_k_that_do_not_fit(tmp_path):
+    torch.manual_seed(0)
+    for name in "ab":
+        TINY["llama"]().save_pretrained(tmp_path / name)
+    x = torch.randint(1, 50, (2, 8))
+    with pytest.raises(ConfigError, match="one per model"):
+        mc.dense_to_moe([tmp_path / "a", tmp_path / "b"], tmp_path / "m", data=[x, x, x])
+    with pytest.raises(ConfigError, match="top_k"):
+        mc.dense_to_moe([tmp_path / "a", tmp_path / "b"], tmp_path / "m", data=x, top_k=3)
