@@ -67,8 +67,9 @@ def grouped_reshape(tr: Tracer, x: Val, in_shape: tuple[int, ...], out_shape: tu
     """A reshape that regroups several independent runs of dims at once (CoAtNet's and MobileNetV4's
     ``(B, C, H, W) → (B, heads, C / heads, H·W)``; Twins' and Hiera's windows ``(B, nH, nW, h, w, C) → (B, nH·nW, h·w,
     3, heads, head_dim)``; HaloNet's blocks): applied run by run, each a merge or a split of the dims it covers; a run
-    touching the permuted dim or the per-head axis must keep it, merge or split it (or be one split and one merge),
-    any other run may regroup its dims freely (they carry no symmetry)."""
+    touching the permuted dim or the per-head axis keeps, merges or splits it, or regroups it through the common
+    refinement of its dims (:func:`through_atoms`); any other run may regroup its dims freely (they carry no
+    symmetry)."""
     runs = dim_runs(in_shape, out_shape)
     why = f"reshape {in_shape} → {out_shape} neither merges adjacent dims nor splits one"
     if runs is None:
