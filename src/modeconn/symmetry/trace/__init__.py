@@ -30,11 +30,21 @@ layouts then repeated per sample. A parameter contracted with per-head queries (
 the heads) joins the heads' spaces and moves with them; one key for all heads (multi-query attention) joins every
 head's query space with the key's. Rotary embeddings fix the query/key dims they rotate (:mod:`.library`).
 
+Linear and channel attention form ``kᵀ v``, permuted along both its dims (key dims × value dims): such a value is a
+:class:`~.values.Pair`, passed through scaling, softmax and axis moves until a second product contracts one of its dims
+(``q (kᵀ v)`` joins q's spaces with k's and carries v's; DaViT's ``softmax(kᵀ v) qᵀ`` joins q's with v's and carries
+k's). A reshape that moves channels through the batch axis (MobileViT's patches, HaloNet's blocks) is taken through
+the common refinement of both shapes: the permuted dim's layout repeats along the parts before its units and falls
+within each unit along the parts after them. A space split into parts and later into coarser or finer ones (q, k
+and v groups inside heads) is split at both levels.
+
 Supported: Linear, Conv1d/2d/3d (groups=1, depthwise or grouped), BatchNorm1d/2d/3d, LayerNorm, GroupNorm (with
-several groups: permutations within each group), PReLU, padding, elementwise activations, softmax, dropout, pooling,
+several groups: permutations within each group), PReLU, padding (of the permuted dim too, with a constant),
+elementwise activations, softmax, dropout, pooling, sliding windows (``unfold``),
 flatten / view / reshape that merges adjacent dimensions or splits the permuted one into (groups, width) — also
 several groups of dims at once —, unflatten, permute / transpose, mean/sum/amax/norm reductions, residual additions
-and products, parameters added to activations, matmul / bmm, concatenation, stack, split / chunk / unbind. A model
+and products, parameters added to activations, matmul / bmm (also of two permuted operands), concatenation, stack,
+split / chunk / unbind. A model
 whose forward branches on sizes (fx cannot trace it symbolically) is traced at the example's shapes
 (:mod:`.concrete`). Anything else raises :class:`UnsupportedOperationError` naming
 the node, or with ``on_unsupported="freeze"`` freezes every space touching it.

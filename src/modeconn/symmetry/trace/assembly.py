@@ -14,7 +14,7 @@ from ...errors import TraceError, UnsupportedOperationError
 from ..spec import AxisBinding, Probe, Space, SymmetrySpec
 from .ops.elementwise import ELEMENTWISE_MODULES, POOL_FUNCTIONS, POOL_MODULES
 from .ops.norms import FUNCTIONAL_NORM_WEIGHT, NORM_MODULES
-from .values import NON_TENSOR_METHODS, Attr
+from .values import NON_TENSOR_METHODS, Attr, Pair
 
 if TYPE_CHECKING:
     from .tracer import Tracer
@@ -76,7 +76,8 @@ def repair_points(tr: Tracer, roots: dict[int, str]) -> list[tuple]:
         if tr.find(sid) not in roots:
             continue
         norms = norms_behind(tr, node)
-        for point in norms or [(name, tr.vals[node].dim)]:
+        out = tr.vals[node]
+        for point in norms or [(name, out.vals[0].dim if isinstance(out, Pair) else out.dim)]:  # a Pair's writer dim first
             if point not in points:
                 points.append(point)
     return points

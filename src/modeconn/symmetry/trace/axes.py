@@ -3,6 +3,8 @@ children) and frozen spaces (the model's inputs and outputs, and whatever joins 
 
 from __future__ import annotations
 
+import itertools
+
 import torch.fx
 
 from ...errors import TraceError
@@ -57,23 +59,61 @@ class Axes:
 
     def split(self, sid: int, k: int) -> tuple[int, ...] | None:
         """The ``k`` equal consecutive parts of space ``sid`` (created on first use); ``None`` if it is already
-        split differently or its size is not a multiple of ``k``. Splitting restricts the space's group to
-        permutations within each part (always safe: a subgroup of a symmetry group is a symmetry group)."""
+        split into parts that neither refine nor coarsen these, or its size is not a multiple of ``k``. Splitting
+        restricts the space's group to permutations within each part (always safe: a subgroup of a symmetry group is
+        a symmetry group)."""
         n = self.size[self.find(sid)]
         return None if n % k else self.split_at(sid, [n // k] * k)
 
     def split_at(self, sid: int, sizes: list[int]) -> tuple[int, ...] | None:
-        """The consecutive parts of space ``sid`` of ``sizes`` (summing to its size; created on first use), or
-        ``None`` if it is already split differently."""
+        """The consecutive parts of space ``sid`` of ``sizes`` (summing to its size; created on first use, and over
+        parts made before: each of those split further, or grouped under new parts), or ``None`` if it is already
+        split at cuts that are neither among these nor hold all of them."""
         r = self.find(sid)
         if len(sizes) == 1:
             return (r,)
-        if r in self.children:
-            return self.children[r] if [self.size[c] for c in self.children[r]] == list(sizes) else None
         if sum(sizes) != self.size[r] or min(sizes) < 1:
             return None
-        self.children[r] = tuple(self.new_space(n, f"{self.creator[r]}[{i}]", self.frozen[r]) for i, n in enumerate(sizes))
+        if r not in self.children:
+            self.children[r] = tuple(self.new_space(n, f"{self.creator[r]}[{i}]", self.frozen[r]) for i, n in enumerate(sizes))
+        have = [self.size[c] for c in self.children[r]]
+        if have == list(sizes):
+            return self.children[r]
+        cuts, have_cuts = set(itertools.accumulate(sizes)), set(itertools.accumulate(have))
+        if cuts <= have_cuts:
+            return self.coarsened(r, sizes)
+        return self.refined(r, sizes) if have_cuts <= cuts else None
+
+    def coarsened(self, r: int, sizes: list[int]) -> tuple[int, ...]:
+        """Space ``r``, split into finer parts than ``sizes``, split into ``sizes`` first, each of those into the
+        finer parts it holds (EfficientViT's q/k/v groups of a grouped convolution inside the heads of attention)."""
+        parts, finer = [], list(self.children[r])
+        for n in sizes:
+            held = []
+            while sum(self.size[c] for c in held) < n:
+                held.append(finer.pop(0))
+            if len(held) == 1:
+                parts.append(held[0])
+                continue
+            mid = self.new_space(n, f"{self.creator[r]}[{len(parts)}]", self.frozen[r])
+            self.children[mid] = tuple(held)
+            parts.append(mid)
+        self.children[r] = tuple(parts)
         return self.children[r]
+
+    def refined(self, r: int, sizes: list[int]) -> tuple[int, ...] | None:
+        """The parts ``sizes`` of space ``r``, already split into coarser parts: each of those split further."""
+        out: list[int] = []
+        rest = list(sizes)
+        for c in self.children[r]:
+            held = []
+            while sum(held) < self.size[c]:
+                held.append(rest.pop(0))
+            inner = self.split_at(c, held)
+            if inner is None:
+                return None
+            out += inner
+        return tuple(out)
 
     def leaves(self, sid: int, block: int, offset: int) -> list[tuple[int, int]]:
         """(root, offset) of each unsplit space making up ``sid``, in order along an axis where it starts at ``offset``."""

@@ -18,6 +18,7 @@ from .axes import Axes
 from .leaves import layer_in_stack, registered, tables, untraceable_layer
 from .ops import attention, linear, norms
 from .ops.attention import parts_op
+from .ops.pairs import pair_op
 from .ops.elementwise import elementwise, softmax_module
 from .ops.indexing import index
 from .ops.reshape import parameter_view
@@ -26,6 +27,7 @@ from .values import (
     NON_TENSOR_METHODS,
     Attr,
     AttrCat,
+    Pair,
     Parts,
     Seg,
     Val,
@@ -79,8 +81,8 @@ class Tracer(Axes):
         elif isinstance(v, AttrCat):
             for a, _, _ in v.parts:
                 self.freeze(a)
-        elif isinstance(v, (Parts, tuple)):
-            for part in (v.vals if isinstance(v, Parts) else v):
+        elif isinstance(v, (Parts, Pair, tuple)):
+            for part in (v if isinstance(v, tuple) else v.vals):
                 self.freeze(part)
 
     def frozen_val(self, node: torch.fx.Node) -> Val | None:
@@ -205,8 +207,9 @@ class Tracer(Axes):
         name = str(node.target)
         mod = self.modules[name]
         x = self.arg_val(node)
-        if x is None or isinstance(x, Parts):
-            return self.unsupported(node, "module input is not a tensor" if x is None else "module reads a fused q/k/v value")
+        if x is None or isinstance(x, (Parts, Pair)):
+            return self.unsupported(node, "module input is not a tensor" if x is None else "module reads a fused q/k/v value"
+                                    if isinstance(x, Parts) else "module reads a value permuted along two dims")
         op = module_op_for(type(mod))
         if registered(type(mod)) == "elementwise" and (op is None or op.rule is not softmax_module):
             return x
@@ -229,6 +232,8 @@ class Tracer(Axes):
         if parts:
             return parts_op(self, node, self.vals[parts[0]]) if parts == [node.args[0]] else self.unsupported(
                 node, "reads a fused q/k/v value other than by moving its axes or taking its parts apart")
+        if any(isinstance(self.vals.get(a), Pair) for a in flat_args(node)):
+            return pair_op(self, node)
         library = tables().LIBRARY_RULES
         if node.op == "call_function" and node.target in library:
             return library[node.target](self, node)

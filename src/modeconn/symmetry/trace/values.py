@@ -62,6 +62,18 @@ class Parts:
 
 
 @dataclass(frozen=True)
+class Pair:
+    """A tensor with symmetry on two dims: ``kᵀ v`` in linear and channel attention, of shape (…, key dims, value
+    dims), permuted along both. ``vals[i]`` is one dim's layout in the coordinates of the whole tensor (each with its
+    own per-head axis or none); the two act on different dims."""
+
+    vals: tuple[Val, Val]
+
+    def remap(self, axis: Callable[[int], int], ndim: int) -> Pair:
+        return Pair(tuple(v.remap(axis, ndim) for v in self.vals))  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
 class AttrCat:
     """A 1-D concatenation of tensors read by ``get_attr`` (BEiT's q/k/v bias ``cat((q_bias, k_bias, v_bias))``, its
     ``k_bias`` a constant buffer outside the state dict): ``parts`` = (tensor, length, constant along its length)."""

@@ -14,7 +14,7 @@ from torch import nn
 
 from ...spec import AxisBinding
 from ..registry import module_op, node_op
-from ..values import Attr, Parts, Seg, Val, matches, same_layout, shape_len, shape_of
+from ..values import Attr, Pair, Parts, Seg, Val, matches, same_layout, shape_len, shape_of
 from .elementwise import ELEMENTWISE_METHODS
 from .reshape import permute
 
@@ -79,6 +79,10 @@ def matmul(tr: Tracer, node: torch.fx.Node) -> Val | None:
     if a is None or b is None or out_shape is None:
         return tr.unsupported(node, "matmul of non-tensor operands")
     nd = len(out_shape)
+    if isinstance(a, Pair) or isinstance(b, Pair) or carries_two(tr, a, b):
+        return matmul_pairs(tr, node, a, b, operands, nd)
+    for x, h in ((a, b), (b, a)):
+        fix_whole_heads(tr, x, h, nd)
     # frozen or size-1 spaces (e.g. a Linear(D, 1) attention-pooling score): only the identity acts on them
     live_a, live_b = not tr.inactive(a), not tr.inactive(b)
     if not (live_a or live_b):
@@ -87,17 +91,62 @@ def matmul(tr: Tracer, node: torch.fx.Node) -> Val | None:
         return tr.unsupported(node, "matrix-vector product with a permuted operand")
     con_a, con_b = live_a and a.dim == a.ndim - 1, live_b and b.dim == b.ndim - 2
     if con_a or con_b:
-        if con_a and con_b and shared_across_heads(tr, node, (a, b), operands, nd):
-            return tr.frozen_val(node)
-        if not (con_a and con_b and contractible(tr, a, b, nd)):
+        if not (con_a and con_b and contract(tr, node, a, b, operands, nd)):
             return tr.unsupported(node, "contracts a permuted dim with one that does not carry the same spaces")
-        tr.union_segs(a, b, node)
         return tr.frozen_val(node)  # (a P)(Pᵀ b) = a b
     if live_a and live_b:
         return matmul_joint_batch(tr, node, a, b, nd)
     if live_a:
         return matmul_one_sided(tr, node, a, operands[1], a.ndim - 1, nd)
     return matmul_one_sided(tr, node, b, operands[0], b.ndim - 2, nd)
+
+
+def carries_two(tr: Tracer, a: Val, b: Val) -> bool:
+    """Whether ``a @ b`` carries a permuted dim from each side: a's rows and b's columns (``kᵀ v``)."""
+    return not (tr.inactive(a) or tr.inactive(b)) and a.dim == a.ndim - 2 and b.dim == b.ndim - 1
+
+
+def live_components(tr: Tracer, x: Val | Pair) -> list[Val]:
+    return [v for v in (x.vals if isinstance(x, Pair) else (x,)) if not tr.inactive(v)]
+
+
+def matmul_pairs(tr: Tracer, node: torch.fx.Node, a: Val | Pair, b: Val | Pair, operands: list, nd: int) -> Any:
+    """``a @ b`` where the product carries a permuted dim from each side (``kᵀ v``: a :class:`Pair`), or where an
+    operand is such a pair (``q (kᵀ v)``, ``(kᵀ v) qᵀ``): the contracted dims' spaces joined as for ``q kᵀ``, a's
+    permuted rows and b's permuted columns carried to the product. Permuted batch axes are unsupported here."""
+    ca, cb = live_components(tr, a), live_components(tr, b)
+    na, nb = ca[0].ndim if ca else nd, cb[0].ndim if cb else nd
+    ka, rows = [c for c in ca if c.dim == na - 1], [c for c in ca if c.dim == na - 2]
+    kb, cols = [c for c in cb if c.dim == nb - 2], [c for c in cb if c.dim == nb - 1]
+    carried = [c.remap(lambda d, s=nd - na: d + s, nd) for c in rows] + [c.remap(lambda d, s=nd - nb: d + s, nd) for c in cols]
+    if len(ka) + len(rows) != len(ca) or len(kb) + len(cols) != len(cb) or any(
+            c.outer is not None and c.outer >= nd - 2 for c in carried):
+        return tr.unsupported(node, "a product of values permuted along two dims with a permuted batch or head axis")
+    if (ka or kb) and not (ka and kb and contract(tr, node, ka[0], kb[0], operands, nd)):
+        return tr.unsupported(node, "contracts a permuted dim with one that does not carry the same spaces")
+    if not carried:
+        return tr.frozen_val(node)
+    return carried[0] if len(carried) == 1 else Pair(tuple(carried))  # type: ignore[arg-type]
+
+
+def contract(tr: Tracer, node: torch.fx.Node, a: Val, b: Val, operands: list, nd: int) -> bool:
+    """Join the spaces of a's last dim and b's second-to-last, which ``a @ b`` contracts (per head, or every head's
+    with one shared by all heads); False (nothing joined) if their layouts differ."""
+    if shared_across_heads(tr, node, (a, b), operands, nd):
+        return True
+    if not contractible(tr, a, b, nd):
+        return False
+    tr.union_segs(a, b, node)
+    return True
+
+
+def fix_whole_heads(tr: Tracer, x: Val, heads: Val, nd: int) -> None:
+    """Freeze ``x``'s spaces if it is permuted along the axis indexing ``heads``' per-head spaces (EfficientFormer-V2's
+    talking-head convolution writes the attention weights head by head): exchanging whole heads is not modelled, and
+    within-head permutations never move that axis."""
+    if isinstance(x, Val) and isinstance(heads, Val) and heads.outer is not None and x.outer is None and (
+            x.dim < x.ndim - 2 and x.dim + nd - x.ndim == heads.outer + nd - heads.ndim) and not tr.inactive(heads):
+        tr.freeze(x)
 
 
 def matmul_parameter(tr: Tracer, node: torch.fx.Node, x: Val, p: Attr) -> Val | None:

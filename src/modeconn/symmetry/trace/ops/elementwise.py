@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..registry import module_op, node_op
-from ..values import Val, shape_len
+from ..values import Seg, Val, shape_len
 
 if TYPE_CHECKING:
     from ..tracer import Tracer
@@ -107,7 +107,34 @@ def pad(tr: Tracer, node: torch.fx.Node, x: Val | None) -> Val | None:
     entries are one constant along the permuted dim."""
     pad = node.args[1] if len(node.args) > 1 else node.kwargs.get("pad", ())
     nd = x.ndim if x is not None else 0
-    return other_dims(tr, node, x, {nd - 1 - i for i in range(len(pad) // 2) if pad[2 * i] or pad[2 * i + 1]}, "pads")
+    touched = {nd - 1 - i: (pad[2 * i], pad[2 * i + 1]) for i in range(len(pad) // 2) if pad[2 * i] or pad[2 * i + 1]}
+    mode = node.kwargs.get("mode", node.args[2] if len(node.args) > 2 else "constant")
+    if x is not None and x.dim in touched and mode == "constant" and x.dim != x.outer and not tr.all_frozen(x):
+        return padded_units(tr, node, x, *touched.pop(x.dim)) if not set(touched) & {x.outer} else (
+            tr.unsupported(node, "pads the axis indexing per-head spaces"))
+    return other_dims(tr, node, x, set(touched), "pads")
+
+
+def padded_units(tr: Tracer, node: torch.fx.Node, x: Val, before: int, after: int) -> Val | None:
+    """The permuted dim padded with a constant (EfficientViT's ``F.pad(v, (0, 1), value=1)``: a column of ones
+    appended to the values): the padded entries are fixed units beside x's. Per head, each head's layout becomes a
+    new space split into (fixed, x's, fixed) parts."""
+    if x.outer is None:
+        fixed = [Seg(tr.new_space(n, node.name, frozen=True), n) for n in (before, after)]
+        return Val(x.dim, x.ndim, (*fixed[:1] * bool(before), *x.segs, *fixed[1:] * bool(after)))
+    heads = []
+    for s in x.segs:
+        if s.block != 1:
+            return tr.unsupported(node, "pads flattened per-head values")
+        space = tr.new_space(before + s.n + after, node.name)
+        sizes = [n for n in (before, s.n, after) if n]
+        parts = list(tr.split_at(space, sizes) or ())
+        mid = parts.pop(1 if before else 0)
+        tr.union(mid, s.space, node)
+        for p in parts:
+            tr.set_frozen(p)
+        heads.append(Seg(space, before + s.n + after))
+    return Val(x.dim, x.ndim, tuple(heads), x.outer)
 
 
 @module_op(*PAD_MODULES)
@@ -126,6 +153,16 @@ def roll(tr: Tracer, node: torch.fx.Node, x: Val | None) -> Val | None:
     dims = (dims,) if isinstance(dims, int) else dims or ()
     nd = x.ndim if x is not None else 0
     return other_dims(tr, node, x, {d % nd for d in dims} if dims else set(range(nd)), "rolls")
+
+
+@node_op(methods=("unfold",), first=True)
+def sliding_windows(tr: Tracer, node: torch.fx.Node, x: Val | None) -> Val | None:
+    """``x.unfold(dim, size, step)`` along a dim the symmetry does not act on (HaloNet's overlapping key/value
+    windows): that dim becomes the window index and a new last dim the position in the window."""
+    dim = node.kwargs.get("dimension", node.args[1] if len(node.args) > 1 else None)
+    nd = x.ndim if x is not None else 0
+    kept = other_dims(tr, node, x, {dim % nd} if isinstance(dim, int) and nd else set(range(nd)), "slides windows along")
+    return kept if kept is None or kept.ndim != nd else kept.remap(lambda d: d, nd + 1)
 
 
 def other_dims(tr: Tracer, node: torch.fx.Node, x: Val | None, touched: set[int], verb: str) -> Val | None:

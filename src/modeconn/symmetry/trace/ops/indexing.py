@@ -131,8 +131,11 @@ def index_slice(tr: Tracer, x: Val, i: slice) -> tuple[Seg, ...] | None:
     """The segments of a contiguous slice of the permuted dim: whole spaces, or parts of spaces split at the slice's
     ends (DPN's ``x[:, :n]`` and ``x[:, n:]`` of one convolution's output; permutations within each part); None if
     it has a step, cuts through a unit or a space is already split differently."""
+    if x.outer is not None:  # per head: the same slice of every head's layout (EfficientViT drops the ones column)
+        taken = [index_slice(tr, replace(x, segs=(s,), outer=None), i) for s in x.segs]
+        return tuple(t[0] for t in taken) if all(t is not None and len(t) == 1 for t in taken) else None
     start, stop, step = i.indices(x.width)
-    refined = tr.refine(x, {start, stop}) if x.outer is None and step == 1 else None
+    refined = tr.refine(x, {start, stop}) if step == 1 else None
     return whole_segments(refined, i) if refined is not None else None
 
 

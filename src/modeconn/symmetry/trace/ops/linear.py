@@ -11,7 +11,7 @@ from torch import nn
 
 from ...spec import AxisBinding, Probe
 from ..registry import module_op, node_op
-from ..values import Attr, AttrCat, Seg, Val, offsets, shape_len
+from ..values import Attr, AttrCat, Pair, Seg, Val, offsets, shape_len
 
 if TYPE_CHECKING:
     from ..tracer import Tracer
@@ -52,7 +52,9 @@ def output_parameters(tr: Tracer, name: str, n_out: int) -> list[str]:
 
 
 @module_op(nn.Conv1d, nn.Conv2d, nn.Conv3d)
-def conv(tr: Tracer, node: torch.fx.Node, name: str, mod: nn.Module, x: Val) -> Val | None:
+def conv(tr: Tracer, node: torch.fx.Node, name: str, mod: nn.Module, x: Val) -> Val | Pair | None:
+    if x.dim >= 2 and not tr.inactive(x) and pointwise_along(mod, x.dim - 2):
+        return conv_across_units(tr, node, name, mod, x)
     x = tr.require_dim(node, x, 1)
     if mod.groups == 1:
         if any(s.block != 1 for s in x.segs):
@@ -63,6 +65,21 @@ def conv(tr: Tracer, node: torch.fx.Node, name: str, mod: nn.Module, x: Val) -> 
             tr.bind(key, 0, x, "out")
         return x
     return grouped_conv(tr, node, name, mod, x)
+
+
+def pointwise_along(mod: nn.Module, axis: int) -> bool:
+    """Whether a convolution treats every index of its spatial ``axis`` alike and apart: kernel 1, stride 1, no padding."""
+    pad = mod.padding if isinstance(mod.padding, tuple) else None
+    return axis < len(mod.kernel_size) and mod.kernel_size[axis] == 1 and mod.stride[axis] == 1 and (
+        pad is None or pad[axis] == 0) and mod.groups == 1
+
+
+def conv_across_units(tr: Tracer, node: torch.fx.Node, name: str, mod: nn.Module, x: Val) -> Pair:
+    """A convolution whose input is permuted along a spatial dim it convolves pointwise (LambdaNet's position lambdas:
+    ``Conv3d`` over (B, 1, H, W, value dims) with a kernel (r, r, 1)): that dim's units pass through unmixed, and the
+    output channels are a new space; the product carries both."""
+    channels = Val(1, x.ndim, (Seg(tr.new_space(mod.in_channels, name, frozen=True), mod.in_channels),))
+    return Pair((writer(tr, node, name, channels, 1, mod.out_channels, in_axis=None), x))
 
 
 def grouped_conv(tr: Tracer, node: torch.fx.Node, name: str, mod: nn.Module, x: Val) -> Val | None:

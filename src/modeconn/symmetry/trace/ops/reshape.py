@@ -4,7 +4,9 @@ one (splitting the permuted dim into (heads, head_dim) splits its spaces into pe
 
 from __future__ import annotations
 
+import itertools
 import math
+import operator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -34,18 +36,22 @@ def reshape(tr: Tracer, node: torch.fx.Node, x: Val | None) -> Val | None:
     in_shape, out_shape = shape_of(node.args[0]), shape_of(node)
     if in_shape is None or out_shape is None:
         return tr.unsupported(node, "shape unknown")
-    if in_shape == out_shape:
-        return x
-    new = merge_or_split(tr, x, in_shape, out_shape)
-    if isinstance(new, str) and x.dim is not None and 1 not in (in_shape[x.dim], *(in_shape[d] for d in (x.outer,) if d is not None)):
-        new = compact_reshape(tr, x, in_shape, out_shape) or kept_dim(x, in_shape, out_shape) or new
-    if isinstance(new, str):
-        new = windowed_reshape(tr, x, in_shape, out_shape) or new
+    new = reshaped(tr, x, in_shape, out_shape)
     if isinstance(new, (Val, Parts)):
         return new
     if tr.all_frozen(x):
         return tr.frozen_val(node)
     return tr.unsupported(node, new)
+
+
+def reshaped(tr: Tracer, x: Val, in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> Val | Parts | str:
+    """``x`` after a reshape from ``in_shape`` to ``out_shape``; a string says why the symmetry cannot follow."""
+    if in_shape == out_shape:
+        return x
+    new = merge_or_split(tr, x, in_shape, out_shape)
+    if isinstance(new, str) and x.dim is not None and 1 not in (in_shape[x.dim], *(in_shape[d] for d in (x.outer,) if d is not None)):
+        new = compact_reshape(tr, x, in_shape, out_shape) or kept_dim(x, in_shape, out_shape) or new
+    return new
 
 
 def merge_or_split(tr: Tracer, x: Val, in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> Val | Parts | str:
@@ -59,9 +65,11 @@ def merge_or_split(tr: Tracer, x: Val, in_shape: tuple[int, ...], out_shape: tup
 
 def grouped_reshape(tr: Tracer, x: Val, in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> Val | Parts | str:
     """A reshape that regroups several independent runs of dims at once (CoAtNet's and MobileNetV4's
-    ``(B, C, H, W) → (B, heads, C / heads, H·W)``): applied run by run, each a merge or a split of the dims it
-    covers; a run touching the permuted dim or the per-head axis must be a plain merge or split, any other run
-    may regroup its dims freely (they carry no symmetry)."""
+    ``(B, C, H, W) → (B, heads, C / heads, H·W)``; Twins' and Hiera's windows ``(B, nH, nW, h, w, C) → (B, nH·nW, h·w,
+    3, heads, head_dim)``; HaloNet's blocks): applied run by run, each a merge or a split of the dims it covers; a run
+    touching the permuted dim or the per-head axis keeps, merges or splits it, or regroups it through the common
+    refinement of its dims (:func:`through_atoms`); any other run may regroup its dims freely (they carry no
+    symmetry)."""
     runs = dim_runs(in_shape, out_shape)
     why = f"reshape {in_shape} → {out_shape} neither merges adjacent dims nor splits one"
     if runs is None:
@@ -75,10 +83,10 @@ def grouped_reshape(tr: Tracer, x: Val, in_shape: tuple[int, ...], out_shape: tu
             step: Val | Parts | str = merge_dims(tr, cur, tuple(shape), pos, pos + ni - 1)
         elif ni == 1 and no > 1 and isinstance(cur, Val):
             step = split_dim(tr, cur, tuple(new), pos, pos + no - 1)
-        elif not touched_axes(cur) & set(range(pos, pos + ni)):
+        elif ni == no == 1 or not touched_axes(cur) & set(range(pos, pos + ni)):  # a dim kept, or dims without symmetry
             step = cur.remap(lambda d, pos=pos, ni=ni, no=no: d if d < pos else d + no - ni, len(new))
-        elif ni == 2 and no == 2 and isinstance(cur, Val):
-            step = split_then_merge(tr, cur, tuple(shape), tuple(new), pos)
+        elif isinstance(cur, Val):
+            step = through_atoms(tr, cur, tuple(shape), pos, in_shape[i0:i1], out_shape[o0:o1])
         else:
             return why
         if isinstance(step, str):
@@ -87,21 +95,31 @@ def grouped_reshape(tr: Tracer, x: Val, in_shape: tuple[int, ...], out_shape: tu
     return cur
 
 
-def split_then_merge(tr: Tracer, x: Val, shape: tuple[int, ...], new: tuple[int, ...], pos: int) -> Val | str:
-    """``(a, b) → (c, d)`` at ``pos`` as the split of one dim and the merge of the next pair: BoTNet's
-    ``(B, heads · d) → (B · heads, d)`` splits the channels into (heads, d), then merges the samples with the heads;
-    ``(B · heads, d) → (B, heads · d)`` the reverse."""
-    a, b = shape[pos : pos + 2]
-    c, d = new[pos : pos + 2]
-    if c % a == 0:  # (a, b) → (a, c / a, d) → (c, d)
-        mid = (*shape[:pos], a, c // a, d, *shape[pos + 2 :])
-        step = split_dim(tr, x, mid, pos + 1, pos + 2)
-        return step if isinstance(step, str) else merge_dims(tr, step, mid, pos, pos + 1)
-    if a % c == 0:  # (a, b) → (c, a / c, b) → (c, d)
-        mid = (*shape[:pos], c, a // c, b, *shape[pos + 2 :])
-        step = split_dim(tr, x, mid, pos, pos + 1)
-        return step if isinstance(step, str) else merge_dims(tr, step, mid, pos + 1, pos + 2)
-    return f"reshape {shape} → {new} regroups dims other than by one split and one merge"
+def through_atoms(tr: Tracer, x: Val, shape: tuple[int, ...], pos: int, ins: tuple[int, ...],
+                  outs: tuple[int, ...]) -> Val | str:
+    """The run of dims ``ins`` at ``pos`` regrouped into ``outs`` as splits into their common refinement (the atoms)
+    and merges of the atoms: BoTNet's ``(B, heads · d) → (B · heads, d)`` splits the channels into (heads, d), then
+    merges the samples with the heads (and back); MobileViT's ``(B · C · nh, nw) → (B, C, nh · nw)`` takes the
+    channels out of the batch axis and merges the patch rows with the columns."""
+    why = f"reshape {ins} → {outs} regroups dims other than through a common refinement of both shapes"
+    cuts_in, cuts_out = list(itertools.accumulate(ins, operator.mul)), list(itertools.accumulate(outs, operator.mul))
+    cuts = sorted({*cuts_in, *cuts_out})
+    if 1 in ins or 1 in outs or any(b % a for a, b in zip([1, *cuts], cuts, strict=False)):
+        return why
+    atoms = [b // a for a, b in zip([1, *cuts], cuts, strict=False)]
+    cur: Val | Parts | str = x
+    for k in reversed(range(len(ins))):  # split every input dim into its atoms, the last first: positions stay valid
+        lo, hi = cuts.index(cuts_in[k - 1]) + 1 if k else 0, cuts.index(cuts_in[k]) + 1
+        new = (*shape[: pos + k], *atoms[lo:hi], *shape[pos + k + 1 :])
+        if hi - lo > 1:
+            cur = split_dim(tr, cur, new, pos + k, pos + k + hi - lo - 1) if isinstance(cur, Val) else why
+        shape = new
+    for k in range(len(outs)):  # merge the atoms of every output dim
+        lo, hi = cuts.index(cuts_out[k - 1]) + 1 if k else 0, cuts.index(cuts_out[k]) + 1
+        if hi - lo > 1:
+            cur = merge_dims(tr, cur, shape, pos + k, pos + k + hi - lo - 1) if isinstance(cur, Val) else why
+            shape = (*shape[: pos + k], outs[k], *shape[pos + k + hi - lo :])
+    return cur if isinstance(cur, (Val, str)) else why
 
 
 def touched_axes(v: Val | Parts) -> set[int]:
@@ -156,10 +174,10 @@ def merge_dims(tr: Tracer, x: Val, in_shape: tuple[int, ...], s: int, e: int) ->
 
     if not inside(x.dim):
         if inside(x.outer):
-            if x.outer != e or x.dim < s:
-                return "flatten merges the axis indexing per-head spaces with other dims than those before it"
-            # (B, heads, …) → (B · heads, …) (BoTNet's heads in the batch axis): the heads' layouts repeat per sample
-            return Val(x.dim - (e - s), nd, x.segs * math.prod(in_shape[s:e]), s)
+            # (B, heads, …) → (B · heads, …) (BoTNet's heads in the batch axis): the heads' layouts repeat per sample;
+            # (B · heads, blocks, …) → (B · heads · blocks, …) (HaloNet): each head's layout repeats per block
+            before, inner = math.prod(in_shape[s : x.outer]), math.prod(in_shape[x.outer + 1 : e + 1])
+            return Val(x.dim if x.dim < s else x.dim - (e - s), nd, tuple(g for g in x.segs for _ in range(inner)) * before, s)
         return x.remap(lambda d: d if d < s else d - (e - s), nd)
     if x.outer is not None:  # merging heads back: (…, heads, head_dim) → (…, heads·head_dim)
         if (x.outer, x.dim) == (s, e) and e == s + 1 and all(g.n * g.block == in_shape[e] for g in x.segs):
@@ -182,6 +200,9 @@ def split_dim(tr: Tracer, x: Val, out_shape: tuple[int, ...], s: int, e: int) ->
     big = [s + i for i, n in enumerate(out_shape[s : e + 1]) if n != 1]
     if len(big) <= 1:  # only singleton dims appear around the permuted one
         return replace(moved, dim=big[0] if big else s)
+    units = unit_part(x, out_shape[s : e + 1]) if x.outer is None else None
+    if units is not None:
+        return Val(s + units[0], nd, units[1])
     if len(big) == 3 and x.outer is None:
         return split_parts(tr, x, out_shape, big)
     if len(big) > 2 or x.outer is not None:
@@ -197,6 +218,22 @@ def split_dim(tr: Tracer, x: Val, out_shape: tuple[int, ...], s: int, e: int) ->
             return "the permuted dim is already split into groups of another width"
         heads.extend(Seg(c, width) for c in parts)
     return Val(dim, nd, tuple(heads), outer)
+
+
+def unit_part(x: Val, sizes: tuple[int, ...]) -> tuple[int, tuple[Seg, ...]] | None:
+    """The part ``j`` of a split of ``x``'s permuted dim into ``sizes`` that carries its units, and their layout
+    along it: the parts before ``j`` repeat the layout (the inverse of merging earlier dims in, :func:`merge_dims`),
+    the parts after it fall within every unit's block (a flattened unit taken apart). None if no part does so
+    (a split into heads, :func:`split_dim`, then applies)."""
+    for j, n in enumerate(sizes):
+        before, inner = math.prod(sizes[:j]), math.prod(sizes[j + 1 :])
+        k, total = 0, 0
+        while k < len(x.segs) and total < n * inner:
+            total, k = total + x.segs[k].n * x.segs[k].block, k + 1
+        period = x.segs[:k]
+        if n > 1 and total == n * inner and x.segs == period * before and all(g.block % inner == 0 for g in period):
+            return j, tuple(Seg(g.space, g.n, g.block // inner) for g in period)
+    return None
 
 
 def split_heads_axis(x: Val, out_shape: tuple[int, ...], s: int, e: int) -> Val | str:
@@ -271,50 +308,6 @@ def merged_range(in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> tuple
         ) == out_shape[s]:
             return s, e
     return None
-
-
-def windowed_reshape(tr: Tracer, x: Val, in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> Val | Parts | None:
-    """A reshape that merges or splits several groups of dims at once (Twins' and Hiera's windowed attention:
-    ``(B, nH, nW, h, w, C) → (B, nH·nW, h·w, 3, heads, head_dim)``): the permuted dim's group merged or split as
-    :func:`merge_or_split` does, the other groups free unless one holds the per-head axis and changes; None otherwise."""
-    groups = dim_groups(in_shape, out_shape)
-    if groups is None:
-        return None
-    where = {d: k for k, ((a, b), _) in enumerate(groups) for d in range(a, b + 1)}
-    (a, b), (c, d) = groups[where[x.dim]]
-    outer = None
-    if x.outer is not None and where[x.outer] != where[x.dim]:
-        (oa, ob), (oc, od) = groups[where[x.outer]]
-        if (oa, oc) != (ob, od):
-            return None
-        outer = oc
-    local = Val(x.dim - a, b - a + 1, x.segs, None if outer is not None or x.outer is None else x.outer - a)
-    new = merge_or_split(tr, local, in_shape[a : b + 1], out_shape[c : d + 1])
-    if isinstance(new, str):
-        return None
-    new = new.remap(lambda k: k + c, len(out_shape))
-    if outer is None:
-        return new
-    return replace(new, outer=outer) if isinstance(new, Val) and new.outer is None else None
-
-
-def dim_groups(in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> list[tuple[tuple[int, int], tuple[int, int]]] | None:
-    """The shapes cut into consecutive groups of dims with equal products, ``((first in, last in), (first out, last
-    out))`` each, as fine as possible (size-1 dims join the group before them); None if there is no such cut."""
-    groups: list[tuple[tuple[int, int], tuple[int, int]]] = []
-    i = j = 0
-    while i < len(in_shape) and j < len(out_shape):
-        si, sj, pi, pj = i, j, in_shape[i], out_shape[j]
-        i, j = i + 1, j + 1
-        while pi != pj or (i < len(in_shape) and in_shape[i] == 1) or (j < len(out_shape) and out_shape[j] == 1):
-            if pi <= pj and i < len(in_shape) and (pi != pj or in_shape[i] == 1):
-                pi, i = pi * in_shape[i], i + 1
-            elif j < len(out_shape):
-                pj, j = pj * out_shape[j], j + 1
-            else:
-                return None
-        groups.append(((si, i - 1), (sj, j - 1)))
-    return groups if i == len(in_shape) and j == len(out_shape) else None
 
 
 def kept_dim(x: Val, in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> Val | None:
