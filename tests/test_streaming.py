@@ -332,6 +332,23 @@ def test_streaming_scores_equal_in_memory_scores_for_every_space(pair, monkeypat
     assert stream.objective(g, True, 0.0) == pytest.approx(mem.objective(g), rel=1e-6)
 
 
+@pytest.mark.parametrize("chunk", [7, 1 << 20])
+def test_streaming_score_reads_units_along_rows_as_row_blocks(pair, monkeypatch, chunk):
+    """A tensor larger than a chunk whose units are its rows (an FFN up-projection) enters the score as row blocks:
+    never read whole (whole reads would keep two such tensors resident beside the n×n score). Control: a tensor
+    within one chunk is read whole."""
+    da, db, ma, _ = pair("llama_tied_mqa")
+    spec = hf_checkpoint_spec(da)
+    key = "model.layers.0.mlp.up_proj.weight"
+    bd = next(b for b in spec.tensors[key] if b.axis == 0)
+    whole: list[str] = []
+    getitem = LazyCheckpoint.__getitem__
+    monkeypatch.setattr(LazyCheckpoint, "__getitem__", lambda self, k: whole.append(k) or getitem(self, k))
+    stream = _Stream(spec, LazyCheckpoint(da), LazyCheckpoint(db), [key], chunk=chunk)
+    stream.score([(key, bd, None)], spec.identity(), spec.spaces[bd.space].size)
+    assert whole == ([] if chunk == 7 else [key, key])
+
+
 def test_solve_lap_negates_in_place_and_restores_the_callers_matrix():
     gen = torch.Generator().manual_seed(0)
     for dtype in (torch.float32, torch.float64):
