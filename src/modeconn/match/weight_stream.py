@@ -112,7 +112,7 @@ class _Stream:
         if plan is not None and bd is not None:
             plan.pop(bd.axis, None)  # other bindings of bd's axis never move bd's own units
         other = [ax for ax in range(len(shape)) if bd is None or ax != bd.axis]
-        if plan is not None and other and max(other, key=lambda i: shape[i]) == 0 and 0 not in plan and math.prod(shape):
+        if plan is not None and other and max(other, key=lambda i: shape[i]) == 0 and math.prod(shape):
             yield from self._row_pieces(key, shape, plan, bd)
             return
         a, b = self.a[key].detach(), self.b[key].detach()
@@ -136,9 +136,14 @@ class _Stream:
 
     def _row_pieces(self, key: str, shape: tuple[int, ...], plan: dict[int, torch.Tensor],
                     bd: AxisBinding | None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """:meth:`pieces` of a tensor chunked along its first axis, which ``plan`` (the gathers of the other axes but
-        ``bd``'s) does not move: row blocks read one at a time."""
-        for a, b in zip(self._blocks(self.a, key, shape), self._blocks(self.b, key, shape), strict=True):
+        """:meth:`pieces` of a tensor chunked along its first axis (the gathers ``plan`` of the other axes but
+        ``bd``'s): row blocks read one at a time; B's rows where a permutation moves the first axis (a down-projection's
+        residual rows) read as the rows that axis gathers."""
+        rows = plan.pop(0, None)
+        spans = _spans(shape[0], math.prod(shape), self.chunk) if math.prod(shape) > self.chunk else [(0, shape[0])]
+        for i, m in spans:
+            a = _row_block(self.a, key, i, m, shape)
+            b = _row_block(self.b, key, i, m, shape) if rows is None else _row_set(self.b, key, rows[i:i + m], shape)
             if bd is not None:
                 n = self.spec.spaces[bd.space].size
                 a, b = restrict(a, bd, n), restrict(b, bd, n)
@@ -255,11 +260,20 @@ def _spans(length: int, numel: int, chunk: int) -> Iterator[tuple[int, int]]:
         yield i, min(step, length - i)
 
 
-def _row_block(src: StateDict, key: str, start: int, count: int) -> torch.Tensor:
-    """Rows ``start … start + count − 1`` of tensor ``key`` along its first axis: read alone from a lazy checkpoint."""
-    if isinstance(src, LazyCheckpoint):
+def _row_block(src: StateDict, key: str, start: int, count: int, shape: tuple[int, ...] | None = None) -> torch.Tensor:
+    """Rows ``start … start + count − 1`` of tensor ``key`` along its first axis: read alone from a lazy checkpoint
+    (the whole tensor as it is where that is all of it)."""
+    if isinstance(src, LazyCheckpoint) and (shape is None or count < shape[0]):
         return src.read_rows(key, start, count)
     return src[key].detach().narrow(0, start, count)
+
+
+def _row_set(src: StateDict, key: str, rows: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """``src[key][rows]``: only those rows read from a lazy checkpoint (the whole tensor gathered where ``rows``
+    covers all of it)."""
+    if isinstance(src, LazyCheckpoint) and len(rows) < shape[0]:
+        return src.read_rows_at(key, rows)
+    return src[key].detach().index_select(0, rows)
 
 
 _TRIM_BYTES = 32 << 20
