@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from scipy.optimize import linear_sum_assignment
 
 from ..match.lap import solve_lap
 from ._validate import check_perm, check_square
@@ -41,8 +42,6 @@ class AssignmentMargin:
 
 
 def _solve_min(c: np.ndarray) -> np.ndarray:
-    from scipy.optimize import linear_sum_assignment  # here: weight matching's import path stays without it
-
     rows, cols = linear_sum_assignment(c)
     perm = np.empty(c.shape[0], dtype=np.int64)
     perm[rows] = cols

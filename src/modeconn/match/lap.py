@@ -68,6 +68,7 @@ from typing import Literal
 
 import numpy as np
 import torch
+from scipy.optimize import linear_sum_assignment
 from scipy.sparse import csr_array
 from scipy.sparse.csgraph import min_weight_full_bipartite_matching
 
@@ -218,12 +219,6 @@ def _lapjvr(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return lap.lapjvr(cost, return_cost=False)
 
 
-def _scipy_lsa(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    from scipy.optimize import linear_sum_assignment  # here: not imported where lapx solves (its import costs ~17 MiB)
-
-    return linear_sum_assignment(cost)
-
-
 def _lapx_has(name: str) -> bool:
     try:
         import lap
@@ -234,7 +229,7 @@ def _lapx_has(name: str) -> bool:
 
 DENSE_SOLVERS: dict[str, tuple[Callable[[], bool], Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]]] = {
     "lapjvr": (lambda: _lapx_has("lapjvr"), _lapjvr),
-    "scipy": (lambda: True, _scipy_lsa),
+    "scipy": (lambda: True, linear_sum_assignment),
 }
 """Exact dense LAP solvers in order of preference, ``name: (available, solve)``; ``solve(cost)`` minimises the fp64
 (n, n) ``cost`` (C order, not modified) and returns scipy's ``(rows, cols)``. The first available one is the dense

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+from scipy.optimize import linear_sum_assignment
 
 from ..config import StrictConfig
 from ..errors import ConfigError
@@ -51,8 +52,6 @@ def reference_weight_matching(spec: SymmetrySpec, sd_a: Mapping[str, torch.Tenso
         return sum(float((a[k] * spec.apply_tensor(k, b[k], perm)).sum()) for k in keys)
 
     history = [objective()]
-    from scipy.optimize import linear_sum_assignment  # here: weight matching's import path stays without it
-
     for _ in range(cfg.max_iter):
         changed = False
         for i in torch.randperm(len(spaces), generator=gen).tolist():

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import torch
+from scipy.optimize import linear_sum_assignment
 from torch import nn
 
 from ..errors import ConfigError, SpecError
@@ -74,8 +75,6 @@ def partial_assignment(corr: torch.Tensor, k: int, space: str = "space") -> tupl
     if not 1 <= k <= min(corr.shape):
         raise ConfigError(f"space {space!r}: cannot fuse {corr.shape[0]} and {corr.shape[1]} units into {k} "
                           f"(at most {min(corr.shape)}, the narrower model's width)")
-    from scipy.optimize import linear_sum_assignment  # here: weight matching's import path stays without it
-
     rows, cols = linear_sum_assignment(corr.double().cpu().numpy(), maximize=True)
     rows, cols = torch.as_tensor(rows, dtype=torch.long), torch.as_tensor(cols, dtype=torch.long)
     keep = torch.argsort(corr.double().cpu()[rows, cols], descending=True, stable=True)[:k].sort().values

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from scipy.optimize import linear_sum_assignment
 
 from ...errors import SpecError
 from .base import GROUPS, Group
@@ -15,8 +16,6 @@ from .solving import IsometricSolver
 def best_permutations(group, k: torch.Tensor) -> torch.Tensor:
     """argmax of ``⟨M, K⟩`` over permutation matrices, per batch entry of ``K`` (…, d, d): one linear assignment each
     (scipy's ``linear_sum_assignment``, exact). Returns fp64 one-hot matrices of ``K``'s shape."""
-    from scipy.optimize import linear_sum_assignment  # here: streaming commands without MoE never import it
-
     flat = k.detach().reshape(-1, *k.shape[-2:]).double().cpu().numpy()
     if not np.isfinite(flat).all():
         raise SpecError(f"{group.name}: the matching score holds NaN or Inf")
