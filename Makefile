@@ -39,6 +39,7 @@ docs: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m pip install -q rebasin
+	$(PY) -m pip install -q 'lapx>=0.5'
 	cd benchmarks && ../$(PY) bench_weight_matching.py && ../$(PY) bench_train.py && ../$(PY) bench_lap.py && \
 		../$(PY) bench_sparse_lap.py && ../$(PY) bench_wm_sparse_lap.py && \
 		../$(PY) bench_evaluate_path.py && ../$(PY) bench_wm_scaling.py && ../$(PY) bench_dual_step.py

@@ -1,14 +1,12 @@
-"""Linear assignment (LAP): a dense solver (lapx's ``lapjvr``, else scipy's), and for large spaces an exact sparse
-solve with an optimality certificate, with the checks that keep NaN/Inf out of the solvers.
+"""Linear assignment (LAP): scipy's dense solver, and for large spaces an exact sparse solve with an optimality
+certificate, with the checks that keep NaN/Inf out of the solvers.
 
 *Row maxima* (every method): when each row's largest score lies in a different column, that permutation is
 optimal (no assignment sums to more than ``Σ_i max_j S[i, j]``) and no solver runs — one argmax pass, which answers the
 scores of a permuted copy (B = g·A perturbed) outright.
 
-*Dense* (``method="dense"``, and ``"auto"`` below :data:`SPARSE_MIN_N` units): the first available solver of
-:data:`DENSE_SOLVERS` — lapx's ``lapjvr`` (Jonker & Volgenant 1987's shortest augmenting paths with their column
-reduction, a Rust core), else ``scipy.optimize.linear_sum_assignment`` (shortest augmenting paths, Crouse 2016); both
-exact, O(n³) worst case.
+*Dense* (``method="dense"``, and ``"auto"`` below :data:`SPARSE_MIN_N` units): ``scipy.optimize.linear_sum_assignment``
+(shortest augmenting paths, Crouse 2016), O(n³) worst case.
 
 *Sparse, certified* (``method="sparse"``, and ``"auto"`` from :data:`SPARSE_MIN_N` units). Maximise
 ``Σ_i S[i, π(i)]`` over permutations π of the (n, n) score ``S``:
@@ -46,20 +44,21 @@ dense fallbacks are counted in :class:`LapTimer`.
 asks the policy of that device type which solver gets an (n, n) score (``batch`` scores of one size at a time).
 On the CPU the policy is ``"auto"`` — exactly the rule above. On an accelerator the score is copied to the host once
 and solved by the same two exact solvers, dense below :data:`SPARSE_MIN_N` units and sparse certified from it: no
-batched GPU LAP solver is a dependency, and batched GPU solvers are known to lose to a CPU solver on a few large problems
+batched GPU LAP solver is a dependency, and batched GPU solvers are known to lose to scipy on a few large problems
 (they win on many small ones); ``benchmarks/gpu_check.py`` measures the candidates on a GPU before any other entry
 is chosen.
 
-*Why lapjvr below SPARSE_MIN_N, and the sparse solver from it* (``benchmarks/bench_lap.py --trained``, n = 512–16k,
-the scores of a trained FFN pair and of the pretrained MiniLM; ``docs/performance.md``): lapx's ``lapjvr`` (and
-``lapjvh``, the same core) beat scipy below :data:`SPARSE_MIN_N` units, and lose to the sparse certified solver from
-it; lapx's older ``lapjvx`` / ``lapjvs`` never win on such scores. The sparse solver's dense fallback is the dense
-solver too. Without lapx the rule is unchanged but for the dense solver (scipy).
+*Why not lapx* (re-measured with ``benchmarks/bench_lap.py``, n = 512–8192; ``docs/performance.md``): its
+Jonker–Volgenant solvers ``lapjvx`` / ``lapjvs`` (fp64) are exact and win on the scores of a permuted copy — which the
+row-maxima exit now answers without any solver — but lose to scipy below :data:`SPARSE_MIN_N` on the flat scores of
+independently initialised pairs, and from it to the sparse certified solver on those and on unstructured (uniform)
+scores; ``lapjvx`` loses to scipy even on planted scores at the largest size measured; the batched ``lapjvx_batch`` / ``lapjvs_batch``
+do not beat a scipy loop on per-head sizes. No choice among them per size is never slower than this rule, so none
+is a dependency.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 import time
 from collections.abc import Callable
@@ -103,10 +102,10 @@ def _by_size(n: int, batch: int) -> LapMethod:
 
 
 LAP_POLICIES: dict[str, LapPolicy] = {p.device_type: p for p in (
-    LapPolicy("cpu", lambda n, batch: "auto", "row maxima, then the dense solver (lapjvr, else scipy) below "
-                                              "SPARSE_MIN_N, sparse certified from it (measured: module docstring)"),
-    LapPolicy("cuda", _by_size, "score copied to the host once; the dense solver below SPARSE_MIN_N, sparse certified "
-                                "from it (no batched GPU solver measured faster yet: benchmarks/gpu_check.py)"),
+    LapPolicy("cpu", lambda n, batch: "auto", "scipy dense below SPARSE_MIN_N, sparse certified from it (lapx's "
+                                              "solvers measured, not faster on every score: module docstring)"),
+    LapPolicy("cuda", _by_size, "score copied to the host once; scipy dense below SPARSE_MIN_N, sparse certified from "
+                                "it (no batched GPU solver measured faster yet: benchmarks/gpu_check.py)"),
     LapPolicy("mps", _by_size, "as cuda"),
     LapPolicy("xpu", _by_size, "as cuda"),
 )}
@@ -152,7 +151,7 @@ def solve_lap(score: torch.Tensor, space: str, timer: LapTimer | None = None, *,
     """The permutation maximising ``Σ_i score[i, perm[i]]`` (exact; module docstring).
 
     Args: ``score`` (n, n) similarity of unit i of A with unit j of B; ``space`` names the space in errors;
-    ``timer`` accumulates seconds and counts; ``method``: ``"dense"`` (:func:`dense_solver`),
+    ``timer`` accumulates seconds and counts; ``method``: ``"dense"`` (scipy's ``linear_sum_assignment``),
     ``"sparse"`` (sparse candidates + dual certificate, dense fallback) or ``"auto"`` (sparse from
     :data:`SPARSE_MIN_N` units); ``hint``: LongTensor (n,), a permutation whose pairs join the sparse candidates
     (the current element: a good matching that is always available).
@@ -213,45 +212,14 @@ def _hint(hint: torch.Tensor | None, n: int) -> np.ndarray:
     return h
 
 
-def _lapjvr(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    import lap
-
-    return lap.lapjvr(cost, return_cost=False)
-
-
-def _lapx_has(name: str) -> bool:
-    try:
-        import lap
-    except ImportError:
-        return False
-    return hasattr(lap, name)
-
-
-DENSE_SOLVERS: dict[str, tuple[Callable[[], bool], Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]]] = {
-    "lapjvr": (lambda: _lapx_has("lapjvr"), _lapjvr),
-    "scipy": (lambda: True, linear_sum_assignment),
-}
-"""Exact dense LAP solvers in order of preference, ``name: (available, solve)``; ``solve(cost)`` minimises the fp64
-(n, n) ``cost`` (C order, not modified) and returns scipy's ``(rows, cols)``. The first available one is the dense
-solver (:func:`dense_solver`): lapx's ``lapjvr`` (a Jonker–Volgenant core), measured fastest on trained scores below
-:data:`SPARSE_MIN_N` units, where lapx is installed; scipy's ``linear_sum_assignment`` otherwise."""
-
-
-@functools.cache
-def dense_solver() -> str:
-    """The name of the first available solver of :data:`DENSE_SOLVERS` (checked once per process)."""
-    return next(name for name, (available, _) in DENSE_SOLVERS.items() if available())
-
-
 def _dense(t: torch.Tensor, score: torch.Tensor) -> np.ndarray:
-    """The dense solve (:func:`dense_solver`) of the fp64 CPU copy ``t`` of ``score`` (``t`` may share ``score``'s
-    memory)."""
+    """scipy's dense solve of the fp64 CPU copy ``t`` of ``score`` (``t`` may share ``score``'s memory)."""
     s = t.numpy()
-    # A maximising call negates a private copy of the whole matrix; negating in place solves the identical problem
-    # without that n×n fp64 copy (512 MiB at n = 8192). The caller's fp64 matrix is restored exactly.
+    # scipy's maximize=True negates a private copy of the whole matrix; negating in place solves the identical
+    # problem without that n×n fp64 copy (512 MiB at n = 8192). The caller's fp64 matrix is restored exactly.
     np.negative(s, out=s)
     try:
-        rows, cols = DENSE_SOLVERS[dense_solver()][1](s)
+        rows, cols = linear_sum_assignment(s)
     finally:
         if t.data_ptr() == score.data_ptr():
             np.negative(s, out=s)
