@@ -9,21 +9,25 @@ inputs per unit: FFN units see d_model = n/4 inputs; capped to keep the products
   initialisations are (the scores weight matching sees in its first sweep are this flat);
 * ``uniform``: i.i.d. uniform scores (no structure; the hardest case for JV column reduction).
 
-Solvers: ``scipy`` (``linear_sum_assignment``), lapx's ``lapjvx`` and ``lapjvs`` (fp64 kernel:
-``prefer_float32=False``; the fp32 kernel is not exact on fp64 scores), modeconn's ``sparse`` certified solver alone
-(steps 1–5 of :mod:`modeconn.match.lap`; failed certificates and dense fallbacks — scipy — counted), ``today``: the
-rule before issue #38 (:func:`~modeconn.match.lap.solve_lap` without the row-maxima exit: scipy below
-``SPARSE_MIN_N`` units, sparse certified from it), and ``policy``: :func:`modeconn.match.lap.solve_lap` with ``method="auto"`` as weight
-matching runs it now (the row-maxima exit, then today's rule). ``row_maxima``: the exit's own cost (one argmax pass
-and a count; on scores where it does not answer, all the policy adds to today's rule) — the "never slower" evidence
-that survives a noisy machine, where two timings of the same solver differ by tens of percent. Batched: ``batch`` problems of
-n units at once (per-head spaces: 32 heads × head_dim): a scipy loop against ``lapjvx_batch`` / ``lapjvs_batch``.
+``--trained`` instead: the hidden-space scores of the trained 784→16384→10 MLP pair (``bench_sparse_lap.py``'s),
+restricted to the first n units, and MiniLM's FFN scores (1536 units); batched: MiniLM's per-head scores.
+
+Solvers: ``scipy`` (``linear_sum_assignment``), lapx's ``lapjvx``, ``lapjvs`` (fp64 kernel: ``prefer_float32=False``;
+the fp32 kernel is not exact on fp64 scores), ``lapjvh`` and ``lapjvr`` (``--lapx``), modeconn's ``sparse`` certified
+solver alone (steps 1–5 of :mod:`modeconn.match.lap`; failed certificates and dense fallbacks counted), ``today``:
+the policy without the row-maxima exit, and ``policy``: :func:`modeconn.match.lap.solve_lap` with ``method="auto"``
+as weight matching runs it. ``row_maxima``: the exit's own cost (one argmax pass and a count;
+on scores where it does not answer, all the policy adds to the rule behind it). Sizes above ``--dense-max`` /
+``--lapx-max`` skip those dense solvers (the sparse solver's certified optimum is then the reference). Batched:
+``batch`` problems of n units at once (per-head spaces: 32 heads × head_dim): a scipy loop against lapx's batched
+solvers.
 
 Each solver's objective must equal scipy's to 1e-9 relative (``exact``). Timings are the best of ``--repeats``
 on a shared 2-core machine (noisy; rerun before trusting a < 20% difference). Writes
-``benchmarks/results/lap_solvers.json``. Usage::
+``benchmarks/results/<--out>.json`` (default ``lap_solvers``). Usage::
 
     python benchmarks/bench_lap.py [--sizes 512 1024 2048 4096 8192] [--repeats 2] [--kinds planted independent]
+    python benchmarks/bench_lap.py --trained --sizes 512 1024 2048 4096 8192 16384 --dense-max 4096 --out NAME
 """
 
 from __future__ import annotations
@@ -83,12 +87,17 @@ def _today(s: np.ndarray, timer: LapTimer) -> np.ndarray:
         lap_module._row_maxima = row_maxima
 
 
-def solvers() -> dict:
-    out = {"scipy": lambda s: linear_sum_assignment(s, maximize=True)[1]}
+LAPX = ("lapjvx", "lapjvs", "lapjvh", "lapjvr")
+
+
+def solvers(n: int, dense_max: int, lapx_max: int, lapx: tuple[str, ...] = LAPX) -> dict:
+    """The dense solvers run at size ``n``: scipy up to ``dense_max`` units, lapx's ``lapx`` up to ``lapx_max``."""
+    out = {"scipy": lambda s: linear_sum_assignment(s, maximize=True)[1]} if n <= dense_max else {}
     try:
         import lap
 
-        out.update({name: _lapx(name) for name in ("lapjvx", "lapjvs") if hasattr(lap, name)})
+        if n <= lapx_max:
+            out.update({name: _lapx(name) for name in lapx if hasattr(lap, name)})
     except ImportError:
         print("lapx not installed: scipy and modeconn's solvers only")
     return out
@@ -103,49 +112,95 @@ def timed(fn, repeats: int):
     return best, out
 
 
-def single_rows(sizes, kinds, repeats, rng) -> list[dict]:
-    rows = []
+def synthetic_cases(sizes, kinds, rng):
+    """``(kind, score)`` of every size and synthetic kind (module docstring)."""
     for n in sizes:
         for kind in kinds:
-            s = scores(kind, n, rng)
-            row, ref = {"n": n, "kind": kind}, None
-            for name, fn in solvers().items():
-                row[f"{name}_seconds"], perm = timed(lambda fn=fn: fn(s), repeats)
-                obj = float(s[np.arange(n), perm].sum())
-                ref = obj if ref is None else ref
-                row[f"{name}_exact"] = abs(obj - ref) <= 1e-9 * abs(ref)
-            for label, fn in (("sparse", _sparse), ("today", _today), ("policy", _policy)):
-                timer = LapTimer()
-                row[f"{label}_seconds"], perm = timed(lambda fn=fn, timer=timer: fn(s, timer), repeats)
-                row[f"{label}_exact"] = abs(float(s[np.arange(n), perm].sum()) - ref) <= 1e-9 * abs(ref)
-                if label == "sparse":
-                    row["sparse_dense_fallbacks"] = timer.dense_fallbacks
-                    row["sparse_certificate_failures"] = timer.certificate_failures
-            row["row_maxima_seconds"], exit_perm = timed(lambda: lap_module._row_maxima(torch.from_numpy(s)), repeats)
-            row["row_maxima_answered"] = exit_perm is not None
-            row["row_maxima_over_today"] = row["row_maxima_seconds"] / row["today_seconds"]
-            timings = {k[:-8]: v for k, v in row.items()
-                       if k.endswith("_seconds") and k not in ("policy_seconds", "today_seconds", "row_maxima_seconds")}
-            row["fastest"] = min(timings, key=timings.get)
-            row["policy_over_today"] = row["policy_seconds"] / row["today_seconds"]
-            rows.append(row)
-            print(row, flush=True)
+            yield kind, scores(kind, n, rng)
+
+
+def trained_cases(sizes):
+    """``(case, score)``: the hidden-space WM score of the trained 784→16384→10 MLP pair restricted to the first
+    ``n`` units, per size (``bench_sparse_lap.py``'s pair and score, fp32 products read as fp64), then the FFN scores
+    (1536 units) of the pretrained MiniLM, layer 2l against 2l+1."""
+    from bench_sparse_lap import ffn_score, minilm_scores, trained_ffn_pair
+
+    sd_a, sd_b = trained_ffn_pair()
+    for n in sizes:
+        yield "trained-ffn", ffn_score(sd_a, sd_b, n)
+    yield from minilm_scores()
+
+
+def single_rows(cases, repeats, dense_max: int, lapx_max: int, lapx: tuple[str, ...] = LAPX) -> list[dict]:
+    """One row per ``(kind, score)``: every solver timed (best of ``repeats``) and checked against the reference
+    optimum — scipy's where it runs (up to ``dense_max`` units), else the sparse solver's certified one."""
+    rows = []
+    for kind, s in cases:
+        n = len(s)
+        row, ref = {"n": n, "kind": kind}, None
+        for name, fn in solvers(n, dense_max, lapx_max, lapx).items():
+            row[f"{name}_seconds"], perm = timed(lambda fn=fn: fn(s), repeats if n <= 1536 else 1)
+            obj = float(s[np.arange(n), perm].sum())
+            ref = obj if ref is None else ref
+            row[f"{name}_exact"] = abs(obj - ref) <= 1e-9 * abs(ref)
+        for label, fn in (("sparse", _sparse), ("today", _today), ("policy", _policy)):
+            timer = LapTimer()
+            row[f"{label}_seconds"], perm = timed(lambda fn=fn, timer=timer: fn(s, timer), repeats)
+            obj = float(s[np.arange(n), perm].sum())
+            if ref is None:  # no dense solver at this size: the certified optimum is the reference
+                ref, row["reference"] = obj, "sparse certified"
+            row[f"{label}_exact"] = abs(obj - ref) <= 1e-9 * abs(ref)
+            if label == "sparse":
+                row["sparse_dense_fallbacks"] = timer.dense_fallbacks
+                row["sparse_certificate_failures"] = timer.certificate_failures
+        row["row_maxima_seconds"], exit_perm = timed(lambda: lap_module._row_maxima(torch.from_numpy(s)), repeats)
+        row["row_maxima_answered"] = exit_perm is not None
+        row["row_maxima_over_today"] = row["row_maxima_seconds"] / row["today_seconds"]
+        timings = {k[:-8]: v for k, v in row.items()
+                   if k.endswith("_seconds") and k not in ("policy_seconds", "today_seconds", "row_maxima_seconds")}
+        row["fastest"] = min(timings, key=timings.get)
+        row["policy_over_today"] = row["policy_seconds"] / row["today_seconds"]
+        rows.append(row)
+        print(row, flush=True)
     return rows
 
 
-def batch_rows(batch: int, sizes, repeats, rng) -> list[dict]:
+def synthetic_batches(batch: int, sizes, rng):
+    """``(kind, scores)``: ``batch`` independent-pair scores of ``n`` units per size (per-head spaces)."""
+    for n in sizes:
+        yield "independent", np.stack([scores("independent", n, rng) for _ in range(batch)])
+
+
+def minilm_head_batch():
+    """``("minilm heads", scores)``: the per-head scores of the pretrained MiniLM's 12 heads × 32 dims, layer 2l
+    against 2l+1 (l = 0, 1, 2: 36 problems), ``Q_A,h Q_B,hᵀ + K_A,h K_B,hᵀ`` (the head's q·k rows)."""
+    import os
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    sd = load_file(Path(os.environ.get("MODECONN_DATA", "")) / "minilm" / "model.safetensors")
+
+    def heads(layer: int, part: str) -> torch.Tensor:
+        return sd[f"encoder.layer.{layer}.attention.self.{part}.weight"].reshape(12, 32, -1)
+
+    out = [heads(la, p) @ heads(la + 1, p).transpose(1, 2) for la in (0, 2, 4) for p in ("query", "key")]
+    return "minilm heads", torch.cat([a + b for a, b in zip(out[::2], out[1::2], strict=True)]).double().numpy()
+
+
+def batch_rows(batches, repeats) -> list[dict]:
     rows = []
     try:
         import lap
     except ImportError:
         return rows
-    for n in sizes:
-        s = np.stack([scores("independent", n, rng) for _ in range(batch)])
-        row = {"batch": batch, "n": n}
+    for kind, s in batches:
+        batch, n = s.shape[:2]
+        row = {"kind": kind, "batch": batch, "n": n}
         row["scipy_loop_seconds"], ref = timed(
             lambda: [linear_sum_assignment(x, maximize=True)[1] for x in s], repeats)
         objective = float(sum(x[np.arange(n), p].sum() for x, p in zip(s, ref, strict=True)))
-        for name in ("lapjvx_batch", "lapjvs_batch"):
+        for name in ("lapjvx_batch", "lapjvs_batch", "lapjvh_batch", "lapjvr_batch"):
             fn = getattr(lap, name, None)
             if fn is None:
                 continue
@@ -163,14 +218,21 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192])
     ap.add_argument("--kinds", nargs="+", default=["planted", "independent", "uniform"])
+    ap.add_argument("--trained", action="store_true",
+                    help="trained scores instead (the trained FFN pair per size, MiniLM's FFN and heads)")
+    ap.add_argument("--dense-max", type=int, default=16384, help="largest size scipy's dense solver runs at")
+    ap.add_argument("--lapx-max", type=int, default=16384, help="largest size lapx's dense solvers run at")
+    ap.add_argument("--lapx", nargs="+", default=list(LAPX), help="lapx's solvers to run")
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[64, 128])
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--out", default="lap_solvers")
     args = ap.parse_args()
     rng = np.random.default_rng(0)
-    rows = single_rows(args.sizes, args.kinds, args.repeats, rng)
-    batched = batch_rows(args.batch, args.batch_sizes, args.repeats, rng)
+    cases = trained_cases(args.sizes) if args.trained else synthetic_cases(args.sizes, args.kinds, rng)
+    rows = single_rows(cases, args.repeats, args.dense_max, args.lapx_max, tuple(args.lapx))
+    batches = list(synthetic_batches(args.batch, args.batch_sizes, rng))
+    batched = batch_rows([*batches, minilm_head_batch()] if args.trained else batches, args.repeats)
     try:
         import lap
 

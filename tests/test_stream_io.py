@@ -105,6 +105,20 @@ def test_read_rows_equals_the_rows_of_the_tensor_for_every_dtype(tmp_path):
             ckpt.read_rows("b", *bad)
 
 
+def test_read_rows_at_equals_the_gathered_rows_in_any_order(tmp_path):
+    g = torch.Generator().manual_seed(0)
+    tensors = {"h": torch.randn(9, 7, 3, generator=g).half(), "f": torch.randn(8, generator=g)}
+    save_file(tensors, tmp_path / "model.safetensors")
+    ckpt = LazyCheckpoint(tmp_path)
+    for k, t in tensors.items():
+        for rows in (torch.randperm(len(t), generator=g), torch.tensor([2, 3, 4, 0]), torch.tensor([5]),
+                     torch.tensor([], dtype=torch.long)):
+            got = ckpt.read_rows_at(k, rows)
+            assert got.dtype == t.dtype and torch.equal(got, t[rows]), (k, rows)
+    with pytest.raises(ValueError, match="rows"):
+        ckpt.read_rows_at("f", torch.tensor([0, 8]))
+
+
 def test_read_of_a_changed_file_names_file_and_key(tmp_path):
     save_file({"w": torch.ones(64, 64), "v": torch.ones(3)}, tmp_path / "model.safetensors")
     ckpt = LazyCheckpoint(tmp_path)

@@ -332,6 +332,25 @@ def test_streaming_scores_equal_in_memory_scores_for_every_space(pair, monkeypat
     assert stream.objective(g, True, 0.0) == pytest.approx(mem.objective(g), rel=1e-6)
 
 
+@pytest.mark.parametrize("chunk", [7, 1 << 20])
+def test_streaming_ffn_score_reads_row_blocks_never_a_whole_tensor(pair, monkeypatch, chunk):
+    """The FFN space's score at a random element, from tensors larger than a chunk: the up-projection (units are its
+    rows) and the down-projection (units are its columns, its rows permuted by the residual space) enter as row
+    blocks, never read whole (whole reads would keep two such tensors resident beside the n×n score). Control: tensors
+    within one chunk are read whole."""
+    da, db, ma, _ = pair("llama_tied_mqa")
+    spec = hf_checkpoint_spec(da)
+    up, down = "model.layers.0.mlp.up_proj.weight", "model.layers.0.mlp.down_proj.weight"
+    space = next(b.space for b in spec.tensors[up] if b.axis == 0)
+    terms = [(k, b, None) for k in (up, down) for b in spec.tensors[k] if b.space == space]
+    whole: list[str] = []
+    getitem = LazyCheckpoint.__getitem__
+    monkeypatch.setattr(LazyCheckpoint, "__getitem__", lambda self, k: whole.append(k) or getitem(self, k))
+    stream = _Stream(spec, LazyCheckpoint(da), LazyCheckpoint(db), [up, down], chunk=chunk)
+    stream.score(terms, spec.random_element(seed=3), spec.spaces[space].size)
+    assert sorted(whole) == ([] if chunk == 7 else [down, down, up, up])
+
+
 def test_solve_lap_negates_in_place_and_restores_the_callers_matrix():
     gen = torch.Generator().manual_seed(0)
     for dtype in (torch.float32, torch.float64):

@@ -335,8 +335,34 @@ class LazyCheckpoint(Mapping[str, torch.Tensor]):
                 self._finite.add(key)
         return t
 
+    def read_rows_at(self, key: str, rows: torch.Tensor) -> torch.Tensor:
+        """``self[key][rows]`` (``rows``: 1-D integer indices along the first axis, any order) read into memory like
+        :meth:`read_rows`, each run of consecutive rows with one read, without touching the other rows. Raises
+        ValueError for a row outside the tensor, otherwise as :meth:`read`."""
+        info = self.infos[key]
+        idx = rows.tolist()
+        if not info.shape or any(not 0 <= r < info.shape[0] for r in idx):
+            raise ValueError(f"rows outside tensor {key!r} of shape {info.shape}")
+        if sys.byteorder != "little":
+            return self[key].index_select(0, rows.long()).clone()
+        row = info.nbytes // info.shape[0] if info.shape[0] else 0
+        runs, i = [], 0
+        while i < len(idx):
+            j = i + 1
+            while j < len(idx) and idx[j] == idx[j - 1] + 1:
+                j += 1
+            runs.append((idx[i] * row, (j - i) * row))
+            i = j
+        t = self._read_runs(info, runs).view(info.dtype).reshape(len(idx), *info.shape[1:])
+        return self._checked(t, key, f" ({len(idx)} rows)")
+
     def _read_span(self, info: TensorInfo, offset: int, nbytes: int) -> torch.Tensor:
         """``nbytes`` bytes of tensor ``info`` from byte ``offset`` of its data, as a uint8 tensor (plain reads)."""
+        return self._read_runs(info, [(offset, nbytes)])
+
+    def _read_runs(self, info: TensorInfo, runs: Sequence[tuple[int, int]]) -> torch.Tensor:
+        """The bytes of tensor ``info`` at each ``(offset, nbytes)`` of ``runs`` (offsets into its data), one after
+        the other in a uint8 tensor: one open of the shard, plain reads."""
         file = self.path / info.shard
         try:
             with open(file, "rb", buffering=0) as fh:
@@ -344,14 +370,17 @@ class LazyCheckpoint(Mapping[str, torch.Tensor]):
                 if end - start != info.nbytes:
                     raise CheckpointError(f"{file}: tensor {info.key!r} is not where the header read at opening "
                                           "placed it (file changed since?)")
-                buf = torch.empty(nbytes, dtype=torch.uint8)
+                buf = torch.empty(sum(n for _, n in runs), dtype=torch.uint8)
                 view, done = memoryview(buf.numpy()), 0
-                fh.seek(start + offset)
-                while done < nbytes:
-                    got = fh.readinto(view[done:])
-                    if not got:
-                        raise CheckpointError(f"{file}: tensor {info.key!r} is truncated (file changed since opening?)")
-                    done += got
+                for offset, nbytes in runs:
+                    fh.seek(start + offset)
+                    stop = done + nbytes
+                    while done < stop:
+                        got = fh.readinto(view[done:stop])
+                        if not got:
+                            raise CheckpointError(f"{file}: tensor {info.key!r} is truncated (file changed since "
+                                                  "opening?)")
+                        done += got
         except (OSError, ValueError, KeyError, struct.error) as err:
             raise CheckpointError(f"{file}: reading tensor {info.key!r} failed (file changed, truncated or removed "
                                   f"since the checkpoint was opened?): {err}") from None

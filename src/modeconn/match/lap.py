@@ -53,8 +53,11 @@ Jonker–Volgenant solvers ``lapjvx`` / ``lapjvs`` (fp64) are exact and win on t
 row-maxima exit now answers without any solver — but lose to scipy below :data:`SPARSE_MIN_N` on the flat scores of
 independently initialised pairs, and from it to the sparse certified solver on those and on unstructured (uniform)
 scores; ``lapjvx`` loses to scipy even on planted scores at the largest size measured; the batched ``lapjvx_batch`` / ``lapjvs_batch``
-do not beat a scipy loop on per-head sizes. No choice among them per size is never slower than this rule, so none
-is a dependency.
+do not beat a scipy loop on per-head sizes. Re-measured on trained scores (``bench_lap.py --trained``: a trained FFN
+pair at n = 512–16k, MiniLM's FFN layer pairs, MiniLM's heads), lapx 0.11's ``lapjvr`` / ``lapjvh`` beat scipy on the
+trained FFN pair below :data:`SPARSE_MIN_N` and on per-head sizes, but lose to it on some of MiniLM's layer pairs
+(from 512 units on), and lowering :data:`SPARSE_MIN_N` loses on another of them: no choice among them per size is
+never slower than this rule, so none is a dependency.
 """
 
 from __future__ import annotations

@@ -6,9 +6,12 @@ its tensors when it is formed and drops them after; tensors only permutations ac
 (fp16/bf16 gathers are exact) and only the chunk in use is gathered (:meth:`SymmetrySpec.permutation_gathers`);
 each ``A_k B_kᵀ`` is accumulated in fp32 over chunks of ``chunk`` elements along the tensor's largest other axis,
 in place, inside the buffer the LAP then reads (widened to fp64 in place for the dense solver; the spaces the sparse
-certified solver takes stay fp32), so a space costs its n×n score plus one chunk. Objective and norms are summed
-chunk by chunk in fp64. With ``device`` (an accelerator) the chunks are copied there and the products accumulate in
-an fp32 (n, n) score on the device (the LAP then copies it to the host once, :func:`modeconn.match.lap.lap_method`).
+certified solver takes stay fp32), so a space costs its n×n score plus one chunk. A tensor larger than a chunk whose
+units are its rows (an FFN up-projection) is read as row blocks instead, ``S[I, J] += A_I · (g·B)_Jᵀ`` over spans of
+about a chunk each (B re-read once per span of A, from the page cache): no such tensor is ever resident whole.
+Objective and norms are summed chunk by chunk in fp64. With ``device`` (an accelerator) the chunks are copied there
+and the products accumulate in an fp32 (n, n) score on the device (the LAP then copies it to the host once,
+:func:`modeconn.match.lap.lap_method`).
 Spaces of continuous groups (and permutations with children) read their whole fp32 unit matrices, one tensor at a
 time. The result equals the in-memory one up to the summation order of the products (same element unless two
 candidates tie to fp32 rounding).
@@ -109,7 +112,7 @@ class _Stream:
         if plan is not None and bd is not None:
             plan.pop(bd.axis, None)  # other bindings of bd's axis never move bd's own units
         other = [ax for ax in range(len(shape)) if bd is None or ax != bd.axis]
-        if plan is not None and other and max(other, key=lambda i: shape[i]) == 0 and 0 not in plan and math.prod(shape):
+        if plan is not None and other and max(other, key=lambda i: shape[i]) == 0 and math.prod(shape):
             yield from self._row_pieces(key, shape, plan, bd)
             return
         a, b = self.a[key].detach(), self.b[key].detach()
@@ -133,9 +136,14 @@ class _Stream:
 
     def _row_pieces(self, key: str, shape: tuple[int, ...], plan: dict[int, torch.Tensor],
                     bd: AxisBinding | None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """:meth:`pieces` of a tensor chunked along its first axis, which ``plan`` (the gathers of the other axes but
-        ``bd``'s) does not move: row blocks read one at a time."""
-        for a, b in zip(self._blocks(self.a, key, shape), self._blocks(self.b, key, shape), strict=True):
+        """:meth:`pieces` of a tensor chunked along its first axis (the gathers ``plan`` of the other axes but
+        ``bd``'s): row blocks read one at a time; B's rows where a permutation moves the first axis (a down-projection's
+        residual rows) read as the rows that axis gathers."""
+        rows = plan.pop(0, None)
+        spans = _spans(shape[0], math.prod(shape), self.chunk) if math.prod(shape) > self.chunk else [(0, shape[0])]
+        for i, m in spans:
+            a = _row_block(self.a, key, i, m, shape)
+            b = _row_block(self.b, key, i, m, shape) if rows is None else _row_set(self.b, key, rows[i:i + m], shape)
             if bd is not None:
                 n = self.spec.spaces[bd.space].size
                 a, b = restrict(a, bd, n), restrict(b, bd, n)
@@ -172,11 +180,51 @@ class _Stream:
         """``acc += unit(A_k) · unit(g·B_k)ᵀ`` chunk by chunk (a function of its own, so that the last chunk — a view
         of the memory-mapped tensor — is released before the caller goes on)."""
         n = acc.shape[0]
+        plan = self._unit_rows_plan(key, g, bd)
+        if plan is not None:
+            self._accumulate_unit_rows(acc, key, bd, plan)
+            return
         for pa, pb in self.pieces(key, g, bd):
             x, y = _rows(pa, bd, n), _rows(pb, bd, n)
             if self.device is not None:
                 x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
             acc.addmm_(x, y.T)
+
+    def _unit_rows_plan(self, key: str, g: Element, bd: AxisBinding) -> dict[int, torch.Tensor] | None:
+        """The gathers ``g`` makes on the other axes of ``key`` when its units are whole row blocks of a tensor larger
+        than a chunk stored in lazy checkpoints (an FFN up-projection: units along axis 0, contiguous, only
+        permutations acting on it); else None."""
+        if not (isinstance(self.a, LazyCheckpoint) and isinstance(self.b, LazyCheckpoint)):
+            return None
+        shape = _shape_in(self.b, key)
+        if bd.axis != 0 or bd.unit_axis is not None or bd.step != bd.block or math.prod(shape) <= self.chunk:
+            return None
+        plan = self.spec.permutation_gathers(key, shape, g, skip=bd)
+        if plan is not None:
+            plan.pop(0, None)  # other bindings of bd's axis never move bd's own units
+        return plan
+
+    def _accumulate_unit_rows(self, acc: torch.Tensor, key: str, bd: AxisBinding,
+                              plan: dict[int, torch.Tensor]) -> None:
+        """``acc += unit(A_k) · unit(g·B_k)ᵀ`` block by block, ``acc[I, J] += A_I · (g·B)_Jᵀ`` for spans ``I``, ``J``
+        of about a chunk of units each, read as row blocks (:meth:`LazyCheckpoint.read_rows`): no tensor is mapped or
+        resident whole (B is read once per span of A, from the page cache after the first pass)."""
+        n = acc.shape[0]
+        shape = _shape_in(self.b, key)
+        unit = bd.block * math.prod(shape[1:])
+        for i, m in _spans(n, n * unit, self.chunk):
+            x = self._unit_block(self.a, key, bd, i, m, {})
+            for j, k in _spans(n, n * unit, self.chunk):
+                y = self._unit_block(self.b, key, bd, j, k, plan)
+                acc[i:i + m, j:j + k].addmm_(x, y.T)
+
+    def _unit_block(self, src: LazyCheckpoint, key: str, bd: AxisBinding, start: int, count: int,
+                    plan: dict[int, torch.Tensor]) -> torch.Tensor:
+        """Units ``start … start + count − 1`` of ``bd`` in tensor ``key`` of ``src``, ``plan`` applied, as a
+        (count, -1) fp32 matrix (on the run's device)."""
+        rows = src.read_rows(key, bd.offset + start * bd.block, count * bd.block)
+        x = apply_gathers(rows, plan).to(torch.float32, memory_format=torch.contiguous_format).reshape(count, -1)
+        return x if self.device is None else x.to(self.device, non_blocking=True)
 
     def objective(self, g: Element, isometric: bool, half_b_sq: float) -> float:
         """``J(g)`` (isometric) or ``J̃(g)`` summed chunk by chunk in fp64."""
@@ -212,11 +260,20 @@ def _spans(length: int, numel: int, chunk: int) -> Iterator[tuple[int, int]]:
         yield i, min(step, length - i)
 
 
-def _row_block(src: StateDict, key: str, start: int, count: int) -> torch.Tensor:
-    """Rows ``start … start + count − 1`` of tensor ``key`` along its first axis: read alone from a lazy checkpoint."""
-    if isinstance(src, LazyCheckpoint):
+def _row_block(src: StateDict, key: str, start: int, count: int, shape: tuple[int, ...] | None = None) -> torch.Tensor:
+    """Rows ``start … start + count − 1`` of tensor ``key`` along its first axis: read alone from a lazy checkpoint
+    (the whole tensor as it is where that is all of it)."""
+    if isinstance(src, LazyCheckpoint) and (shape is None or count < shape[0]):
         return src.read_rows(key, start, count)
     return src[key].detach().narrow(0, start, count)
+
+
+def _row_set(src: StateDict, key: str, rows: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """``src[key][rows]``: only those rows read from a lazy checkpoint (the whole tensor gathered where ``rows``
+    covers all of it)."""
+    if isinstance(src, LazyCheckpoint) and len(rows) < shape[0]:
+        return src.read_rows_at(key, rows)
+    return src[key].detach().index_select(0, rows)
 
 
 _TRIM_BYTES = 32 << 20
