@@ -45,6 +45,8 @@ class Case:
     limit_train: int | None = None
     limit_test: int | None = None
     lr: float = 0.05
+    finetune_from: tuple[str, ...] | None = None  # the size's unless given
+    match_batches: int | None = None  # the size's unless given
 
 
 @dataclass(frozen=True)
@@ -79,10 +81,11 @@ SIZES = {
                               limit_test=300)),
                         schedules=(PARENTS_RECIPE,), finetune_from=("fused", "truncation average"),
                         match_batches=2),
-    # ResNet20 ×2/×4 on 1,500 images for 2 epochs: what trained within the hour on a two-core CPU shared by ten jobs
+    # ResNet20 ×2/×4 on 600 images for 2 epochs, fine-tuned from the fused model and A only: what trained within the
+    # hour on a two-core CPU shared by a dozen jobs (a few percent of a core per process)
     "full": WidthsSize((Case("mlp", "mlp", "mnist", (256, 512), {"depth": 3}, epochs=2),
-                        Case("resnet20", "resnet20", "fashion-mnist", (2, 4), epochs=2, limit_train=1500,
-                             limit_test=1000))),
+                        Case("resnet20", "resnet20", "fashion-mnist", (2, 4), epochs=2, limit_train=600,
+                             limit_test=500, finetune_from=("fused", "A"), match_batches=4))),
 }
 
 
@@ -92,21 +95,22 @@ def _train_config(size: WidthsSize, epochs: int, lr: float, seed: int, warmup_ep
 
 def run_case(case: Case, size: WidthsSize, data, log: Log) -> dict[str, Any]:
     """Train the pair, fuse, truncate, fine-tune; every test accuracy of the case."""
+    case_start = time.perf_counter()
     bundle = load_dataset(case.dataset, data, limit_train=case.limit_train, limit_test=case.limit_test)
     train = {k: v for k, v in _train_config(size, case.epochs, case.lr, 0).items() if k != "seed"}
     a, b = (train_models(case.arch, bundle, [seed], train, label=f"{case.name} width {w}", log=log, width=w,
                          **case.kwargs)[0] for seed, w in zip((0, 1), case.widths, strict=True))
     loader = make_loader(bundle.train, size.batch_size, shuffle=True, seed=0)
+    starts, batches = case.finetune_from or size.finetune_from, case.match_batches or size.match_batches
     models = {"A": a, "B": b}
     t0 = time.perf_counter()
-    models["fused"], alignment = merge_widths(a, b, loader, target=a, max_batches=size.match_batches)
+    models["fused"], alignment = merge_widths(a, b, loader, target=a, max_batches=batches)
     seconds = time.perf_counter() - t0
-    if "fused (REPAIR)" in size.finetune_from:
-        models["fused (REPAIR)"], _ = merge_widths(a, b, loader, target=a, max_batches=size.match_batches, bn="repair")
-    models["truncation average"], _ = merge_widths(a, b, loader, target=a, max_batches=size.match_batches,
-                                                   match=False)
+    if "fused (REPAIR)" in starts:
+        models["fused (REPAIR)"], _ = merge_widths(a, b, loader, target=a, max_batches=batches, bn="repair")
+    models["truncation average"], _ = merge_widths(a, b, loader, target=a, max_batches=batches, match=False)
     acc = {k: evaluate(m, bundle.test)["acc"] for k, m in models.items()}
-    for label in size.finetune_from:
+    for label in starts:
         for sched in size.schedules:
             tuned = copy.deepcopy(models[label])
             fit(tuned, bundle.train, _train_config(size, 1, case.lr * sched.lr_factor, 2, sched.warmup_epochs),
@@ -115,17 +119,21 @@ def run_case(case: Case, size: WidthsSize, data, log: Log) -> dict[str, Any]:
     log(f"{case.name}: " + ", ".join(f"{k} {v:.4f}" for k, v in acc.items()))
     return {"case": asdict(case), "test_acc": acc, "better_parent": max(acc["A"], acc["B"]), "fuse_seconds": seconds,
             "mean_matched_correlation": alignment.correlation, "train_examples": len(bundle.train),
-            "test_examples": len(bundle.test)}
+            "test_examples": len(bundle.test), "seconds": time.perf_counter() - case_start}
 
 
 def run_widths(out: str | Path, *, size: WidthsSize | None = None, data: str | Path | None = None,
-               overwrite: bool = False, log: Log = print) -> dict[str, Any]:
-    """Run every case of ``size`` (module docstring); writes ``results.json`` and ``report.md`` into ``out``."""
+               overwrite: bool = False, log: Log = print, done: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Run every case of ``size`` (module docstring); writes ``results.json`` and ``report.md`` into ``out``.
+    ``done``: results of cases already run (by name, as :func:`run_case` returns them, e.g. in other processes),
+    taken as they are."""
     size = size or SIZES["full"]
     start = time.perf_counter()
+    done = done or {}
     with output_directory(out, overwrite) as tmp:
         results = {"task": "width fusion", "size": size_label(SIZES, size), "settings": asdict(size),
-                   "cases": {c.name: run_case(c, size, data, log) for c in size.cases}}
+                   "cases": {c.name: done[c.name] if c.name in done else run_case(c, size, data, log)
+                             for c in size.cases}}
         return write_results(tmp, results, report, start)
 
 
@@ -169,7 +177,8 @@ def report(r: dict[str, Any]) -> str:
                         for k, v in claims(c, distance, names).items()]), "",
         "Training: " + "; ".join(f"{n}: {c['train_examples']:,} training / {c['test_examples']:,} test examples, "
                                  f"{c['case']['epochs']} epoch(s) at lr {c['case']['lr']} (cosine), fusion "
-                                 f"{c['fuse_seconds']:.1f} s" for n, c in r["cases"].items()) + ".", "",
+                                 f"{c['fuse_seconds']:.1f} s, case {c.get('seconds', 0):.0f} s"
+                                 for n, c in r["cases"].items()) + ".", "",
         f"Total {r['seconds']:.0f} s.", "",
     ])
 

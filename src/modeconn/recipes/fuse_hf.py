@@ -22,7 +22,7 @@ from ..checkpoints import Checkpoint
 from ..errors import ConfigError
 from .outcome import Outcome
 
-FFN_WIDTH_KEYS = {"gpt2": "n_inner", "gptj": "n_inner", "opt": "ffn_dim"}
+FFN_WIDTH_KEYS = {"gptj": "n_inner", "opt": "ffn_dim"}
 """``model_type`` → the config field of its FFN width where it is not ``intermediate_size``."""
 DEFAULT_FFN_WIDTH_KEY = "intermediate_size"
 
@@ -39,7 +39,7 @@ MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
 
 
 def ffn_width(config: Mapping[str, Any]) -> tuple[str, int]:
-    """``(field, width)``: the config field of the FFN width and its value (GPT-2 style ``n_inner = None``: 4× the
+    """``(field, width)``: the config field of the FFN width and its value (GPT-J's ``n_inner = None``: 4× the
     residual width). ConfigError for a Mixture-of-Experts config or one without the field."""
     model_type = config.get("model_type", "?")
     moe = [k for k in MOE_KEYS if config.get(k)]
