@@ -119,12 +119,12 @@ def test_cli_fuse_writes_a_checkpoint_of_the_narrow_width(tmp_path):
     assert res.exit_code != 0 and "at most 6" in res.output
 
 
-def test_cli_fuse_refuses_a_hugging_face_directory_with_the_reason_before_any_weights(tmp_path):
-    import transformers as T
+def test_cli_fuse_refuses_a_timm_directory_with_the_reason_before_any_weights(tmp_path):
+    import json
 
-    cfg = T.GPTNeoXConfig(hidden_size=16, num_attention_heads=2, intermediate_size=32, num_hidden_layers=1,
-                          vocab_size=32, max_position_embeddings=16)
-    T.GPTNeoXForCausalLM(cfg).save_pretrained(tmp_path / "hf")
-    res = CliRunner().invoke(app, ["fuse", str(tmp_path / "hf"), str(tmp_path / "hf"), "--out", str(tmp_path / "f")])
-    assert res.exit_code == 2 and "fuse reads modeconn checkpoints" in res.output, res.output
+    (tmp_path / "timm").mkdir()
+    (tmp_path / "timm" / "config.json").write_text(json.dumps(
+        {"architecture": "resnet18d", "num_classes": 10, "pretrained_cfg": {"input_size": [3, 32, 32]}}))
+    res = CliRunner().invoke(app, ["fuse", str(tmp_path / "timm"), str(tmp_path / "timm"), "--out", str(tmp_path / "f")])
+    assert res.exit_code == 2 and "fuse reads modeconn, huggingface checkpoints" in res.output, res.output
     assert not (tmp_path / "f").exists()

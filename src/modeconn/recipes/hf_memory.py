@@ -32,11 +32,11 @@ from .outcome import Outcome
 Log = Callable[[str], None]
 
 
-COPIES = {"align": 3, "merge": 2, "dual": 5, "barrier": 3, "path": 4, "check": 3, "eval": 1}
+COPIES = {"align": 3, "merge": 2, "dual": 5, "barrier": 3, "path": 4, "check": 3, "eval": 1, "fuse": 3}
 """Model-sized float32 copies a command holds at its peak, per input model (align: A, B and the aligned B; merge: each
 model and its aligned state dict, plus the merge; dual: each model, its absorbed copy, the transformed copy, the
 learned transforms and Adam's state; barrier and path: the endpoints and the points evaluated; check: the
-endpoints and B moved by an alignment) — what
+endpoints and B moved by an alignment; fuse: each model, its reduced copy, the fused model) — what
 :func:`check_fits_in_memory` multiplies by."""
 STREAMING = {"align": "streaming weight matching (--method weight)", "merge": "a streamed merge (--align weight or none)"}
 """What reads one tensor at a time instead, per command (the others evaluate the models: no streaming way)."""
@@ -196,18 +196,20 @@ def rewrap(wrapped: nn.Module, model: nn.Module) -> nn.Module:
     return other
 
 
-def load_wrapped(ckpts: list[Checkpoint], bundle) -> list[nn.Module]:
-    """Every model in float32, checked to share one config (and, for LMs, to take the ids of the tokenizer that made
-    ``bundle``), each wrapped to map a batch of ``bundle`` to logits."""
+def load_wrapped(ckpts: list[Checkpoint], bundle, same_config: bool = True) -> list[nn.Module]:
+    """Every model in float32, checked to share one config (unless not ``same_config``: models of one family at other
+    widths) and, for LMs, to take the ids of the tokenizer that made ``bundle``; each wrapped to map a batch of
+    ``bundle`` to logits."""
     from ..symmetry import check_same_config
     from .pair import check_vocabulary
 
     task = _task(ckpts[0])
     models = [c.load().float() for c in ckpts]
-    for m in models[1:]:
+    for m in models[1:] if same_config else ():
         check_same_config(models[0], m)
     if task in ("causal_lm", "masked_lm"):
-        check_vocabulary(ckpts[0], models[0], bundle)
+        for ckpt, m in zip(ckpts, models, strict=True):
+            check_vocabulary(ckpt, m, bundle)
     return [TASKS[task][1](m, bundle) for m in models]
 
 
@@ -216,7 +218,7 @@ def hf_model(wrapped: nn.Module) -> nn.Module:
     return next(getattr(wrapped, attr) for _, _, attr in TASKS.values() if hasattr(wrapped, attr))
 
 
-def _save(tmp: Path, wrapped: nn.Module, source: Path, records: dict[str, Any]) -> None:
+def save_wrapped(tmp: Path, wrapped: nn.Module, source: Path, records: dict[str, Any]) -> None:
     """``wrapped``'s Hugging Face model as a stock checkpoint in ``tmp`` with ``source``'s side files (tokenizer,
     generation config) and the JSON ``records``."""
     from .._util.jsonio import write_json
@@ -249,7 +251,7 @@ def align_in_memory(ckpts: list[Checkpoint], out: Path, plan, log: Log, progress
     check_same_function(mb, aligned, x0)
     record = {**res.to_json(), "options": given_options(plan.config), "dataset": bundle.name}
     with output_directory(out, opts.overwrite, inputs=[c.path for c in ckpts], command="align") as tmp:
-        _save(tmp, aligned, ckpts[1].path, {"alignment.json": record})
+        save_wrapped(tmp, aligned, ckpts[1].path, {"alignment.json": record})
     line = f"{method} matching objective {res.objective:.4f} ({len(spec.spaces)} spaces)"
     return Outcome(Path(out), "config.json, model.safetensors, tokenizer files, alignment.json", (line,),
                    "aligned checkpoint")
@@ -274,7 +276,7 @@ def merge_in_memory(ckpts: list[Checkpoint], out: Path, plan, log: Log, progress
     test, line = score_merged(result, bundle)
     record = {**merge_record(plan, bundle.name), "test": test}
     with output_directory(out, opts.overwrite, inputs=[c.path for c in ckpts], command="merge") as tmp:
-        _save(tmp, result, ckpts[0].path, {"merge.json": record})
+        save_wrapped(tmp, result, ckpts[0].path, {"merge.json": record})
     return Outcome(Path(out), "config.json, model.safetensors, tokenizer files, merge.json", (line,),
                    "merged checkpoint")
 

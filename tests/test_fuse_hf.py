@@ -1,0 +1,121 @@
+"""`modeconn fuse` on Hugging Face causal LMs whose FFN width differs: A planted inside a wider B (B's extra FFN units
+have zero outgoing weights; B's residual, heads and FFN units permuted) is recovered exactly by a checkpoint that
+``from_pretrained`` loads with A's ``intermediate_size``; the truncation (the broken variant: B's first units) is not.
+Widths that cannot change are refused naming the dimension, before any weights are read."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+import transformers as T
+from cli_runner import run_cli
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+VOCAB = 300
+_SIZE = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2, vocab_size=VOCAB,
+             max_position_embeddings=64, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+IDS = torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(1))
+
+
+def _llama(width: int, seed: int) -> T.LlamaForCausalLM:
+    from hf_tiny import randomize
+
+    torch.manual_seed(seed)
+    return randomize(T.LlamaForCausalLM(T.LlamaConfig(intermediate_size=width, **_SIZE)), seed)
+
+
+def _planted(a: T.LlamaForCausalLM, width: int) -> T.LlamaForCausalLM:
+    """B of FFN ``width`` computing A's function: A's units first, extra units with zero down-projection columns, then
+    a random element of B's group (residual, heads, FFN units) applied."""
+    import modeconn as mc
+
+    b = _llama(width, 7)
+    m = a.config.intermediate_size
+    sd = {k: v.clone() for k, v in b.state_dict().items()}
+    for k, v in a.state_dict().items():
+        t = sd[k]
+        if k.endswith(("gate_proj.weight", "up_proj.weight")):
+            t[:m] = v
+        elif k.endswith("down_proj.weight"):
+            t[:, :m], t[:, m:] = v, 0
+        else:
+            t.copy_(v)
+    spec = mc.symmetry_spec(b, IDS)
+    b.load_state_dict(spec.apply(sd, spec.random_element(generator=torch.Generator().manual_seed(3))))
+    return b
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory, shared_data):
+    from modeconn.data import train_tokenizer
+    from modeconn.data.text import read_text_file
+
+    tokenizer = train_tokenizer(read_text_file(shared_data / "austen" / "austen.txt.gz", None)[:50_000], VOCAB)
+    root = tmp_path_factory.mktemp("fuse-hf")
+    a = _llama(64, 0)
+    b = _planted(a, 96)
+    with torch.no_grad():
+        assert torch.allclose(a(input_ids=IDS).logits, b(input_ids=IDS).logits, atol=1e-4)  # the plant holds
+    for name, model in (("a", a), ("b", b)):
+        model.save_pretrained(root / name)
+        (root / name / "tokenizer.json").write_text(tokenizer.to_str())
+    return root, a
+
+
+def test_a_planted_in_a_wider_b_is_recovered_by_a_loadable_checkpoint(pair):
+    root, a = pair
+    run_cli("fuse", root / "a", root / "b", "--dataset", "austen", "--limit-train", "32", "--batches", "2",
+            "--out", root / "fused")
+    fused = T.AutoModelForCausalLM.from_pretrained(root / "fused").eval()
+    assert fused.config.intermediate_size == 64
+    with torch.no_grad():
+        ref, got = a(input_ids=IDS).logits, fused(input_ids=IDS).logits
+    assert (got - ref).abs().max() <= 1e-4 * max(1.0, float(ref.abs().max()))
+    record = json.loads((root / "fused" / "fuse.json").read_text())
+    assert record["widths"] == [64, 96] and record["intermediate_size"] == 64
+    assert min(record["mean_matched_correlation"].values()) > 0.999  # every kept pair is A's unit and its copy
+
+
+def test_truncation_the_broken_variant_does_not_recover_a(pair):
+    from modeconn.checkpoints import open_checkpoints
+    from modeconn.data import make_loader
+    from modeconn.path.width import merge_widths
+    from modeconn.recipes.hf_memory import hf_model, load_wrapped, read_data
+
+    root, a = pair
+    ckpts = open_checkpoints([root / "a", root / "b"])
+    bundle = read_data(ckpts, "fuse", "austen", None, 32)
+    wa, wb = load_wrapped(ckpts, bundle, same_config=False)
+    loader = make_loader(bundle.train, 8)
+    fused, _ = merge_widths(wa, wb, loader, target=wa, max_batches=2, match=False)
+    with torch.no_grad():
+        ref, got = a(input_ids=IDS).logits, hf_model(fused)(input_ids=IDS).logits
+    assert (got - ref).abs().max() > 1e-2
+
+
+def _config_dir(root, name, model):
+    model.save_pretrained(root / name)
+    return root / name
+
+
+def test_widths_that_cannot_change_are_named_before_any_weights(tmp_path):
+    from modeconn.io import save_checkpoint
+    from modeconn.models import build_model
+
+    a = _config_dir(tmp_path, "a", _llama(64, 0))
+    heads = _config_dir(tmp_path, "h", T.LlamaForCausalLM(T.LlamaConfig(intermediate_size=96, **{
+        **_SIZE, "num_attention_heads": 2, "num_key_value_heads": 1})))
+    moe = T.MixtralForCausalLM(T.MixtralConfig(intermediate_size=48, num_local_experts=2, **_SIZE))
+    cases = {heads: "num_attention_heads \\(the number of attention heads: 4 vs 2\\)",
+             _config_dir(tmp_path, "moe", moe): "Mixture-of-Experts.*num_local_experts"}
+    save_checkpoint(tmp_path / "mc", build_model("mlp", in_shape=(1, 8, 8), num_classes=10, width=8))
+    cases[tmp_path / "mc"] = "one kind"
+    for b, message in cases.items():
+        for f in b.glob("*.safetensors"):
+            f.write_bytes(b"not read")  # refused before any weights are read
+        res = run_cli("fuse", a, b, "--dataset", "austen", "--out", tmp_path / "f", ok=False)
+        assert res.exit_code == 2 and re.search(message, " ".join(res.output.split())), res.output
+    assert not (tmp_path / "f").exists()
