@@ -1,20 +1,23 @@
 """The stated predictor of ``modeconn check``: log-linear lines from diagnostics to the test-loss ``barrier_mean``.
 
-Pair predictor (two models A, B): for an assignment ``π`` of B's units to A's (the identity, weight matching's, or
-activation matching's optimum), ``x = 1 − q̄(π)`` where ``q̄(π)`` is the mean over spaces of the mean unit
-correlation ``q(π) = (1/n) Σ_i corr[i, π(i)]`` (:mod:`modeconn.diagnostics.pair`). Twin predictor (A alone):
-``x = min over layers of relative_swap_cost`` (:mod:`modeconn.diagnostics.structure`; 0 for a standard network).
-Each line maps ``x`` and further features ``z_k`` (its ``terms``: the headroom — entropy of the training labels minus
-the endpoints' mean test loss —, that test loss, the label entropy, for the pair lines the mean linear CKA;
-:func:`modeconn.diagnostics.check.endpoint_features`) to a barrier (nats)::
+Unaligned pair predictor (two models A, B): ``x = 1 − q̄`` where ``q̄`` is the mean over spaces of the mean unit
+correlation ``q = (1/n) Σ_i corr[i, i]`` (:mod:`modeconn.diagnostics.pair`). Predictors after an alignment ``g``
+(weight matching's permutation, activation matching's optimum): ``x`` = the aligned path's barrier at its midpoint
+alone, measured on ``check``'s evaluation examples (:mod:`modeconn.diagnostics.midpoint`; a line whose ``feature`` is
+``1 - mean unit correlation under …`` reads ``1 − q̄(g)`` instead). Twin predictor (A alone): ``x = min over layers of
+relative_swap_cost`` (:mod:`modeconn.diagnostics.structure`; 0 for a standard network). Each line maps ``x`` and
+further features ``z_k`` (its ``terms``: the headroom — entropy of the training labels minus the endpoints' mean test
+loss —, that test loss, the label entropy, the mean linear CKA; :func:`modeconn.diagnostics.check.endpoint_features`)
+to a barrier (nats)::
 
     log(max(B, B_FLOOR)) = intercept + slope · log(max(x, X_FLOOR)) + Σ_k c_k · log(max(z_k, X_FLOOR))
 
 i.e. ``B̂ = exp(intercept) · x^slope · Π z_k^c_k``. The coefficients are least-squares fits on pairs with measured
 barriers (``modeconn experiment check-calibration``), one line per prediction fitted to its own measured barrier
-(unaligned, after weight matching, after activation matching); the interval is ``[Q_LO, Q_HI]`` quantiles of
-the residuals (multiplicative) — the shipped calibration takes them from leave-one-family-out fits, the error on a
-family the line has not seen.
+(unaligned, after weight matching, after activation matching); the interval ``[lo, hi]`` bounds the residuals of
+``log B`` (multiplicative) — the shipped calibration takes split-conformal bounds (:func:`conformal_bounds`) of
+leave-one-family-out residuals, the error on a family the line has not seen — and, for a measured ``x``, widens with
+its standard error (:meth:`LogLinear.predict`).
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ X_FLOOR = 0.01
 """Diagnostic values below this are fitted as this value."""
 Q_LO, Q_HI = 0.05, 0.95
 """Residual quantiles that make the prediction interval."""
+Z_90 = 1.6448536269514722
+"""The standard normal's 95 % quantile: a 5 %–95 % interval of a normal sampling error is ± Z_90 standard errors."""
 GO_THRESHOLD = 0.1
 """Go / no-go: merging without alignment is predicted to work when the predicted ``barrier_mean`` is below this (nats)."""
 
@@ -59,9 +64,11 @@ class LogLinear:
     n: int
     terms: tuple[tuple[str, float], ...] = ()
 
-    def predict(self, x: float, **features: float) -> dict[str, float]:
+    def predict(self, x: float, x_se: float = 0.0, **features: float) -> dict[str, float]:
         """``{"barrier_mean", "low", "high"}`` in nats for diagnostic value ``x`` and the values of the ``terms``'
         features by name (``low ≤ barrier_mean ≤ high``; none below :data:`B_FLOOR`, the fit's noise floor).
+        ``x_se``: the standard error of a measured ``x`` (its sampling error, absent from the fit's residuals),
+        added to the interval in quadrature on the log scale: each side ``sqrt(q² + (Z_90 · slope · x_se / x)²)``.
         Raises ConfigError for a value that is not a finite number or a term's feature not given: an undefined
         diagnostic has no prediction (:func:`not_applicable`)."""
         mid = self.intercept + self.slope * _log(x, self.feature)
@@ -69,8 +76,10 @@ class LogLinear:
             if name not in features:
                 raise ConfigError(f"this calibration line needs the feature {name!r}, which was not given")
             mid += c * _log(features[name], name)
+        spread = (Z_90 * self.slope * float(x_se) / math.exp(_log(x, self.feature))) ** 2
         return {k: max(math.exp(min(mid + d, 700.0)), B_FLOOR)  # 700: no float overflow far outside the fit
-                for k, d in (("barrier_mean", 0.0), ("low", self.lo), ("high", self.hi))}
+                for k, d in (("barrier_mean", 0.0), ("low", -math.sqrt(self.lo ** 2 + spread)),
+                             ("high", math.sqrt(self.hi ** 2 + spread)))}
 
     def to_json(self) -> dict:
         return {**asdict(self), "terms": [list(t) for t in self.terms]}
@@ -85,6 +94,21 @@ def not_applicable(reason: str) -> dict[str, float | str | None]:
     """The prediction of an undefined diagnostic: ``barrier_mean``, ``low`` and ``high`` None, ``not_applicable``
     the reason (never a NaN standing in for a number)."""
     return {"barrier_mean": None, "low": None, "high": None, "not_applicable": reason}
+
+
+def conformal_bounds(residuals: Sequence[float]) -> tuple[float, float]:
+    """``(lo, hi)``: split-conformal bounds of held-out residuals at the levels ``Q_LO`` / ``Q_HI`` — the
+    ``⌊(n + 1)·Q_LO⌋``-th smallest and the ``⌈(n + 1)·Q_HI⌉``-th smallest of the ``n`` residuals (clipped to the
+    sample), so that a new exchangeable residual falls inside with probability ≥ ``Q_HI − Q_LO`` (Vovk et al. 2005;
+    Lei et al. 2018), where plain sample quantiles undercover by about 1 / n; clamped to hold 0. ConfigError for no
+    residual."""
+    r = np.sort(np.asarray(residuals, float))
+    if len(r) == 0:
+        raise ConfigError("conformal_bounds needs at least one residual")
+    n = len(r)
+    lo = r[min(max(math.floor((n + 1) * Q_LO), 1), n) - 1]
+    hi = r[min(max(math.ceil((n + 1) * Q_HI), 1), n) - 1]
+    return min(float(lo), 0.0), max(float(hi), 0.0)
 
 
 def fit_loglinear(feature: str, x: Sequence[float], barrier: Sequence[float],

@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from ..data import load_dataset, subspace_mixture
-from ..diagnostics.check import check
+from ..diagnostics.check import MIDPOINT_FEATURES, check
 from ..errors import ConfigError
 from ..diagnostics.predictor import GO_THRESHOLD, fit_loglinear
 from ..models import build_model
@@ -296,11 +296,21 @@ def measure_pair(family: str, label: str, pair: int, a, b, bundle, lambdas: int)
         "label_entropy": res.prediction["endpoint_features"]["label_entropy"],
         "headroom": res.prediction["endpoint_features"]["headroom"],
         "moved_loss": res.prediction["endpoint_features"]["moved_loss"],
+        **_midpoints(res),
         "fixed_structure": any(v.get("asymmetric") for v in res.layers.values()),
         "spaces": {s: {k: v[k] for k in ("n", "q_identity", "q_weight", "q_optimal")}
                    for s, v in res.pair["spaces"].items()},
         "check_seconds": t2 - t1, "measure_seconds": t1 - t0,
     }
+
+
+def _midpoints(res) -> dict[str, float | None]:
+    """``check``'s barrier at λ = ½ of the weight-matched (``x_mid_weight``) and of the activation-matched path
+    (``x_mid_optimal``), and their standard errors (``…_se``); None for a model with fixed asymmetric structure."""
+    ef = res.prediction["endpoint_features"]
+    return {f"x_mid_{short}{suffix}": ef[key].get(name) for name, short in (("weight_matched", "weight"),
+                                                                          ("activation_matched", "optimal"))
+            for key, suffix in (("midpoint_barrier", ""), ("midpoint_se", "_se"))}
 
 
 @dataclass(frozen=True)
@@ -323,10 +333,10 @@ PREDICTORS = {
     "pair": Predictor("x_identity", "1 - mean unit correlation", "unaligned_barrier_mean", "unaligned"),
     "twin": Predictor("twin_feature", "min relative swap cost", "unaligned_barrier_mean", "unaligned (a twin)",
                       ("headroom", "test_loss", "label_entropy")),
-    "weight_matched": Predictor("x_weight", "1 - mean unit correlation under weight matching's permutation",
-                                "aligned_barrier_mean", "after weight matching", standard_only=True),
-    "activation_matched": Predictor("x_optimal", "1 - mean unit correlation under activation matching's permutation",
-                                    "activation_barrier_mean", "after activation matching", standard_only=True),
+    "weight_matched": Predictor("x_mid_weight", MIDPOINT_FEATURES["weight_matched"], "aligned_barrier_mean",
+                                "after weight matching", (), standard_only=True),
+    "activation_matched": Predictor("x_mid_optimal", MIDPOINT_FEATURES["activation_matched"],
+                                    "activation_barrier_mean", "after activation matching", (), standard_only=True),
 }
 """The predictors ``check`` ships (:mod:`modeconn.diagnostics.calibration`): each is fitted to its own measured
 barrier — an aligned barrier is predicted by a line fitted to aligned barriers, not by the unaligned line. Their
@@ -388,10 +398,10 @@ def _predict(model, row: dict, which: str) -> dict[str, float]:
 
 
 def _fit(rows: list[dict], which: str):
-    """The line fitted on ``rows`` (a population), its interval the :data:`~modeconn.diagnostics.predictor.Q_LO` /
-    ``Q_HI`` quantiles of the leave-one-family-out residuals within ``rows`` (the error on a family the line has not
-    seen, not the in-sample residuals), clamped to hold the line."""
-    from ..diagnostics.predictor import B_FLOOR, Q_HI, Q_LO
+    """The line fitted on ``rows`` (a population), its interval the split-conformal bounds
+    (:func:`~modeconn.diagnostics.predictor.conformal_bounds`) of the leave-one-family-out residuals within ``rows``
+    (the error on a family the line has not seen, not the in-sample residuals), clamped to hold the line."""
+    from ..diagnostics.predictor import B_FLOOR, conformal_bounds
 
     p = PREDICTORS[which]
     line = _line(rows, which)
@@ -405,7 +415,8 @@ def _fit(rows: list[dict], which: str):
                 for r in rows if r["family"] == fam]
     if len(res) < 2:
         return line
-    return replace(line, lo=min(float(np.quantile(res, Q_LO)), 0.0), hi=max(float(np.quantile(res, Q_HI)), 0.0))
+    lo, hi = conformal_bounds(res)
+    return replace(line, lo=lo, hi=hi)
 
 
 def score(pred: Sequence[float], measured: Sequence[float], low: Sequence[float] | None = None,
