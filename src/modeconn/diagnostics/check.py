@@ -220,11 +220,12 @@ ALIGNMENTS = {"unaligned": "q_identity", "weight_matched": "q_weight", "activati
 """Each pair prediction and the mean unit correlation its ``x = 1 − q̄`` reads (identity, weight matching's, the
 optimal permutation) — unless its line reads the aligned path's midpoint (:data:`MIDPOINT_FEATURES`)."""
 
-MIDPOINT_FEATURES = {"weight_matched": "barrier at λ = 1/2 after weight matching",
-                     "activation_matched": "barrier at λ = 1/2 after activation matching"}
-"""The ``feature`` of a calibration line whose ``x`` is the aligned path's barrier at its midpoint alone,
-``L(½) − (L_A + L_B moved) / 2`` on the evaluation examples (:func:`endpoint_features`): one point of the path
-``modeconn barrier`` measures, a direct small-sample measurement of the aligned barrier."""
+MIDPOINT_FEATURES = {"weight_matched": "barrier over λ = 0, 1/2, 1 after weight matching",
+                     "activation_matched": "barrier over λ = 0, 1/2, 1 after activation matching"}
+"""The ``feature`` of a calibration line whose ``x`` is the aligned path's barrier over its endpoints and midpoint
+alone, ``max(L(½), L_A, L_B moved) − (L_A + L_B moved) / 2`` on the evaluation examples
+(:mod:`~modeconn.diagnostics.midpoint`): one point of the path ``modeconn barrier`` measures, a direct small-sample
+measurement of the aligned barrier."""
 
 
 def label_entropy(dataset) -> float:
@@ -243,7 +244,7 @@ def endpoint_features(entropy: float, endpoints: list[dict[str, float]],
     (``entropy``), the endpoints' mean ``test_loss`` L, ``headroom = H − L`` (what the models learned beyond the
     label marginal) and, for a pair, per alignment (``moved``: :func:`~modeconn.diagnostics.midpoint.aligned_midpoints`)
     ``moved_loss[name]``, the test loss of B moved by the alignment's permutation, ``midpoint_barrier[name]``, the
-    aligned path's barrier at λ = ½ alone, and ``midpoint_se[name]``, its standard error (None where no midpoint
+    aligned path's barrier over λ ∈ {0, ½, 1} alone, and ``midpoint_se[name]``, its standard error (None where no midpoint
     was evaluated)."""
     losses = [e["test_loss"] for e in endpoints]
     loss = float(np.mean(losses))

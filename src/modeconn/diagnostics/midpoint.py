@@ -2,12 +2,13 @@
 barrier after alignment.
 
 For an alignment ``g`` of B to A, ``θ(½) = (θ_A + g·θ_B) / 2`` is one point of the path ``modeconn barrier``
-evaluates (its BatchNorm statistics re-estimated on training batches, the ``reset`` policy). Its barrier alone,
-``m = L(½) − (L_A + L_gB) / 2`` (test loss, nats per example — per token for sequence models), is a lower bound of
-the path's ``barrier_mean = max_λ L(λ) − (L_A + L_gB) / 2`` and equals it where the path peaks at ½. Its standard
-error over the evaluation examples is the ratio estimator's, ``se = sqrt(Σ_i (e_i − m c_i)²) / Σ_i c_i`` with
-``e_i`` example i's summed excess loss ``ℓ_i(½) − (ℓ_i(A) + ℓ_i(gB)) / 2`` and ``c_i`` its scored tokens (1 for a
-classifier).
+evaluates (its BatchNorm statistics re-estimated on training batches, the ``reset`` policy). The path's
+``barrier_mean = max_λ L(λ) − (L_A + L_gB) / 2`` (test loss, nats per example — per token for sequence models)
+taken over the grid ``λ ∈ {0, ½, 1}`` alone, ``m = max(L(½), L_A, L_gB) − (L_A + L_gB) / 2``, is a lower bound of the
+full grid's and equals it where the path peaks at ½ or at an endpoint (two endpoints of unequal loss: ``m ≥ |L_A −
+L_gB| / 2``). Its standard error over the evaluation examples is the ratio estimator's of the maximising point,
+``se = sqrt(Σ_i (e_i − m c_i)²) / Σ_i c_i`` with ``e_i`` example i's summed loss at that point minus
+``(ℓ_i(A) + ℓ_i(gB)) / 2`` and ``c_i`` its scored tokens (1 for a classifier).
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ def aligned_midpoints(spec, model_a: nn.Module, sa: Mapping[str, torch.Tensor], 
                       elements: Mapping[str, Any], test: Iterable, bn_loader: Iterable, bn_batches: int,
                       midpoint: bool = True) -> dict[str, dict[str, float | None]]:
     """Per alignment (``elements``: name → element of ``spec`` moving B to A): ``moved_loss``, the test loss of B
-    moved by it, ``midpoint_barrier`` ``m`` and ``midpoint_se`` its standard error (module docstring), on the
+    moved by it, ``midpoint_barrier`` ``m`` (the barrier over λ ∈ {0, ½, 1}) and ``midpoint_se`` its standard error
+    (module docstring), on the
     examples of ``test``; BatchNorm statistics at the midpoint re-estimated on the first ``bn_batches`` batches of
     ``bn_loader``. Without ``midpoint`` (a model with fixed asymmetric structure: the moved B is not B) the midpoint
     entries are None. The models and state dicts are never modified."""
@@ -72,7 +74,9 @@ def aligned_midpoints(spec, model_a: nn.Module, sa: Mapping[str, torch.Tensor], 
             continue
         work.load_state_dict(interpolate(sa, sd, 0.5))
         reset_bn_stats(work, batches)
-        excess = example_losses(work, test)[0] - 0.5 * (loss_a + loss_b)
+        ends = 0.5 * (loss_a + loss_b)
+        excess = max((example_losses(work, test)[0] - ends, loss_a - ends, loss_b - ends),
+                     key=lambda e: _mean(e, count))
         m = _mean(excess, count)
         out[name].update(midpoint_barrier=m,
                          midpoint_se=math.sqrt(float(((excess - m * count) ** 2).sum())) / float(count.sum()))

@@ -2,8 +2,8 @@
 
 Unaligned pair predictor (two models A, B): ``x = 1 − q̄`` where ``q̄`` is the mean over spaces of the mean unit
 correlation ``q = (1/n) Σ_i corr[i, i]`` (:mod:`modeconn.diagnostics.pair`). Predictors after an alignment ``g``
-(weight matching's permutation, activation matching's optimum): ``x`` = the aligned path's barrier at its midpoint
-alone, measured on ``check``'s evaluation examples (:mod:`modeconn.diagnostics.midpoint`; a line whose ``feature`` is
+(weight matching's permutation, activation matching's optimum): ``x`` = the aligned path's barrier over its endpoints
+and midpoint alone, measured on ``check``'s evaluation examples (:mod:`modeconn.diagnostics.midpoint`; a line whose ``feature`` is
 ``1 - mean unit correlation under …`` reads ``1 − q̄(g)`` instead). Twin predictor (A alone): ``x = min over layers of
 relative_swap_cost`` (:mod:`modeconn.diagnostics.structure`; 0 for a standard network). Each line maps ``x`` and
 further features ``z_k`` (its ``terms``: the headroom — entropy of the training labels minus the endpoints' mean test
@@ -43,18 +43,20 @@ GO_THRESHOLD = 0.1
 """Go / no-go: merging without alignment is predicted to work when the predicted ``barrier_mean`` is below this (nats)."""
 
 
-def _log(value: float, name: str) -> float:
+def _log(value: float, name: str, floor: float = X_FLOOR) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
         raise ConfigError(f"{name} = {value!r}: a prediction needs a finite value of the diagnostic")
-    return math.log(max(float(value), X_FLOOR))
+    return math.log(max(float(value), floor))
 
 
 @dataclass(frozen=True)
 class LogLinear:
-    """``log(B) = intercept + slope · log(max(x, X_FLOOR)) + Σ_k c_k · log(max(z_k, X_FLOOR))`` (``B`` in nats;
+    """``log(B) = intercept + slope · log(max(x, x_floor)) + Σ_k c_k · log(max(z_k, X_FLOOR))`` (``B`` in nats;
     ``terms``: the further features ``(name, c_k)``, none for a one-feature line); ``lo ≤ 0 ≤ hi`` the residual
     quantiles of ``log B`` (clamped at 0, so that the interval always holds the fitted line — an exact fit's
-    residuals are rounding noise of either sign); ``n`` points fitted; ``feature`` names ``x``."""
+    residuals are rounding noise of either sign); ``n`` points fitted; ``feature`` names ``x``; ``x_floor``: the
+    value below which ``x`` is noise (:data:`X_FLOOR`; :data:`B_FLOOR` for an ``x`` that is itself a measured
+    barrier)."""
 
     feature: str
     intercept: float
@@ -63,6 +65,7 @@ class LogLinear:
     hi: float
     n: int
     terms: tuple[tuple[str, float], ...] = ()
+    x_floor: float = X_FLOOR
 
     def predict(self, x: float, x_se: float = 0.0, **features: float) -> dict[str, float]:
         """``{"barrier_mean", "low", "high"}`` in nats for diagnostic value ``x`` and the values of the ``terms``'
@@ -71,12 +74,13 @@ class LogLinear:
         added to the interval in quadrature on the log scale: each side ``sqrt(q² + (Z_90 · slope · x_se / x)²)``.
         Raises ConfigError for a value that is not a finite number or a term's feature not given: an undefined
         diagnostic has no prediction (:func:`not_applicable`)."""
-        mid = self.intercept + self.slope * _log(x, self.feature)
+        lx = _log(x, self.feature, self.x_floor)
+        mid = self.intercept + self.slope * lx
         for name, c in self.terms:
             if name not in features:
                 raise ConfigError(f"this calibration line needs the feature {name!r}, which was not given")
             mid += c * _log(features[name], name)
-        spread = (Z_90 * self.slope * float(x_se) / math.exp(_log(x, self.feature))) ** 2
+        spread = (Z_90 * self.slope * float(x_se) / math.exp(lx)) ** 2
         return {k: max(math.exp(min(mid + d, 700.0)), B_FLOOR)  # 700: no float overflow far outside the fit
                 for k, d in (("barrier_mean", 0.0), ("low", -math.sqrt(self.lo ** 2 + spread)),
                              ("high", math.sqrt(self.hi ** 2 + spread)))}
@@ -113,10 +117,12 @@ def conformal_bounds(residuals: Sequence[float]) -> tuple[float, float]:
 
 def fit_loglinear(feature: str, x: Sequence[float], barrier: Sequence[float],
                   terms: Mapping[str, Sequence[float]] | None = None,
-                  fixed: Mapping[str, tuple[float, Sequence[float]]] | None = None) -> LogLinear:
+                  fixed: Mapping[str, tuple[float, Sequence[float]]] | None = None,
+                  x_floor: float = X_FLOOR) -> LogLinear:
     """Least-squares fit of :class:`LogLinear` to points ``(x, barrier)`` (equal lengths, ≥ 3 points; nats) and, in
     ``terms``, further features by name (one value per point) whose coefficients are fitted; ``fixed``: features
-    ``name → (coefficient, values)`` whose coefficient is given (e.g. 1: the barrier proportional to the feature).
+    ``name → (coefficient, values)`` whose coefficient is given (e.g. 1: the barrier proportional to the feature);
+    ``x_floor``: the line's :attr:`LogLinear.x_floor`.
 
     A slope is fitted only for a feature that varies (else 0). Raises ConfigError for too few or mismatched points.
     """
@@ -126,7 +132,7 @@ def fit_loglinear(feature: str, x: Sequence[float], barrier: Sequence[float],
         raise ConfigError(f"fit_loglinear needs ≥ 3 points and as many barriers (and feature values) as x, got "
                           f"{len(x)} and {len(barrier)}")
     log = lambda v: np.log(np.maximum(np.asarray(v, float), X_FLOOR))  # noqa: E731
-    cols = [log(v) for v in (x, *terms.values())]
+    cols = [np.log(np.maximum(np.asarray(x, float), x_floor)), *(log(v) for v in terms.values())]
     ly = np.log(np.maximum(np.asarray(barrier, float), B_FLOOR))
     ly_free = ly - sum((c * log(v) for c, v in fixed.values()), np.zeros_like(ly))
     varies = [np.ptp(c) > 0 for c in cols]
@@ -137,4 +143,4 @@ def fit_loglinear(feature: str, x: Sequence[float], barrier: Sequence[float],
     res = ly_free - design @ coef
     return LogLinear(feature, float(coef[0]), slopes[0], min(float(np.quantile(res, Q_LO)), 0.0),
                      max(float(np.quantile(res, Q_HI)), 0.0), len(ly),
-                     (*zip(terms, slopes[1:], strict=True), *((n, float(c)) for n, (c, _) in fixed.items())))
+                     (*zip(terms, slopes[1:], strict=True), *((n, float(c)) for n, (c, _) in fixed.items())), x_floor)
