@@ -38,7 +38,7 @@ def test_midpoint_barrier_is_the_paths_point_at_one_half_with_batchnorm_reset(sh
     want = _midpoint_of_path(a, sa, spec.apply(sb, g), test, train)
     got = aligned_midpoints(spec, a, sa, sb, {"wm": g}, test, train, 2)["wm"]
     assert got["midpoint_barrier"] == pytest.approx(want, rel=1e-6, abs=1e-6) and got["midpoint_se"] > 0
-    assert aligned_midpoints(spec, a, sa, sb, {"wm": g}, test, train, 2, midpoint=False)["wm"]["midpoint_se"] is None
+    assert aligned_midpoints(spec, a, sa, sb, {"wm": g}, test, train, 2, measure=())["wm"]["midpoint_se"] is None
     monkeypatch.setattr("modeconn.path.batchnorm.reset_bn_stats", lambda model, batches: None)  # negative control
     stale = aligned_midpoints(spec, a, sa, sb, {"wm": g}, test, train, 2)["wm"]["midpoint_barrier"]
     assert abs(stale - want) > 0.05 * abs(want), (stale, want)
@@ -58,10 +58,14 @@ def test_a_midpoint_line_reads_the_measured_midpoint_and_an_older_line_the_unit_
     spec = symmetry_spec(a, digits.train.tensors[0][:2])
     sd = weight_matching(spec, a.state_dict(), b.state_dict()).apply(b.state_dict())
     test = make_loader(torch.utils.data.Subset(digits.test, range(min(2000, len(digits.test)))), 1000)
-    assert m == pytest.approx(_midpoint_of_path(a, a.state_dict(), sd, test, make_loader(digits.train, 500)), abs=1e-6)
+    train = make_loader(digits.train, 500)
+    assert m == pytest.approx(_midpoint_of_path(a, a.state_dict(), sd, test, train), abs=1e-6)
+    naive = _midpoint_of_path(a, a.state_dict(), b.state_dict(), test, train)
+    assert ends["midpoint_barrier"]["unaligned"] == pytest.approx(naive, abs=1e-6) and naive > m
     assert res.prediction["weight_matched"] == pytest.approx(mid.predict(m, se))
     q = res.pair["features"]["q_optimal"]                 # no activation line: the pair line at 1 − q̄(optimal)
     assert res.prediction["activation_matched"] == pytest.approx(old.predict(1.0 - q))
+    assert res.prediction["unaligned"] == pytest.approx(old.predict(1.0 - res.pair["features"]["q_identity"]))
 
 
 def test_the_midpoints_standard_error_widens_the_interval_in_quadrature():

@@ -220,7 +220,8 @@ ALIGNMENTS = {"unaligned": "q_identity", "weight_matched": "q_weight", "activati
 """Each pair prediction and the mean unit correlation its ``x = 1 − q̄`` reads (identity, weight matching's, the
 optimal permutation) — unless its line reads the aligned path's midpoint (:data:`MIDPOINT_FEATURES`)."""
 
-MIDPOINT_FEATURES = {"weight_matched": "barrier over λ = 0, 1/2, 1 after weight matching",
+MIDPOINT_FEATURES = {"unaligned": "barrier over λ = 0, 1/2, 1 as they are",
+                     "weight_matched": "barrier over λ = 0, 1/2, 1 after weight matching",
                      "activation_matched": "barrier over λ = 0, 1/2, 1 after activation matching"}
 """The ``feature`` of a calibration line whose ``x`` is the aligned path's barrier over its endpoints and midpoint
 alone, ``max(L(½), L_A, L_B moved) − (L_A + L_B moved) / 2`` on the evaluation examples
@@ -369,9 +370,9 @@ def check(model_a: nn.Module, model_b: nn.Module | None = None, *, data: Dataset
         phase()
         corr, samples, _, constant = collect(spec, model_a, model_b, train, max_batches, seed)
         fixed = any(v.get("asymmetric") for v in layers.values())
-        moved = aligned_midpoints(spec, model_a, sa, sb, {"weight_matched": wm.element,
+        moved = aligned_midpoints(spec, model_a, sa, sb, {"unaligned": spec.identity(), "weight_matched": wm.element,
                                                           "activation_matched": optimal_element(spec, corr)},
-                                  test, train, max_batches, midpoint=not fixed)
+                                  test, train, max_batches, ["unaligned"] if fixed else None)
         spaces = space_statistics(spec, corr, samples, wm.element, constant)
         cosines = weight_cosines(spec, sa, sb, wm.apply(sb))
         features = pair_features(spaces, cosines, corr)

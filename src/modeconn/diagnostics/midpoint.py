@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -51,26 +51,27 @@ def _mean(loss: torch.Tensor, count: torch.Tensor) -> float:
 
 def aligned_midpoints(spec, model_a: nn.Module, sa: Mapping[str, torch.Tensor], sb: Mapping[str, torch.Tensor],
                       elements: Mapping[str, Any], test: Iterable, bn_loader: Iterable, bn_batches: int,
-                      midpoint: bool = True) -> dict[str, dict[str, float | None]]:
-    """Per alignment (``elements``: name → element of ``spec`` moving B to A): ``moved_loss``, the test loss of B
-    moved by it, ``midpoint_barrier`` ``m`` (the barrier over λ ∈ {0, ½, 1}) and ``midpoint_se`` its standard error
-    (module docstring), on the
-    examples of ``test``; BatchNorm statistics at the midpoint re-estimated on the first ``bn_batches`` batches of
-    ``bn_loader``. Without ``midpoint`` (a model with fixed asymmetric structure: the moved B is not B) the midpoint
-    entries are None. The models and state dicts are never modified."""
+                      measure: Collection[str] | None = None) -> dict[str, dict[str, float | None]]:
+    """Per alignment (``elements``: name → element of ``spec`` moving B to A, the identity included):
+    ``moved_loss``, the test loss of B moved by it, ``midpoint_barrier`` ``m`` (the barrier over λ ∈ {0, ½, 1}) and
+    ``midpoint_se`` its standard error (module docstring), on the examples of ``test``; BatchNorm statistics at the
+    midpoint re-estimated on the first ``bn_batches`` batches of ``bn_loader``. Only the alignments named in
+    ``measure`` (None: all) get a midpoint — not a permutation of a model with fixed asymmetric structure, where the
+    moved B is not B —; the others' midpoint entries are None. The models and state dicts are never modified."""
     from ..path.batchnorm import fixed_batches, reset_bn_stats
     from ..path.interpolate import interpolate
 
+    measure = set(elements if measure is None else measure)
     work = copy.deepcopy(model_a)
-    batches = fixed_batches(bn_loader, bn_batches) if midpoint and batchnorm_modules(work) else []
-    loss_a = example_losses(model_a, test)[0] if midpoint else None
+    batches = fixed_batches(bn_loader, bn_batches) if measure and batchnorm_modules(work) else []
+    loss_a = example_losses(model_a, test)[0] if measure else None
     out: dict[str, dict[str, float | None]] = {}
     for name, g in elements.items():
         sd = spec.apply(sb, g)
         work.load_state_dict(sd)
         loss_b, count = example_losses(work, test)
         out[name] = {"moved_loss": _mean(loss_b, count), "midpoint_barrier": None, "midpoint_se": None}
-        if loss_a is None:
+        if name not in measure:
             continue
         work.load_state_dict(interpolate(sa, sd, 0.5))
         reset_bn_stats(work, batches)

@@ -1,10 +1,10 @@
 """The stated predictor of ``modeconn check``: log-linear lines from diagnostics to the test-loss ``barrier_mean``.
 
-Unaligned pair predictor (two models A, B): ``x = 1 − q̄`` where ``q̄`` is the mean over spaces of the mean unit
-correlation ``q = (1/n) Σ_i corr[i, i]`` (:mod:`modeconn.diagnostics.pair`). Predictors after an alignment ``g``
-(weight matching's permutation, activation matching's optimum): ``x`` = the aligned path's barrier over its endpoints
-and midpoint alone, measured on ``check``'s evaluation examples (:mod:`modeconn.diagnostics.midpoint`; a line whose ``feature`` is
-``1 - mean unit correlation under …`` reads ``1 − q̄(g)`` instead). Twin predictor (A alone): ``x = min over layers of
+Pair predictors (two models A, B), as they are and after an alignment ``g`` (weight matching's permutation,
+activation matching's optimum): ``x`` = the path's barrier over its endpoints and midpoint alone, measured on
+``check``'s evaluation examples (:mod:`modeconn.diagnostics.midpoint`; a line whose ``feature`` is ``1 - mean unit
+correlation …`` reads ``1 − q̄(g)``, the mean over spaces of the mean unit correlation under ``g``,
+:mod:`modeconn.diagnostics.pair`, instead). Twin predictor (A alone): ``x = min over layers of
 relative_swap_cost`` (:mod:`modeconn.diagnostics.structure`; 0 for a standard network). Each line maps ``x`` and
 further features ``z_k`` (its ``terms``: the headroom — entropy of the training labels minus the endpoints' mean test
 loss —, that test loss, the label entropy, the mean linear CKA; :func:`modeconn.diagnostics.check.endpoint_features`)

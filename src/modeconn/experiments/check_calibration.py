@@ -314,10 +314,12 @@ def check_features(name: str, a, b, bundle) -> dict[str, Any]:
 
 
 def _midpoints(res) -> dict[str, float | None]:
-    """``check``'s barrier over λ ∈ {0, ½, 1} of the weight-matched (``x_mid_weight``) and of the activation-matched path
-    (``x_mid_optimal``), and their standard errors (``…_se``); None for a model with fixed asymmetric structure."""
+    """``check``'s barrier over λ ∈ {0, ½, 1} of the path as the models are (``x_mid_identity``), weight-matched
+    (``x_mid_weight``) and activation-matched (``x_mid_optimal``), and their standard errors (``…_se``); None after
+    an alignment of a model with fixed asymmetric structure."""
     ef = res.prediction["endpoint_features"]
-    return {f"x_mid_{short}{suffix}": ef[key].get(name) for name, short in (("weight_matched", "weight"),
+    return {f"x_mid_{short}{suffix}": ef[key].get(name) for name, short in (("unaligned", "identity"),
+                                                                          ("weight_matched", "weight"),
                                                                           ("activation_matched", "optimal"))
             for key, suffix in (("midpoint_barrier", ""), ("midpoint_se", "_se"))}
 
@@ -340,7 +342,8 @@ class Predictor:
 
 
 PREDICTORS = {
-    "pair": Predictor("x_identity", "1 - mean unit correlation", "unaligned_barrier_mean", "unaligned"),
+    "pair": Predictor("x_mid_identity", MIDPOINT_FEATURES["unaligned"], "unaligned_barrier_mean", "unaligned", (),
+                      x_floor=B_FLOOR),
     "twin": Predictor("twin_feature", "min relative swap cost", "unaligned_barrier_mean", "unaligned (a twin)",
                       ("headroom", "test_loss", "label_entropy")),
     "weight_matched": Predictor("x_mid_weight", MIDPOINT_FEATURES["weight_matched"], "aligned_barrier_mean",
@@ -350,9 +353,10 @@ PREDICTORS = {
                                     x_floor=B_FLOOR),
 }
 """The predictors ``check`` ships (:mod:`modeconn.diagnostics.calibration`): each is fitted to its own measured
-barrier — an aligned barrier is predicted by a line fitted to aligned barriers, not by the unaligned line. Their
-further features are the form of :data:`FORMS` with the best mean held-out ρ over the three pair predictors (the
-twin's without CKA, which needs B); the report shows every form's scores."""
+barrier. The three pair predictors read their path's barrier over λ ∈ {0, ½, 1}, measured by ``check`` on its
+evaluation examples (floored like a barrier), alone: it is a direct measurement of the quantity predicted, and no
+further feature of :data:`FORMS` improves its held-out scores; the twin (no B, no path) reads the relative swap cost
+with the endpoint features. The report shows every form's scores."""
 
 FORMS = {"x alone": (), "headroom, label entropy": ("headroom", "label_entropy"),
          "test loss, label entropy": ("test_loss", "label_entropy"),
@@ -590,10 +594,11 @@ def report(results: dict[str, Any]) -> str:
         "## Held-out scores (pooled over families)", "", _scores_table(results), "",
         "Interval coverage: the measured barrier (floored at 0.005) inside the stated interval of the held-out "
         "prediction, whose width is itself fitted without the held-out family (split-conformal bounds of its "
-        "leave-one-family-out residuals). The aligned predictors read the aligned path's barrier over its endpoints and "
-        "midpoint, which `check` measures on its evaluation examples (the first 2000 test examples): in this population those "
-        "are the measurement's own test examples, so their residuals are the path's peak off its midpoint (and, "
-        "after activation matching, `check`'s permutation from fewer activations), not sampling error — `check` "
+        "leave-one-family-out residuals). The pair predictors (as they are and after each alignment) read their "
+        "path's barrier over its endpoints and midpoint, which `check` measures on its evaluation examples (the first "
+        "2000 test examples): in this population those are the measurement's own test examples, so their residuals "
+        "are the path's peak between those points (and, after activation matching, `check`'s permutation from fewer "
+        "activations), not sampling error — `check` "
         "adds the midpoint's standard error to the interval in use. The aligned predictors are fitted "
         "and scored on pairs without fixed asymmetric structure only: in a W-asymmetric network a permutation is not "
         "a symmetry (the permuted B computes another function), and `check` predicts no aligned barrier there.",

@@ -123,12 +123,11 @@ def report(results: dict[str, Any]) -> str:
         f"**{verdict(results)}**", "",
         "## Predicted test-loss barrier_mean (nats)", "",
         "From the stated predictor (modeconn.diagnostics.predictor: B̂ = exp(intercept) · x^slope · Π z^c; "
-        "unaligned: x = 1 − mean unit correlation, z: the endpoints' mean test loss, the entropy of the training "
-        "labels, their difference and the mean CKA; after an alignment: x = the aligned path's barrier over its "
-        "endpoints and midpoint, measured on the evaluation examples; twin: x = min relative swap cost of A's layers), one line per "
-        "prediction, fitted by `modeconn experiment check-calibration`; interval: conformal 5 %–95 % bounds of the "
-        "residuals on families each line was not fitted on (after an alignment widened by the midpoint's sampling "
-        "error).", "",
+        "a pair, as they are and after an alignment: x = the path's barrier over its endpoints and midpoint, "
+        "measured on the evaluation examples; twin: x = min relative swap cost of A's layers, z: the endpoints' mean "
+        "test loss, the entropy of the training labels and their difference), one line per prediction, fitted by "
+        "`modeconn experiment check-calibration`; interval: conformal 5 %–95 % bounds of the residuals on families "
+        "each line was not fitted on (for a pair widened by the midpoint's sampling error).", "",
         markdown_table(["interpolation", "predicted barrier_mean", "interval"], preds), "",
         markdown_table(["model", "test loss (nats)", "test accuracy %"], ends), ""]
     if results["pair"]:
