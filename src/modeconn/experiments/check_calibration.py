@@ -283,7 +283,7 @@ def measure_pair(family: str, label: str, pair: int, a, b, bundle, lambdas: int)
 
 
 def check_features(name: str, a, b, bundle) -> dict[str, Any]:
-    """``check``'s diagnostics of one pair (of the paths only the aligned ones' endpoints and midpoint evaluated);
+    """``check``'s diagnostics of one pair (of each path only the endpoints and the midpoint evaluated);
     ConfigError naming the pair (``name``) when a diagnostic is undefined (its verdict "not applicable": nothing to
     fit)."""
     t1 = time.perf_counter()
@@ -588,8 +588,8 @@ def report(results: dict[str, Any]) -> str:
         "# check-calibration", "",
         f"Size: {results['size']}; {len(results['rows'])} pairs in {len(results['families'])} families; "
         f"{results['seconds']:.0f} s. Barriers: test-loss `barrier_mean` (nats) of the linear path, measured "
-        "unaligned, after weight matching and after activation matching; predictions from `modeconn check` (of the "
-        "paths only the aligned ones' midpoint evaluated), each fitted without the pair's own family (leave one "
+        "unaligned, after weight matching and after activation matching; predictions from `modeconn check` (of each "
+        "path, as they are and after each alignment, the midpoint alone evaluated), each fitted without the pair's own family (leave one "
         f"family out), each predictor to its own measured barrier. Go / no-go: barrier_mean < {GO_THRESHOLD} nats.", "",
         "## Held-out scores (pooled over families)", "", _scores_table(results), "",
         "Interval coverage: the measured barrier (floored at 0.005) inside the stated interval of the held-out "
