@@ -22,7 +22,7 @@ def check(
     download: bool = download_option(),
     limit_train: int | None = typer.Option(None, min=1, help="use only the first N training examples"),
     max_batches: int = typer.Option(5, min=1, help="training batches (of 500) for activations and layer inputs"),
-    eval_limit: int = typer.Option(2000, min=1, help="test examples for the endpoints' loss"),
+    eval_limit: int = typer.Option(2000, min=1, help="test examples for the endpoints' and aligned midpoints' loss"),
     seed: int = typer.Option(0, help="seed of the batches (and of your image folder's held-out share)"),
     out: Path | None = typer.Option(None, help="output directory (default runs/check-<time>)"),
     overwrite: bool = overwrite_option(),

@@ -1,4 +1,5 @@
-"""``check``: "will these two merge?" — diagnostics and a predicted barrier, without evaluating the path.
+"""``check``: "will these two merge?" — diagnostics and a predicted barrier, without evaluating the path (of each
+aligned path its midpoint alone, :mod:`~modeconn.diagnostics.midpoint`).
 
 The relationship of two models, per-space identifiability and per-layer symmetry breaking
 (:mod:`~modeconn.diagnostics.pair`, :mod:`~modeconn.diagnostics.structure`), mapped to predicted test-loss
@@ -31,6 +32,7 @@ from ..data import DatasetBundle, make_loader
 from ..errors import ConfigError
 from ..match.progress import reporter
 from ..nn_utils import model_device
+from .midpoint import aligned_midpoints
 from .pair import SPACE_STATISTICS, collect, space_statistics, weight_cosines
 from .predictor import GO_THRESHOLD, LogLinear, not_applicable
 from .structure import model_identifiability
@@ -205,17 +207,26 @@ def _endpoint(model: nn.Module, loader) -> dict[str, float]:
     return {"test_loss": float(r["loss"]), "test_acc": float(r["acc"])}
 
 
-def _line(model: LogLinear, x: float | None, why: str | None, features: Mapping[str, float]) -> dict[str, Any]:
-    """``model``'s prediction at ``x`` (and ``features``, the values of its further terms), or
-    :func:`not_applicable` for an undefined ``x`` (``why``)."""
+def _line(model: LogLinear, x: float | None, why: str | None, features: Mapping[str, float],
+          x_se: float | None = None) -> dict[str, Any]:
+    """``model``'s prediction at ``x`` (standard error ``x_se`` where ``x`` is measured; ``features``: the values of
+    its further terms), or :func:`not_applicable` for an undefined ``x`` (``why``)."""
     if x is None or why is not None:
         return not_applicable(why or f"{model.feature} is undefined")
-    return model.predict(x, **features)
+    return model.predict(x, x_se or 0.0, **features)
 
 
 ALIGNMENTS = {"unaligned": "q_identity", "weight_matched": "q_weight", "activation_matched": "q_optimal"}
 """Each pair prediction and the mean unit correlation its ``x = 1 − q̄`` reads (identity, weight matching's, the
-optimal permutation)."""
+optimal permutation) — unless its line reads the aligned path's midpoint (:data:`MIDPOINT_FEATURES`)."""
+
+MIDPOINT_FEATURES = {"unaligned": "barrier over λ = 0, 1/2, 1 as they are",
+                     "weight_matched": "barrier over λ = 0, 1/2, 1 after weight matching",
+                     "activation_matched": "barrier over λ = 0, 1/2, 1 after activation matching"}
+"""The ``feature`` of a calibration line whose ``x`` is the aligned path's barrier over its endpoints and midpoint
+alone, ``max(L(½), L_A, L_B moved) − (L_A + L_B moved) / 2`` on the evaluation examples
+(:mod:`~modeconn.diagnostics.midpoint`): one point of the path ``modeconn barrier`` measures, a direct small-sample
+measurement of the aligned barrier."""
 
 
 def label_entropy(dataset) -> float:
@@ -229,26 +240,18 @@ def label_entropy(dataset) -> float:
 
 
 def endpoint_features(entropy: float, endpoints: list[dict[str, float]],
-                      moved: Mapping[str, float] | None = None) -> dict[str, Any]:
+                      moved: Mapping[str, Mapping[str, float | None]] | None = None) -> dict[str, Any]:
     """The endpoint features of the predictor (:mod:`~modeconn.diagnostics.predictor`): the label entropy H
     (``entropy``), the endpoints' mean ``test_loss`` L, ``headroom = H − L`` (what the models learned beyond the
-    label marginal) and, for a pair, ``moved_loss[name]``, the test loss of B moved by each alignment's
-    permutation (``moved``)."""
+    label marginal) and, for a pair, per alignment (``moved``: :func:`~modeconn.diagnostics.midpoint.aligned_midpoints`)
+    ``moved_loss[name]``, the test loss of B moved by the alignment's permutation, ``midpoint_barrier[name]``, the
+    aligned path's barrier over λ ∈ {0, ½, 1} alone, and ``midpoint_se[name]``, its standard error (None where no midpoint
+    was evaluated)."""
     losses = [e["test_loss"] for e in endpoints]
     loss = float(np.mean(losses))
-    return {"label_entropy": entropy, "test_loss": loss, "headroom": entropy - loss, "moved_loss": dict(moved or {})}
-
-
-def _moved_losses(spec, model_b: nn.Module, sb, elements: Mapping[str, Any], test) -> dict[str, float]:
-    """Test loss of B moved by each alignment's element (name → element)."""
-    import copy
-
-    moved = copy.deepcopy(model_b)
-    out = {}
-    for name, g in elements.items():
-        moved.load_state_dict(spec.apply(sb, g))
-        out[name] = _endpoint(moved, test)["test_loss"]
-    return out
+    moved = dict(moved or {})
+    return {"label_entropy": entropy, "test_loss": loss, "headroom": entropy - loss,
+            **{key: {k: v[key] for k, v in moved.items()} for key in ("moved_loss", "midpoint_barrier", "midpoint_se")}}
 
 
 def optimal_element(spec, corr: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -284,13 +287,16 @@ def _predict(pair: Mapping[str, Any] | None, layers, calibration: Mapping[str, L
                            "calibration": {k: v.to_json() for k, v in calibration.items()}}
     if pair is not None:
         for name, key in ALIGNMENTS.items():
-            q = pair[key]
             model = calibration.get("pair" if name == "unaligned" else name, calibration["pair"])
+            midpoint = model.feature == MIDPOINT_FEATURES.get(name)
             terms = {t for t, _ in model.terms}
-            why = next((pair["undefined"][k] for k in (key, *terms) if k in pair["undefined"]), None)
+            why = next((pair["undefined"][k] for k in ((() if midpoint else (key,)) + tuple(terms))
+                        if k in pair["undefined"]), None)
             if name != "unaligned" and fixed is not None and why is None:
                 why = not_a_symmetry(fixed, endpoint["moved_loss"].get(name))
-            out[name] = _line(model, None if q is None else 1.0 - q, why, {**head, "cka": pair["cka"]})
+            x = endpoint["midpoint_barrier"].get(name) if midpoint else None if pair[key] is None else 1.0 - pair[key]
+            se = endpoint["midpoint_se"].get(name) if midpoint else None
+            out[name] = _line(model, x, why, {**head, "cka": pair["cka"]}, se)
     why = undefined_reason(pair["undefined"]) if pair is not None else out["twin"].get("not_applicable")
     out["not_applicable"] = why
     out["go"] = None if why else out["unaligned" if pair is not None else "twin"]["barrier_mean"] < GO_THRESHOLD
@@ -304,8 +310,9 @@ def check(model_a: nn.Module, model_b: nn.Module | None = None, *, data: Dataset
     """Will ``model_a`` and ``model_b`` merge without alignment? With ``model_a`` alone: would an independently
     trained twin of it (same architecture, fixed structure and data, another seed)?
 
-    No point between the endpoints of an interpolation path is evaluated: the endpoints' test loss (first
-    ``eval_limit`` test examples; also of B moved by weight matching's and by the optimal activation permutation),
+    Of the interpolation paths only one point is evaluated, the midpoint of each aligned path: the endpoints' test
+    loss (first ``eval_limit`` test examples; also of B moved by weight matching's and by the optimal activation
+    permutation, and of the midpoint ``(θ_A + g·θ_B) / 2`` of each, :mod:`~modeconn.diagnostics.midpoint`),
     activations of both models on ``max_batches`` training batches of ``batch_size``, one weight matching, and
     realization costs of model A's layers (module docstrings of :mod:`modeconn.diagnostics`).
 
@@ -328,8 +335,8 @@ def check(model_a: nn.Module, model_b: nn.Module | None = None, *, data: Dataset
         the reason, when any feature of the pair (of A alone: the twin feature) is undefined (module docstring);
         the aligned predictions are not applicable (with the reason) for a model with fixed asymmetric structure,
         where a permutation is not a symmetry; ``prediction["endpoint_features"]``: ``label_entropy``,
-        ``headroom`` and ``moved_loss`` (:func:`endpoint_features`); ``recommendation`` (method, advice) and the
-        diagnostics behind them.
+        ``headroom``, ``moved_loss``, ``midpoint_barrier`` and ``midpoint_se`` (:func:`endpoint_features`);
+        ``recommendation`` (method, advice) and the diagnostics behind them.
     Raises:
         ConfigError: not modules, ``data`` not a DatasetBundle, models of different keys or shapes, a bad
             ``max_batches`` — before any forward pass.
@@ -355,15 +362,17 @@ def check(model_a: nn.Module, model_b: nn.Module | None = None, *, data: Dataset
     layers = model_identifiability(model_a, spec, train, max_batches, seed)
     pair: dict[str, Any] = {}
     features = None
-    moved: dict[str, float] = {}
+    moved: dict[str, dict[str, float | None]] = {}
     if model_b is not None:
         sa, sb = model_a.state_dict(), model_b.state_dict()
         tick = phase()
         wm = weight_matching(spec, sa, sb, progress=tick)
         phase()
         corr, samples, _, constant = collect(spec, model_a, model_b, train, max_batches, seed)
-        moved = _moved_losses(spec, model_b, sb, {"weight_matched": wm.element,
-                                                  "activation_matched": optimal_element(spec, corr)}, test)
+        fixed = any(v.get("asymmetric") for v in layers.values())
+        moved = aligned_midpoints(spec, model_a, sa, sb, {"unaligned": spec.identity(), "weight_matched": wm.element,
+                                                          "activation_matched": optimal_element(spec, corr)},
+                                  test, train, max_batches, ["unaligned"] if fixed else None)
         spaces = space_statistics(spec, corr, samples, wm.element, constant)
         cosines = weight_cosines(spec, sa, sb, wm.apply(sb))
         features = pair_features(spaces, cosines, corr)

@@ -34,9 +34,9 @@ import torch
 from torch import nn
 
 from ..data import load_dataset, subspace_mixture
-from ..diagnostics.check import check
+from ..diagnostics.check import MIDPOINT_FEATURES, check
 from ..errors import ConfigError
-from ..diagnostics.predictor import GO_THRESHOLD, fit_loglinear
+from ..diagnostics.predictor import B_FLOOR, GO_THRESHOLD, X_FLOOR, fit_loglinear
 from ..models import build_model
 from ..train import TrainConfig, fit
 from .identifiability import ADAMW, pair_metrics, train_pair
@@ -267,26 +267,35 @@ FAMILIES = {f.name: f for f in (
 
 
 def measure_pair(family: str, label: str, pair: int, a, b, bundle, lambdas: int) -> dict[str, Any]:
-    """Measured barriers (path evaluated) and ``check``'s diagnostics (path not evaluated) of one pair; ConfigError
-    naming the pair when a diagnostic is undefined (its verdict "not applicable": nothing to fit)."""
+    """Measured barriers (path evaluated) and ``check``'s diagnostics (:func:`check_features`) of one pair."""
     t0 = time.perf_counter()
     measured = pair_metrics(a, b, bundle, lambdas, activation_barrier=True)
+    t1 = time.perf_counter()
+    return {
+        "family": family, "setting": label, "pair": pair, "test_acc": measured["test_acc"],
+        "unaligned_barrier_mean": measured["unaligned_barrier_mean"], "aligned_barrier_mean": measured["aligned_barrier_mean"],
+        "activation_barrier_mean": measured["activation_barrier_mean"],
+        "num_classes": int(bundle.num_classes), "endpoint_loss": measured["endpoint_loss"],
+        "aligned_endpoint_loss": measured["aligned_endpoint_loss"],
+        "activation_endpoint_loss": measured["activation_endpoint_loss"], "measure_seconds": t1 - t0,
+        **check_features(f"{family} {label}, pair {pair}", a, b, bundle),
+    }
+
+
+def check_features(name: str, a, b, bundle) -> dict[str, Any]:
+    """``check``'s diagnostics of one pair (of each path only the endpoints and the midpoint evaluated);
+    ConfigError naming the pair (``name``) when a diagnostic is undefined (its verdict "not applicable": nothing to
+    fit)."""
     t1 = time.perf_counter()
     res = check(a, b, data=bundle, progress=False)
     t2 = time.perf_counter()
     why = res.prediction["not_applicable"] or res.prediction["twin"].get("not_applicable")
     if why:
-        raise ConfigError(f"{family} {label}, pair {pair}: check's diagnostics are undefined, so the pair cannot "
-                          f"calibrate the predictor: {why}")
+        raise ConfigError(f"{name}: check's diagnostics are undefined, so the pair cannot calibrate the predictor: "
+                          f"{why}")
     f = res.pair["features"]
-    loss = float(np.mean([e["test_loss"] for e in res.endpoints]))
     return {
-        "family": family, "setting": label, "pair": pair, "test_acc": measured["test_acc"], "test_loss": loss,
-        "unaligned_barrier_mean": measured["unaligned_barrier_mean"], "aligned_barrier_mean": measured["aligned_barrier_mean"],
-        "activation_barrier_mean": measured["activation_barrier_mean"],
-        "num_classes": int(bundle.num_classes), "endpoint_loss": measured["endpoint_loss"],
-        "aligned_endpoint_loss": measured["aligned_endpoint_loss"],
-        "activation_endpoint_loss": measured["activation_endpoint_loss"],
+        "test_loss": float(np.mean([e["test_loss"] for e in res.endpoints])),
         "x_identity": 1.0 - f["q_identity"], "x_weight": 1.0 - f["q_weight"], "x_optimal": 1.0 - f["q_optimal"],
         "x_identity_worst": 1.0 - min(s["q_identity"] for s in res.pair["spaces"].values()),
         "twin_feature": res.prediction["twin_feature"],
@@ -296,11 +305,23 @@ def measure_pair(family: str, label: str, pair: int, a, b, bundle, lambdas: int)
         "label_entropy": res.prediction["endpoint_features"]["label_entropy"],
         "headroom": res.prediction["endpoint_features"]["headroom"],
         "moved_loss": res.prediction["endpoint_features"]["moved_loss"],
+        **_midpoints(res),
         "fixed_structure": any(v.get("asymmetric") for v in res.layers.values()),
         "spaces": {s: {k: v[k] for k in ("n", "q_identity", "q_weight", "q_optimal")}
                    for s, v in res.pair["spaces"].items()},
-        "check_seconds": t2 - t1, "measure_seconds": t1 - t0,
+        "check_seconds": t2 - t1,
     }
+
+
+def _midpoints(res) -> dict[str, float | None]:
+    """``check``'s barrier over λ ∈ {0, ½, 1} of the path as the models are (``x_mid_identity``), weight-matched
+    (``x_mid_weight``) and activation-matched (``x_mid_optimal``), and their standard errors (``…_se``); None after
+    an alignment of a model with fixed asymmetric structure."""
+    ef = res.prediction["endpoint_features"]
+    return {f"x_mid_{short}{suffix}": ef[key].get(name) for name, short in (("unaligned", "identity"),
+                                                                          ("weight_matched", "weight"),
+                                                                          ("activation_matched", "optimal"))
+            for key, suffix in (("midpoint_barrier", ""), ("midpoint_se", "_se"))}
 
 
 @dataclass(frozen=True)
@@ -317,21 +338,25 @@ class Predictor:
     terms: tuple[str, ...] = ("headroom", "test_loss", "label_entropy", "cka")
     fixed: tuple[tuple[str, float], ...] = ()
     standard_only: bool = False
+    x_floor: float = X_FLOOR
 
 
 PREDICTORS = {
-    "pair": Predictor("x_identity", "1 - mean unit correlation", "unaligned_barrier_mean", "unaligned"),
+    "pair": Predictor("x_mid_identity", MIDPOINT_FEATURES["unaligned"], "unaligned_barrier_mean", "unaligned", (),
+                      x_floor=B_FLOOR),
     "twin": Predictor("twin_feature", "min relative swap cost", "unaligned_barrier_mean", "unaligned (a twin)",
                       ("headroom", "test_loss", "label_entropy")),
-    "weight_matched": Predictor("x_weight", "1 - mean unit correlation under weight matching's permutation",
-                                "aligned_barrier_mean", "after weight matching", standard_only=True),
-    "activation_matched": Predictor("x_optimal", "1 - mean unit correlation under activation matching's permutation",
-                                    "activation_barrier_mean", "after activation matching", standard_only=True),
+    "weight_matched": Predictor("x_mid_weight", MIDPOINT_FEATURES["weight_matched"], "aligned_barrier_mean",
+                                "after weight matching", (), standard_only=True, x_floor=B_FLOOR),
+    "activation_matched": Predictor("x_mid_optimal", MIDPOINT_FEATURES["activation_matched"],
+                                    "activation_barrier_mean", "after activation matching", (), standard_only=True,
+                                    x_floor=B_FLOOR),
 }
 """The predictors ``check`` ships (:mod:`modeconn.diagnostics.calibration`): each is fitted to its own measured
-barrier — an aligned barrier is predicted by a line fitted to aligned barriers, not by the unaligned line. Their
-further features are the form of :data:`FORMS` with the best mean held-out ρ over the three pair predictors (the
-twin's without CKA, which needs B); the report shows every form's scores."""
+barrier. The three pair predictors read their path's barrier over λ ∈ {0, ½, 1}, measured by ``check`` on its
+evaluation examples (floored like a barrier), alone: it is a direct measurement of the quantity predicted, and no
+further feature of :data:`FORMS` improves its held-out scores; the twin (no B, no path) reads the relative swap cost
+with the endpoint features. The report shows every form's scores."""
 
 FORMS = {"x alone": (), "headroom, label entropy": ("headroom", "label_entropy"),
          "test loss, label entropy": ("test_loss", "label_entropy"),
@@ -368,18 +393,18 @@ TWIN_EXCLUDED = ("finetune-mnist",)
 
 
 def population(rows: list[dict], which: str) -> list[dict]:
-    """The rows predictor ``which`` is fitted and scored on (its target measured; no twin-excluded family for the
-    twin; no fixed asymmetric structure for a ``standard_only`` one)."""
+    """The rows predictor ``which`` is fitted and scored on (its target measured, its diagnostic defined; no
+    twin-excluded family for the twin; no fixed asymmetric structure for a ``standard_only`` one)."""
     p = PREDICTORS[which]
-    return [r for r in rows if r.get(p.target) is not None and not (which == "twin" and r["family"] in TWIN_EXCLUDED)
-            and not (p.standard_only and r["fixed_structure"])]
+    return [r for r in rows if r.get(p.target) is not None and r.get(p.x) is not None
+            and not (which == "twin" and r["family"] in TWIN_EXCLUDED) and not (p.standard_only and r["fixed_structure"])]
 
 
 def _line(rows: list[dict], which: str):
     p = PREDICTORS[which]
     return fit_loglinear(p.name, [r[p.x] for r in rows], [r[p.target] for r in rows],
                          {t: [r[t] for r in rows] for t in p.terms},
-                         {t: (c, [r[t] for r in rows]) for t, c in p.fixed})
+                         {t: (c, [r[t] for r in rows]) for t, c in p.fixed}, p.x_floor)
 
 
 def _predict(model, row: dict, which: str) -> dict[str, float]:
@@ -388,10 +413,10 @@ def _predict(model, row: dict, which: str) -> dict[str, float]:
 
 
 def _fit(rows: list[dict], which: str):
-    """The line fitted on ``rows`` (a population), its interval the :data:`~modeconn.diagnostics.predictor.Q_LO` /
-    ``Q_HI`` quantiles of the leave-one-family-out residuals within ``rows`` (the error on a family the line has not
-    seen, not the in-sample residuals), clamped to hold the line."""
-    from ..diagnostics.predictor import B_FLOOR, Q_HI, Q_LO
+    """The line fitted on ``rows`` (a population), its interval the split-conformal bounds
+    (:func:`~modeconn.diagnostics.predictor.conformal_bounds`) of the leave-one-family-out residuals within ``rows``
+    (the error on a family the line has not seen, not the in-sample residuals), clamped to hold the line."""
+    from ..diagnostics.predictor import B_FLOOR, conformal_bounds
 
     p = PREDICTORS[which]
     line = _line(rows, which)
@@ -405,7 +430,8 @@ def _fit(rows: list[dict], which: str):
                 for r in rows if r["family"] == fam]
     if len(res) < 2:
         return line
-    return replace(line, lo=min(float(np.quantile(res, Q_LO)), 0.0), hi=max(float(np.quantile(res, Q_HI)), 0.0))
+    lo, hi = conformal_bounds(res)
+    return replace(line, lo=lo, hi=hi)
 
 
 def score(pred: Sequence[float], measured: Sequence[float], low: Sequence[float] | None = None,
@@ -562,12 +588,18 @@ def report(results: dict[str, Any]) -> str:
         "# check-calibration", "",
         f"Size: {results['size']}; {len(results['rows'])} pairs in {len(results['families'])} families; "
         f"{results['seconds']:.0f} s. Barriers: test-loss `barrier_mean` (nats) of the linear path, measured "
-        "unaligned, after weight matching and after activation matching; predictions from `modeconn check` (no path "
-        "evaluated), each fitted without the pair's own family (leave one family out), each predictor to its own "
-        f"measured barrier. Go / no-go: barrier_mean < {GO_THRESHOLD} nats.", "",
+        "unaligned, after weight matching and after activation matching; predictions from `modeconn check` (of each "
+        "path, as they are and after each alignment, the midpoint alone evaluated), each fitted without the pair's own family (leave one "
+        f"family out), each predictor to its own measured barrier. Go / no-go: barrier_mean < {GO_THRESHOLD} nats.", "",
         "## Held-out scores (pooled over families)", "", _scores_table(results), "",
         "Interval coverage: the measured barrier (floored at 0.005) inside the stated interval of the held-out "
-        "prediction, whose width is itself fitted without the held-out family. The aligned predictors are fitted "
+        "prediction, whose width is itself fitted without the held-out family (split-conformal bounds of its "
+        "leave-one-family-out residuals). The pair predictors (as they are and after each alignment) read their "
+        "path's barrier over its endpoints and midpoint, which `check` measures on its evaluation examples (the first "
+        "2000 test examples): in this population those are the measurement's own test examples, so their residuals "
+        "are the path's peak between those points (and, after activation matching, `check`'s permutation from fewer "
+        "activations), not sampling error — `check` "
+        "adds the midpoint's standard error to the interval in use. The aligned predictors are fitted "
         "and scored on pairs without fixed asymmetric structure only: in a W-asymmetric network a permutation is not "
         "a symmetry (the permuted B computes another function), and `check` predicts no aligned barrier there.",
         "", f"Noise ceiling: two seeds of one setting agree with Spearman ρ {_f(results['replicates']['spearman'])} and "
@@ -578,8 +610,8 @@ def report(results: dict[str, Any]) -> str:
         "", "## Fitted on every family (the shipped calibration)", "",
         "`log(max(B, 0.005)) = intercept + slope · log(max(x, 0.01)) + Σ c_k · log(max(z_k, 0.01))` (B: the "
         "predictor's measured test-loss barrier_mean, nats; z: headroom = entropy of the training labels − the "
-        "endpoints' mean test loss, that test loss, the label entropy (nats), the mean linear CKA); interval: 5 % / "
-        "95 % quantiles of the leave-one-family-out residuals.", "",
+        "endpoints' mean test loss, that test loss, the label entropy (nats), the mean linear CKA); interval: "
+        "split-conformal 5 % / 95 % bounds of the leave-one-family-out residuals.", "",
         markdown_table(["predictor", "x", "intercept", "slope", "headroom c", "test loss c", "label entropy c",
                         "CKA c", "residual q05", "residual q95", "points"],
                        [[w, c["feature"], _f(c["intercept"]), _f(c["slope"]),
@@ -590,14 +622,14 @@ def report(results: dict[str, Any]) -> str:
         cost_line, "",
         "## Population", "",
         markdown_table(["family", "setting", "pair", "test acc %", "unaligned B", "WM B", "AM B", "held-out pred (pair)",
-                        "held-out pred (WM)", "held-out pred (AM)", "held-out pred (twin)", "x identity", "x WM",
-                        "x AM", "headroom", "twin x", "relationship"],
+                        "held-out pred (WM)", "held-out pred (AM)", "held-out pred (twin)", "x identity",
+                        "x WM (midpoint B)", "x AM (midpoint B)", "headroom", "twin x", "relationship"],
                        [[r["family"], r["setting"], r["pair"], _f(100 * float(np.mean(r["test_acc"])), 1),
                          _f(r["unaligned_barrier_mean"]), _f(r["aligned_barrier_mean"]),
                          _f(r.get("activation_barrier_mean")), _f(r.get("heldout_pair")),
                          _f(r.get("heldout_weight_matched")), _f(r.get("heldout_activation_matched")),
-                         _f(r.get("heldout_twin", float("nan"))), _f(r["x_identity"]), _f(r["x_weight"]),
-                         _f(r["x_optimal"]), _f(r["headroom"]), _f(r["twin_feature"]), r["relationship"]]
+                         _f(r.get("heldout_twin", float("nan"))), _f(r["x_identity"]), _f(r.get("x_mid_weight")),
+                         _f(r.get("x_mid_optimal")), _f(r["headroom"]), _f(r["twin_feature"]), r["relationship"]]
                         for r in results["rows"]]),
         "", "![predicted vs measured](calibration.png)", ""]
     return "\n".join(lines)

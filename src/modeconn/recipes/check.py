@@ -1,6 +1,7 @@
 """``modeconn check A [B]``: load, run :func:`modeconn.diagnostics.check`, write report.md, results.json, check.png.
 
-No point between the endpoints of an interpolation path is evaluated (that is ``modeconn barrier``).
+Of the interpolation paths only the midpoint of each aligned one is evaluated, on the evaluation examples (the path
+itself is ``modeconn barrier``).
 """
 
 from __future__ import annotations

@@ -20,6 +20,16 @@ def _f(x: Any, digits: int = 3) -> str:
     return f"{x:.{digits}f}" if isinstance(x, float) else str(x)
 
 
+def _evaluated(results: dict[str, Any]) -> str:
+    """Which points between the endpoints of an interpolation path were evaluated (the aligned paths' midpoints)."""
+    mid = results["prediction"].get("endpoint_features", {}).get("midpoint_barrier", {})
+    names = [k.replace("_", " ") for k, v in mid.items() if v is not None]
+    if not names:
+        return "No point between the endpoints of an interpolation path was evaluated."
+    return (f"Between the endpoints only the midpoint of the path {' and of the path '.join(f'after {n}' for n in names)} "
+            "was evaluated (on the evaluation examples): a one-point measurement the aligned predictions read.")
+
+
 def _yes_no(x: bool | None) -> str:
     return "—" if x is None else "yes" if x else "no"
 
@@ -109,15 +119,15 @@ def report(results: dict[str, Any]) -> str:
               for n, v in results["layers"].items()]
     lines = [
         "# modeconn check", "", f"Models: {', '.join(results['models'])}; dataset {results['dataset']}; "
-        f"{results['seconds']:.1f} s. No point between the endpoints of an interpolation path was evaluated.", "",
+        f"{results['seconds']:.1f} s. {_evaluated(results)}", "",
         f"**{verdict(results)}**", "",
         "## Predicted test-loss barrier_mean (nats)", "",
-        "From the stated predictor (modeconn.diagnostics.predictor: B̂ = exp(intercept) · x^slope · Π z^c, "
-        "x = 1 − mean unit correlation under the assignment, z: the endpoints' mean test loss, the entropy of the "
-        "training labels, their difference and the mean CKA; for the twin x = min relative swap cost of A's layers, "
-        "no CKA), one line per prediction, "
-        "fitted by `modeconn experiment check-calibration`; interval: 5 %–95 % quantiles of the residuals on "
-        "families each line was not fitted on.", "",
+        "From the stated predictor (modeconn.diagnostics.predictor: B̂ = exp(intercept) · x^slope · Π z^c; "
+        "a pair, as they are and after an alignment: x = the path's barrier over its endpoints and midpoint, "
+        "measured on the evaluation examples; twin: x = min relative swap cost of A's layers, z: the endpoints' mean "
+        "test loss, the entropy of the training labels and their difference), one line per prediction, fitted by "
+        "`modeconn experiment check-calibration`; interval: conformal 5 %–95 % bounds of the residuals on families "
+        "each line was not fitted on (for a pair widened by the midpoint's sampling error).", "",
         markdown_table(["interpolation", "predicted barrier_mean", "interval"], preds), "",
         markdown_table(["model", "test loss (nats)", "test accuracy %"], ends), ""]
     if results["pair"]:
