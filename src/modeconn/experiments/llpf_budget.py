@@ -56,9 +56,12 @@ Log = Callable[[str], None]
 METHODS = ("llpf", "bezier", "autoneb")
 ABLATIONS = {"all-at-once": {"order": "all"}, "no variance correction": {"variance_correction": "none"},
              "source variance": {"variance_target": "source"}, "every tensor corrected": {"variance_correction": "all"},
-             "target at the endpoints": {"threshold_margin": 0.0}, "whole budget": {"threshold": -1.0}}
+             "target at the endpoints": {"threshold_margin": 0.0}, "whole budget": {"threshold": -1.0},
+             "every tick stored": {"record_every": 1},
+             "whole budget and every tick stored": {"threshold": -1.0, "record_every": 1}}
 """LLPF variants run at the ablation budget (first repeat seed): the setting each changes (``whole budget``: a target
-no cross-entropy reaches, so every tick refines for its whole fair share of the budget)."""
+no cross-entropy reaches, so every tick refines for its whole fair share of the budget; ``every tick stored``: the
+continuity check sees every tick instead of every ``record_every``-th)."""
 CROSS_WEIGHT_DECAY = 0.0
 """Weight decay of the cross-sphere case's second endpoint C (A: the ``wd`` pair's 5e-4)."""
 
