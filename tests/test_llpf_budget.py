@@ -67,3 +67,13 @@ def test_the_first_low_loss_budget_needs_a_majority_of_repeats():
 
 def test_llpf_budget_is_registered():
     assert "llpf-budget" in EXPERIMENTS and "two-cores" in EXPERIMENTS.get("llpf-budget").sizes
+
+
+def test_the_acceptance_size_runs_llpf_in_every_repeat_and_the_baselines_in_the_first():
+    size = SIZES["acceptance"]
+    order = list(cells(size))
+    assert {c.budget for c in order} == {5000} and len(size.archs) >= 3
+    assert {c.seed for c in order if c.label == "llpf"} == {0, 1, 2}
+    assert {c.seed for c in order if c.label in ("bezier", "autoneb")} == {0}
+    assert len(order) == len(size.archs) * (3 + 2)
+    assert len(list(cells(replace(size, baseline_repeats=None)))) == len(size.archs) * 9  # control: every repeat

@@ -40,7 +40,9 @@ import torch.nn as nn
 
 from ..data import DatasetBundle, load_dataset
 from ..path import LLPFConfig
+from ..path.llpf import THRESHOLD_MARGIN
 from ..path.methods import evaluate_found_path, find_path, path_row
+from ..path.pathobj import LOW_LOSS_MARGIN
 from ..report import markdown_table
 from ..report.figures import plot_peak_vs_budget
 from ..report.stats import format_mean_std, mean_std
@@ -51,12 +53,15 @@ from .output import output_directory, write_results
 from .registry import Experiment, register_experiment, size_label
 
 Log = Callable[[str], None]
-LOW_LOSS_MARGIN = 0.1
-"""A complete path is low-loss when its dense peak train loss is at most this many nats above the higher endpoint."""
 METHODS = ("llpf", "bezier", "autoneb")
 ABLATIONS = {"all-at-once": {"order": "all"}, "no variance correction": {"variance_correction": "none"},
-             "source variance": {"variance_target": "source"}}
-"""LLPF variants run at the largest budget (first repeat seed): the setting each changes."""
+             "source variance": {"variance_target": "source"}, "every tensor corrected": {"variance_correction": "all"},
+             "target at the endpoints": {"threshold_margin": 0.0}, "whole budget": {"threshold": -1.0},
+             "every tick stored": {"record_every": 1},
+             "whole budget and every tick stored": {"threshold": -1.0, "record_every": 1}}
+"""LLPF variants run at the ablation budget (first repeat seed): the setting each changes (``whole budget``: a target
+no cross-entropy reaches, so every tick refines for its whole fair share of the budget; ``every tick stored``: the
+continuity check sees every tick instead of every ``record_every``-th)."""
 CROSS_WEIGHT_DECAY = 0.0
 """Weight decay of the cross-sphere case's second endpoint C (A: the ``wd`` pair's 5e-4)."""
 
@@ -67,9 +72,11 @@ class BudgetSize:
     evaluations per path), the repeat seeds, the cross-sphere architecture (None: no cross-sphere case), the
     endpoints' training (examples, epochs), the evaluation (examples per split, BatchNorm batches, continuity
     sub-points, points of the Bezier curve and of the linear path), LLPF's refinement (lr, ``margin`` above the higher
-    endpoint at which a tick stops, ``min_steps``), its stored points (``max_points``), its unlock groups
-    (``max_groups`` stage groups), the ablations run and their budget (None: the largest), and ``time_limit_s`` (no
-    path started after that many seconds of the sweep; None: none)."""
+    endpoint at which a tick stops — None: LLPF's relative default, :data:`~modeconn.path.llpf.THRESHOLD_MARGIN` —,
+    ``min_steps``), its stored points (``max_points``), its unlock groups
+    (``max_groups`` stage groups), the ablations run and their budget (None: the largest), ``baseline_repeats`` (Bezier
+    and AutoNEB run with the first that many repeat seeds only; None: every one) and ``time_limit_s`` (no path
+    started after that many seconds of the sweep; None: none)."""
 
     archs: tuple[str, ...]
     budgets: tuple[int, ...]
@@ -83,12 +90,13 @@ class BudgetSize:
     curve_points: int = 9
     linear_points: int = 13
     lr: float = 0.05
-    margin: float = 0.03
+    margin: float | None = None
     min_steps: int = 3
     max_points: int = 24
     max_groups: int = 6
     ablations: tuple[str, ...] = tuple(ABLATIONS)
     ablation_budget: int | None = None
+    baseline_repeats: int | None = None
     time_limit_s: float | None = None
 
 
@@ -147,17 +155,19 @@ class Pair:
         row["low_loss"] = bool(row["complete"] and row["dense_peak_train_loss"] <= max(ends) + LOW_LOSS_MARGIN)
         if "ticks_done" in path.info:
             row.update(ticks=path.info["ticks_done"], unreached_ticks=len(path.info.get("unreached_ticks", [])),
-                       final_gap=path.info.get("final_gap"))
+                       final_gap=path.info.get("final_gap"), threshold=path.info["threshold"]["value"])
         return row
 
 
 def llpf_options(size: BudgetSize, pair: Pair, seed: int, budget: int, **change: Any) -> dict[str, Any]:
     """LLPF's settings for one path: the schedule left to the budget (:meth:`LLPFConfig.for_budget`), stage-wise FDF
-    unlock groups, refinement until the higher endpoint's loss + ``margin``, at most ``max_points`` stored points."""
+    unlock groups, refinement until LLPF's relative target (the higher endpoint's loss as the run measures it +
+    ``margin``), at most ``max_points`` stored points."""
     cross = pair.cross
     cfg = LLPFConfig(budget=budget).for_budget(cross=cross)
     ticks = cfg.ticks + (cfg.m2o_max_ticks if cross else 0)
-    return {"lr": size.lr, "threshold": max(pair.ends) + size.margin, "min_steps": size.min_steps,
+    margin = {} if size.margin is None else {"threshold_margin": size.margin}
+    return {"lr": size.lr, **margin, "min_steps": size.min_steps,
             "batch_size": 64, "seed": seed, "order": pair.groups,
             "record_every": max(1, math.ceil(ticks / size.max_points)), **change}
 
@@ -179,11 +189,12 @@ def pair_names(size: BudgetSize) -> list[str]:
 def cells(size: BudgetSize) -> Iterator[Cell]:
     """Every path of the size, in the order run: repeat by repeat (so a time limit leaves whole sweeps of the first
     repeats), budgets ascending, every pair and method; the ablations (first seed, on the ``wd`` pairs) after the
-    first repeat's sweep."""
+    first repeat's sweep; Bezier and AutoNEB with the first ``baseline_repeats`` seeds only."""
     for i, seed in enumerate(size.seeds):
+        methods = METHODS if size.baseline_repeats is None or i < size.baseline_repeats else METHODS[:1]
         for budget in sorted(size.budgets):
             for pair in pair_names(size):
-                for method in METHODS:
+                for method in methods:
                     yield Cell(pair, method, budget, seed)
         if i == 0:
             for name in size.ablations:
@@ -303,6 +314,10 @@ def _first_low_lines(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _margin(size: dict[str, Any]) -> str:
+    return f"{THRESHOLD_MARGIN:g} (LLPF's relative target)" if size["margin"] is None else f"{size['margin']:g}"
+
+
 def report(results: dict[str, Any]) -> str:
     size, skipped = results["size"], results["not_run"]
     lines = [
@@ -310,7 +325,7 @@ def report(results: dict[str, Any]) -> str:
         f"Size: {results['size_label']} — {results['dataset']['train']} training examples, {size['epochs']} epochs "
         f"per endpoint; budgets {', '.join(map(str, size['budgets']))} gradient evaluations; repeat seeds "
         f"{', '.join(map(str, size['seeds']))}. LLPF: ≈ 2·√budget ticks, step 6/ticks, refinement lr "
-        f"{size['lr']} until the higher endpoint's train loss + {size['margin']} (at least {size['min_steps']} "
+        f"{size['lr']} until the higher endpoint's train loss + {_margin(size)} (at least {size['min_steps']} "
         f"steps, the budget's fair share at most), stage-wise FDF groups (at most {size['max_groups']}), at most "
         f"{size['max_points']} stored points. Bezier and AutoNEB: momentum 0.9 at lr 0.05. Evaluated on "
         f"{size['eval_limit']} examples per split, BatchNorm recomputed per point from {size['bn_batches']} "
@@ -337,6 +352,10 @@ SIZES = {
     "two-cores": BudgetSize(archs=("shufflenetv2", "regnet", "cct"), budgets=(250, 1000, 5000), seeds=(0, 1, 2),
                             cross_arch="regnet", limit_train=2000, epochs=4, eval_limit=200, ablation_budget=1000,
                             time_limit_s=3000.0),
+    # the acceptance claim at the largest budget alone: LLPF in three repeats, Bezier and AutoNEB beside its first
+    "acceptance": BudgetSize(archs=("shufflenetv2", "regnet", "cct"), budgets=(5000,), seeds=(0, 1, 2),
+                             cross_arch=None, limit_train=2000, epochs=4, eval_limit=200, ablations=(),
+                             baseline_repeats=1),
 }
 
 register_experiment(Experiment("llpf-budget", __doc__, SIZES, run_llpf_budget, report,

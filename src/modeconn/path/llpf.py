@@ -13,6 +13,20 @@
    minibatch losses is ≤ ``threshold`` and at least ``min_steps`` steps were taken, at most ``max_steps``;
 4. *projection*: the variance correction again.
 
+*The refinement target is relative to the endpoints* (default ``threshold=None``; docs/methods.md §2: the
+paper keeps the loss *low along the path*, i.e. near the endpoints' own loss, with the reference setting its
+threshold a little above the endpoints' train loss). Before the first tick the run measures each endpoint's
+train loss the way the refinement measures the path's — mean minibatch loss, train mode, over
+:data:`ENDPOINT_BATCHES` minibatches drawn from a generator of its own (``seed``; the run's random stream is
+untouched) — and sets ``threshold = max(L_A, L_B) + threshold_margin`` (M2O: ``L_A + threshold_margin``). The
+default margin :data:`THRESHOLD_MARGIN` is the low-loss margin of the path verdict
+(:data:`~modeconn.path.pathobj.LOW_LOSS_MARGIN`) less the continuity tolerance
+(:data:`~modeconn.path.pathobj.CONTINUITY_TOL`): a path whose points meet the target and whose segments pass
+the continuity check then stays within the low-loss margin of the endpoints (up to the minibatch estimate's
+noise). An absolute target would be far above well-trained endpoints (the refinement stops while the path is
+still many times their loss) and unreachable for endpoints with a high loss. A given ``threshold`` (nats) is
+used as is. ``info["threshold"]`` records the value, the rule and the measured endpoint losses.
+
 The point after each tick is a point of the path (every ``record_every``-th tick is stored); the last
 point is D itself (``info["final_gap"]``: ‖P_T − D‖/‖θ_A − D‖ over the parameters, the jump the last segment
 makes — the continuity check of :meth:`Path.evaluate` measures it).
@@ -88,7 +102,7 @@ import math
 import pathlib
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Annotated, Any, Literal
 
 import torch
@@ -110,7 +124,8 @@ from .llpf_layers import corrected_keys, norm_param_keys, param_owners, project_
 from .llpf_layers import scale_to_variance as scale_to_variance  # public here (modeconn.path.scale_to_variance)
 from .llpf_layers import fdf_groups as fdf_groups  # public here (modeconn.path.llpf.fdf_groups)
 from .llpf_layers import tensor_variance, weight_keys
-from .pathobj import MANIFEST, Path, cpu_clone, distance, model_keys, param_names, sha256_file, write_shard
+from .pathobj import CONTINUITY_TOL, LOW_LOSS_MARGIN, MANIFEST, Path, cpu_clone, distance, model_keys, param_names
+from .pathobj import sha256_file, write_shard
 
 StateDict = Mapping[str, torch.Tensor]
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -156,6 +171,23 @@ STEP_TIMES_TICKS = 6.0
 """With a budget and neither ``step`` nor ``ticks`` given, ``step = 6 / ticks``."""
 
 
+ENDPOINT_BATCHES = 8
+"""Minibatches over which each endpoint's train loss is measured for the relative refinement target."""
+THRESHOLD_MARGIN = LOW_LOSS_MARGIN - CONTINUITY_TOL
+"""Default refinement target above the higher endpoint's train loss (nats): the low-loss margin less the continuity
+tolerance, so a continuous path of points at the target is low-loss."""
+
+
+def relative_threshold(endpoint_losses: Sequence[float], margin: float = THRESHOLD_MARGIN) -> float:
+    """LLPF's refinement target relative to the endpoints: ``max(endpoint_losses) + margin`` (nats).
+
+    Raises: ConfigError when there is no endpoint loss or one is not finite (the target would be meaningless)."""
+    losses = [float(v) for v in endpoint_losses]
+    if not losses or not all(math.isfinite(v) for v in losses):
+        raise ConfigError(f"LLPF's relative threshold needs finite endpoint losses, got {losses}")
+    return max(losses) + margin
+
+
 class LLPFConfig(StrictConfig):
     """Settings of an LLPF run (:func:`llpf_m2m`, :func:`llpf_m2o`, :func:`llpf_cross_sphere`). Unknown fields
     (typos) and bad values raise ConfigError naming the field, before any work.
@@ -178,7 +210,10 @@ class LLPFConfig(StrictConfig):
             ``"source"`` (A's variance throughout).
         lr: SGD learning rate of the refinement (reference 0.001).
         threshold: train loss (nats, mean of the last ``max(1, min_steps)`` minibatch losses) at which a tick's
-            refinement stops; set it a little above the endpoints' train loss (reference 0.005 on CIFAR-10).
+            refinement stops. None (default): relative to the endpoints, ``max(L_A, L_B) + threshold_margin``
+            with the endpoints' losses measured by the run (module docstring); a number: that absolute target.
+        threshold_margin: nats above the higher endpoint's train loss of the relative target (default
+            :data:`THRESHOLD_MARGIN`); ignored when ``threshold`` is given.
         min_steps, max_steps: refinement steps per tick (reference 20 / 20,000); ``max_steps=0`` disables
             refinement. A tick that reaches ``max_steps`` above the threshold is listed in
             ``info["unreached_ticks"]``; with ``stop_on_unreached`` the search stops there and the partial
@@ -205,7 +240,8 @@ class LLPFConfig(StrictConfig):
     variance_correction: Literal["weights", "all", "none"] = "weights"
     variance_target: Literal["interpolate", "source"] = "interpolate"
     lr: float = Field(1e-3, gt=0, allow_inf_nan=False)
-    threshold: float = Field(0.05, allow_inf_nan=False)
+    threshold: float | None = Field(None, allow_inf_nan=False)
+    threshold_margin: float = Field(THRESHOLD_MARGIN, ge=0, allow_inf_nan=False)
     min_steps: int = Field(20, ge=0)
     max_steps: int = Field(2000, ge=0)
     batch_size: int | None = Field(None, ge=1)
@@ -340,6 +376,7 @@ class _Run:
         self.loss_fn = loss_fn or mean_cross_entropy
         self.progress = progress
         self._setup_endpoints(sd_a, sd_b)
+        self.threshold_info = self._setup_threshold(c, sd_a, sd_b)
         self.gen = torch.Generator().manual_seed(int(c["seed"]))
         self.stream = BatchStream(self.ds, c["batch_size"], self.gen)
         self.out_dir = pathlib.Path(out_dir) if out_dir is not None else None
@@ -388,6 +425,33 @@ class _Run:
         self.var0 = {k: tensor_variance(sd_a[k]) for k in self.sphere_keys}
         self.var_dest = ({k: tensor_variance(sd_b[k]) for k in set(self.sphere_keys) | set(self.corrected)}
                          if sd_b is not None else {})
+
+    def _setup_threshold(self, c: dict[str, Any], sd_a: StateDict, sd_b: StateDict | None) -> dict[str, Any]:
+        """``c["threshold"]`` resolved: a given one kept, else :func:`relative_threshold` of the endpoints' measured
+        train losses (:meth:`_endpoint_losses`); the record of how (``info["threshold"]``)."""
+        margin = c.pop("threshold_margin")
+        if c["threshold"] is not None:
+            return {"value": c["threshold"], "rule": "given"}
+        losses = self._endpoint_losses([sd for sd in (sd_a, sd_b) if sd is not None], c)
+        c["threshold"] = relative_threshold(losses, margin)
+        return {"value": c["threshold"], "rule": "relative", "endpoint_losses": losses, "margin": margin,
+                "batches": ENDPOINT_BATCHES}
+
+    @torch.no_grad()
+    def _endpoint_losses(self, sds: list[StateDict], c: Mapping[str, Any]) -> list[float]:
+        """Each endpoint's mean minibatch train loss (train mode, as the refinement measures the path) over the same
+        :data:`ENDPOINT_BATCHES` minibatches of a generator of its own; on a copy of the network."""
+        net = copy.deepcopy(self.net).train()
+        stream = BatchStream(self.ds, c["batch_size"], torch.Generator().manual_seed(int(c["seed"])))
+        batches = [stream.next(self.device)[:2] for _ in range(ENDPOINT_BATCHES)]
+        devices = [self.device] if self.device.type == "cuda" else []
+        losses = []
+        for sd in sds:
+            net.load_state_dict(sd)
+            with torch.random.fork_rng(devices=devices):
+                torch.manual_seed(int(c["seed"]))  # dropout
+                losses.append(sum(self.loss_fn(net(x), y).item() for x, y in batches) / len(batches))
+        return losses
 
     def _setup_fingerprint(self, sd_a: StateDict, sd_b: StateDict | None, data_info: Mapping[str, Any] | None) -> None:
         """The resume fingerprint (its parts: mode, settings, endpoints, training data) of a checkpointed run."""
@@ -727,6 +791,7 @@ class _Run:
             "budget": self.cfg["budget"],
             "unreached_ticks": unreached,
             "threshold_reached_all": not unreached,
+            "threshold": self.threshold_info,
             "final_gap": self.s.get("final_gap"),
             "phase_boundary": self.s["phase_boundary"],
             "sphere_reached": self.s["sphere_reached"],

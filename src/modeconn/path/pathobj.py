@@ -66,6 +66,10 @@ PATH_BN_POLICIES = ("reset", "keep")
 CONTINUITY_TOL = 0.05
 """Default continuity tolerance (loss units, nats for cross-entropy): a segment passes when its sub-points rise
 at most this much above the larger loss at its two ends."""
+LOW_LOSS_MARGIN = 0.1
+"""A complete path is *low-loss* when its dense peak train loss is at most this many nats above the higher
+endpoint's (the verdict of ``modeconn path`` and of the experiments; LLPF's default refinement target sits
+:data:`CONTINUITY_TOL` below it: :data:`~modeconn.path.llpf.THRESHOLD_MARGIN`)."""
 
 
 # ------------------------------------------------------------------------------------------- helpers

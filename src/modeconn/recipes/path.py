@@ -43,7 +43,7 @@ from ..path.methods import (
     PATH_METHODS, PathMethod, SearchContext, check_budget, check_path_options, evaluate_found_path, evaluation_size,
     path_row,
 )
-from ..path.pathobj import CONTINUITY_TOL, PathCurve
+from ..path.pathobj import CONTINUITY_TOL, LOW_LOSS_MARGIN, PathCurve
 from ..report.figures import plot_path_losses
 from ..report.path_rows import rows_table
 from ..experiments.output import write_json
@@ -51,8 +51,6 @@ from ..experiments.output import write_json
 StateDict = Mapping[str, torch.Tensor]
 INCOMPLETE_EXIT_CODE = 3
 """Exit status of ``modeconn path`` when the path is incomplete (after all outputs are written)."""
-LOW_LOSS_MARGIN = 0.1
-"""A path is *low-loss* when its dense peak train loss is at most this many nats above the higher endpoint's."""
 LINEAR_POINTS = 11
 """Points of the linear path evaluated beside a searched one (its baseline)."""
 DEFAULT_MAX_POINTS = 64
@@ -229,6 +227,23 @@ def low_loss(results: Mapping[str, Any]) -> dict[str, Any]:
             "margin": LOW_LOSS_MARGIN}
 
 
+def not_low_loss_why(results: Mapping[str, Any]) -> str:
+    """Why an LLPF path is not low-loss, from its records (empty for other methods or a low-loss path): how many ticks
+    ended their refinement above the target (the budget's share per tick ran out first) — or, when every tick reached
+    it, that the peak lies where the refinement does not look (between stored points, or beyond its minibatch
+    estimate)."""
+    info, low = results.get("path_info") or {}, results["low_loss"]
+    target = (info.get("threshold") or {}).get("value")
+    if low["low_loss"] or target is None:
+        return ""
+    unreached, ticks = len(info.get("unreached_ticks", [])), info.get("ticks_done")
+    if unreached:
+        return (f"{unreached} of {ticks} LLPF ticks ended their refinement above the target {target:.4f} (their share "
+                "of the budget ran out first): a larger --budget, or a larger refinement -o lr, lowers the path")
+    return (f"every LLPF tick reached the target {target:.4f}: the peak lies between stored points or beyond the "
+            "refinement's minibatch estimate (-o record_every=1, -o threshold_margin= lower)")
+
+
 def _linear_text(results: Mapping[str, Any]) -> str:
     lin = results.get("linear")
     return "" if lin is None else f"; the linear path's peak train loss {lin['peak_train_loss']:.4f}"
@@ -247,8 +262,10 @@ def completeness_headline(method: str, results: Mapping[str, Any]) -> str:
         low = results["low_loss"]
         verdict = ("LOW-LOSS" if low["low_loss"] else "NOT low-loss") + (
             f" (dense peak {low['dense_peak']:.4f} vs endpoints {low['endpoint_max']:.4f} + {low['margin']:g})")
+        why = not_low_loss_why(results)
         return (f"{base}; continuous (reaches B, every segment within {c['continuity_tol']:g} of its ends), "
-                f"{verdict}: peak train loss {r['peak_train_loss']:.4f}{_linear_text(results)}")
+                f"{verdict}: peak train loss {r['peak_train_loss']:.4f}{_linear_text(results)}"
+                + (f". Why: {why}" if why else ""))
     text = f"{method}: INCOMPLETE PATH ({counts}): {'; '.join(c['reasons'])}"  # the verdict first: never wrapped
     worst = c["worst_segment"]
     if worst is not None:
@@ -267,7 +284,8 @@ def _report(results: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> st
                    f"**Low-loss**: its dense peak train loss {low['dense_peak']:.4f} is within {low['margin']:g} "
                    f"nats of the higher endpoint ({low['endpoint_max']:.4f})." if low["low_loss"] else
                    f"**Not low-loss**: its dense peak train loss {low['dense_peak']:.4f} is more than "
-                   f"{low['margin']:g} nats above the higher endpoint ({low['endpoint_max']:.4f}).")
+                   f"{low['margin']:g} nats above the higher endpoint ({low['endpoint_max']:.4f})."
+                   + (f" Why: {not_low_loss_why(results)}." if not_low_loss_why(results) else ""))
                if c["complete"] else
                "**INCOMPLETE PATH** — " + "; ".join(c["reasons"]) + (
                    f". The failing segment's dense peak is {c['worst_segment']['dense_peak']:.4f}: the peak at the "
