@@ -44,6 +44,7 @@ from .io.hf import model_names, side_files
 from .io.safe import read_json_object
 from .match.weight import WeightMatchingConfig, weight_matching
 from .registry import Registry
+from .symmetry.hf.config_check import config_class
 
 PathLike = str | os.PathLike
 Log = Callable[[str], None]
@@ -106,12 +107,11 @@ def moe_family(config: Mapping[str, Any]) -> MoEFamily:
 def moe_config(config: Mapping[str, Any], experts: int, top_k: int):
     """The transformers config of the MoE: the dense ``config``'s fields (attention, norms, rotary, vocabulary) with
     the MoE family's own."""
-    import transformers
 
     family = moe_family(config)
     dropped = {"architectures", "model_type", "transformers_version", "mlp_bias"}
     kwargs = {k: v for k, v in config.items() if k not in dropped}
-    return transformers.AutoConfig.for_model(family.moe_type, **kwargs, **family.fields(config, experts, top_k))
+    return config_class(family.moe_type, f"the {family.moe_type} config")(**kwargs, **family.fields(config, experts, top_k))
 
 
 def moe_state_dict(config: Mapping[str, Any], sds: Sequence[Mapping[str, torch.Tensor]],
@@ -213,9 +213,8 @@ def _dense_model(config: Mapping[str, Any], sd: Mapping[str, torch.Tensor]):
     """The dense causal LM of ``config`` holding ``sd`` (every tensor; a tied head may be absent)."""
     import transformers
 
-    cfg = transformers.AutoConfig.for_model(config["model_type"],
-                                            **{k: v for k, v in config.items() if k != "model_type"})
-    model = transformers.AutoModelForCausalLM.from_config(cfg).float().eval()
+    cfg = config_class(config["model_type"], "config.json")(**{k: v for k, v in config.items() if k != "model_type"})
+    model = transformers.AutoModelForCausalLM.from_config(cfg, trust_remote_code=False).float().eval()
     missing, unexpected = model.load_state_dict(dict(sd), strict=False)
     if unexpected or any(k != "lm_head.weight" for k in missing):
         raise ConfigError(f"the aligned tensors do not fit a {config['model_type']} model: missing {missing}, "
@@ -259,7 +258,7 @@ def _align_full_group(paths: list[Path], config: dict[str, Any], seed: int) -> A
     from .symmetry.absorb_export import stock_model
     from .symmetry.hf import FULL_GROUPS, hf_symmetry_spec
 
-    absorbed = [absorb_normalization(transformers.AutoModelForCausalLM.from_pretrained(p, dtype=torch.float32))
+    absorbed = [absorb_normalization(transformers.AutoModelForCausalLM.from_pretrained(p, dtype=torch.float32, trust_remote_code=False))
                 for p in paths]
     spec = hf_symmetry_spec(absorbed[0], groups=FULL_GROUPS)
     ref = absorbed[0].state_dict()
@@ -349,7 +348,7 @@ def dense_to_moe(models: Sequence[PathLike], out: PathLike, *, data: Sequence[to
     blocks = _per_model(data, len(paths))
     spec, ckpts = open_hf_checkpoints(paths, out, overwrite, None if align == "none" else "permutation")
     aligned = _aligned(paths, ckpts, spec, config, align, seed, log)
-    moe = transformers.AutoModelForCausalLM.from_config(moe_config(aligned.config, len(paths), top_k)).float()
+    moe = transformers.AutoModelForCausalLM.from_config(moe_config(aligned.config, len(paths), top_k), trust_remote_code=False).float()
     moe.load_state_dict(moe_state_dict(aligned.config, aligned.sds, _routers(aligned, blocks)), strict=True)
     losses = train_router(moe, blocks, router_steps, lr=router_lr, seed=seed) if router_steps else []
     if losses:

@@ -119,7 +119,7 @@ def train_lm(config, ids: torch.Tensor, lm: LMSize, steps: int, seed: int, conte
     import transformers as T
 
     torch.manual_seed(seed)
-    model = T.AutoModelForCausalLM.from_config(config)
+    model = T.AutoModelForCausalLM.from_config(config, trust_remote_code=False)
     if init is not None:
         model.load_state_dict(init.state_dict())
     opt = torch.optim.AdamW(model.parameters(), lr=lm.lr, weight_decay=0.01)
@@ -148,7 +148,7 @@ def heldout_loss(model, blocks: torch.Tensor) -> float:
     import transformers as T
 
     if not isinstance(model, torch.nn.Module):
-        model = T.AutoModelForCausalLM.from_pretrained(model).eval()
+        model = T.AutoModelForCausalLM.from_pretrained(model, trust_remote_code=False).eval()
     with torch.no_grad():
         return sum(float(model(input_ids=blocks[i:i + 16], labels=blocks[i:i + 16]).loss) * len(blocks[i:i + 16])
                    for i in range(0, len(blocks), 16)) / len(blocks)
