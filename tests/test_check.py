@@ -173,3 +173,17 @@ def test_check_reads_convolutions_as_patches_and_is_exported_as_mc_check(shared_
     assert all(v["fan_in"] == mods[n].weight[0].numel() for n, v in convs.items())   # unfolded patches: C·kh·kw
     assert all(v["relative_swap_cost"] > 0 for v in convs.values())
     assert set(res.pair["spaces"]) and res.recommendation["method"] in {r.name for r in mc.diagnostics.RECOMMENDATIONS}
+
+
+@pytest.mark.parametrize("unaligned,wm,am,method", [
+    (1.16, 0.317, 0.216, "activation matching"),  # both halve the barrier: the lower one
+    (0.388, 0.160, 0.312, "weight matching"),  # weight matching halves it, activation matching does not
+    (1.0, 0.30, 0.30, "weight matching"),  # a tie: the data-free one
+    (1.0, 0.60, 0.70, "no linear path: use LLPF"),  # neither halves it
+    (1.0, 0.05, 0.01, "weight matching")])  # both go: the data-free one first
+def test_the_recommended_alignment_is_the_one_predicted_lowest(unaligned, wm, am, method):
+    from modeconn.diagnostics.check import _recommend
+
+    pred = {"not_applicable": False, **{k: {"barrier_mean": v} for k, v in
+                                        (("unaligned", unaligned), ("weight_matched", wm), ("activation_matched", am))}}
+    assert _recommend(pred, {"relationship": {"name": "independent runs, permutations suffice"}})["method"] == method

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 
 import pytest
 import torch
@@ -111,6 +112,8 @@ def test_widths_that_cannot_change_are_named_before_any_weights(tmp_path):
     moe = T.MixtralForCausalLM(T.MixtralConfig(intermediate_size=48, num_local_experts=2, **_SIZE))
     cases = {heads: "num_attention_heads \\(the number of attention heads: 4 vs 2\\)",
              _config_dir(tmp_path, "moe", moe): "Mixture-of-Experts.*num_local_experts"}
+    qwen = T.Qwen2ForCausalLM(T.Qwen2Config(intermediate_size=96, **_SIZE))
+    cases[_config_dir(tmp_path, "qwen", qwen)] = "A is 'llama', B is 'qwen2'"  # the family, not a field it lacks
     save_checkpoint(tmp_path / "mc", build_model("mlp", in_shape=(1, 8, 8), num_classes=10, width=8))
     cases[tmp_path / "mc"] = "one kind"
     for b, message in cases.items():
@@ -119,3 +122,31 @@ def test_widths_that_cannot_change_are_named_before_any_weights(tmp_path):
         res = run_cli("fuse", a, b, "--dataset", "austen", "--out", tmp_path / "f", ok=False)
         assert res.exit_code == 2 and re.search(message, " ".join(res.output.split())), res.output
     assert not (tmp_path / "f").exists()
+
+
+def test_an_output_at_an_input_is_refused_as_an_error_line_not_a_traceback(pair):
+    root, _ = pair
+    for out in (root / "b", root / "b" / "inside"):
+        res = run_cli("fuse", root / "a", root / "b", "--dataset", "austen", "--out", out, ok=False)
+        assert res.exit_code == 2 and "Traceback" not in res.output and "--out" in res.output, res.output
+    assert not (root / "b" / "inside").exists()
+
+
+def test_the_fused_checkpoint_carries_no_code_of_its_inputs(pair, tmp_path):
+    """An input's ``auto_map`` and ``.py`` files are not copied: the fused model was built and checked with
+    transformers' own class, and ``trust_remote_code=True`` must not swap in another one (the planted file would
+    write a marker when imported)."""
+    root, _ = pair
+    marker = tmp_path / "imported"
+    for name in ("a", "b"):
+        shutil.copytree(root / name, tmp_path / name)
+        (tmp_path / name / "evil.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+        cfg = json.loads((tmp_path / name / "config.json").read_text())
+        cfg["auto_map"] = {"AutoModelForCausalLM": "evil.EvilModel"}
+        (tmp_path / name / "config.json").write_text(json.dumps(cfg))
+    out = tmp_path / "fused"
+    run_cli("fuse", tmp_path / "a", tmp_path / "b", "--dataset", "austen", "--limit-train", "32", "--batches", "1",
+            "--out", out)
+    assert not (out / "evil.py").exists() and "auto_map" not in json.loads((out / "config.json").read_text())
+    assert type(T.AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True)).__name__ == "LlamaForCausalLM"
+    assert not marker.exists()

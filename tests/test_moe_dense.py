@@ -145,3 +145,46 @@ def test_the_api_refuses_a_data_count_and_top_k_that_do_not_fit(tmp_path):
         mc.dense_to_moe([tmp_path / "a", tmp_path / "b"], tmp_path / "m", data=[x, x, x])
     with pytest.raises(ConfigError, match="top_k"):
         mc.dense_to_moe([tmp_path / "a", tmp_path / "b"], tmp_path / "m", data=x, top_k=3)
+
+
+def _two_copies(root, plant=None):
+    torch.manual_seed(0)
+    dense = TINY["llama"]().eval()
+    for name in ("a", "b"):
+        dense.save_pretrained(root / name)
+        if plant:
+            plant(root / name)
+    return [root / "a", root / "b"], dense
+
+
+def test_the_moe_carries_no_code_of_its_inputs(tmp_path):
+    """The inputs' ``auto_map`` (naming a dense class) and ``.py`` files stay behind: loading the Mixtral with
+    ``trust_remote_code=True`` must not swap in the planted class (whose import would write a marker)."""
+    marker = tmp_path / "imported"
+
+    def plant(d):
+        (d / "evil.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+        cfg = json.loads((d / "config.json").read_text())
+        cfg["auto_map"] = {"AutoModelForCausalLM": "evil.EvilModel"}
+        (d / "config.json").write_text(json.dumps(cfg))
+
+    dirs, _ = _two_copies(tmp_path, plant)
+    mc.dense_to_moe(dirs, tmp_path / "moe", data=torch.randint(1, 50, (2, 8)), align="none")
+    assert not (tmp_path / "moe" / "evil.py").exists()
+    assert "auto_map" not in json.loads((tmp_path / "moe" / "config.json").read_text())
+    moe = T.AutoModelForCausalLM.from_pretrained(tmp_path / "moe", trust_remote_code=True)
+    assert type(moe).__name__ == "MixtralForCausalLM" and not marker.exists()
+
+
+def test_nan_weights_and_token_ids_outside_the_vocabulary_are_named(tmp_path):
+    from modeconn.errors import NonFiniteError
+
+    dirs, dense = _two_copies(tmp_path)
+    with pytest.raises(ConfigError, match=r"token ids must lie in \[0, "):
+        mc.dense_to_moe(dirs, tmp_path / "moe", data=torch.full((2, 8), dense.config.vocab_size))
+    with torch.no_grad():
+        dense.model.layers[0].mlp.up_proj.weight[0, 0] = float("nan")
+    dense.save_pretrained(dirs[1])
+    with pytest.raises(NonFiniteError, match="up_proj"):  # the full group: named before absorption's logit check
+        mc.dense_to_moe(dirs, tmp_path / "moe", data=torch.randint(1, 50, (2, 8)), align="full")
+    assert not (tmp_path / "moe").exists()

@@ -39,8 +39,9 @@ import torch
 
 from ._util.jsonio import write_json
 from ._util.outdir import output_directory
+from .checks import check_finite
 from .errors import ConfigError
-from .io.hf import model_names, side_files
+from .io.hf import code_free_side_files, drop_remote_code, model_names
 from .io.safe import read_json_object
 from .match.weight import WeightMatchingConfig, weight_matching
 from .registry import Registry
@@ -109,7 +110,7 @@ def moe_config(config: Mapping[str, Any], experts: int, top_k: int):
     the MoE family's own."""
 
     family = moe_family(config)
-    dropped = {"architectures", "model_type", "transformers_version", "mlp_bias"}
+    dropped = {"architectures", "model_type", "transformers_version", "mlp_bias", "auto_map"}
     kwargs = {k: v for k, v in config.items() if k not in dropped}
     return config_class(family.moe_type, f"the {family.moe_type} config")(**kwargs, **family.fields(config, experts, top_k))
 
@@ -199,13 +200,16 @@ def train_router(model, data: Sequence[torch.Tensor], steps: int, *, lr: float =
     return losses
 
 
-def _per_model(data: Sequence[torch.Tensor] | torch.Tensor, n: int) -> list[torch.Tensor]:
+def _per_model(data: Sequence[torch.Tensor] | torch.Tensor, n: int, vocab_size: int) -> list[torch.Tensor]:
     blocks = [data] if isinstance(data, torch.Tensor) else list(data)
     if len(blocks) not in (1, n):
         raise ConfigError(f"give one dataset for all models or one per model: {n} models, {len(blocks)} datasets")
-    for b in blocks:
+    for i, b in enumerate(blocks):
         if not isinstance(b, torch.Tensor) or b.dim() != 2 or b.dtype != torch.long or len(b) == 0:
             raise ConfigError("each dataset must be token ids, a non-empty int64 tensor (blocks, tokens)")
+        if int(b.min()) < 0 or int(b.max()) >= vocab_size:
+            raise ConfigError(f"dataset {i}: token ids must lie in [0, {vocab_size}) (the models' vocab_size); "
+                              f"found {int(b.min())} … {int(b.max())}")
     return blocks * n if len(blocks) == 1 else blocks
 
 
@@ -258,8 +262,8 @@ def _align_full_group(paths: list[Path], config: dict[str, Any], seed: int) -> A
     from .symmetry.absorb_export import stock_model
     from .symmetry.hf import FULL_GROUPS, hf_symmetry_spec
 
-    absorbed = [absorb_normalization(transformers.AutoModelForCausalLM.from_pretrained(p, dtype=torch.float32, trust_remote_code=False))
-                for p in paths]
+    absorbed = [absorb_normalization(_finite(transformers.AutoModelForCausalLM.from_pretrained(
+        p, dtype=torch.float32, trust_remote_code=False), p)) for p in paths]
     spec = hf_symmetry_spec(absorbed[0], groups=FULL_GROUPS)
     ref = absorbed[0].state_dict()
     records = []
@@ -289,6 +293,13 @@ def _aligned(paths: list[Path], ckpts, spec, config: dict[str, Any], align: str,
     return aligned
 
 
+def _finite(model, path: Path):
+    """``model``, after NonFiniteError naming ``path``'s first tensor with NaN/Inf (absorption would only report a
+    NaN change of the logits)."""
+    check_finite(model.state_dict(), str(path))
+    return model
+
+
 def _routers(aligned: Aligned, blocks: list[torch.Tensor]) -> dict[str, torch.Tensor]:
     """Per layer the router rows from every aligned dense model's FFN inputs on its own blocks."""
     moments = [ffn_input_moments(_dense_model(aligned.config, sd), b) for sd, b in zip(aligned.sds, blocks, strict=True)]
@@ -301,9 +312,10 @@ def _write(out: PathLike, moe, source: Path, inputs: list[Path], record: dict[st
         if isinstance(dtype, str) and dtype != "float32":
             moe = moe.to(getattr(torch, dtype))
         moe.save_pretrained(tmp)
-        for name, src in side_files(source).items():
+        for name, src in code_free_side_files(source).items():
             if not (tmp / name).exists():
                 (tmp / name).write_bytes(src.read_bytes())
+        drop_remote_code(tmp)
         write_json(tmp / "moe.json", record)
 
 
@@ -345,7 +357,7 @@ def dense_to_moe(models: Sequence[PathLike], out: PathLike, *, data: Sequence[to
         raise ConfigError(f"top_k must be between 1 and the number of experts ({len(paths)}), got {top_k}")
     config = read_json_object(paths[0] / "config.json", "config file")
     moe_config(config, len(paths), top_k)  # the family and its fields: refused before anything else is read
-    blocks = _per_model(data, len(paths))
+    blocks = _per_model(data, len(paths), int(config.get("vocab_size", 0)))
     spec, ckpts = open_hf_checkpoints(paths, out, overwrite, None if align == "none" else "permutation")
     aligned = _aligned(paths, ckpts, spec, config, align, seed, log)
     moe = transformers.AutoModelForCausalLM.from_config(moe_config(aligned.config, len(paths), top_k), trust_remote_code=False).float()

@@ -33,8 +33,8 @@ def fuse(
     """
     from ..recipes.fuse import fuse as run_fuse
 
-    check_out(out, (model_a, model_b, data), overwrite)
     with errors_exit():
+        check_out(out, (model_a, model_b, data), overwrite)
         outcome = run_fuse(model_a, model_b, out, width=width, dataset=dataset, data=data, limit_train=limit_train,
                            batches=batches, overwrite=overwrite, log=log)
     show(outcome)

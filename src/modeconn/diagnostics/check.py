@@ -78,9 +78,12 @@ RECOMMENDATIONS = (
     Rule("activation matching", _go("activation_matched"), "align with activation matching (--method activation)"),
     Rule("full group with dual matching", lambda f: f["relationship"] == "needs the continuous group",
          "absorb normalization and align the full group with dual matching (--method dual)"),
-    Rule("weight matching", lambda f: f["activation_matched"] <= 0.5 * f["unaligned"],
-         "the best permutation is predicted to reduce the barrier, not to remove it: align with weight matching "
-         "(data-free) or activation matching"),
+    Rule("weight matching", lambda f: f["weight_matched"] <= min(f["activation_matched"], 0.5 * f["unaligned"]),
+         "weight matching is predicted to reduce the barrier (at least halve it), not to remove it, and as much as "
+         "activation matching: align with weight matching (data-free)"),
+    Rule("activation matching", lambda f: f["activation_matched"] <= 0.5 * f["unaligned"],
+         "activation matching is predicted to reduce the barrier (at least halve it) most, not to remove it: align "
+         "with activation matching (--method activation)"),
     Rule("no linear path: use LLPF", lambda f: True, "no alignment is predicted to give a low linear path: "
          "search a curved low-loss path (modeconn path --method llpf)"),
 )

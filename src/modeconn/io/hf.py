@@ -7,6 +7,7 @@ save-time renaming only; building the model and its symmetry spec lives above (:
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -139,6 +140,29 @@ def side_files(path: PathLike) -> dict[str, Path]:
     for p in files.values():
         check_in_checkpoint(p, path)
     return files
+
+
+REMOTE_CODE_FILES = ("config.json", "tokenizer_config.json")
+"""The JSON files whose ``auto_map`` names Python code shipped with a checkpoint."""
+
+
+def code_free_side_files(path: PathLike) -> dict[str, Path]:
+    """:func:`side_files` without the checkpoint's Python files (``*.py``): a checkpoint modeconn builds from
+    transformers' own classes carries no code it never ran (see :func:`drop_remote_code`)."""
+    return {name: p for name, p in side_files(path).items() if not name.lower().endswith(".py")}
+
+
+def drop_remote_code(directory: PathLike) -> None:
+    """Remove ``auto_map`` from the :data:`REMOTE_CODE_FILES` modeconn wrote into ``directory``: the model there was
+    built and checked with transformers' own class, so loading it with ``trust_remote_code=True`` must not swap in
+    an input's custom class (which would get tensors of another architecture, or compute another function)."""
+    for name in REMOTE_CODE_FILES:
+        file = Path(directory) / name
+        if not file.is_file():
+            continue
+        cfg = json.loads(file.read_text())
+        if isinstance(cfg, dict) and cfg.pop("auto_map", None) is not None:
+            file.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
 
 
 def resolve_checkpoint_path(path: PathLike) -> Path:

@@ -63,13 +63,16 @@ def fused_width(config_a: Mapping[str, Any], config_b: Mapping[str, Any], width:
     from ..symmetry.hf.registry import config_differences
 
     (key, m), (_, n) = ffn_width(config_a), ffn_width(config_b)
+    types = config_a.get("model_type"), config_b.get("model_type")
+    if types[0] != types[1]:
+        raise ConfigError(f"fuse changes the FFN width within one model family; A is {types[0]!r}, B is {types[1]!r}")
     fixed = [f"{k} ({FIXED_DIMENSIONS[k]}: {config_a.get(k)} vs {config_b.get(k)})" for k in FIXED_DIMENSIONS
              if config_a.get(k) != config_b.get(k)]
     rest = config_differences({k: v for k, v in config_a.items() if k != key},
                               {k: v for k, v in config_b.items() if k != key})
     if fixed or rest:
         raise ConfigError(f"fuse changes only the FFN width ({key}) of one model family; A and B also differ in "
-                          + "; ".join(fixed or rest) + (": that width cannot change" if fixed else ""))
+                          + "; ".join(fixed or rest) + (": that dimension cannot change" if fixed else ""))
     if width is not None and (width != int(width) or width < 1):
         raise ConfigError(f"--width of a Hugging Face model is its FFN width ({key}), a whole number ≥ 1; got {width}")
     return key, int(width) if width is not None else min(m, n)

@@ -220,14 +220,15 @@ def hf_model(wrapped: nn.Module) -> nn.Module:
 
 def save_wrapped(tmp: Path, wrapped: nn.Module, source: Path, records: dict[str, Any]) -> None:
     """``wrapped``'s Hugging Face model as a stock checkpoint in ``tmp`` with ``source``'s side files (tokenizer,
-    generation config) and the JSON ``records``."""
+    generation config; never its Python files or ``auto_map``) and the JSON ``records``."""
     from .._util.jsonio import write_json
-    from ..io.hf import side_files
+    from ..io.hf import code_free_side_files, drop_remote_code
 
     hf_model(wrapped).save_pretrained(tmp)
-    for name, file in side_files(source).items():
+    for name, file in code_free_side_files(source).items():
         if not (tmp / name).exists():
             shutil.copyfile(file, tmp / name)
+    drop_remote_code(tmp)
     for name, payload in records.items():
         write_json(tmp / name, payload, nan="null", default=str)
 
