@@ -313,9 +313,10 @@ def check(model_a: nn.Module, model_b: nn.Module | None = None, *, data: Dataset
     """Will ``model_a`` and ``model_b`` merge without alignment? With ``model_a`` alone: would an independently
     trained twin of it (same architecture, fixed structure and data, another seed)?
 
-    Of the interpolation paths only one point is evaluated, the midpoint of each aligned path: the endpoints' test
-    loss (first ``eval_limit`` test examples; also of B moved by weight matching's and by the optimal activation
-    permutation, and of the midpoint ``(θ_A + g·θ_B) / 2`` of each, :mod:`~modeconn.diagnostics.midpoint`),
+    Of the interpolation paths only one point is evaluated, the midpoint of each path (as the models are and after
+    each alignment): the endpoints' test loss (first ``eval_limit`` test examples; also of B moved by weight
+    matching's and by the optimal activation permutation, and of the midpoint ``(θ_A + g·θ_B) / 2`` of each, g the
+    identity included, :mod:`~modeconn.diagnostics.midpoint`),
     activations of both models on ``max_batches`` training batches of ``batch_size``, one weight matching, and
     realization costs of model A's layers (module docstrings of :mod:`modeconn.diagnostics`).
 

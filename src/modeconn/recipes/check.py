@@ -1,6 +1,6 @@
 """``modeconn check A [B]``: load, run :func:`modeconn.diagnostics.check`, write report.md, results.json, check.png.
 
-Of the interpolation paths only the midpoint of each aligned one is evaluated, on the evaluation examples (the path
+Of the interpolation paths only the midpoint of each one is evaluated, on the evaluation examples (the path
 itself is ``modeconn barrier``).
 """
 

@@ -23,11 +23,12 @@ def _f(x: Any, digits: int = 3) -> str:
 def _evaluated(results: dict[str, Any]) -> str:
     """Which points between the endpoints of an interpolation path were evaluated (the aligned paths' midpoints)."""
     mid = results["prediction"].get("endpoint_features", {}).get("midpoint_barrier", {})
-    names = [k.replace("_", " ") for k, v in mid.items() if v is not None]
+    label = dict(_PREDICTIONS)
+    names = [label.get(k, k.replace("_", " ")) for k, v in mid.items() if v is not None]
     if not names:
         return "No point between the endpoints of an interpolation path was evaluated."
-    return (f"Between the endpoints only the midpoint of the path {' and of the path '.join(f'after {n}' for n in names)} "
-            "was evaluated (on the evaluation examples): a one-point measurement the aligned predictions read.")
+    return (f"Between the endpoints only the midpoint of each path was evaluated ({'; '.join(names)}), on the "
+            "evaluation examples: a one-point measurement the predictions read.")
 
 
 def _yes_no(x: bool | None) -> str:
@@ -129,7 +130,7 @@ def report(results: dict[str, Any]) -> str:
         "`modeconn experiment check-calibration`; interval: conformal 5 %–95 % bounds of the residuals on families "
         "each line was not fitted on (for a pair widened by the midpoint's sampling error).", "",
         markdown_table(["interpolation", "predicted barrier_mean", "interval"], preds), "",
-        markdown_table(["model", "test loss (nats)", "test accuracy %"], ends), ""]
+        markdown_table(["model", "test loss on the evaluated examples (nats)", "test accuracy %"], ends), ""]
     if results["pair"]:
         lines += _pair_sections(results["pair"])
     lines += [
