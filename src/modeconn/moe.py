@@ -41,7 +41,7 @@ from ._util.jsonio import write_json
 from ._util.outdir import output_directory
 from .checks import check_finite
 from .errors import ConfigError
-from .io.hf import code_free_side_files, drop_remote_code, model_names
+from .io.hf import copy_code_free_side_files, model_names
 from .io.safe import read_json_object
 from .match.weight import WeightMatchingConfig, weight_matching
 from .registry import Registry
@@ -312,10 +312,7 @@ def _write(out: PathLike, moe, source: Path, inputs: list[Path], record: dict[st
         if isinstance(dtype, str) and dtype != "float32":
             moe = moe.to(getattr(torch, dtype))
         moe.save_pretrained(tmp)
-        for name, src in code_free_side_files(source).items():
-            if not (tmp / name).exists():
-                (tmp / name).write_bytes(src.read_bytes())
-        drop_remote_code(tmp)
+        copy_code_free_side_files(source, tmp)
         write_json(tmp / "moe.json", record)
 
 

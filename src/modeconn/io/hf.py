@@ -146,10 +146,16 @@ REMOTE_CODE_FILES = ("config.json", "tokenizer_config.json")
 """The JSON files whose ``auto_map`` names Python code shipped with a checkpoint."""
 
 
-def code_free_side_files(path: PathLike) -> dict[str, Path]:
-    """:func:`side_files` without the checkpoint's Python files (``*.py``): a checkpoint modeconn builds from
-    transformers' own classes carries no code it never ran (see :func:`drop_remote_code`)."""
-    return {name: p for name, p in side_files(path).items() if not name.lower().endswith(".py")}
+def copy_code_free_side_files(source: PathLike | None, out: PathLike) -> None:
+    """Copy ``source``'s :func:`side_files` (tokenizer, generation config …) into ``out`` where ``out`` has no file of
+    that name yet, except its Python files (``*.py``), then :func:`drop_remote_code` in ``out``: a checkpoint modeconn
+    builds from transformers' own classes carries no code it never ran."""
+    import shutil
+
+    for name, file in (side_files(source) if source is not None else {}).items():
+        if not name.lower().endswith(".py") and not (Path(out) / name).exists():
+            shutil.copyfile(file, Path(out) / name)
+    drop_remote_code(out)
 
 
 def drop_remote_code(directory: PathLike) -> None:

@@ -307,9 +307,8 @@ def save_endpoint(model: nn.Module, out: Path, source: Path | None, *, into_stag
     side files where a stock model represents it, else an absorbed checkpoint. ``into_staging``: ``out`` is a staging
     directory modeconn made (:func:`~modeconn.experiments.output.output_directory`), written into as it is. Returns the
     format and the reloaded model."""
-    import shutil
 
-    from ..io.hf import code_free_side_files, drop_remote_code
+    from ..io.hf import copy_code_free_side_files
     from ..symmetry import load_absorbed, save_absorbed
     from ..symmetry.absorb import write_absorbed_files
     from ..symmetry.absorb_export import stock_model
@@ -321,10 +320,7 @@ def save_endpoint(model: nn.Module, out: Path, source: Path | None, *, into_stag
         save_absorbed(model, out)
     else:
         stock.save_pretrained(out)
-    for name, file in (code_free_side_files(source) if source is not None else {}).items():  # tokenizer, generation
-        if not (out / name).exists():
-            shutil.copyfile(file, out / name)
-    drop_remote_code(out)
+    copy_code_free_side_files(source, out)
     if stock is None:
         return "absorbed", load_absorbed(out).eval()
     return "stock", type(stock).from_pretrained(out, local_files_only=True, trust_remote_code=False).eval()

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import copy
 import math
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -222,13 +221,10 @@ def save_wrapped(tmp: Path, wrapped: nn.Module, source: Path, records: dict[str,
     """``wrapped``'s Hugging Face model as a stock checkpoint in ``tmp`` with ``source``'s side files (tokenizer,
     generation config; never its Python files or ``auto_map``) and the JSON ``records``."""
     from .._util.jsonio import write_json
-    from ..io.hf import code_free_side_files, drop_remote_code
+    from ..io.hf import copy_code_free_side_files
 
     hf_model(wrapped).save_pretrained(tmp)
-    for name, file in code_free_side_files(source).items():
-        if not (tmp / name).exists():
-            shutil.copyfile(file, tmp / name)
-    drop_remote_code(tmp)
+    copy_code_free_side_files(source, tmp)
     for name, payload in records.items():
         write_json(tmp / name, payload, nan="null", default=str)
 
