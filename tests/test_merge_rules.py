@@ -15,10 +15,11 @@ import yaml
 import modeconn as mc
 from cli_runner import run_cli
 from hf_tiny import make, randomize
-from modeconn.errors import ConfigError
+from modeconn.errors import ConfigError, NonFiniteError
 from modeconn.io.lazy import LazyCheckpoint
 from modeconn.path.interpolate import weighted_average
 from modeconn.path.merge_mergekit import MERGEKIT_RULES
+from modeconn.path import merge_rules
 from modeconn.path.merge_rules import MERGE_RULES, RuleSettings, check_rule_settings
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -337,3 +338,32 @@ def test_stream_merge_from_the_python_api_writes_config_json(tmp_path):
     ta, tb = _tensors(a), _tensors(b)
     k = "lm_head.weight"
     assert torch.equal(model.state_dict()[k], 0.5 * ta[k] + 0.5 * tb[k])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_linear_in_blocks_equals_the_whole_tensor_sum_bit_for_bit(monkeypatch, dtype):
+    """A large tensor is averaged block by block (bounded fp32 scratch): the result is the whole-tensor fp32 sum
+    cast once, bit for bit, with parameter weights (normalised) as well."""
+    g = torch.Generator().manual_seed(0)
+    xs = [torch.randn(37, 53, generator=g).to(dtype) for _ in range(3)]
+    settings = RuleSettings(model_params=({"weight": 2.0}, {"weight": 1.0}, {"weight": 1.0}), normalize=True)
+    for s in (None, settings):
+        whole = merge_rules.linear(xs, [0.2, 0.5, 0.3], "k", s)
+        monkeypatch.setattr(merge_rules, "LINEAR_BLOCK", 100)  # 20 blocks, the last one partial
+        blocks = merge_rules.linear(xs, [0.2, 0.5, 0.3], "k", s)
+        monkeypatch.undo()
+        assert blocks.dtype == dtype and torch.equal(blocks, whole)
+        w = [0.2, 0.5, 0.3] if s is None else [0.5, 0.25, 0.25]
+        reference = sum(wi * x.float() for wi, x in zip(w, xs, strict=True))
+        torch.testing.assert_close(blocks.float(), reference, atol=0, rtol=torch.finfo(dtype).eps)
+
+
+def test_linear_in_blocks_reports_an_overflow_only_from_finite_inputs(monkeypatch):
+    monkeypatch.setattr(merge_rules, "LINEAR_BLOCK", 10)
+    big = torch.full((50,), 60000.0, dtype=torch.float16)
+    with pytest.raises(NonFiniteError, match="'k'.*overflows float16"):
+        merge_rules.linear([big, big], [1.0, 1.0], "k")
+    nan_in = big.clone()
+    nan_in[3] = float("nan")  # a non-finite input is returned as made, for the caller to name the model
+    out = merge_rules.linear([nan_in, big], [1.0, 1.0], "k")
+    assert out.isnan()[3] and out.isinf().sum() == 49

@@ -67,15 +67,20 @@ def checked_cast(t: torch.Tensor, dtype: torch.dtype, key: str) -> torch.Tensor:
     out = t.to(dtype)
     if dtype.is_floating_point and torch.finfo(dtype).max < torch.finfo(t.dtype).max and not all_finite(out) \
             and all_finite(t):
-        if dtype == torch.float16:
-            raise NonFiniteError(
-                f"{key!r}: the result overflows float16 (the first model's dtype, max 65504); convert the models to "
-                "one wider dtype (e.g. float32) before interpolating/merging"
-            )
-        raise NonFiniteError(f"{key!r}: the result overflows {str(dtype).removeprefix('torch.')} (max "
-                             f"{torch.finfo(dtype).max:.4g}); the merge's weights or parameters scale it beyond the "
-                             "output dtype")
+        raise overflow_error(dtype, key)
     return out
+
+
+def overflow_error(dtype: torch.dtype, key: str) -> NonFiniteError:
+    """The error of a cast of finite values of tensor ``key`` to ``dtype`` that overflowed."""
+    if dtype == torch.float16:
+        return NonFiniteError(
+            f"{key!r}: the result overflows float16 (the first model's dtype, max 65504); convert the models to "
+            "one wider dtype (e.g. float32) before interpolating/merging"
+        )
+    return NonFiniteError(f"{key!r}: the result overflows {str(dtype).removeprefix('torch.')} (max "
+                          f"{torch.finfo(dtype).max:.4g}); the merge's weights or parameters scale it beyond the "
+                          "output dtype")
 
 
 def merge_weights(weights: Sequence[float] | None, n: int, *, normalize: bool = True,
