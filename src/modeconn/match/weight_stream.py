@@ -208,14 +208,19 @@ class _Stream:
                               plan: dict[int, torch.Tensor]) -> None:
         """``acc += unit(A_k) · unit(g·B_k)ᵀ`` block by block, ``acc[I, J] += A_I · (g·B)_Jᵀ`` for spans ``I``, ``J``
         of about a chunk of units each, read as row blocks (:meth:`LazyCheckpoint.read_rows`): no tensor is mapped or
-        resident whole (B is read once per span of A, from the page cache after the first pass)."""
+        resident whole (B is read once per span of A, from the page cache after the first pass).
+
+        The gathers act on the axes the product sums over, so ``A_I · (g·B)_Jᵀ = (A_I gathered by their inverses) ·
+        B_Jᵀ``: A's block is gathered once per span of A and B's blocks are used as read (gathering B's columns
+        once per pair of spans cost as much as the products)."""
         n = acc.shape[0]
         shape = _shape_in(self.b, key)
         unit = bd.block * math.prod(shape[1:])
+        inverse = {ax: _inverse(idx) for ax, idx in plan.items()}
         for i, m in _spans(n, n * unit, self.chunk):
-            x = self._unit_block(self.a, key, bd, i, m, {})
+            x = self._unit_block(self.a, key, bd, i, m, inverse)
             for j, k in _spans(n, n * unit, self.chunk):
-                y = self._unit_block(self.b, key, bd, j, k, plan)
+                y = self._unit_block(self.b, key, bd, j, k, {})
                 acc[i:i + m, j:j + k].addmm_(x, y.T)
 
     def _unit_block(self, src: LazyCheckpoint, key: str, bd: AxisBinding, start: int, count: int,
@@ -240,6 +245,13 @@ class _Stream:
                     x, y = x.double(), y.double()
                     total += float(torch.dot(x, y) - torch.dot(y, y) / 2)
         return total
+
+
+def _inverse(index: torch.Tensor) -> torch.Tensor:
+    """The inverse of the permutation ``index`` of an axis (a gather of :meth:`SymmetrySpec.permutation_gathers`)."""
+    inv = torch.empty_like(index)
+    inv[index] = torch.arange(index.numel(), device=index.device)
+    return inv
 
 
 def _rows(piece: torch.Tensor, bd: AxisBinding, n: int) -> torch.Tensor:
