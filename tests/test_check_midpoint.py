@@ -89,3 +89,12 @@ def test_conformal_bounds_hold_their_level_where_sample_quantiles_fall_short():
     q = np.quantile(r, [Q_LO, Q_HI], axis=1)                                # negative control: plain quantiles
     plain = np.mean((q[0] <= new) & (new <= q[1]))
     assert conformal >= Q_HI - Q_LO - 0.01 > plain, (conformal, plain)
+
+
+def test_an_interval_at_the_fits_floor_holds_a_barrier_of_zero():
+    """Identical models have a barrier of exactly 0: where the line's lower end falls to the noise floor the interval
+    starts at 0 (not at the floor, which would exclude the true value); above the floor it is unchanged."""
+    line = LogLinear("midpoint", -1.0, 1.0, -0.3, 0.4, 10, x_floor=0.005)
+    at_zero = line.predict(0.0)
+    assert at_zero["low"] == 0.0 and at_zero["barrier_mean"] == 0.005 <= at_zero["high"]
+    assert line.predict(0.2)["low"] == pytest.approx(0.2 * np.exp(-1.3))

@@ -69,7 +69,9 @@ class LogLinear:
 
     def predict(self, x: float, x_se: float = 0.0, **features: float) -> dict[str, float]:
         """``{"barrier_mean", "low", "high"}`` in nats for diagnostic value ``x`` and the values of the ``terms``'
-        features by name (``low ≤ barrier_mean ≤ high``; none below :data:`B_FLOOR`, the fit's noise floor).
+        features by name (``low ≤ barrier_mean ≤ high``; ``barrier_mean`` and ``high`` at least :data:`B_FLOOR`, the fit's
+        noise floor, and ``low`` 0 where it would be at the floor: a barrier of exactly 0 — identical models — lies in
+        the interval).
         ``x_se``: the standard error of a measured ``x`` (its sampling error, absent from the fit's residuals),
         added to the interval in quadrature on the log scale: each side ``sqrt(q² + (Z_90 · slope · x_se / x)²)``.
         Raises ConfigError for a value that is not a finite number or a term's feature not given: an undefined
@@ -81,9 +83,12 @@ class LogLinear:
                 raise ConfigError(f"this calibration line needs the feature {name!r}, which was not given")
             mid += c * _log(features[name], name)
         spread = (Z_90 * self.slope * float(x_se) / math.exp(lx)) ** 2
-        return {k: max(math.exp(min(mid + d, 700.0)), B_FLOOR)  # 700: no float overflow far outside the fit
-                for k, d in (("barrier_mean", 0.0), ("low", -math.sqrt(self.lo ** 2 + spread)),
-                             ("high", math.sqrt(self.hi ** 2 + spread)))}
+        out = {k: max(math.exp(min(mid + d, 700.0)), B_FLOOR)  # 700: no float overflow far outside the fit
+               for k, d in (("barrier_mean", 0.0), ("low", -math.sqrt(self.lo ** 2 + spread)),
+                            ("high", math.sqrt(self.hi ** 2 + spread)))}
+        if out["low"] <= B_FLOOR:
+            out["low"] = 0.0  # the fit cannot tell barriers below its floor from none: the interval holds 0
+        return out
 
     def to_json(self) -> dict:
         return {**asdict(self), "terms": [list(t) for t in self.terms]}

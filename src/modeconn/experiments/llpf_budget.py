@@ -73,7 +73,8 @@ class BudgetSize:
     endpoints' training (examples, epochs), the evaluation (examples per split, BatchNorm batches, continuity
     sub-points, points of the Bezier curve and of the linear path), LLPF's refinement (lr, ``margin`` above the higher
     endpoint at which a tick stops — None: LLPF's relative default, :data:`~modeconn.path.llpf.THRESHOLD_MARGIN` —,
-    ``min_steps``), its stored points (``max_points``), its unlock groups
+    ``min_steps``, also the window of minibatch losses whose mean must reach the target: LLPF's default, as a
+    window of 3 let a tick stop on a lucky dip), its stored points (``max_points``), its unlock groups
     (``max_groups`` stage groups), the ablations run and their budget (None: the largest), ``baseline_repeats`` (Bezier
     and AutoNEB run with the first that many repeat seeds only; None: every one) and ``time_limit_s`` (no path
     started after that many seconds of the sweep; None: none)."""
@@ -91,7 +92,7 @@ class BudgetSize:
     linear_points: int = 13
     lr: float = 0.05
     margin: float | None = None
-    min_steps: int = 3
+    min_steps: int = LLPFConfig.model_fields["min_steps"].default
     max_points: int = 24
     max_groups: int = 6
     ablations: tuple[str, ...] = tuple(ABLATIONS)

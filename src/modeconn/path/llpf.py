@@ -171,8 +171,9 @@ STEP_TIMES_TICKS = 6.0
 """With a budget and neither ``step`` nor ``ticks`` given, ``step = 6 / ticks``."""
 
 
-ENDPOINT_BATCHES = 8
-"""Minibatches over which each endpoint's train loss is measured for the relative refinement target."""
+ENDPOINT_BATCHES = 32
+"""Minibatches over which each endpoint's train loss is measured for the relative refinement target (a train-mode
+estimate on few minibatches of a BatchNorm network varies by more than the target's margin from seed to seed)."""
 THRESHOLD_MARGIN = LOW_LOSS_MARGIN - CONTINUITY_TOL
 """Default refinement target above the higher endpoint's train loss (nats): the low-loss margin less the continuity
 tolerance, so a continuous path of points at the target is low-loss."""
