@@ -607,3 +607,31 @@ def test_streaming_wm_with_continuous_groups_equals_in_memory(pair, name, groups
     assert res.stats["isometric"] == ref.stats["isometric"] == ("ffn_scale" not in groups)
     assert spec_m.equal(res.element, ref.element)
     assert res.objective == pytest.approx(ref.objective, rel=1e-5)
+
+
+def test_streamed_align_and_merge_outputs_carry_no_code_of_their_inputs(pair, tmp_path):
+    """Streamed ``align`` / ``merge`` write transformers' own architecture: an input's ``auto_map`` (config.json and
+    tokenizer_config.json) and ``.py`` files stay behind, the other side files travel, and loading the output with
+    ``trust_remote_code=True`` gives the stock class without importing the planted module."""
+    a, b, *_ = pair("llama")
+    marker = tmp_path / "imported"
+    for src, name in ((a, "a"), (b, "b")):
+        d = tmp_path / name
+        shutil.copytree(src, d)
+        (d / "evil.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+        cfg = json.loads((d / "config.json").read_text())
+        (d / "config.json").write_text(json.dumps({**cfg, "auto_map": {"AutoModelForCausalLM": "evil.EvilModel"}}))
+        (d / "tokenizer_config.json").write_text(json.dumps({"auto_map": {"AutoTokenizer": ["evil.T", None]},
+                                                             "model_max_length": 64}))
+        (d / "generation_config.json").write_text(json.dumps({"max_new_tokens": 3}))
+    for command, out in (("align", tmp_path / "aligned"), ("merge", tmp_path / "merged")):
+        run_cli(command, tmp_path / "a", tmp_path / "b", "--out", out)
+        assert not (out / "evil.py").exists(), command
+        for name in ("config.json", "tokenizer_config.json"):
+            assert "auto_map" not in json.loads((out / name).read_text()), (command, name)
+        assert json.loads((out / "tokenizer_config.json").read_text())["model_max_length"] == 64
+        assert json.loads((out / "generation_config.json").read_text()) == {"max_new_tokens": 3}
+        import transformers
+
+        loaded = transformers.AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True)
+        assert type(loaded).__name__ == "LlamaForCausalLM" and not marker.exists(), command

@@ -146,15 +146,35 @@ REMOTE_CODE_FILES = ("config.json", "tokenizer_config.json")
 """The JSON files whose ``auto_map`` names Python code shipped with a checkpoint."""
 
 
+def code_free_side_files(path: PathLike) -> dict[str, Path | dict]:
+    """:func:`side_files` of ``path`` without its Python files (``*.py``), and those of :data:`REMOTE_CODE_FILES`
+    that name code (``auto_map``) given as JSON objects without it: what an output of transformers' own class carries,
+    so that loading it with ``trust_remote_code=True`` cannot swap in an input's class. CheckpointError naming a
+    file with ``auto_map`` that is not a JSON object."""
+    out: dict[str, Path | dict] = {}
+    for name, file in side_files(path).items():
+        if name.lower().endswith(".py"):
+            continue
+        if name in REMOTE_CODE_FILES and b"auto_map" in file.read_bytes():
+            out[name] = {k: v for k, v in read_json_object(file, "checkpoint file").items() if k != "auto_map"}
+        else:
+            out[name] = file
+    return out
+
+
 def copy_code_free_side_files(source: PathLike | None, out: PathLike) -> None:
-    """Copy ``source``'s :func:`side_files` (tokenizer, generation config …) into ``out`` where ``out`` has no file of
-    that name yet, except its Python files (``*.py``), then :func:`drop_remote_code` in ``out``: a checkpoint modeconn
-    builds from transformers' own classes carries no code it never ran."""
+    """Write ``source``'s :func:`code_free_side_files` (tokenizer, generation config …) into ``out`` where ``out`` has
+    no file of that name yet, then :func:`drop_remote_code` in ``out`` (its own config, from ``save_pretrained``)."""
     import shutil
 
-    for name, file in (side_files(source) if source is not None else {}).items():
-        if not name.lower().endswith(".py") and not (Path(out) / name).exists():
-            shutil.copyfile(file, Path(out) / name)
+    for name, file in (code_free_side_files(source) if source is not None else {}).items():
+        target = Path(out) / name
+        if target.exists():
+            continue
+        if isinstance(file, dict):
+            target.write_text(json.dumps(file, indent=2, sort_keys=True) + "\n")
+        else:
+            shutil.copyfile(file, target)
     drop_remote_code(out)
 
 

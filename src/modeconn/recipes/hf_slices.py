@@ -18,7 +18,7 @@ import torch
 from ..checks import check_finite
 from ..errors import CheckpointError, ConfigError
 from ..io import CONFIG_NAME
-from ..io.hf import checkpoint_tensor_names, model_names, side_files, with_config
+from ..io.hf import checkpoint_tensor_names, code_free_side_files, model_names, with_config
 from ..io.lazy import LazyCheckpoint, ShardLayout, write_like
 from ..io.safe import read_json_object
 from ..path.interpolate import merge_tensor
@@ -107,7 +107,7 @@ def merge_slices_plan(plan: MergePlan, out: str | Path, *,
                                        ckpts[p.inputs[0][0]].infos[p.inputs[0][1]].shape) for p in tensors},
                               MAX_SHARD_BYTES)
     cfg = stacked_config(config, plan.slices, src)
-    written = {**side_files(src), **extra, CONFIG_NAME: cfg, "merge.json": record}
+    written = {**code_free_side_files(src), **extra, CONFIG_NAME: cfg, "merge.json": record}
     tick = (lambda d, t: progress("writing", d, t)) if progress is not None else None
     write_like(out, layout, produce, files=with_config(src, written, plan.out_dtype or plan.dtype),
                overwrite=plan.opts.overwrite, progress=tick, inputs=list(paths), command="merge")
@@ -132,8 +132,10 @@ def _module_order(path: str | Path, ckpt: LazyCheckpoint) -> list[str]:
 def stacked_config(config: Mapping[str, Any], slices: Sequence[OutputSlice], src: str | Path) -> dict[str, Any]:
     """``config`` (a ``config.json`` object) with the layer count of the stacked ``slices`` (as mergekit writes it)
     and, where the config lists a type per layer (``layer_types``), each output layer's type taken from the layer of
-    the slice's first source it is made from (mergekit 0.1.5 keeps the old list, which transformers refuses)."""
-    out = {**config, _layer_count_key(config, src): sum(sl.depth for sl in slices)}
+    the slice's first source it is made from (mergekit 0.1.5 keeps the old list, which transformers refuses); without
+    ``auto_map`` (the stack is transformers' own class: an input's custom code would get other shapes)."""
+    out = {**{k: v for k, v in config.items() if k != "auto_map"},
+           _layer_count_key(config, src): sum(sl.depth for sl in slices)}
     types = config.get("layer_types")
     if isinstance(types, list):
         out["layer_types"] = [types[sl.sources[0].layers[0] + j] for sl in slices for j in range(sl.depth)]

@@ -14,7 +14,7 @@ from ..errors import ConfigError
 from .._util.jsonio import write_json
 from ..io import CONFIG_NAME
 from ..io.safe import read_json_object
-from ..io.hf import PathLike, model_names, resolve_checkpoint_path, side_files
+from ..io.hf import PathLike, code_free_side_files, model_names, resolve_checkpoint_path
 from ..io.lazy import LazyCheckpoint, ShardLayout, write_like
 from ..match.result import Alignment
 from ..match.weight import DEFAULTS, WeightMatchingConfig, weight_matching
@@ -49,7 +49,7 @@ def align_hf_checkpoints(a: PathLike, b: PathLike, out: PathLike,
     res = weight_matching(spec, ca, cb, cfg, progress=progress)
     record = {**res.to_json(), "aligned_to": model_names([a])[0], "source": model_names([b])[0],
               "settings": wm_settings(cfg)}
-    stream_apply(spec, cb, res.element, out, files={**side_files(b), "alignment.json": record},
+    stream_apply(spec, cb, res.element, out, files={**code_free_side_files(b), "alignment.json": record},
                  overwrite=overwrite, progress=progress)
     return res
 
@@ -128,9 +128,11 @@ def merge_hf_plan(plan: MergePlan, out: PathLike, *,
               **({"tokenizer": tokenizer_record(plan.tokenizer, names)} if plan.tokenizer is not None else {})}
     src = paths[settings.base if settings.base is not None else 0]
     extra = files(record) if callable(files) else (files or {})
-    side = side_files(src)
+    side = code_free_side_files(src)
     if vocab is not None:
-        side = vocab.side_files(side, read_json_object(src / CONFIG_NAME, "config file"))
+        config = side.get(CONFIG_NAME)  # a JSON object where auto_map was left out
+        side = vocab.side_files(side, config if isinstance(config, dict) else read_json_object(src / CONFIG_NAME,
+                                                                                                 "config file"))
     fill = vocab.filler(ckpts) if vocab is not None and vocab.remap else None
     stream_merge(spec, ckpts, out, weights=w, normalize=False, elements=elements, rule=rule, settings=settings,
                  dtype=plan.dtype, out_dtype=plan.out_dtype, files={**side, **extra, "merge.json": record},
@@ -223,4 +225,4 @@ def wm_settings(cfg: WeightMatchingConfig) -> dict[str, Any]:
 
 
 def _side(path: PathLike) -> dict[str, Path]:
-    return {k: v for k, v in side_files(path).items() if k != CONFIG_NAME}
+    return {k: v for k, v in code_free_side_files(path).items() if k != CONFIG_NAME}
