@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 from cli_runner import run_cli
 
 from modeconn.experiments import EXPERIMENTS
-from modeconn.experiments.llpf_budget import SIZES, cells, first_low, run_llpf_budget, summarize
+from modeconn.experiments.llpf_budget import SIZES, cells, first_low, llpf_options, run_llpf_budget, summarize
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -75,5 +76,17 @@ def test_the_acceptance_size_runs_llpf_in_every_repeat_and_the_baselines_in_the_
     assert {c.budget for c in order} == {5000} and len(size.archs) >= 3
     assert {c.seed for c in order if c.label == "llpf"} == {0, 1, 2}
     assert {c.seed for c in order if c.label in ("bezier", "autoneb")} == {0}
-    assert len(order) == len(size.archs) * (3 + 2)
-    assert len(list(cells(replace(size, baseline_repeats=None)))) == len(size.archs) * 9  # control: every repeat
+    pairs = len(size.archs) + (size.cross_arch is not None)
+    assert len(order) == pairs * (3 + 2)
+    assert len(list(cells(replace(size, baseline_repeats=None)))) == pairs * 9  # control: every repeat
+
+
+@pytest.mark.parametrize("cross", [False, True])
+def test_the_acceptance_size_stores_every_tick_with_the_target_at_the_endpoints(cross):
+    """At 5,000 evaluations every tick is a stored point (M2O ticks too), so the continuity check sees each tick's
+    segment, and the target is the endpoints' own train-mode loss (margin 0)."""
+    size = SIZES["acceptance"]
+    opts = llpf_options(size, SimpleNamespace(cross=cross, groups=[["a"]]), 0, 5000)
+    assert opts["record_every"] == 1 and opts["threshold_margin"] == 0.0
+    assert llpf_options(replace(size, max_points=24), SimpleNamespace(cross=cross, groups=[["a"]]), 0,
+                        5000)["record_every"] > 1  # control: a bounded number of points skips ticks
