@@ -339,7 +339,9 @@ def report(results: dict[str, Any]) -> str:
         "![dense peak over the endpoints against the budget](peaks.png)", "",
     ]
     if skipped:
-        lines += [f"**Not run** (time limit of {size['time_limit_s']:.0f} s reached): {len(skipped)} paths — "
+        why = (f"time limit of {size['time_limit_s']:.0f} s reached" if size["time_limit_s"] is not None
+               else "the run was stopped before them")
+        lines += [f"**Not run** ({why}): {len(skipped)} paths — "
                   + "; ".join(f"{c['pair']} {c['label']} @ {c['budget']} seed {c['seed']}" for c in skipped) + ".", ""]
     return "\n".join(lines)
 
