@@ -146,6 +146,11 @@ REMOTE_CODE_FILES = ("config.json", "tokenizer_config.json")
 """The JSON files whose ``auto_map`` names Python code shipped with a checkpoint."""
 
 
+def without_remote_code(config: Mapping[str, Any]) -> dict[str, Any]:
+    """``config`` (a :data:`REMOTE_CODE_FILES` object) without the ``auto_map`` that names an input's Python code."""
+    return {k: v for k, v in config.items() if k != "auto_map"}
+
+
 def code_free_side_files(path: PathLike) -> dict[str, Path | dict]:
     """:func:`side_files` of ``path`` without its Python files (``*.py``), and those of :data:`REMOTE_CODE_FILES`
     that name code (``auto_map``) given as JSON objects without it: what an output of transformers' own class carries,
@@ -156,25 +161,21 @@ def code_free_side_files(path: PathLike) -> dict[str, Path | dict]:
         if name.lower().endswith(".py"):
             continue
         if name in REMOTE_CODE_FILES and b"auto_map" in file.read_bytes():
-            out[name] = {k: v for k, v in read_json_object(file, "checkpoint file").items() if k != "auto_map"}
+            out[name] = without_remote_code(read_json_object(file, "checkpoint file"))
         else:
             out[name] = file
     return out
 
 
 def copy_code_free_side_files(source: PathLike | None, out: PathLike) -> None:
-    """Write ``source``'s :func:`code_free_side_files` (tokenizer, generation config …) into ``out`` where ``out`` has
-    no file of that name yet, then :func:`drop_remote_code` in ``out`` (its own config, from ``save_pretrained``)."""
+    """Copy ``source``'s :func:`side_files` (tokenizer, generation config …) into ``out`` where ``out`` has no file of
+    that name yet, except its Python files (``*.py``), then :func:`drop_remote_code` in ``out``: a checkpoint modeconn
+    builds from transformers' own classes carries no code it never ran."""
     import shutil
 
-    for name, file in (code_free_side_files(source) if source is not None else {}).items():
-        target = Path(out) / name
-        if target.exists():
-            continue
-        if isinstance(file, dict):
-            target.write_text(json.dumps(file, indent=2, sort_keys=True) + "\n")
-        else:
-            shutil.copyfile(file, target)
+    for name, file in (side_files(source) if source is not None else {}).items():
+        if not name.lower().endswith(".py") and not (Path(out) / name).exists():
+            shutil.copyfile(file, Path(out) / name)
     drop_remote_code(out)
 
 
@@ -187,8 +188,8 @@ def drop_remote_code(directory: PathLike) -> None:
         if not file.is_file():
             continue
         cfg = json.loads(file.read_text())
-        if isinstance(cfg, dict) and cfg.pop("auto_map", None) is not None:
-            file.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+        if isinstance(cfg, dict) and "auto_map" in cfg:
+            file.write_text(json.dumps(without_remote_code(cfg), indent=2, sort_keys=True) + "\n")
 
 
 def resolve_checkpoint_path(path: PathLike) -> Path:

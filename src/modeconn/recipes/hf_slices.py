@@ -18,7 +18,7 @@ import torch
 from ..checks import check_finite
 from ..errors import CheckpointError, ConfigError
 from ..io import CONFIG_NAME
-from ..io.hf import checkpoint_tensor_names, code_free_side_files, model_names, with_config
+from ..io.hf import checkpoint_tensor_names, code_free_side_files, model_names, with_config, without_remote_code
 from ..io.lazy import LazyCheckpoint, ShardLayout, write_like
 from ..io.safe import read_json_object
 from ..path.interpolate import merge_tensor
@@ -134,8 +134,7 @@ def stacked_config(config: Mapping[str, Any], slices: Sequence[OutputSlice], src
     and, where the config lists a type per layer (``layer_types``), each output layer's type taken from the layer of
     the slice's first source it is made from (mergekit 0.1.5 keeps the old list, which transformers refuses); without
     ``auto_map`` (the stack is transformers' own class: an input's custom code would get other shapes)."""
-    out = {**{k: v for k, v in config.items() if k != "auto_map"},
-           _layer_count_key(config, src): sum(sl.depth for sl in slices)}
+    out = {**without_remote_code(config), _layer_count_key(config, src): sum(sl.depth for sl in slices)}
     types = config.get("layer_types")
     if isinstance(types, list):
         out["layer_types"] = [types[sl.sources[0].layers[0] + j] for sl in slices for j in range(sl.depth)]

@@ -14,7 +14,7 @@ from ..errors import ConfigError
 from .._util.jsonio import write_json
 from ..io import CONFIG_NAME
 from ..io.safe import read_json_object
-from ..io.hf import PathLike, code_free_side_files, model_names, resolve_checkpoint_path
+from ..io.hf import PathLike, code_free_side_files, model_names, resolve_checkpoint_path, without_remote_code
 from ..io.lazy import LazyCheckpoint, ShardLayout, write_like
 from ..match.result import Alignment
 from ..match.weight import DEFAULTS, WeightMatchingConfig, weight_matching
@@ -130,9 +130,7 @@ def merge_hf_plan(plan: MergePlan, out: PathLike, *,
     extra = files(record) if callable(files) else (files or {})
     side = code_free_side_files(src)
     if vocab is not None:
-        config = side.get(CONFIG_NAME)  # a JSON object where auto_map was left out
-        side = vocab.side_files(side, config if isinstance(config, dict) else read_json_object(src / CONFIG_NAME,
-                                                                                                 "config file"))
+        side = vocab.side_files(side, without_remote_code(read_json_object(src / CONFIG_NAME, "config file")))
     fill = vocab.filler(ckpts) if vocab is not None and vocab.remap else None
     stream_merge(spec, ckpts, out, weights=w, normalize=False, elements=elements, rule=rule, settings=settings,
                  dtype=plan.dtype, out_dtype=plan.out_dtype, files={**side, **extra, "merge.json": record},
