@@ -250,3 +250,23 @@ def digest(model: nn.Module) -> tuple:
     sd = model.state_dict()
     return tuple((k, t.dtype, tuple(t.shape), t.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
                  for k, t in sd.items()), tuple(type(m).__name__ for m in model.modules())
+
+
+def resave(directory, seed: int = 3, **changes) -> None:
+    """The causal LM of ``directory``'s config with ``changes`` (e.g. ``tie_word_embeddings=True``: no
+    ``lm_head.weight`` stored), random, saved over its config and weights; its tokenizer files stay."""
+    cfg = T.AutoConfig.from_pretrained(directory)
+    for key, value in changes.items():
+        setattr(cfg, key, value)
+    torch.manual_seed(seed)
+    randomize(T.AutoModelForCausalLM.from_config(cfg), seed).save_pretrained(directory)
+
+
+def drop_stored(directory, key: str) -> None:
+    """Remove tensor ``key`` from ``directory``'s ``model.safetensors`` (the config still expects it)."""
+    from safetensors.torch import load_file, save_file
+
+    path = directory / "model.safetensors"
+    tensors = load_file(path)
+    del tensors[key]
+    save_file(tensors, path, metadata={"format": "pt"})

@@ -124,6 +124,41 @@ def test_widths_that_cannot_change_are_named_before_any_weights(tmp_path):
     assert not (tmp_path / "f").exists()
 
 
+@pytest.mark.parametrize("case,message", [
+    ("tied", "config.tie_word_embeddings: False vs True (a tied model's output head is its input embedding"),
+    ("head-missing", "stores lm_head.weight, {b} does not")], ids=["tied", "head-missing"])
+def test_a_tied_and_an_untied_model_are_refused_naming_both_before_any_data(tmp_path, monkeypatch, case, message):
+    """B of another FFN width ties its head (no lm_head.weight stored) or claims an untied head it does not store:
+    refused naming tie_word_embeddings or the tensor and both files, before the text or any weights are read (the old
+    code fused the second pair with a random head for B)."""
+    import modeconn.recipes.hf_memory as hf_memory
+
+    from hf_tiny import drop_stored, resave
+
+    a, b = _config_dir(tmp_path, "a", _llama(64, 0)), _config_dir(tmp_path, "b", _llama(64, 1))
+    resave(b, intermediate_size=96, tie_word_embeddings=case == "tied")
+    if case == "head-missing":
+        drop_stored(b, "lm_head.weight")
+    reads = []
+    monkeypatch.setattr(hf_memory, "read_data", lambda *args, **kw: reads.append("data"))
+    res = run_cli("fuse", a, b, "--dataset", "austen", "--out", tmp_path / "f", ok=False)
+    text = " ".join(res.output.split())
+    assert res.exit_code == 2 and reads == [], (reads, res.output)
+    assert message.format(b=b) in text and str(a) in text and str(b) in text, res.output
+    assert not (tmp_path / "f").exists()
+
+
+def test_a_config_that_leaves_tie_word_embeddings_to_its_default_is_not_refused(tmp_path):
+    """B's config.json omits tie_word_embeddings (Llama's default: false), A's states false: one architecture. The
+    pair passes every config check and stops only at the missing --dataset."""
+    a, b = _config_dir(tmp_path, "a", _llama(64, 0)), _config_dir(tmp_path, "b", _llama(96, 1))
+    cfg = json.loads((b / "config.json").read_text())
+    assert cfg.pop("tie_word_embeddings") is False
+    (b / "config.json").write_text(json.dumps(cfg))
+    res = run_cli("fuse", a, b, "--out", tmp_path / "f", ok=False)
+    assert res.exit_code == 2 and "pass --dataset" in " ".join(res.output.split()), res.output
+
+
 def test_an_output_at_an_input_is_refused_as_an_error_line_not_a_traceback(pair):
     root, _ = pair
     for out in (root / "b", root / "b" / "inside"):

@@ -136,6 +136,47 @@ def test_bad_inputs_are_refused_before_any_weights_are_read(tmp_path, monkeypatc
     assert not (tmp_path / "moe").exists()
 
 
+@pytest.mark.parametrize("case,message", [
+    ("tied", "config.tie_word_embeddings: False vs True (a tied model's output head is its input embedding"),
+    ("head-missing", "stores lm_head.weight, {b} does not")], ids=["tied", "head-missing"])
+def test_a_tied_and_an_untied_model_are_refused_before_any_data_or_weights(tmp_path, monkeypatch, case, message):
+    """B ties its head to its embeddings (no lm_head.weight stored) or claims an untied head it does not store: the
+    refusal names tie_word_embeddings or the tensor, and both models, before the datasets or any weights are read."""
+    import modeconn.recipes.pair as pair
+    from modeconn.io.lazy import LazyCheckpoint
+
+    from hf_tiny import drop_stored, resave
+
+    dirs, corpus = tiny_causal_lms(tmp_path, "llama")
+    if case == "tied":
+        resave(dirs[1], tie_word_embeddings=True)
+    else:
+        drop_stored(dirs[1], "lm_head.weight")
+    reads = []
+    monkeypatch.setattr(pair, "hf_text_data", lambda *a, **k: reads.append("data"))
+    monkeypatch.setattr(LazyCheckpoint, "__getitem__", lambda *a: reads.append("weights"))
+    res = run_cli("moe", *dirs, "--out", tmp_path / "moe", "--dataset", corpus, ok=False)
+    assert res.exit_code == 2 and reads == [], (reads, res.output)
+    text = " ".join(res.output.split())
+    assert message.format(b=dirs[1]) in text and str(dirs[0]) in text and str(dirs[1]) in text, res.output
+    assert not (tmp_path / "moe").exists()
+
+
+def test_the_api_names_a_tied_and_an_untied_model_in_either_order(tmp_path):
+    from hf_tiny import resave
+
+    torch.manual_seed(0)
+    for name in ("untied", "tied"):
+        TINY["llama"]().save_pretrained(tmp_path / name)
+    resave(tmp_path / "tied", tie_word_embeddings=True)
+    x = torch.randint(1, 50, (2, 8))
+    for first, second in (("untied", "tied"), ("tied", "untied")):
+        with pytest.raises(ConfigError, match="tie_word_embeddings.*the heads cannot be paired") as err:
+            mc.dense_to_moe([tmp_path / first, tmp_path / second], tmp_path / "m", data=x, align="none")
+        assert str(tmp_path / first) in str(err.value) and str(tmp_path / second) in str(err.value)
+    assert not (tmp_path / "m").exists()
+
+
 def test_the_api_refuses_a_data_count_and_top_k_that_do_not_fit(tmp_path):
     torch.manual_seed(0)
     for name in "ab":

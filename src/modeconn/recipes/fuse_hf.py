@@ -8,7 +8,9 @@ family with ``intermediate_size = k`` (``from_pretrained`` loads it) and A's tok
 
 Only the FFN width changes: the residual width (read and written by every layer, carried by the embeddings and the
 tied output head), head counts and sizes, depth and vocabulary must agree, and Mixture-of-Experts models are refused;
-the refusal names the dimension, before any weights are read.
+the refusal names the dimension, before any weights are read. So must every other config field (``tie_word_embeddings``
+included: a tied head and an untied one cannot be paired) and the names of the stored tensors; a difference is named
+with both files.
 """
 
 from __future__ import annotations
@@ -57,25 +59,32 @@ def ffn_width(config: Mapping[str, Any]) -> tuple[str, int]:
 def fused_width(config_a: Mapping[str, Any], config_b: Mapping[str, Any], width: float | None) -> tuple[str, int]:
     """``(field, k)``: the FFN width field and the fused width (``width``, default the narrower model's).
 
-    Raises ConfigError, naming the dimension, when A and B differ in anything but the FFN width (a field of
-    :data:`FIXED_DIMENSIONS` with what it is, or every other differing field), for a Mixture-of-Experts model, or a
-    ``width`` that is not a positive whole number."""
-    from ..symmetry.hf.registry import config_differences
-
+    Raises ConfigError, naming the dimension, when A and B are of two families or differ in a field of
+    :data:`FIXED_DIMENSIONS` (with what it is), for a Mixture-of-Experts model, or a ``width`` that is not a positive
+    whole number. Every other field is compared by :func:`check_pair`."""
     (key, m), (_, n) = ffn_width(config_a), ffn_width(config_b)
     types = config_a.get("model_type"), config_b.get("model_type")
     if types[0] != types[1]:
         raise ConfigError(f"fuse changes the FFN width within one model family; A is {types[0]!r}, B is {types[1]!r}")
     fixed = [f"{k} ({FIXED_DIMENSIONS[k]}: {config_a.get(k)} vs {config_b.get(k)})" for k in FIXED_DIMENSIONS
              if config_a.get(k) != config_b.get(k)]
-    rest = config_differences({k: v for k, v in config_a.items() if k != key},
-                              {k: v for k, v in config_b.items() if k != key})
-    if fixed or rest:
+    if fixed:
         raise ConfigError(f"fuse changes only the FFN width ({key}) of one model family; A and B also differ in "
-                          + "; ".join(fixed or rest) + (": that dimension cannot change" if fixed else ""))
+                          + "; ".join(fixed) + ": that dimension cannot change")
     if width is not None and (width != int(width) or width < 1):
         raise ConfigError(f"--width of a Hugging Face model is its FFN width ({key}), a whole number ≥ 1; got {width}")
     return key, int(width) if width is not None else min(m, n)
+
+
+def check_pair(ckpts: list[Checkpoint], width: float | None) -> tuple[str, int]:
+    """:func:`fused_width`, then every other config field (``tie_word_embeddings`` included, defaults resolved) and
+    the stored tensor names of A and B compared, naming both files
+    (:func:`~modeconn.symmetry.hf.directory.check_same_hf_checkpoints`): all before any data or weights are read."""
+    from ..symmetry.hf.directory import check_same_hf_checkpoints
+
+    key, k = fused_width(ckpts[0].config, ckpts[1].config, width)
+    check_same_hf_checkpoints([c.path for c in ckpts], free=(key,))
+    return key, k
 
 
 def fuse_hf(ckpts: list[Checkpoint], out: Path, opts, log: Callable[[str], None]) -> Outcome:
@@ -87,7 +96,7 @@ def fuse_hf(ckpts: list[Checkpoint], out: Path, opts, log: Callable[[str], None]
     from ..path.width import merge_widths
     from .hf_memory import check_fits_in_memory, hf_model, load_wrapped, read_data, rewrap, save_wrapped, score_merged
 
-    key, k = fused_width(ckpts[0].config, ckpts[1].config, opts.width)
+    key, k = check_pair(ckpts, opts.width)
     if opts.dataset is None:
         raise ConfigError("fuse pairs the FFN units of Hugging Face models by their activations on text: pass "
                           "--dataset (a text dataset such as austen, or the path of your corpus)")

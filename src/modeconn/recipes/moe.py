@@ -1,7 +1,7 @@
 """Recipe ``moe``: dense Hugging Face causal LMs of one family → one Mixture-of-Experts checkpoint
 (:func:`modeconn.dense_to_moe`), with every model's router data read from ``--dataset`` (one for all, or one per
-model) through the first checkpoint's own tokenizer. Checks the output target and the family before any data is
-read, and the checkpoints before any weights."""
+model) through the first checkpoint's own tokenizer. Checks the output target, the family, the configs and the
+stored tensor names before any data is read, and the checkpoints before any weights."""
 
 from __future__ import annotations
 
@@ -20,9 +20,12 @@ def moe(models: Sequence[Path], out: Path, *, datasets: Sequence[str], data: Pat
         seed: int = 0, overwrite: bool = False, log: Callable[[str], None] = print) -> Outcome:
     """Build the MoE of ``models`` at ``out``; ``datasets``: one registered text dataset or corpus path for all
     models, or one per model (its training split, ``limit_train`` blocks). Raises ConfigError (no dataset, a count
-    other than 1 or N, a family without an MoE counterpart, ``out`` an input) before any data or weights are read."""
+    other than 1 or N, a family without an MoE counterpart, configs that differ — ``tie_word_embeddings`` included —,
+    ``out`` an input) or StateDictMismatchError (a tensor stored in one model only) before any data or weights are
+    read."""
     from ..io.safe import read_json_object
     from ..moe import dense_to_moe, moe_config
+    from ..symmetry.hf.directory import check_same_hf_checkpoints
     from .pair import hf_text_data
 
     paths = [Path(m) for m in models]
@@ -36,6 +39,7 @@ def moe(models: Sequence[Path], out: Path, *, datasets: Sequence[str], data: Pat
         raise ConfigError(f"moe needs at least two models, got {len(paths)}")
     moe_config(read_json_object(paths[0] / "config.json", "config file"), len(paths), top_k or min(2, len(paths)))
     ckpts = open_checkpoints(paths)
+    check_same_hf_checkpoints(paths)  # configs (tie_word_embeddings …) and stored tensors, before the data is read
     blocks = [hf_text_data(ckpts, "moe", d, data, limit_train).train.tensors[0] for d in datasets]
     record = dense_to_moe(paths, out, data=blocks, top_k=top_k, router_steps=router_steps, align=align, seed=seed,
                           overwrite=overwrite, log=log)
