@@ -124,6 +124,13 @@ def _needed(layout: Layout) -> list[str]:
     return [f"{s}[.gz]" for s in layout.files] if layout.idx else list(layout.files)
 
 
+def expected_layout(name: str) -> str:
+    """``"mnist/ (train-images-idx3-ubyte[.gz], …)"``: the usual sub-directory of dataset ``name`` in a data directory
+    such as ``$MODECONN_DATA``, and the files it must hold."""
+    layout = _layout(name)
+    return f"{layout.subdirs[0]}/ ({', '.join(_needed(layout))})"
+
+
 def missing_files(directory: Path, layout: Layout) -> list[str]:
     """Names of the required files absent from ``directory``."""
     if layout.idx:
