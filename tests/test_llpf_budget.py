@@ -88,5 +88,8 @@ def test_the_acceptance_size_stores_every_tick_with_the_target_at_the_endpoints(
     size = SIZES["acceptance"]
     opts = llpf_options(size, SimpleNamespace(cross=cross, groups=[["a"]]), 0, 5000)
     assert opts["record_every"] == 1 and opts["threshold_margin"] == 0.0
+    assert opts["verify_batches"] > 0 and opts["closing_ticks"] > 0  # each point checked in the evaluation's terms
+    assert size.eval_limit >= size.limit_train  # the train loss along the path on the whole training set
+    assert llpf_options(SIZES["quick"], SimpleNamespace(cross=cross, groups=[["a"]]), 0, 30)["verify_batches"] == 0
     assert llpf_options(replace(size, max_points=24), SimpleNamespace(cross=cross, groups=[["a"]]), 0,
                         5000)["record_every"] > 1  # control: a bounded number of points skips ticks

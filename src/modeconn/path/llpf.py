@@ -27,9 +27,30 @@ noise). An absolute target would be far above well-trained endpoints (the refine
 still many times their loss) and unreachable for endpoints with a high loss. A given ``threshold`` (nats) is
 used as is. ``info["threshold"]`` records the value, the rule and the measured endpoint losses.
 
+*Verification* (``verify_batches`` = k > 0; off by default). The windowed train-mode loss is a noisy statistic
+(a tick stops on a dip of a few minibatches) in other terms than the evaluation's (for a BatchNorm network, batch
+statistics against recomputed ones; an endpoint's train-mode loss can sit above its evaluated loss while a refined
+point's sits below). With verification a tick whose window meets the target also has to pass a check in the
+evaluation's terms on k fixed minibatches (the first k of the endpoint measurement's): on a private copy of the
+point, BatchNorm statistics recomputed from them (:func:`~modeconn.path.batchnorm.reset_bn_stats`), then the
+eval-mode loss over them, compared with the higher endpoint's loss measured the same way + ``threshold_margin``
+(paired on the same examples, so the comparison does not carry the minibatches' sampling noise). Each check is
+2k forward passes without gradient, counted in ``info["verify_forwards"]``, not in ``grad_evals``; each tick's
+record has its last ``verified_loss``; ``info["threshold"]["verify"]`` the endpoints' values and the target.
+
 The point after each tick is a point of the path (every ``record_every``-th tick is stored); the last
 point is D itself (``info["final_gap"]``: ‖P_T − D‖/‖θ_A − D‖ over the parameters, the jump the last segment
 makes — the continuity check of :meth:`Path.evaluate` measures it).
+
+*Closing* (``closing_ticks`` = n > 0; off by default). A refinement that meets a target at the endpoints' own
+loss pulls each point off the move schedule, so the schedule's last point can end several percent of the A–B
+distance from B, and the path closes with one long straight segment to B that a continuity check with a few
+sub-points sees only at its middle. n closing ticks after the schedule store n points on that segment, dividing it
+into n+1 equal parts (no variance correction, no refinement: the path is the same polyline, now stored — and
+evaluated — at n more points along its closing segment; ``info["final_gap"]`` is then the last part's length).
+They take no share of the budget. Closing *with* refinement (moving a drifted point towards B and refining it)
+was tried and left out: the refined points leave the straight segment, and the chord from the schedule's last point
+to the first of them rose far above both (docs/results/llpf-budget).
 
 Decisions (documented here because the paper and reference leave room):
 
@@ -119,6 +140,7 @@ from ..errors import CheckpointError, ConfigError, NonFiniteError
 from ..io import save_state_dict
 from ..nn_utils import mean_cross_entropy
 from ._stream import BatchStream, data_fingerprint, resolve_dataset
+from .batchnorm import reset_bn_stats
 from .curves import check_endpoints
 from .llpf_layers import corrected_keys, norm_param_keys, param_owners, project_to_variance_, resolve_groups
 from .llpf_layers import scale_to_variance as scale_to_variance  # public here (modeconn.path.scale_to_variance)
@@ -231,6 +253,15 @@ class LLPFConfig(StrictConfig):
             at its fair share ``⌊(budget − spent)/ticks left⌋`` (≥ 1 while ``budget ≥`` ticks — for cross-sphere
             ``m2o_max_ticks + ticks`` —, checked before any work); ticks whose share was below ``max_steps``
             record it as ``steps_cap``.
+        verify_batches: 0 (default): a tick stops on the windowed train-mode loss alone. k > 0: it stops only
+            when the point's *evaluated* loss also meets the target in the evaluation's terms — BatchNorm
+            statistics recomputed on k fixed training minibatches, then the eval-mode loss on them — the target
+            being the higher endpoint's loss measured the same way + ``threshold_margin`` (a given
+            ``threshold``: that value); a failed check refines at least ``max(1, min_steps)`` more steps
+            before the next one, within the tick's share of the budget (module docstring, *verification*).
+        closing_ticks: M2M / cross-sphere ticks after the schedule that store points dividing the straight
+            closing segment to B into ``closing_ticks + 1`` equal parts, without refinement and outside the budget
+            (module docstring, *closing*); 0 (default): none. M2O ignores it.
     """
 
     step: Fraction = 0.01
@@ -255,6 +286,8 @@ class LLPFConfig(StrictConfig):
     m2o_max_ticks: int = Field(1000, ge=1)
     sphere_rtol: float = Field(0.01, gt=0, allow_inf_nan=False)
     budget: int | None = Field(None, ge=1)
+    verify_batches: int = Field(0, ge=0)
+    closing_ticks: int = Field(0, ge=0)
 
     @model_validator(mode="after")
     def _steps_ordered(self) -> LLPFConfig:
@@ -311,7 +344,8 @@ def _mode_settings(mode: str, config: LLPFConfig) -> tuple[dict[str, Any], Any]:
     angle-conformal lr; the cross-sphere fields only for cross-sphere) and the ``order`` taken out of them."""
     c = config.model_dump()
     if mode == "m2o":  # M2O moves every non-norm layer at once and never corrects variances
-        c.update(order="all", unlock_every=None, variance_correction="none", variance_target="source")
+        c.update(order="all", unlock_every=None, variance_correction="none", variance_target="source",
+                 closing_ticks=0)
     if mode == "m2m":
         c["angle_conformal"] = False
     if mode != "cross":
@@ -378,6 +412,7 @@ class _Run:
         self.progress = progress
         self._setup_endpoints(sd_a, sd_b)
         self.threshold_info = self._setup_threshold(c, sd_a, sd_b)
+        self._setup_verify(c, sd_a, sd_b)
         self.gen = torch.Generator().manual_seed(int(c["seed"]))
         self.stream = BatchStream(self.ds, c["batch_size"], self.gen)
         self.out_dir = pathlib.Path(out_dir) if out_dir is not None else None
@@ -438,13 +473,49 @@ class _Run:
         return {"value": c["threshold"], "rule": "relative", "endpoint_losses": losses, "margin": margin,
                 "batches": ENDPOINT_BATCHES}
 
+    def _fixed_batches(self, c: Mapping[str, Any], n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The first ``n`` minibatches of a generator of the run's own seed (the run's random stream untouched)."""
+        stream = BatchStream(self.ds, c["batch_size"], torch.Generator().manual_seed(int(c["seed"])))
+        return [stream.next(self.device)[:2] for _ in range(n)]
+
+    def _setup_verify(self, c: Mapping[str, Any], sd_a: StateDict, sd_b: StateDict | None) -> None:
+        """With ``verify_batches``: its fixed minibatches, a private network for the checks, the endpoints'
+        evaluated losses and the verified target (recorded in ``threshold_info["verify"]``)."""
+        self.verify_set: list[tuple[torch.Tensor, torch.Tensor]] = []
+        if c["verify_batches"] == 0:
+            return
+        self.verify_set = self._fixed_batches(c, c["verify_batches"])
+        self.verify_net = copy.deepcopy(self.net)
+        losses = [self._evaluated_loss(sd) for sd in (sd_a, sd_b) if sd is not None]
+        target = (c["threshold"] if self.threshold_info["rule"] == "given"
+                  else relative_threshold(losses, self.threshold_info["margin"]))
+        self.verify_target = target
+        self.threshold_info["verify"] = {"batches": c["verify_batches"], "endpoint_losses": losses, "value": target}
+
+    @torch.no_grad()
+    def _evaluated_loss(self, sd: StateDict, project: bool = False) -> float:
+        """The loss of ``sd`` in the evaluation's terms on the verification minibatches: BatchNorm statistics
+        recomputed from them, then the eval-mode mean minibatch loss (module docstring, *verification*); with
+        ``project``, of ``sd`` after the tick's closing projection (the point the tick would store)."""
+        net = self.verify_net
+        net.load_state_dict(sd)
+        if project:
+            self._project(dict(net.named_parameters()))
+        reset_bn_stats(net, [x for x, _ in self.verify_set])
+        net.eval()
+        return sum(self.loss_fn(net(x), y).item() for x, y in self.verify_set) / len(self.verify_set)
+
+    def _verified(self) -> float:
+        """The current point's evaluated loss (:meth:`_evaluated_loss`), its forward passes counted."""
+        self.s["verify_forwards"] = self.s.get("verify_forwards", 0) + 2 * len(self.verify_set)
+        return self._evaluated_loss(self.net.state_dict(), project=True)
+
     @torch.no_grad()
     def _endpoint_losses(self, sds: list[StateDict], c: Mapping[str, Any]) -> list[float]:
         """Each endpoint's mean minibatch train loss (train mode, as the refinement measures the path) over the same
         :data:`ENDPOINT_BATCHES` minibatches of a generator of its own; on a copy of the network."""
         net = copy.deepcopy(self.net).train()
-        stream = BatchStream(self.ds, c["batch_size"], torch.Generator().manual_seed(int(c["seed"])))
-        batches = [stream.next(self.device)[:2] for _ in range(ENDPOINT_BATCHES)]
+        batches = self._fixed_batches(c, ENDPOINT_BATCHES)
         devices = [self.device] if self.device.type == "cuda" else []
         losses = []
         for sd in sds:
@@ -497,8 +568,9 @@ class _Run:
         return self.var_dest[k] + r * (vs - self.var_dest[k])
 
     @torch.no_grad()
-    def _project(self) -> None:
-        params = self._params()
+    def _project(self, params: Mapping[str, torch.Tensor] | None = None) -> None:
+        """The variance correction of the corrected tensors of ``params`` (default: the run's network)."""
+        params = self._params() if params is None else params
         for k in self.corrected:
             project_to_variance_(params[k], self._var_target(k))
 
@@ -508,21 +580,23 @@ class _Run:
         c = self.cfg
         most = c["max_steps"]
         if c["budget"] is not None:
-            most = min(most, (c["budget"] - self.s["grad_evals"]) // max(1, self._total() - self.s["tick"]))
+            left = self._total() - c["closing_ticks"] - self.s["tick"]  # closing ticks do not refine
+            most = min(most, (c["budget"] - self.s["grad_evals"]) // max(1, left))
         return most, min(c["min_steps"], most)
 
-    def _refine(self, limits: tuple[int, int],
-                lr_of: Mapping[str, float] | None = None) -> tuple[int, float | None, bool | None]:
-        """Plain SGD until the windowed loss ≤ threshold (≥ ``least``, ≤ ``most`` steps: ``limits``)."""
+    def _refine(self, limits: tuple[int, int], lr_of: Mapping[str, float] | None = None) -> dict[str, Any]:
+        """Plain SGD until the windowed loss ≤ threshold (≥ ``least``, ≤ ``most`` steps: ``limits``) and, with
+        verification, the evaluated loss ≤ its target; the tick record's ``steps``, ``loss`` (the window's mean),
+        ``reached`` (and ``verified_loss``)."""
         c = self.cfg
         most, least = limits
         if most == 0:
-            return 0, None, None
+            return {"steps": 0, "loss": None, "reached": None}
         named = [(n, p) for n, p in self.net.named_parameters() if p.requires_grad]
         params = [p for _, p in named]
         lrs = [(lr_of or {}).get(n, c["lr"]) for n, _ in named]
         window: deque[float] = deque(maxlen=max(1, least))
-        steps, reached = 0, False
+        steps, reached, verified, next_check = 0, False, None, 0
         self.net.train()
         devices = [self.device] if self.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
@@ -537,16 +611,25 @@ class _Run:
                 _sgd_step(params, torch.autograd.grad(loss, params, allow_unused=True), lrs)
                 window.append(value)
                 steps += 1
-                if steps >= least and sum(window) / len(window) <= c["threshold"]:
-                    reached = True
-                    break
+                if steps >= max(least, next_check) and sum(window) / len(window) <= c["threshold"]:
+                    if not self.verify_set:
+                        reached = True
+                        break
+                    verified = self._verified()
+                    if verified <= self.verify_target:
+                        reached = True
+                        break
+                    next_check = steps + max(1, c["min_steps"])
         self.s["grad_evals"] += steps
-        return steps, sum(window) / len(window), reached
+        rec = {"steps": steps, "loss": sum(window) / len(window), "reached": reached}
+        return rec if verified is None else {**rec, "verified_loss": verified}
 
     # ------------------------------------------------------------------ ticks
     def _tick_m2m(self, limits: tuple[int, int]) -> dict[str, Any]:
         c = self.cfg
         k = self.s["tick"] - self.s["phase_start"]
+        if k >= c["ticks"]:
+            return self._tick_closing(k - c["ticks"])
         n_unlocked = len(self.groups) if c["order"] == "all" else min(len(self.groups), k // c["unlock_every"] + 1)
         params = self._params()
         with torch.no_grad():
@@ -555,9 +638,20 @@ class _Run:
                     params[key].lerp_(self.dest[key].to(params[key].dtype), c["step"])
                 self.s["remaining"][g] *= 1.0 - c["step"]
         self._project()
-        steps, loss, reached = self._refine(limits)
+        rec = self._refine(limits)
         self._project()
-        return {"unlocked": n_unlocked, "steps": steps, "loss": loss, "reached": reached}
+        return {"unlocked": n_unlocked, **rec}
+
+    @torch.no_grad()
+    def _tick_closing(self, j: int) -> dict[str, Any]:
+        """Closing tick ``j`` (from 0): every parameter ``1/(n+1−j)`` of its remaining way to B, so the n closing
+        points divide the straight segment from the schedule's last point to B into n+1 equal parts (module
+        docstring, *closing*); no variance correction, no refinement."""
+        params = self._params()
+        frac = 1.0 / (self.cfg["closing_ticks"] + 1 - j)
+        for key in self.coords:
+            params[key].lerp_(self.dest[key].to(params[key].dtype), frac)
+        return {"unlocked": len(self.groups), "steps": 0, "loss": None, "reached": None, "closing": True}
 
     def _tick_m2o(self, limits: tuple[int, int]) -> dict[str, Any]:
         c = self.cfg
@@ -589,8 +683,7 @@ class _Run:
                 ref = self.lr_ref.get(key)
                 if ref is not None and key in self.moved_m2o_set and self.var0[ref] > 0:
                     lr_of[key] = c["lr"] * tensor_variance(params[ref]) / self.var0[ref]
-        steps, loss, reached = self._refine(limits, lr_of)
-        out.update({"steps": steps, "loss": loss, "reached": reached})
+        out.update(self._refine(limits, lr_of))
         return out
 
     # ------------------------------------------------------------------ persistence
@@ -678,19 +771,18 @@ class _Run:
 
     # ------------------------------------------------------------------ main loop
     def _total(self) -> int:
-        if self.mode == "m2m":
-            return self.cfg["ticks"]
-        if self.mode == "m2o":
-            return self.cfg["ticks"]
+        m2m = self.cfg["ticks"] + self.cfg["closing_ticks"]
+        if self.mode in ("m2m", "m2o"):
+            return m2m
         if self.s["phase"] == "m2m":
-            return self.s["phase_start"] + self.cfg["ticks"]
-        return self.cfg["m2o_max_ticks"] + self.cfg["ticks"]
+            return self.s["phase_start"] + m2m
+        return self.cfg["m2o_max_ticks"] + m2m
 
     def _done(self) -> bool:
         if self.s["stopped"]:
             return True
         if self.s["phase"] == "m2m":
-            return self.s["tick"] - self.s["phase_start"] >= self.cfg["ticks"]
+            return self.s["tick"] - self.s["phase_start"] >= self.cfg["ticks"] + self.cfg["closing_ticks"]
         return self.mode == "m2o" and self.s["tick"] >= self.cfg["ticks"]
 
     def run(self) -> Path:
@@ -743,7 +835,7 @@ class _Run:
         limits = self._step_limits()
         rec = self._tick_m2m(limits) if phase == "m2m" else self._tick_m2o(limits)
         rec = {"tick": self.s["tick"], "phase": phase, **rec}
-        if self.cfg["budget"] is not None and limits[0] < self.cfg["max_steps"]:
+        if self.cfg["budget"] is not None and limits[0] < self.cfg["max_steps"] and not rec.get("closing"):
             rec["steps_cap"] = limits[0]
         return rec
 
@@ -800,6 +892,8 @@ class _Run:
             "records": recs,
         }
         compute = {"grad_evals": self.s["grad_evals"], "wall_time_s": self.s["wall_time_s"]}
+        if self.verify_set:
+            info["verify_forwards"] = self.s.get("verify_forwards", 0)
         method = {"m2m": "llpf-m2m", "m2o": "llpf-m2o", "cross": "llpf-cross-sphere"}[self.mode]
         if self.out_dir is None:
             return Path(self.pending, t, method=method, info=info, compute=compute)

@@ -241,7 +241,8 @@ def not_low_loss_why(results: Mapping[str, Any]) -> str:
         return (f"{unreached} of {ticks} LLPF ticks ended their refinement above the target {target:.4f} (their share "
                 "of the budget ran out first): a larger --budget, or a larger refinement -o lr, lowers the path")
     return (f"every LLPF tick reached the target {target:.4f}: the peak lies between stored points or beyond the "
-            "refinement's minibatch estimate (-o record_every=1, -o threshold_margin= lower)")
+            "refinement's minibatch estimate (-o record_every=1, -o verify_batches=8 to check each point in the "
+            "evaluation's terms, -o closing_ticks=8 for a long closing segment, -o threshold_margin= lower)")
 
 
 def _linear_text(results: Mapping[str, Any]) -> str:
