@@ -40,6 +40,7 @@ import os
 import shutil
 import struct
 import sys
+from abc import abstractmethod
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -149,7 +150,38 @@ class ShardLayout:
                    dict.fromkeys(names, meta), index, stem)
 
 
-class LazyCheckpoint(Mapping[str, torch.Tensor]):
+class LazyTensors(Mapping[str, torch.Tensor]):
+    """A read-only mapping of tensors read or computed when looked up, never held: what streaming weight matching
+    (:mod:`modeconn.match.weight_stream`) reads tensor by tensor and row block by row block. Besides the mapping it
+    gives each tensor's shape and dtype without reading it and reads rows along the first axis alone.
+    :class:`LazyCheckpoint` (stored tensors) and :class:`~modeconn.symmetry.absorb_stream.AbsorbedView` (absorbed
+    tensors, computed from stored ones) are the two; :func:`is_lazy` is the test the streaming code uses."""
+
+    @abstractmethod
+    def shape_of(self, key: str) -> tuple[int, ...]:
+        """The shape of tensor ``key`` (no data read); KeyError for an unknown key."""
+
+    @abstractmethod
+    def meta(self) -> dict[str, torch.Tensor]:
+        """``{key: meta tensor}`` with every tensor's shape and dtype (no data): for key/shape checks."""
+
+    @abstractmethod
+    def read_rows(self, key: str, start: int, count: int) -> torch.Tensor:
+        """``self[key][start:start + count]`` (rows along the first axis), reading no more than those rows where it
+        can. ValueError naming the key for rows outside the tensor (or a 0-d tensor)."""
+
+    @abstractmethod
+    def read_rows_at(self, key: str, rows: torch.Tensor) -> torch.Tensor:
+        """``self[key][rows]`` (``rows``: 1-D integer indices along the first axis, any order), reading no more than
+        those rows where it can. ValueError naming the key for a row outside the tensor."""
+
+
+def is_lazy(sd: Mapping[str, torch.Tensor]) -> bool:
+    """Whether ``sd`` is read tensor by tensor (a :class:`LazyTensors`), so that weight matching streams it."""
+    return isinstance(sd, LazyTensors)
+
+
+class LazyCheckpoint(LazyTensors):
     """The weights of a checkpoint directory (``model.safetensors`` or shards + ``model.safetensors.index.json``),
     read tensor by tensor.
 
@@ -414,6 +446,10 @@ class LazyCheckpoint(Mapping[str, torch.Tensor]):
     def meta(self) -> dict[str, torch.Tensor]:
         """``{key: meta tensor}`` with every tensor's shape and dtype (no data): for key/shape checks."""
         return {k: torch.empty(i.shape, dtype=i.dtype, device="meta") for k, i in self.infos.items()}
+
+    def shape_of(self, key: str) -> tuple[int, ...]:
+        """The shape of tensor ``key`` from the header read at opening; KeyError for an unknown key."""
+        return self.infos[key].shape
 
     @property
     def nbytes(self) -> int:

@@ -71,6 +71,14 @@ class Stacked(LazyCheckpoint):
             raise ValueError(f"rows {start}:{start + count} of tensor {key!r} of shape {shape}")
         return self.read(key)[start:start + count].clone()
 
+    def read_rows_at(self, key: str, rows: torch.Tensor) -> torch.Tensor:
+        if key not in self.stacked:
+            return self.source.read_rows_at(key, rows)
+        shape = self.infos[key].shape
+        if any(not 0 <= r < shape[0] for r in rows.tolist()):
+            raise ValueError(f"rows outside tensor {key!r} of shape {shape}")
+        return self.read(key).index_select(0, rows.long())
+
     def __repr__(self) -> str:
         return f"Stacked({self.source!r}, {len(self.stacked)} banks)"
 

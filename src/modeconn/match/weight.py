@@ -60,7 +60,7 @@ from ..checks import check_compatible, check_finite, check_one_device
 from ..config import StrictConfig
 from .._util.device import is_cpu, resolve_device
 from ..errors import ConfigError, DeviceMismatchError
-from ..io.lazy import LazyCheckpoint
+from ..io.lazy import is_lazy
 from ..symmetry import AxisBinding, Element, SymmetrySpec
 from . import solvers
 from .lap import LapTimer, lap_method, solve_lap
@@ -182,8 +182,9 @@ def weight_matching(spec: SymmetrySpec, sd_a: StateDict, sd_b: StateDict,
     Args:
         spec: the symmetry spec of the architecture (``modeconn.symmetry_spec``).
         sd_a, sd_b: state dicts of the same architecture; any float dtype (computed in fp32); one device. Either
-            may be a :class:`~modeconn.io.lazy.LazyCheckpoint` (a checkpoint read tensor by tensor): the match
-            then *streams* on the CPU (module docstring) — peak memory is about the largest space's n×n score (fp32
+            may be a :class:`~modeconn.io.lazy.LazyTensors` read tensor by tensor (a
+            :class:`~modeconn.io.lazy.LazyCheckpoint`, or an :class:`~modeconn.symmetry.absorb_stream.AbsorbedView`):
+            the match then *streams* on the CPU (module docstring) — peak memory is about the largest space's n×n score (fp32
             from 2048 units, fp64 below) plus a few ``chunk``-sized fp32 blocks, not the model size.
         config, options: a :class:`WeightMatchingConfig` (or a dict of its fields) and keyword overrides:
             ``restarts``, ``restart_rtol``, ``restart_init``, ``max_iter``, ``rtol``, ``seed``, ``init``, ``keys``,
@@ -215,7 +216,7 @@ class _Run:
         unknown = [k for k in cfg.keys or () if k not in spec.tensors]
         if unknown:
             raise ConfigError(f"keys {unknown} are not tensors of the symmetry spec")
-        self.streaming = isinstance(sd_a, LazyCheckpoint) or isinstance(sd_b, LazyCheckpoint)
+        self.streaming = is_lazy(sd_a) or is_lazy(sd_b)
         view_a = self._check_inputs(sd_a, sd_b)
         if not isinstance(cfg.init, str):
             spec.check_element(cfg.init)
@@ -239,7 +240,7 @@ class _Run:
                 self.device = torch.device(self.cfg.device)
             return view_a
         for sd, name in ((sd_a, "A"), (sd_b, "B")):
-            if not isinstance(sd, LazyCheckpoint) and check_one_device([sd], [name]).type != "cpu":
+            if not is_lazy(sd) and check_one_device([sd], [name]).type != "cpu":
                 raise DeviceMismatchError(f"streaming weight matching runs on the CPU; move state dict {name} there")
         self.device = torch.device("cpu")
         return view_a
@@ -338,7 +339,7 @@ class _Run:
 
 def _meta(sd: StateDict) -> dict[str, torch.Tensor]:
     """Shapes and dtypes of a (lazy) state dict as meta tensors, for the checks that read no data."""
-    return sd.meta() if isinstance(sd, LazyCheckpoint) else {k: t.detach().to("meta") for k, t in sd.items()}
+    return sd.meta() if is_lazy(sd) else {k: t.detach().to("meta") for k, t in sd.items()}
 
 
 class _Problem:
@@ -680,10 +681,13 @@ class _Problem:
         inverses: dict = {}  # M^{-T} of the fixed spaces, computed once per block
 
         def b_of(key: str) -> torch.Tensor:
-            if key not in cache:
-                skip = [b for b in spec.tensors[key] if b.space in members]
-                cache[key] = spec.apply_tensor(key, self.b[key], g, skip=skip, cache=inverses)
-            return cache[key]
+            if key in cache:
+                return cache[key]
+            skip = [b for b in spec.tensors[key] if b.space in members]
+            out = spec.apply_tensor(key, self.b[key], g, skip=skip, cache=inverses)
+            if self.stream is None:  # streaming holds one tensor at a time: one read twice is formed twice
+                cache[key] = out
+            return out
 
         if not spec.children[root]:  # one continuous space, units independent (or one whole-space matrix)
             self._solve_space(root, g, self._terms_for(root, members, greedy_done), b_of)

@@ -1,6 +1,8 @@
 """Streaming weight matching: A and B read tensor by tensor (:mod:`modeconn.match.weight`).
 
-When A or B is a :class:`~modeconn.io.lazy.LazyCheckpoint` the same
+When A or B is read tensor by tensor — a :class:`~modeconn.io.lazy.LazyTensors`: a
+:class:`~modeconn.io.lazy.LazyCheckpoint`, or the absorbed tensors of one
+(:class:`~modeconn.symmetry.absorb_stream.AbsorbedView`) — the same
 algorithm (same starts, orders, solvers and acceptance tests) runs without holding either model: every term reads
 its tensors when it is formed and drops them after; tensors only permutations act on stay in their stored dtype
 (fp16/bf16 gathers are exact) and only the chunk in use is gathered (:meth:`SymmetrySpec.permutation_gathers`);
@@ -13,7 +15,8 @@ Objective and norms are summed chunk by chunk in fp64. With ``device`` (an accel
 and the products accumulate in an fp32 (n, n) score on the device (the LAP then copies it to the host once,
 :func:`modeconn.match.lap.lap_method`).
 Spaces of continuous groups (and permutations with children) read their whole fp32 unit matrices, one tensor at a
-time. The result equals the in-memory one up to the summation order of the products (same element unless two
+time (a tensor a block reads twice is read twice, not kept; a discrete unit-wise child, ``block_permutation``, holds
+its terms' unit matrices together). The result equals the in-memory one up to the summation order of the products (same element unless two
 candidates tie to fp32 rounding).
 """
 
@@ -27,7 +30,7 @@ from collections.abc import Callable, Iterator, Mapping
 import torch
 
 from ..checks import check_finite
-from ..io.lazy import LazyCheckpoint
+from ..io.lazy import LazyTensors, is_lazy
 from ..symmetry import AxisBinding, Element, SymmetrySpec
 from ..symmetry.spec import apply_gathers
 from .lap import is_sparse, lap_method
@@ -105,7 +108,7 @@ class _Stream:
         permutations act on keeps its stored dtype and only the chunk in use is gathered; a tensor a continuous
         group acts on is converted to fp32 and transformed whole, as in memory. Chunks along a tensor's first axis that
         no permutation gathers are read from a lazy checkpoint row block by row block
-        (:meth:`LazyCheckpoint.read_rows`), so that a tensor larger than a chunk (an embedding) is never resident
+        (:meth:`LazyTensors.read_rows`), so that a tensor larger than a chunk (an embedding) is never resident
         whole."""
         shape = _shape_in(self.b, key)
         plan = self.spec.permutation_gathers(key, shape, g, skip=bd)
@@ -192,9 +195,9 @@ class _Stream:
 
     def _unit_rows_plan(self, key: str, g: Element, bd: AxisBinding) -> dict[int, torch.Tensor] | None:
         """The gathers ``g`` makes on the other axes of ``key`` when its units are whole row blocks of a tensor larger
-        than a chunk stored in lazy checkpoints (an FFN up-projection: units along axis 0, contiguous, only
+        than a chunk read lazily (an FFN up-projection: units along axis 0, contiguous, only
         permutations acting on it); else None."""
-        if not (isinstance(self.a, LazyCheckpoint) and isinstance(self.b, LazyCheckpoint)):
+        if not (is_lazy(self.a) and is_lazy(self.b)):
             return None
         shape = _shape_in(self.b, key)
         if bd.axis != 0 or bd.unit_axis is not None or bd.step != bd.block or math.prod(shape) <= self.chunk:
@@ -207,7 +210,7 @@ class _Stream:
     def _accumulate_unit_rows(self, acc: torch.Tensor, key: str, bd: AxisBinding,
                               plan: dict[int, torch.Tensor]) -> None:
         """``acc += unit(A_k) · unit(g·B_k)ᵀ`` block by block, ``acc[I, J] += A_I · (g·B)_Jᵀ`` for spans ``I``, ``J``
-        of about a chunk of units each, read as row blocks (:meth:`LazyCheckpoint.read_rows`): no tensor is mapped or
+        of about a chunk of units each, read as row blocks (:meth:`LazyTensors.read_rows`): no tensor is mapped or
         resident whole (B is read once per span of A, from the page cache after the first pass).
 
         The gathers act on the axes the product sums over, so ``A_I · (g·B)_Jᵀ = (A_I gathered by their inverses) ·
@@ -223,7 +226,7 @@ class _Stream:
                 y = self._unit_block(self.b, key, bd, j, k, {})
                 acc[i:i + m, j:j + k].addmm_(x, y.T)
 
-    def _unit_block(self, src: LazyCheckpoint, key: str, bd: AxisBinding, start: int, count: int,
+    def _unit_block(self, src: LazyTensors, key: str, bd: AxisBinding, start: int, count: int,
                     plan: dict[int, torch.Tensor]) -> torch.Tensor:
         """Units ``start … start + count − 1`` of ``bd`` in tensor ``key`` of ``src``, ``plan`` applied, as a
         (count, -1) fp32 matrix (on the run's device)."""
@@ -260,8 +263,8 @@ def _rows(piece: torch.Tensor, bd: AxisBinding, n: int) -> torch.Tensor:
 
 
 def _shape_in(src: StateDict, key: str) -> tuple[int, ...]:
-    """The shape of tensor ``key`` of a state dict or lazy checkpoint (read from its header: no data)."""
-    return src.infos[key].shape if isinstance(src, LazyCheckpoint) else tuple(src[key].shape)
+    """The shape of tensor ``key`` of a state dict or lazy tensors (:meth:`LazyTensors.shape_of`: no data)."""
+    return src.shape_of(key) if is_lazy(src) else tuple(src[key].shape)
 
 
 def _spans(length: int, numel: int, chunk: int) -> Iterator[tuple[int, int]]:
@@ -275,7 +278,7 @@ def _spans(length: int, numel: int, chunk: int) -> Iterator[tuple[int, int]]:
 def _row_block(src: StateDict, key: str, start: int, count: int, shape: tuple[int, ...] | None = None) -> torch.Tensor:
     """Rows ``start … start + count − 1`` of tensor ``key`` along its first axis: read alone from a lazy checkpoint
     (the whole tensor as it is where that is all of it)."""
-    if isinstance(src, LazyCheckpoint) and (shape is None or count < shape[0]):
+    if is_lazy(src) and (shape is None or count < shape[0]):
         return src.read_rows(key, start, count)
     return src[key].detach().narrow(0, start, count)
 
@@ -283,7 +286,7 @@ def _row_block(src: StateDict, key: str, start: int, count: int, shape: tuple[in
 def _row_set(src: StateDict, key: str, rows: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
     """``src[key][rows]``: only those rows read from a lazy checkpoint (the whole tensor gathered where ``rows``
     covers all of it)."""
-    if isinstance(src, LazyCheckpoint) and len(rows) < shape[0]:
+    if is_lazy(src) and len(rows) < shape[0]:
         return src.read_rows_at(key, rows)
     return src[key].detach().index_select(0, rows)
 

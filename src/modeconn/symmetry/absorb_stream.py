@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from ..errors import UnsupportedOperationError
+from ..io.lazy import LazyTensors
 from .absorb import ABSORBED_FORMAT, ABSORBED_KEY, absorbed_config_json, absorption_record, check_absorbable, recorded_name
 from .hf.registry import adapter_for, describe
 from .hf.structure import LinearRef, NormRef, Structure
@@ -36,8 +37,18 @@ from .hf.structure import LinearRef, NormRef, Structure
 PathLike = str | os.PathLike
 
 
-class AbsorbedView(Mapping[str, torch.Tensor]):
+Rows = slice | torch.Tensor | None
+"""Which rows along the first axis an absorbed tensor is computed for: a span, indices, or (None) all of it."""
+
+
+class AbsorbedView(LazyTensors):
     """The absorbed tensors of a Hugging Face checkpoint directory, by model state-dict name, computed on lookup.
+
+    A :class:`~modeconn.io.lazy.LazyTensors`, so that weight matching streams it: rows along the first axis are
+    computed from the same rows of the stored tensors where each absorbed row depends on its own source row only
+    (linear layers reading a norm, writers centered along another axis, untied copies); otherwise (a writer
+    centered along its first axis, a folded bias) from the whole tensor, the last one so computed kept for the
+    next rows of the same key — one tensor at a time either way.
 
     Attributes: ``note`` (the ``modeconn_absorbed`` record of the config), ``model`` (the absorbed model on the
     meta device: the module swaps replayed), ``shapes`` (key → (dtype, shape)).
@@ -45,6 +56,9 @@ class AbsorbedView(Mapping[str, torch.Tensor]):
     reason named) and for a checkpoint that is already absorbed, CheckpointError / ConfigError as
     :func:`modeconn.stream.hf_checkpoint_spec`.
     """
+
+    _held: tuple[str, torch.Tensor] | None = None
+    """The last whole tensor computed for row reads (key, tensor)."""
 
     def __init__(self, path: PathLike) -> None:
         from ..io.lazy import LazyCheckpoint
@@ -105,25 +119,85 @@ class AbsorbedView(Mapping[str, torch.Tensor]):
             return None  # a new bias: no stored tensor
         return self.aliases.get(key, key)
 
-    def _read(self, key: str) -> torch.Tensor:
-        return self.ckpt[self._stored_name(key)].float().double()
+    def _read(self, key: str, rows: Rows = None) -> torch.Tensor:
+        """Stored tensor ``key`` (its ``rows`` alone where given) in fp64."""
+        name = self._stored_name(key)
+        if rows is None:
+            t = self.ckpt[name]
+        elif isinstance(rows, slice):
+            t = self.ckpt.read_rows(name, rows.start, rows.stop - rows.start)
+        else:
+            t = self.ckpt.read_rows_at(name, rows)
+        return t.float().double()
 
     def __getitem__(self, key: str) -> torch.Tensor:
         if key not in self.shapes:
             raise KeyError(key)
+        return self._absorbed(key)
+
+    def _absorbed(self, key: str, rows: Rows = None) -> torch.Tensor:
+        """Absorbed tensor ``key``, or its ``rows`` computed from the same rows of its sources (row-local keys)."""
         dtype, shape = self.shapes[key]
         if key in self.biases:
             t = self._bias(key, shape)
         else:
-            t = self._read(self._source_key(key))
+            t = self._read(self._source_key(key), rows)
             if key in self.centered:
                 t = t - t.mean(dim=self.centered[key], keepdim=True)
             if key in self.readers:
-                r, n = self.readers[key]
-                view = [1] * t.ndim
-                view[r.in_axis] = -1
-                t = t * (n.offset + self._read(n.weight)).reshape(view) if n.weight else t
+                t = self._scaled(key, t, rows)
         return t.float().to(dtype)
+
+    def _scaled(self, key: str, t: torch.Tensor, rows: Rows) -> torch.Tensor:
+        """Reader ``key`` (or its ``rows``) times its norm's ``γ`` along the input axis."""
+        r, n = self.readers[key]
+        if not n.weight:
+            return t
+        gamma = n.offset + self._read(n.weight)
+        if r.in_axis == 0 and rows is not None:
+            gamma = gamma[rows]
+        view = [1] * t.ndim
+        view[r.in_axis] = -1
+        return t * gamma.reshape(view)
+
+    def _row_local(self, key: str) -> bool:
+        """Whether each row (first axis) of absorbed ``key`` is computed from the same row of its source alone."""
+        ndim = len(self.shapes[key][1])
+        return key not in self.biases and (key not in self.centered or self.centered[key] % ndim != 0)
+
+    def _rows_of(self, key: str, rows: slice | torch.Tensor) -> torch.Tensor:
+        """``self[key][rows]``: from the sources' rows where :meth:`_row_local`, else sliced from the whole tensor
+        (kept until rows of another key are read)."""
+        if self._row_local(key):
+            return self._absorbed(key, rows)
+        if self._held is None or self._held[0] != key:
+            self._held = None  # dropped before the next whole tensor is computed
+            self._held = (key, self._absorbed(key))
+        whole = self._held[1]
+        return whole[rows].clone() if isinstance(rows, slice) else whole[rows]
+
+    def _check_rows(self, key: str, lo: int, hi: int) -> None:
+        """KeyError for an unknown key; ValueError naming the view and key for rows ``lo … hi − 1`` outside it."""
+        if key not in self.shapes:
+            raise KeyError(key)
+        shape = self.shapes[key][1]
+        if not shape or lo < 0 or hi < lo or hi > shape[0]:
+            raise ValueError(f"{self.path}: rows {lo}:{hi} outside absorbed tensor {key!r} of shape {shape}")
+
+    def read_rows(self, key: str, start: int, count: int) -> torch.Tensor:
+        self._check_rows(key, start, start + count)
+        return self._rows_of(key, slice(start, start + count))
+
+    def read_rows_at(self, key: str, rows: torch.Tensor) -> torch.Tensor:
+        idx = rows.long()
+        self._check_rows(key, int(idx.min()) if idx.numel() else 0, int(idx.max()) + 1 if idx.numel() else 0)
+        return self._rows_of(key, idx)
+
+    def shape_of(self, key: str) -> tuple[int, ...]:
+        return self.shapes[key][1]
+
+    def meta(self) -> dict[str, torch.Tensor]:
+        return {k: torch.empty(shape, dtype=dtype, device="meta") for k, (dtype, shape) in self.shapes.items()}
 
     def _bias(self, key: str, shape: tuple[int, ...]) -> torch.Tensor:
         r, n = self.biases[key]
