@@ -57,9 +57,6 @@ class AbsorbedView(LazyTensors):
     :func:`modeconn.stream.hf_checkpoint_spec`.
     """
 
-    _held: tuple[str, torch.Tensor] | None = None
-    """The last whole tensor computed for row reads (key, tensor)."""
-
     def __init__(self, path: PathLike) -> None:
         from ..io.lazy import LazyCheckpoint
         from ..io.hf import checkpoint_layout
@@ -118,6 +115,9 @@ class AbsorbedView(LazyTensors):
         if key in self.biases and self.biases[key][0].bias is None:
             return None  # a new bias: no stored tensor
         return self.aliases.get(key, key)
+
+    _held: tuple[str, torch.Tensor] | None = None
+    """The last whole tensor computed for row reads (key, tensor)."""
 
     def _read(self, key: str, rows: Rows = None) -> torch.Tensor:
         """Stored tensor ``key`` (its ``rows`` alone where given) in fp64."""
