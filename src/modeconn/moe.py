@@ -280,7 +280,7 @@ def _matched(spec, sds: list[Mapping[str, torch.Tensor]], paths: list[Path], see
 def _align_permutations(paths: list[Path], ckpts, spec, config: dict[str, Any], seed: int) -> Aligned:
     """Streaming weight matching with permutations (``spec`` None: the tensors as stored)."""
     if spec is None:
-        return Aligned([_Moved(c) for c in ckpts], [], None, config)
+        return Aligned(list(ckpts), [], None, config)
     return Aligned(*_matched(spec, ckpts, paths, seed), "permutation", config)
 
 
