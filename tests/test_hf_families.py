@@ -377,6 +377,33 @@ def test_streamed_absorption_equals_in_memory_bit_for_bit(name, tmp_path):
     assert set(back) == set(ref) and all(torch.equal(back[k], ref[k]) for k in ref)
 
 
+STOCK_AFTER_ROTATION = {"llama": True, "llama_tied_mqa": True, "mistral": True, "qwen2": True, "qwen3": True,
+                        "phi3": True, "llama_biases_tied": True, "gemma": False, "gpt_neox": False, "olmo": False,
+                        "phi": False, "stablelm": False, "cohere": False, "gpt2": False}
+
+
+@pytest.mark.parametrize("name", list(STOCK_AFTER_ROTATION))
+def test_the_streamed_stock_decision_agrees_with_stock_model_after_a_rotation(name, tmp_path):
+    """stock_norm_weights (the absorption plan, no weights) decides as stock_model (the outputs) on an absorbed model
+    moved by a random element of the full group: RMSNorm families hold it; LayerNorm families (a rotation moves the
+    stream's mean; olmo, phi and cohere pass on the unrotated model) and Gemma's ``1 + w`` do not."""
+    from modeconn.symmetry.absorb_export import stock_model, stock_norm_weights
+    from modeconn.symmetry.absorb_stream import AbsorbedView
+    from modeconn.symmetry.hf import FULL_GROUPS
+
+    model = make(name)
+    model.save_pretrained(tmp_path)
+    absorbed = mc.absorb_normalization(model)
+    spec = hf.hf_symmetry_spec(absorbed, FULL_GROUPS)
+    absorbed.load_state_dict(spec.apply(absorbed.state_dict(), spec.random_element(torch.Generator().manual_seed(1))))
+    norms = stock_norm_weights(AbsorbedView(tmp_path))
+    assert (norms is not None) == (stock_model(absorbed) is not None) == STOCK_AFTER_ROTATION[name]
+    if norms is not None:
+        assert set(norms) == {k for k, _ in model.named_parameters() if "norm" in k and k.endswith("weight")} - {
+            k for k in absorbed.state_dict() if "norm" in k}  # exactly the stream's norms (qk norms stay)
+        assert all(torch.equal(t, torch.ones_like(t)) for t in norms.values())
+
+
 def test_full_group_streaming_alignment_equals_in_memory_and_keeps_b(tmp_path):
     """`modeconn align A B --groups full` on Hugging Face directories: absorbed tensor by tensor, the full group
     matched streaming (the same element as in memory), a/ and b/ written as absorbed checkpoints; b/ computes B."""

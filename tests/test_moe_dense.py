@@ -229,3 +229,99 @@ def test_nan_weights_and_token_ids_outside_the_vocabulary_are_named(tmp_path):
     with pytest.raises(NonFiniteError, match="up_proj"):  # the full group: named before absorption's logit check
         mc.dense_to_moe(dirs, tmp_path / "moe", data=torch.randint(1, 50, (2, 8)), align="full")
     assert not (tmp_path / "moe").exists()
+
+
+def _in_memory_full_group(paths, config, seed):
+    """The reference of the streamed full-group alignment: the in-memory path dense → MoE used before it streamed —
+    every model loaded in fp32 with transformers, absorbed, matched with the full group and converted back with
+    :func:`~modeconn.symmetry.absorb_export.stock_model`."""
+    from modeconn.match.weight import WeightMatchingConfig, weight_matching
+    from modeconn.moe import Aligned
+    from modeconn.symmetry import absorb_normalization
+    from modeconn.symmetry.absorb_export import stock_model
+    from modeconn.symmetry.hf import FULL_GROUPS, hf_symmetry_spec
+
+    absorbed = [absorb_normalization(T.AutoModelForCausalLM.from_pretrained(p, dtype=torch.float32)) for p in paths]
+    spec = hf_symmetry_spec(absorbed[0], groups=FULL_GROUPS)
+    records = []
+    for path, model in zip(paths[1:], absorbed[1:], strict=True):
+        res = weight_matching(spec, absorbed[0].state_dict(), model.state_dict(), WeightMatchingConfig(seed=seed))
+        model.load_state_dict(spec.apply(model.state_dict(), res.element))
+        records.append({"model": path.name, "objective": res.objective})
+    stock = [stock_model(m).state_dict() for m in absorbed]
+    return Aligned(stock, records, "full", {**config, "tie_word_embeddings": False})
+
+
+def _three_llamas(root, family="llama"):
+    """Three independently initialised tiny models (so the alignment moves every one but the first)."""
+    paths = []
+    for seed in range(3):
+        torch.manual_seed(seed)
+        TINY[family]().save_pretrained(root / f"m{seed}")
+        paths.append(root / f"m{seed}")
+    return paths
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_the_streamed_full_group_builds_the_moe_the_in_memory_path_built(tmp_path, monkeypatch, family):
+    """Three independent models: the streamed alignment (absorbed views, weight matching, stock tensors on lookup)
+    and the in-memory reference give the same alignment objectives, the same MoE tensors and the same logits."""
+    from safetensors.torch import load_file
+
+    import modeconn.moe as moe
+
+    paths = _three_llamas(tmp_path, family)
+    x = torch.randint(1, 50, (2, 10), generator=torch.Generator().manual_seed(0))
+    mc.dense_to_moe(paths, tmp_path / "streamed", data=x, align="full")
+    monkeypatch.setattr(moe, "_align_full_group", _in_memory_full_group)
+    mc.dense_to_moe(paths, tmp_path / "in_memory", data=x, align="full")
+    records = [json.loads((tmp_path / d / "moe.json").read_text()) for d in ("streamed", "in_memory")]
+    assert [r["groups"] for r in records] == ["full", "full"]
+    for got, ref in zip(*(r["alignments"] for r in records), strict=True):
+        assert got["model"] == ref["model"] and got["objective"] == pytest.approx(ref["objective"], rel=1e-6)
+    streamed, reference = (load_file(tmp_path / d / "model.safetensors") for d in ("streamed", "in_memory"))
+    assert streamed.keys() == reference.keys()
+    for k, t in reference.items():
+        assert torch.allclose(streamed[k], t, atol=1e-5), k
+    with torch.no_grad():
+        logits = [T.AutoModelForCausalLM.from_pretrained(tmp_path / d).eval()(x).logits for d in ("streamed", "in_memory")]
+    assert torch.allclose(*logits, atol=1e-5)
+
+
+def test_the_full_group_loads_no_model_and_keeps_no_aligned_tensor(tmp_path, monkeypatch):
+    """Memory: dense → MoE's full-group alignment never builds a model from the inputs (no ``from_pretrained``, no
+    absorption in memory); the aligned models it returns compute each tensor when it is looked up and keep none."""
+    import modeconn.moe as moe
+    import modeconn.symmetry as symmetry
+    from modeconn.symmetry.absorb_stream import AbsorbedView
+    from modeconn.stream import open_hf_checkpoints
+
+    paths = _three_llamas(tmp_path)
+    loads = []
+    load, absorb = T.PreTrainedModel.from_pretrained.__func__, symmetry.absorb_normalization
+    monkeypatch.setattr(T.PreTrainedModel, "from_pretrained",
+                        classmethod(lambda cls, *a, **k: loads.append(a) or load(cls, *a, **k)))
+    monkeypatch.setattr(symmetry, "absorb_normalization", lambda *a, **k: loads.append(a) or absorb(*a, **k))
+    reads = []
+    original = AbsorbedView.__getitem__
+    monkeypatch.setattr(AbsorbedView, "__getitem__", lambda self, k: reads.append(k) or original(self, k))
+    config = json.loads((paths[0] / "config.json").read_text())
+    spec, ckpts = open_hf_checkpoints(paths, tmp_path / "moe", False)
+    aligned = moe._aligned(paths, ckpts, spec, config, "full", 0, lambda s: None)
+    assert aligned.groups == "full" and loads == []
+    key = "model.layers.0.mlp.up_proj.weight"
+    for sd in aligned.sds:
+        before = len(reads)
+        assert sd[key].dtype == torch.float32 and sd[key].shape == (64, 32)
+        assert reads[before:] == [key, key]  # read from its checkpoint at each lookup: nothing kept
+
+
+def test_without_a_stock_model_for_the_full_group_moe_aligns_with_permutations(tmp_path, monkeypatch):
+    import modeconn.symmetry.absorb_export as export
+
+    paths = _three_llamas(tmp_path)
+    monkeypatch.setattr(export, "stock_norm_weights", lambda view: None)
+    lines = []
+    record = mc.dense_to_moe(paths, tmp_path / "moe", data=torch.randint(1, 50, (2, 8)), log=lines.append)
+    assert record["groups"] == "permutation" and len(record["alignments"]) == 2
+    assert lines[0] == "llama: the full group's result is no stock checkpoint; aligning with permutations", lines

@@ -5,10 +5,13 @@
     dense_to_moe(["llama-law", "llama-fiction"], "moe", data=[law_blocks, fiction_blocks], router_steps=200)
 
 Every model is aligned to the first by weight matching: by default with the full transformer group after
-normalization absorption (a residual rotation, per-head orthogonal maps, FFN permutations), the aligned models written
-back as stock models of their family (norm weights one, head untied) — which RMSNorm families can hold; else, or with
-``align="weight"``, by streaming weight matching with permutations (residual stream, attention heads' dimensions,
-FFN hidden units); ``align="none"`` takes them as stored. The shared parts (embeddings, attention, norms, head) are
+normalization absorption (a residual rotation, per-head orthogonal maps, FFN permutations) as ``modeconn align
+--groups full`` matches it — every model absorbed tensor by tensor from its checkpoint, no model loaded — the aligned
+models read as stock models of their family (norm weights one, head untied), which RMSNorm families can hold; else, or
+with ``align="weight"``, by streaming weight matching with permutations (residual stream, attention heads' dimensions,
+FFN hidden units); ``align="none"`` takes them as stored. The aligned tensors are computed from the checkpoints when
+they are read, never kept: memory holds the two models being matched (full group, fp32), one dense model at a time
+for the router statistics, and the MoE itself. The shared parts (embeddings, attention, norms, head) are
 averaged; model ``i``'s FFN becomes expert ``i`` of every layer, in the matching MoE family (:data:`MOE_FAMILIES`:
 Llama and Mistral → Mixtral, Qwen2 → Qwen2-MoE, whose shared expert is written as a zero expert of one hidden unit:
 the dense models have none).
@@ -39,11 +42,10 @@ import torch
 
 from ._util.jsonio import write_json
 from ._util.outdir import output_directory
-from .checks import check_finite
 from .errors import ConfigError
 from .io.hf import copy_code_free_side_files, model_names
 from .io.safe import read_json_object
-from .match.weight import WeightMatchingConfig, weight_matching
+from .match.weight import WeightMatchingConfig
 from .registry import Registry
 from .symmetry.hf.config_check import config_class
 
@@ -226,56 +228,80 @@ def _dense_model(config: Mapping[str, Any], sd: Mapping[str, torch.Tensor]):
     return model
 
 
+class _Moved(Mapping[str, torch.Tensor]):
+    """The tensors of ``src`` (a mapping read on lookup: a lazy checkpoint, an absorbed view) moved by the group
+    element ``element`` of ``spec`` (None: as they are), computed when looked up and never kept, and the tensors
+    ``extra`` as they are (the unit norm weights of a stock model)."""
+
+    def __init__(self, src: Mapping[str, torch.Tensor], spec=None, element=None,
+                 extra: Mapping[str, torch.Tensor] | None = None) -> None:
+        self.src, self.spec, self.element, self.extra = src, spec, element, dict(extra or {})
+        self.cache: dict = {}
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        if key in self.extra:
+            return self.extra[key]
+        t = self.src[key]
+        return t if self.element is None else self.spec.apply_tensor(key, t, self.element, cache=self.cache)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.extra or key in self.src
+
+    def __iter__(self):
+        yield from self.src
+        yield from self.extra
+
+    def __len__(self) -> int:
+        return len(self.src) + len(self.extra)
+
+
 @dataclass
 class Aligned:
-    """Every model's tensors in the first one's basis, the alignments' records, the group used and the config the
-    tensors fit (the full group unties the head and sets every norm weight to one)."""
+    """Every model's tensors in the first one's basis (:class:`_Moved`: read on lookup, one tensor at a time), the
+    alignments' records, the group used and the config the tensors fit (the full group unties the head and sets every
+    norm weight to one)."""
 
-    sds: list[dict[str, torch.Tensor]]
+    sds: list[Mapping[str, torch.Tensor]]
     records: list[dict[str, Any]]
     groups: str | None
     config: dict[str, Any]
 
 
+def _matched(spec, sds: list[Mapping[str, torch.Tensor]], paths: list[Path], seed: int,
+             extra: Mapping[str, torch.Tensor] | None = None) -> tuple[list[_Moved], list[dict[str, Any]]]:
+    """Every model of ``sds`` matched to the first (weight matching, ``seed``) and moved there lazily, with the
+    alignment records."""
+    from .recipes.hf_stream import align_to_first
+
+    elements, records = align_to_first(spec, sds, model_names(paths), WeightMatchingConfig(seed=seed), None)
+    return [_Moved(sd, spec, g, extra) for sd, g in zip(sds, elements, strict=True)], records
+
+
 def _align_permutations(paths: list[Path], ckpts, spec, config: dict[str, Any], seed: int) -> Aligned:
     """Streaming weight matching with permutations (``spec`` None: the tensors as stored)."""
-    sds, records = [{k: ckpts[0][k] for k in ckpts[0].keys()}], []
-    for path, c in zip(paths[1:], ckpts[1:], strict=True):
-        if spec is None:
-            sds.append({k: c[k] for k in c.keys()})
-            continue
-        res = weight_matching(spec, ckpts[0], c, WeightMatchingConfig(seed=seed))
-        cache: dict = {}
-        sds.append({k: spec.apply_tensor(k, c[k], res.element, cache=cache) for k in c.keys()})
-        records.append({"model": model_names([path])[0], "objective": res.objective})
-    return Aligned(sds, records, None if spec is None else "permutation", config)
+    if spec is None:
+        return Aligned(list(ckpts), [], None, config)
+    return Aligned(*_matched(spec, ckpts, paths, seed), "permutation", config)
 
 
 def _align_full_group(paths: list[Path], config: dict[str, Any], seed: int) -> Aligned | None:
-    """Weight matching with the full transformer group after normalization absorption, in memory
-    (:data:`~modeconn.symmetry.hf.FULL_GROUPS`: a residual rotation, per-head orthogonal maps, FFN permutations),
-    every model then written back as a stock model of its family (norm weights one, head untied:
-    :func:`~modeconn.symmetry.absorb_export.stock_model`). None where the family's norms cannot hold the result."""
-    import transformers
-
-    from .symmetry import absorb_normalization
-    from .symmetry.absorb_export import stock_model
+    """Weight matching with the full transformer group after normalization absorption
+    (:data:`~modeconn.symmetry.hf.FULL_GROUPS`: a residual rotation, per-head orthogonal maps, FFN permutations), as
+    ``align --groups full`` runs it (:func:`~modeconn.recipes.hf_stream.align_hf_full_group`): every model absorbed
+    tensor by tensor in fp32 (:class:`~modeconn.symmetry.absorb_stream.AbsorbedView`), no model loaded; every model
+    then read as a stock model of its family (norm weights one, head untied:
+    :func:`~modeconn.symmetry.absorb_export.stock_norm_weights`). None, before any weight is read, where the
+    family's norms cannot hold the result."""
+    from .symmetry.absorb_export import stock_norm_weights
+    from .symmetry.absorb_stream import AbsorbedView
     from .symmetry.hf import FULL_GROUPS, hf_symmetry_spec
 
-    absorbed = [absorb_normalization(_finite(transformers.AutoModelForCausalLM.from_pretrained(
-        p, dtype=torch.float32, trust_remote_code=False), p)) for p in paths]
-    spec = hf_symmetry_spec(absorbed[0], groups=FULL_GROUPS)
-    ref = absorbed[0].state_dict()
-    records = []
-    for path, model in zip(paths[1:], absorbed[1:], strict=True):
-        res = weight_matching(spec, ref, model.state_dict(), WeightMatchingConfig(seed=seed))
-        model.load_state_dict(spec.apply(model.state_dict(), res.element))
-        records.append({"model": model_names([path])[0], "objective": res.objective})
-    stock = [stock_model(m) for m in absorbed]
-    if any(m is None for m in stock):
+    views = [AbsorbedView(p, torch.float32) for p in paths]
+    norms = stock_norm_weights(views[0])
+    if norms is None:
         return None
-    return Aligned([{k: v.detach() for k, v in m.state_dict().items()} for m in stock], records, "full",
-                   {**config, "tie_word_embeddings": False})
+    sds, records = _matched(hf_symmetry_spec(views[0].model, FULL_GROUPS), views, paths, seed, norms)
+    return Aligned(sds, records, "full", {**config, "tie_word_embeddings": False})
 
 
 def _aligned(paths: list[Path], ckpts, spec, config: dict[str, Any], align: str, seed: int, log: Log) -> Aligned:
@@ -291,13 +317,6 @@ def _aligned(paths: list[Path], ckpts, spec, config: dict[str, Any], align: str,
     if aligned.groups is not None:
         log("aligned every model to the first: weight matching, permutations")
     return aligned
-
-
-def _finite(model, path: Path):
-    """``model``, after NonFiniteError naming ``path``'s first tensor with NaN/Inf (absorption would only report a
-    NaN change of the logits)."""
-    check_finite(model.state_dict(), str(path))
-    return model
 
 
 def _routers(aligned: Aligned, blocks: list[torch.Tensor]) -> dict[str, torch.Tensor]:

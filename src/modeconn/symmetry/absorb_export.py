@@ -12,16 +12,25 @@ Which case holds is decided by the outputs, not by a family list: :func:`stock_m
 every norm weight to 1 (and a norm bias to 0), loads the absorbed weights strictly, and returns it only if its
 outputs equal the absorbed model's on a random input (``max|Δ| ≤ atol · max(1, max|y|)``) — a family whose norm
 weight means something else (Gemma's ``1 + w``) fails the check and stays absorbed.
+
+Streamed (:class:`~modeconn.symmetry.absorb_stream.AbsorbedView`, no model in memory to run), the same cases are told
+apart by the absorption plan instead: :func:`stock_norm_weights` gives the unit norm weights that make the absorbed
+tensors a stock state dict where every stream norm is an RMSNorm without offset, else None (tested to agree with
+:func:`stock_model` on models moved by a random element of the full group, family by family; a LayerNorm family
+passes :func:`stock_model` before a rotation, which keeps its stream mean-free, and fails after).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from .absorb import ABSORBED_KEY, _require_hf
+
+if TYPE_CHECKING:
+    from .absorb_stream import AbsorbedView
 
 
 def _stock_config(hf: nn.Module) -> Any:
@@ -65,3 +74,13 @@ def stock_model(absorbed: nn.Module, *, atol: float = 1e-4) -> nn.Module | None:
     except (RuntimeError, ValueError, TypeError, KeyError):  # extra biases the stock class has no place for
         return None
     return stock.eval() if _same_outputs(hf, stock, atol) else None
+
+
+def stock_norm_weights(view: AbsorbedView) -> dict[str, torch.Tensor] | None:
+    """The tensors a stock model of ``view``'s class needs beside the absorbed ones to compute the absorbed function
+    after any group element (every norm weight 1, key → tensor in ``view``'s dtype), or None where no stock model
+    computes it: a stream norm other than an RMSNorm ``w ⊙ x / rms(x)`` (a LayerNorm, whose mean subtraction a
+    rotation breaks; Gemma's ``1 + w``). Decided from the absorption plan, before any weight is read."""
+    if any(n.kind != "rmsnorm" or n.offset for n in view.norms):
+        return None
+    return {n.weight: torch.ones(n.size, dtype=view.dtype_of(n.weight)) for n in view.norms}

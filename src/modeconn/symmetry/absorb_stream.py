@@ -51,20 +51,22 @@ class AbsorbedView(LazyTensors):
     next rows of the same key — one tensor at a time either way.
 
     Attributes: ``note`` (the ``modeconn_absorbed`` record of the config), ``model`` (the absorbed model on the
-    meta device: the module swaps replayed), ``shapes`` (key → (dtype, shape)).
+    meta device: the module swaps replayed), ``shapes`` (key → (dtype, shape)), ``norms`` (the stream's norms, as
+    :func:`~modeconn.symmetry.hf.registry.describe` gives them before absorption). ``dtype``: every floating
+    tensor cast to it (default: its stored dtype), e.g. fp32 for the arithmetic of an absorption in memory.
     Raises (on construction): UnsupportedOperationError for a family or model absorption does not apply to (the
     reason named) and for a checkpoint that is already absorbed, CheckpointError / ConfigError as
     :func:`modeconn.stream.hf_checkpoint_spec`.
     """
 
-    def __init__(self, path: PathLike) -> None:
+    def __init__(self, path: PathLike, dtype: torch.dtype | None = None) -> None:
         from ..io.lazy import LazyCheckpoint
         from ..io.hf import checkpoint_layout
         from ..io.stacked import stacked_view
         from .hf.directory import hf_config
         from .hf.config_check import build_meta_model
 
-        self.path = Path(path)
+        self.path, self.cast = Path(path), dtype
         self.config = hf_config(self.path)
         if getattr(self.config, ABSORBED_KEY, None) is not None:
             raise UnsupportedOperationError(f"{self.path} is already an absorbed checkpoint")
@@ -81,10 +83,10 @@ class AbsorbedView(LazyTensors):
         self._plan(st)
         self.model = absorbed_meta_model(self.config, self.note)
         sd = self.model.state_dict()
-        self.shapes = {k: (self._dtype(k), tuple(sd[k].shape)) for k in sd}
+        self.shapes = {k: (self.dtype_of(k), tuple(sd[k].shape)) for k in sd}
 
     def _plan(self, st: Structure) -> None:
-        norms = st.stream.norms
+        norms = self.norms = st.stream.norms
         self.dropped = {k for n in norms for k in (n.weight, n.bias) if k}
         layer_norm = any(n.kind == "layernorm" for n in norms)
         self.centered = {s.key: s.axis for s in st.stream.writers} if layer_norm else {}
@@ -98,12 +100,14 @@ class AbsorbedView(LazyTensors):
         self.aliases = dict(st.aliases)
         self.note = {"format": ABSORBED_FORMAT, **absorption_record(st), "atol": None, "streamed": True}
 
-    def _dtype(self, key: str) -> torch.dtype:
+    def dtype_of(self, key: str) -> torch.dtype:
+        """The dtype of absorbed tensor ``key`` (or of a stored tensor the absorption drops, a norm weight)."""
         src = self._source_key(key)
         if src is None:  # a new bias: the dtype of its layer's weight (which may be a tied alias)
             weight = self.biases[key][0].weight
             src = self.aliases.get(weight, weight)
-        return self.ckpt.infos[self._stored_name(src)].dtype
+        stored = self.ckpt.infos[self._stored_name(src)].dtype
+        return self.cast if self.cast is not None and stored.is_floating_point else stored
 
     def _stored_name(self, key: str) -> str:
         """The checkpoint's name of model tensor ``key`` (renamings resolve per tensor object, which tied tensors
