@@ -281,11 +281,13 @@ def test_the_streamed_full_group_builds_the_moe_the_in_memory_path_built(tmp_pat
         assert got["model"] == ref["model"] and got["objective"] == pytest.approx(ref["objective"], rel=1e-6)
     streamed, reference = (load_file(tmp_path / d / "model.safetensors") for d in ("streamed", "in_memory"))
     assert streamed.keys() == reference.keys()
+    # streamed matching sums its scores in row blocks: the orthogonal solutions agree to the solver's precision (the
+    # objectives above to 1e-6), not bit for bit, on these unstructured random models; a missing alignment is O(1e-2)
     for k, t in reference.items():
-        assert torch.allclose(streamed[k], t, atol=1e-5), k
+        assert torch.allclose(streamed[k], t, atol=1e-3), k
     with torch.no_grad():
         logits = [T.AutoModelForCausalLM.from_pretrained(tmp_path / d).eval()(x).logits for d in ("streamed", "in_memory")]
-    assert torch.allclose(*logits, atol=1e-5)
+    assert torch.allclose(*logits, atol=1e-3)
 
 
 def test_the_full_group_loads_no_model_and_keeps_no_aligned_tensor(tmp_path, monkeypatch):
