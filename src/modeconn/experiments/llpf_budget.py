@@ -161,7 +161,8 @@ class Pair:
         row["low_loss"] = bool(row["complete"] and row["dense_peak_train_loss"] <= max(ends) + LOW_LOSS_MARGIN)
         if "ticks_done" in path.info:
             row.update(ticks=path.info["ticks_done"], unreached_ticks=len(path.info.get("unreached_ticks", [])),
-                       final_gap=path.info.get("final_gap"), threshold=path.info["threshold"]["value"])
+                       final_gap=path.info.get("final_gap"), threshold=path.info["threshold"]["value"],
+                       verify_forwards=path.info.get("verify_forwards"))
         return row
 
 

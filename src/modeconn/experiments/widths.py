@@ -81,12 +81,12 @@ SIZES = {
                               limit_test=300)),
                         schedules=(PARENTS_RECIPE,), finetune_from=("fused", "truncation average"),
                         match_batches=2),
-    # MLPs on 12,000 images, ResNet20 ×2/×4 on 600 images, 2 epochs each: what trained within the hour on a two-core
-    # CPU shared by a dozen jobs (a few percent of a core per process)
-    "full": WidthsSize((Case("mlp", "mlp", "mnist", (256, 512), {"depth": 3}, epochs=2, limit_train=12000,
-                             finetune_from=("fused", "fused (REPAIR)", "A")),
-                        Case("resnet20", "resnet20", "fashion-mnist", (2, 4), epochs=2, limit_train=600,
-                             limit_test=500, finetune_from=("fused", "A"), match_batches=4))),
+    # the MLPs on all of MNIST; ResNet20 ×2/×4 on 5,000 Fashion-MNIST images, 3 epochs each: what one core of a
+    # two-core CPU trains in about half an hour (a ×4 minibatch of 128 costs seconds there)
+    "full": WidthsSize((Case("mlp", "mlp", "mnist", (256, 512), {"depth": 3}, epochs=3,
+                             finetune_from=("fused", "fused (REPAIR)", "truncation average", "A")),
+                        Case("resnet20", "resnet20", "fashion-mnist", (2, 4), epochs=3, limit_train=5000,
+                             limit_test=2000, finetune_from=("fused", "A"), match_batches=8))),
 }
 
 
