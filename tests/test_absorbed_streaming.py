@@ -13,7 +13,8 @@ from hf_tiny import make
 import modeconn as mc
 from modeconn.io.lazy import is_lazy
 from modeconn.match.weight import WeightMatchingConfig
-from modeconn.recipes.hf_stream import align_hf_full_group, align_to_first
+from modeconn.match.weight import align_to_first
+from modeconn.recipes.hf_stream import align_hf_full_group
 from modeconn.symmetry.absorb_stream import AbsorbedView
 from modeconn.symmetry.hf import FULL_GROUPS, hf_symmetry_spec
 

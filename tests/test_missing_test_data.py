@@ -12,7 +12,8 @@ import pytest
 
 import modeconn
 
-from conftest import MISSING_DATA_EXIT
+# pytest's usage-error status, conftest.MISSING_DATA_EXIT (not imported: tests/robustness has a conftest module too)
+MISSING_DATA_EXIT = pytest.ExitCode.USAGE_ERROR
 
 PAYLOAD = "from pathlib import Path\n\n\ndef test_runs():\n    Path('ran').write_text('yes')\n"
 

@@ -45,7 +45,7 @@ from ._util.outdir import output_directory
 from .errors import ConfigError
 from .io.hf import copy_code_free_side_files, model_names
 from .io.safe import read_json_object
-from .match.weight import WeightMatchingConfig
+from .match.weight import WeightMatchingConfig, align_to_first
 from .registry import Registry
 from .symmetry.hf.config_check import config_class
 
@@ -271,7 +271,6 @@ def _matched(spec, sds: list[Mapping[str, torch.Tensor]], paths: list[Path], see
              extra: Mapping[str, torch.Tensor] | None = None) -> tuple[list[_Moved], list[dict[str, Any]]]:
     """Every model of ``sds`` matched to the first (weight matching, ``seed``) and moved there lazily, with the
     alignment records."""
-    from .recipes.hf_stream import align_to_first
 
     elements, records = align_to_first(spec, sds, model_names(paths), WeightMatchingConfig(seed=seed), None)
     return [_Moved(sd, spec, g, extra) for sd, g in zip(sds, elements, strict=True)], records

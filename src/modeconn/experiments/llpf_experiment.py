@@ -74,6 +74,7 @@ class LLPFSize(SearchSize):
     sub_points: int = 1
     curve_points: int = 25
     fdf_level: int | None = 2
+    verify_batches: int = 0  # LLPF's check of each point in the evaluation's terms (the threshold's terms)
     seeds: tuple[int, ...] = (0, 1, 2)
 
 
@@ -83,7 +84,7 @@ SIZES = {
     # marginal at this size; with 0.01 every seed's path stays at the endpoints' level)
     "quick": LLPFSize(width=0.5, limit_train=1000, epochs=2, eval_limit=128, ticks=8, step=0.4, min_steps=2,
                       max_steps=10, record_every=1, lr=0.02, margin=0.01, m2o_step=0.2, m2o_max_ticks=4,
-                      bn_batches=2, curve_points=9),
+                      bn_batches=2, curve_points=9, verify_batches=2),
     "full": LLPFSize(width=0.5, limit_train=10000, epochs=5, eval_limit=1000, ticks=60, step=0.08, min_steps=5,
                      max_steps=100, record_every=3, lr=0.02, margin=0.03, m2o_step=0.03, m2o_max_ticks=60,
                      bn_batches=5),
@@ -116,7 +117,7 @@ def m2m_config(size: SearchSize, threshold: float, seed: int, **overrides: Any) 
 
 def llpf_config(size: LLPFSize, threshold: float, seed: int, **overrides: Any) -> LLPFConfig:
     return m2m_config(size, threshold, seed, m2o_step=size.m2o_step, m2o_max_ticks=size.m2o_max_ticks,
-                      fdf_level=size.fdf_level, **overrides)
+                      fdf_level=size.fdf_level, verify_batches=size.verify_batches, **overrides)
 
 
 @dataclass

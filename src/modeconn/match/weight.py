@@ -822,3 +822,22 @@ def _finite_costs(total: torch.Tensor, n: int) -> torch.Tensor:
         return total
     big = (float(total[finite].abs().max()) + 1.0) * 4 * n if bool(finite.any()) else 1.0
     return torch.where(finite, total, torch.full_like(total, big))
+
+
+def align_to_first(spec: SymmetrySpec, ckpts: list[Mapping[str, torch.Tensor]], names: list[str],
+                   wm: WeightMatchingConfig | None, progress: Callable[[str, int, int], None] | None):
+    """Weight matching of every model of ``ckpts`` (state dicts, lazy checkpoints or other lazy tensor sources) to the
+    first: per model the element aligning it (``None`` for the first, and for every model where ``wm`` is None: no
+    alignment) and the alignment records (name from ``names``, objective, stats). ``progress(stage, done, total)``
+    gets each stage prefixed with ``"model i"``."""
+    elements: list[Element | None] = [None]
+    alignments = []
+    for i, c in enumerate(ckpts[1:], 1):
+        if wm is None:
+            elements.append(None)
+            continue
+        tick = (lambda s, d, t, i=i: progress(f"model {i + 1}: {s}", d, t)) if progress is not None else None
+        res = weight_matching(spec, ckpts[0], c, wm, progress=tick)
+        elements.append(res.element)
+        alignments.append({"model": names[i], "objective": res.objective, "stats": res.stats})
+    return elements, alignments

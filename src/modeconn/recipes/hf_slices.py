@@ -21,11 +21,12 @@ from ..io import CONFIG_NAME
 from ..io.hf import checkpoint_tensor_names, code_free_side_files, model_names, with_config, without_remote_code
 from ..io.lazy import LazyCheckpoint, ShardLayout, write_like
 from ..io.safe import read_json_object
+from ..match.weight import align_to_first
 from ..path.interpolate import merge_tensor
 from ..path.merge_layers import OutputSlice, PlannedTensor, layer_index, stack_plan, tensor_settings
 from ..path.merge_rules import MergeRule, RuleSettings, check_rule_settings, rule_weights
 from ..stream import open_hf_checkpoints
-from .hf_stream import Progress, align_to_first, dtype_name, wm_settings
+from .hf_stream import Progress, dtype_name, wm_settings
 from .merge_plan import MergePlan
 
 LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "num_layers")

@@ -15,13 +15,12 @@ from .._util.jsonio import write_json
 from ..io import CONFIG_NAME
 from ..io.safe import read_json_object
 from ..io.hf import PathLike, code_free_side_files, model_names, resolve_checkpoint_path, without_remote_code
-from ..io.lazy import LazyCheckpoint, ShardLayout, write_like
+from ..io.lazy import ShardLayout, write_like
 from ..match.result import Alignment
-from ..match.weight import DEFAULTS, WeightMatchingConfig, weight_matching
+from ..match.weight import DEFAULTS, WeightMatchingConfig, align_to_first, weight_matching
 from ..path.merge_layers import with_layer_positions
 from ..path.merge_rules import MergeRule, RuleSettings, applied_weights, check_filters, tensor_weighted
 from ..stream import merged_keys, open_hf_checkpoints, stream_apply, stream_merge
-from ..symmetry import Element
 from ..symmetry.hf import FULL_GROUPS
 from .merge_plan import MergePlan
 from .merge_tokenizer import tokenizer_record
@@ -159,22 +158,6 @@ def _weights_record(rule: MergeRule, weights: Sequence[float], settings: RuleSet
 
 def dtype_name(dtype: torch.dtype | None) -> str | None:
     return None if dtype is None else str(dtype).removeprefix("torch.")
-
-
-def align_to_first(spec, ckpts: list[LazyCheckpoint], names: list[str], wm: WeightMatchingConfig | None, progress):
-    """Per model the element aligning it to the first (``None`` for the first and where ``wm`` is None: no
-    alignment) and the alignment records (name, objective, stats)."""
-    elements: list[Element | None] = [None]
-    alignments = []
-    for i, c in enumerate(ckpts[1:], 1):
-        if wm is None:
-            elements.append(None)
-            continue
-        tick = (lambda s, d, t, i=i: progress(f"model {i + 1}: {s}", d, t)) if progress is not None else None
-        res = weight_matching(spec, ckpts[0], c, wm, progress=tick)
-        elements.append(res.element)
-        alignments.append({"model": names[i], "objective": res.objective, "stats": res.stats})
-    return elements, alignments
 
 
 def align_hf_full_group(a: PathLike, b: PathLike, out: PathLike,
