@@ -271,7 +271,6 @@ def _matched(spec, sds: list[Mapping[str, torch.Tensor]], paths: list[Path], see
              extra: Mapping[str, torch.Tensor] | None = None) -> tuple[list[_Moved], list[dict[str, Any]]]:
     """Every model of ``sds`` matched to the first (weight matching, ``seed``) and moved there lazily, with the
     alignment records."""
-
     elements, records = align_to_first(spec, sds, model_names(paths), WeightMatchingConfig(seed=seed), None)
     return [_Moved(sd, spec, g, extra) for sd, g in zip(sds, elements, strict=True)], records
 

@@ -612,11 +612,8 @@ class _Run:
                 window.append(value)
                 steps += 1
                 if steps >= max(least, next_check) and sum(window) / len(window) <= c["threshold"]:
-                    if not self.verify_set:
-                        reached = True
-                        break
-                    verified = self._verified()
-                    if verified <= self.verify_target:
+                    verified = self._verified() if self.verify_set else None
+                    if verified is None or verified <= self.verify_target:
                         reached = True
                         break
                     next_check = steps + max(1, c["min_steps"])
