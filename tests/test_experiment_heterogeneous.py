@@ -21,7 +21,7 @@ def test_quick_heterogeneous_has_every_row_and_alignment_helps_where_it_must(tmp
     pair = r["moe_pair"]["heldout_loss"]
     assert pair["aligned average"] < pair["plain average"]
     rows = r["dense_to_moe"]["independent"]["heldout_loss"]
-    assert set(r["dense_to_moe"]) == {"branched", "independent"} and len(rows) == 10
+    assert set(r["dense_to_moe"]) == {"branched", "independent"} and len(rows) == 15
     unaligned = rows["MoE, unaligned, router from data"]
     for aligned in (rows["MoE, permutations, router from data"], rows["MoE, full group, router from data"]):
         assert all(a < u for a, u in zip(aligned, unaligned, strict=True))

@@ -44,7 +44,7 @@ def test_learned_matching_beats_naive_midpoint(mnist_pair):
     spec = mc.symmetry_spec(a, bundle.train.tensors[0][:2])
     sa, sb = a.state_dict(), b.state_dict()
     res = mc.learned_matching(spec, a, sa, sb, make_loader(bundle.train, 256, shuffle=True), steps=60,
-                              lambda_sampling="midpoint", init=spec.identity())
+                              lambda_schedule="fixed", lambda_value=0.5, init=spec.identity())
     test = {"test": make_loader(bundle.test, 1000)}
     mid = lambda sd: mc.evaluate_path(a, sa, sd, test, lambdas=[0.0, 0.5, 1.0]).values("test")[1]  # noqa: E731
     assert mid(res.apply(sb)) < 0.5 * mid(sb)

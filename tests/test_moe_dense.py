@@ -7,6 +7,7 @@ their own model's data; the same MoE with its router rows swapped computes the w
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -111,13 +112,14 @@ def test_the_cli_builds_a_mixtral_from_two_llamas_with_per_model_data(tmp_path):
     dirs, corpus = tiny_causal_lms(tmp_path, "llama")
     out = tmp_path / "moe"
     res = run_cli("moe", *dirs, "--out", out, "--dataset", corpus, "--dataset", corpus, "--router-steps", "2",
-                  "--limit-train", "8")
+                  "--shared-steps", "2", "--limit-train", "8")
     assert "written to" in res.output.lower() or str(out) in res.output
     moe = T.AutoModelForCausalLM.from_pretrained(out)
     assert type(moe).__name__ == "MixtralForCausalLM" and moe.config.num_local_experts == 2
     assert (out / "tokenizer.model").exists()
     record = json.loads((out / "moe.json").read_text())
     assert record["router"]["steps"] == 2 and record["align"] == "full" and record["groups"] == "full"
+    assert record["shared"]["steps"] == 2 and len(record["shared"]["loss"]) == 2
 
 
 @pytest.mark.parametrize("case,message", [
@@ -327,3 +329,50 @@ def test_without_a_stock_model_for_the_full_group_moe_aligns_with_permutations(t
     record = mc.dense_to_moe(paths, tmp_path / "moe", data=torch.randint(1, 50, (2, 8)), log=lines.append)
     assert record["groups"] == "permutation" and len(record["alignments"]) == 2
     assert lines[0] == "llama: the full group's result is no stock checkpoint; aligning with permutations", lines
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_shared_training_moves_the_router_and_averaged_tensors_and_never_an_expert(tmp_path, family):
+    """``shared_steps``: against the same MoE without it (same seed, same alignment), every expert tensor (and
+    Qwen2-MoE's zero shared expert) is unchanged, the router and the attention moved; ``router_steps`` alone moves the
+    router only. Fails if the expert pattern let an expert train or the shared part missed the attention (names as
+    the loaded models hold them; Mixtral's files store the experts under other names)."""
+    paths = _three_llamas(tmp_path, family)[:2]
+    x = torch.randint(1, 50, (4, 10), generator=torch.Generator().manual_seed(0))
+    for name, kwargs in (("base", {}), ("router", {"router_steps": 3}), ("shared", {"shared_steps": 3})):
+        mc.dense_to_moe(paths, tmp_path / name, data=x, align="weight", **kwargs)
+    base, router, shared = (T.AutoModelForCausalLM.from_pretrained(tmp_path / d).state_dict()
+                            for d in ("base", "router", "shared"))
+
+    def moved(sd):
+        return {k for k, t in base.items() if not torch.equal(sd[k], t)}
+
+    experts = {k for k in base if ".experts." in k or "shared_expert" in k}
+    assert experts and not moved(shared) & experts
+    assert moved(router) == {k for k in base if k.endswith("mlp.gate.weight")}
+    assert moved(router) < moved(shared) and any("self_attn" in k for k in moved(shared))
+    record = json.loads((tmp_path / "shared" / "moe.json").read_text())
+    assert record["shared"]["steps"] == 3 and all(map(math.isfinite, record["shared"]["loss"]))
+
+
+@pytest.mark.parametrize("kwargs,message", [({"shared_steps": -1}, "shared_steps must be 0 or more, got -1"),
+                                            ({"router_lr": 0.0}, "router_lr must be positive, got 0.0")])
+def test_bad_training_settings_are_named_before_any_weights_are_read(tmp_path, monkeypatch, kwargs, message):
+    from modeconn.io.lazy import LazyCheckpoint
+
+    paths, _ = _two_copies(tmp_path)
+    monkeypatch.setattr(LazyCheckpoint, "__getitem__", lambda *a: pytest.fail("weights read"))
+    with pytest.raises(ConfigError, match=message):
+        mc.dense_to_moe(paths, tmp_path / "moe", data=torch.randint(1, 50, (2, 8)), **kwargs)
+    assert not (tmp_path / "moe").exists()
+
+
+def test_a_diverged_training_writes_nothing(tmp_path, monkeypatch):
+    import modeconn.moe as moe
+    from modeconn.errors import NonFiniteError
+
+    paths, _ = _two_copies(tmp_path)
+    monkeypatch.setattr(moe, "train_part", lambda *a, **k: [2.0, float("nan")])
+    with pytest.raises(NonFiniteError, match="shared training diverged"):
+        mc.dense_to_moe(paths, tmp_path / "moe", data=torch.randint(1, 50, (2, 8)), align="none", shared_steps=2)
+    assert not (tmp_path / "moe").exists()

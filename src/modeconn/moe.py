@@ -20,8 +20,11 @@ The router is initialised from data, in the spirit of Branch-Train-MiX (Sukhbaat
 input of each aligned dense model's FFN (its post-attention norm's output) is averaged over its own data, and the
 router row of expert ``i`` is the centred mean ``(m_i − m̄) / σ²`` (σ²: the pooled per-coordinate variance) — the
 nearest-mean classifier of spherical Gaussians. ``router_steps`` then trains the router rows alone (AdamW, the
-language-model loss, batches drawn from every model's data). Top-k weights are renormalised to sum to one, so N copies
-of one dense model give an MoE computing exactly that model, whatever the router.
+language-model loss, batches drawn from every model's data), and ``shared_steps`` the router with every averaged
+tensor (embeddings, attention, norms, head), the experts frozen: the averaged parts of models that share no
+initialisation are what an MoE of them loses most on (Branch-Train-MiX fine-tunes the whole MoE after mixing; here each
+expert stays its dense model's FFN). Top-k weights are renormalised to sum to one, so N copies of one dense model give
+an MoE computing exactly that model, whatever the router.
 
 The output is written atomically (config.json, safetensors, the first model's tokenizer files, ``moe.json``: the
 inputs, alignment objectives, router settings), loads with ``from_pretrained`` and ``generate``s. Every check (family,
@@ -31,6 +34,7 @@ before any weights are read.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -42,7 +46,7 @@ import torch
 
 from ._util.jsonio import write_json
 from ._util.outdir import output_directory
-from .errors import ConfigError
+from .errors import ConfigError, NonFiniteError
 from .io.hf import copy_code_free_side_files, model_names
 from .io.safe import read_json_object
 from .match.weight import WeightMatchingConfig, align_to_first
@@ -175,18 +179,36 @@ def router_from_moments(moments: Sequence[tuple[torch.Tensor, torch.Tensor]]) ->
     return (means - means.mean(0)) / var
 
 
-def train_router(model, data: Sequence[torch.Tensor], steps: int, *, lr: float = 1e-2, batch: int = 16,
-                 seed: int = 0) -> list[float]:
-    """Train only the router rows (``mlp.gate.weight``) of an MoE causal LM for ``steps`` AdamW steps on the
-    language-model loss, each batch drawn from the blocks of every dataset in ``data``; returns the losses."""
-    routers = [p for n, p in model.named_parameters() if n.endswith("mlp.gate.weight")]
+EXPERT = re.compile(r"\.mlp\.(experts|shared_expert)\b|\.mlp\.shared_expert_gate\.")
+"""A tensor of an expert (Mixtral's and Qwen2-MoE's expert banks, Qwen2-MoE's shared expert and its gate)."""
+
+TRAINABLE: Registry[Callable[[str], bool]] = Registry("part of a causal LM to train")
+"""What a training phase of :func:`train_part` updates, by parameter name."""
+TRAINABLE.register("router")(lambda name: name.endswith("mlp.gate.weight"))
+TRAINABLE.register("shared")(lambda name: EXPERT.search(name) is None)  # the router and every averaged tensor
+TRAINABLE.register("all")(lambda name: True)
+
+
+def train_part(model, data: Sequence[torch.Tensor], steps: int, *, part: str = "router", lr: float = 1e-2,
+               batch: int = 16, seed: int = 0) -> list[float]:
+    """Train one part (:data:`TRAINABLE`) of a causal LM for ``steps`` AdamW steps (no weight decay, learning rate
+    ``lr`` decayed to 0 by a cosine) on the language-model loss, each batch drawn from the blocks of every dataset in
+    ``data``; every other parameter frozen. Of an MoE, ``"router"``: the router rows alone; ``"shared"``: the router
+    and every tensor the dense models shared (embeddings, attention, norms, head), the experts frozen — each expert
+    stays its dense model's FFN; ``"all"``: every tensor (of any model). Returns the losses (one per step).
+
+    Raises: ConfigError naming ``part`` if it is not a registered part.
+    """
+    select = TRAINABLE.get(part)
+    params = [p for n, p in model.named_parameters() if select(n)]
     for p in model.parameters():
         p.requires_grad_(False)
-    for p in routers:
+    for p in params:
         p.requires_grad_(True)
     blocks = torch.cat(list(data))
     gen = torch.Generator().manual_seed(seed)
-    opt = torch.optim.AdamW(routers, lr=lr, weight_decay=0.0)
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps)
     losses = []
     model.train()
     for _ in range(steps):
@@ -195,6 +217,7 @@ def train_router(model, data: Sequence[torch.Tensor], steps: int, *, lr: float =
         loss = model(input_ids=x, labels=x).loss
         loss.backward()
         opt.step()
+        schedule.step()
         losses.append(loss.item())
     model.eval()
     for p in model.parameters():
@@ -333,28 +356,51 @@ def _write(out: PathLike, moe, source: Path, inputs: list[Path], record: dict[st
         write_json(tmp / "moe.json", record)
 
 
+def _train(moe, blocks: list[torch.Tensor], part: str, steps: int, lr: float, seed: int,
+           log: Log) -> list[float] | None:
+    """One training phase of the built MoE; its first and last losses (None without steps)."""
+    if not steps:
+        return None
+    losses = train_part(moe, blocks, steps, part=part, lr=lr, seed=seed)
+    if not all(math.isfinite(v) for v in losses):
+        raise NonFiniteError(f"the MoE's {part} training diverged (loss {losses[-1]} after {steps} steps at lr {lr:g}); "
+                             "nothing was written: lower the learning rate")
+    log(f"{part} trained {steps} steps: loss {losses[0]:.4f} → {losses[-1]:.4f}")
+    return [losses[0], losses[-1]]
+
+
+def _check_training(**settings: float) -> None:
+    """ConfigError naming the first negative ``*_steps`` or non-positive ``*_lr`` of ``settings``."""
+    for name, value in settings.items():
+        if (value < 0) if name.endswith("_steps") else not value > 0:
+            raise ConfigError(f"{name} must be {'0 or more' if name.endswith('_steps') else 'positive'}, got {value}")
+
+
 ALIGNMENTS = ("full", "weight", "none")
 """``align`` choices of :func:`dense_to_moe`."""
 
 
 def dense_to_moe(models: Sequence[PathLike], out: PathLike, *, data: Sequence[torch.Tensor] | torch.Tensor,
-                 top_k: int | None = None, router_steps: int = 0, router_lr: float = 1e-2, align: str = "full",
-                 seed: int = 0, overwrite: bool = False, log: Log | None = None) -> dict[str, Any]:
+                 top_k: int | None = None, router_steps: int = 0, router_lr: float = 1e-2, shared_steps: int = 0,
+                 shared_lr: float = 3e-3, align: str = "full", seed: int = 0, overwrite: bool = False,
+                 log: Log | None = None) -> dict[str, Any]:
     """Build one MoE checkpoint at ``out`` from dense Hugging Face causal LMs ``models`` (module docstring).
 
     Args:
         models: two or more checkpoint directories of one dense family (Llama, Mistral, Qwen2), same config and
             vocabulary; the first is the reference of the alignment.
         data: token-id blocks (n, T), one tensor for all models or one per model (its own data): the routers'
-            statistics and, with ``router_steps``, their training.
+            statistics and the trainings' batches.
         top_k: active experts per token (default ``min(2, N)``); ``router_steps``/``router_lr``: router-only training
-            after the initialisation (0: none); ``align``: ``"full"`` (weight matching with the full group where the
-            family's norms can hold it, else permutations), ``"weight"`` (permutations, streamed) or ``"none"``;
-            ``seed``: the alignment's and the router training's.
+            after the initialisation (0: none); ``shared_steps``/``shared_lr``: then training of the router and the
+            averaged tensors, the experts frozen (0: none; :func:`train_part`); both with a cosine decay; ``align``:
+            ``"full"`` (weight matching with the full group where the family's norms can hold it, else
+            permutations), ``"weight"`` (permutations, streamed) or ``"none"``;
+            ``seed``: the alignment's and the trainings'.
     Returns: the record written as ``moe.json``.
-    Raises: ConfigError (another family — named —, fewer than two models, bad ``top_k``/``align``/data, ``out`` an
-        input or not writable) and the checkpoint errors of :func:`modeconn.stream.open_hf_checkpoints`, all before any
-        weights are read.
+    Raises: ConfigError (another family — named —, fewer than two models, bad ``top_k``/``align``/data/steps/learning
+        rates, ``out`` an input or not writable) and the checkpoint errors of :func:`modeconn.stream.open_hf_checkpoints`,
+        all before any weights are read; NonFiniteError if a training phase diverges (nothing written).
     """
     import transformers
 
@@ -366,6 +412,7 @@ def dense_to_moe(models: Sequence[PathLike], out: PathLike, *, data: Sequence[to
         raise ConfigError(f"dense → MoE needs at least two models, got {len(paths)}")
     if align not in ALIGNMENTS:
         raise ConfigError(f"align must be one of {', '.join(ALIGNMENTS)}; got {align!r}")
+    _check_training(router_steps=router_steps, shared_steps=shared_steps, router_lr=router_lr, shared_lr=shared_lr)
     top_k = min(2, len(paths)) if top_k is None else top_k
     if not 1 <= top_k <= len(paths):
         raise ConfigError(f"top_k must be between 1 and the number of experts ({len(paths)}), got {top_k}")
@@ -376,13 +423,13 @@ def dense_to_moe(models: Sequence[PathLike], out: PathLike, *, data: Sequence[to
     aligned = _aligned(paths, ckpts, spec, config, align, seed, log)
     moe = transformers.AutoModelForCausalLM.from_config(moe_config(aligned.config, len(paths), top_k), trust_remote_code=False).float()
     moe.load_state_dict(moe_state_dict(aligned.config, aligned.sds, _routers(aligned, blocks)), strict=True)
-    losses = train_router(moe, blocks, router_steps, lr=router_lr, seed=seed) if router_steps else []
-    if losses:
-        log(f"router trained {router_steps} steps: loss {losses[0]:.4f} → {losses[-1]:.4f}")
+    losses = {part: _train(moe, blocks, part, steps, lr, seed, log)
+              for part, steps, lr in (("router", router_steps, router_lr), ("shared", shared_steps, shared_lr))}
     record = {"experts_from": model_names(paths), "moe_type": moe_family(config).moe_type, "top_k": top_k,
               "align": align, "groups": aligned.groups, "alignments": aligned.records, "seed": seed,
               "router": {"init": "centred mean FFN input over pooled variance", "steps": router_steps,
-                         "lr": router_lr, "tokens": [int(b.numel()) for b in blocks],
-                         "loss": [losses[0], losses[-1]] if losses else None}}
+                         "lr": router_lr, "tokens": [int(b.numel()) for b in blocks], "loss": losses["router"]},
+              "shared": {"steps": shared_steps, "lr": shared_lr, "trains": "router and averaged tensors, experts frozen",
+                         "loss": losses["shared"]}}
     _write(out, moe, paths[0], paths, record, config.get("dtype") or config.get("torch_dtype"), overwrite)
     return record

@@ -59,6 +59,8 @@ class HeterogeneousSize:
     moe: LMSize = LMSize(intermediate=96, steps=400)
     experts: int = 4
     router_steps: int = 100
+    shared_steps: int = 200  # training of the MoE's router and averaged tensors, experts frozen (a third of a dense run)
+    shared_lr: float = 3e-3
     router_blocks: int | None = 1024  # training windows per model for the router's statistics (None: all)
     within: float = 0.05  # the MoE's held-out loss within this fraction of each half's own dense model
     widths: Case = Case("mlp", "mlp", "mnist", (256, 512), {"depth": 3}, epochs=1, limit_train=20_000)
@@ -68,6 +70,7 @@ SIZES = {
     "quick": HeterogeneousSize(chars=40_000, vocab=300, context=32, eval_blocks=8,
                                dense=LMSize(hidden=32, intermediate=48, steps=30, common=15, batch=8),
                                moe=LMSize(hidden=32, intermediate=24, steps=20, batch=8), experts=2, router_steps=3,
+                               shared_steps=3,
                                router_blocks=16,
                                widths=Case("mlp", "mlp", "mnist", (32, 64), {"depth": 2}, epochs=1, limit_train=1000,
                                            limit_test=300)),
@@ -200,6 +203,24 @@ ALIGNMENTS = {"none": "unaligned", "weight": "permutations", "full": "full group
 """The MoE rows' alignments (:func:`modeconn.dense_to_moe`'s ``align``) and their labels."""
 
 
+def _moe_trainings(size: HeterogeneousSize) -> dict[str, dict[str, int]]:
+    """The MoE rows' trainings after the router's initialisation, by label: none, router-only, router and shared
+    parts (from the data-initialised router)."""
+    return {"router from data": {}, f"router + {size.router_steps} steps": {"router_steps": size.router_steps},
+            f"shared + {size.shared_steps} steps": {"shared_steps": size.shared_steps}}
+
+
+def _trained(path: Path, data: list[torch.Tensor], size: HeterogeneousSize):
+    """The dense checkpoint at ``path`` trained on ``data`` as the MoE's shared parts are (every tensor)."""
+    import transformers as T
+
+    from ..moe import train_part
+
+    model = T.AutoModelForCausalLM.from_pretrained(path, trust_remote_code=False).float()
+    train_part(model, data, size.shared_steps, part="all", lr=size.shared_lr)
+    return model
+
+
 def dense_to_moe_rows(setting: str, size: HeterogeneousSize, corpus: Corpus, root: Path, log: Log) -> dict[str, Any]:
     """(b) for one setting: held-out loss on each half of the dense models, their plain average and the MoEs."""
     from ..moe import dense_to_moe
@@ -210,11 +231,13 @@ def dense_to_moe_rows(setting: str, size: HeterogeneousSize, corpus: Corpus, roo
     models = {"A (first half)": paths[0], "B (second half)": paths[1],
               "plain average": _average(paths, root / f"{setting}-avg", False),
               "aligned average": _average(paths, root / f"{setting}-wm", True)}
+    for name in ("plain average", "aligned average"):  # the control: as much training, every tensor, no MoE
+        models[f"{name} + {size.shared_steps} steps"] = _trained(models[name], own, size)
     for align, label in ALIGNMENTS.items():
-        for steps in (0, size.router_steps):
-            out = root / f"{setting}-moe-{align}-{steps}"
-            dense_to_moe(paths, out, data=own, align=align, router_steps=steps)
-            models[f"MoE, {label}, router {'from data' if steps == 0 else f'+ {steps} steps'}"] = out
+        for kind, kwargs in _moe_trainings(size).items():
+            out = root / f"{setting}-moe-{align}-{len(models)}"
+            dense_to_moe(paths, out, data=own, align=align, shared_lr=size.shared_lr, **kwargs)
+            models[f"MoE, {label}, {kind}"] = out
     loss = {name: [heldout_loss(p, h) for h in held] for name, p in models.items()}
     log(f"dense → MoE ({setting}): " + "; ".join(f"{k} {v[0]:.4f} / {v[1]:.4f}" for k, v in loss.items()))
     return {"heldout_loss": loss}
@@ -288,9 +311,12 @@ def report(r: dict[str, Any]) -> str:
              f"{s['dense']['common']} common steps on both halves, then {s['dense']['steps'] - s['dense']['common']} "
              f"per branch; independent: seeds 0 and 1 from scratch). MoE: Mixtral with 2 experts (top-2), router "
              f"from each model's mean FFN input on {_windows(s.get('router_blocks'))} of its own training half, "
-             f"then {s['router_steps']} router-only steps on both halves; the MoE's shared parts unaligned, after "
-             "weight matching with permutations or with the full group. 'aligned average': the dense models' "
-             "average after weight matching (permutations).", ""]
+             f"then {s['router_steps']} router-only steps on both halves, or {s.get('shared_steps')} steps training the "
+             f"router with the averaged tensors (embeddings, attention, norms, head; experts frozen; lr "
+             f"{s.get('shared_lr')}, cosine) on both halves; the MoE's shared parts unaligned, after weight matching "
+             "with permutations or with the full group. 'aligned average': the dense models' average after weight "
+             f"matching (permutations); '+ {s.get('shared_steps')} steps': the control, that average trained as "
+             "long on the same batches, every tensor.", ""]
     for setting, part in r["dense_to_moe"].items():
         rows = part["heldout_loss"]
         own = [rows["A (first half)"][0], rows["B (second half)"][1]]
@@ -326,18 +352,41 @@ def findings(r: dict[str, Any]) -> list[str]:
     for setting, part in r["dense_to_moe"].items():
         rows = part["heldout_loss"]
         steps = r["settings"]["router_steps"]
-        mean = {label: sum(rows[f"MoE, {label}, router + {steps} steps"]) / 2 for label in ALIGNMENTS.values()}
-        parts = [f"{label} {_fmt(v)}" for label, v in mean.items()]
-        best = min(mean, key=mean.get)
-        verdict = ("alignment makes no difference (within 0.001)" if max(mean.values()) - min(mean.values()) < 1e-3
-                   else "alignment does not help" if best == "unaligned" else f"best: {best}")
-        out.append(f"- (b) {setting}: the MoE (router + {steps} steps, mean loss of both halves): {', '.join(parts)} "
+        mean, verdict = _by_alignment(rows, f"router + {steps} steps")
+        out.append(f"- (b) {setting}: the MoE (router + {steps} steps, mean loss of both halves): {_listed(mean)} "
                    f"nats/token — {verdict}; the plain "
                    f"average of the dense models {_fmt(sum(rows['plain average']) / 2)}.")
+        out.append(_shared_finding(setting, rows, r["settings"].get("shared_steps")))
     acc = r["widths"]["test_acc"]
     out.append(f"- (c) widths: matching the units {'beats' if acc['fused'] > acc['truncation average'] else 'does not beat'}"
                f" truncation ({_change(acc['truncation average'], acc['fused'], 'test accuracy')}).")
     return out
+
+
+def _by_alignment(rows: dict[str, list[float]], training: str) -> tuple[dict[str, float], str]:
+    """The MoE rows of one training: per alignment the mean loss of both halves, and what alignment did."""
+    mean = {label: sum(rows[f"MoE, {label}, {training}"]) / 2 for label in ALIGNMENTS.values()
+            if f"MoE, {label}, {training}" in rows}
+    best = min(mean, key=mean.get)
+    verdict = ("alignment makes no difference (within 0.001)" if max(mean.values()) - min(mean.values()) < 1e-3
+               else "alignment does not help" if best == "unaligned" else f"best: {best}")
+    return mean, verdict
+
+
+def _listed(values: dict[str, float]) -> str:
+    return ", ".join(f"{k} {_fmt(v)}" for k, v in values.items())
+
+
+def _shared_finding(setting: str, rows: dict[str, list[float]], steps: int | None) -> str:
+    """The shared-parts training's line: each alignment's MoE against the averages trained as long."""
+    if f"MoE, unaligned, shared + {steps} steps" not in rows:
+        return f"- (b) {setting}: no MoE trained its shared parts in this run."
+    mean, verdict = _by_alignment(rows, f"shared + {steps} steps")
+    controls = {k: sum(rows[f"{k} + {steps} steps"]) / 2 for k in ("plain average", "aligned average")}
+    below = min(mean.values()) < min(controls.values())
+    return (f"- (b) {setting}, shared parts trained {steps} steps (mean of both halves): {_listed(mean)} nats/token "
+            f"— {verdict}; the averages trained as long (every tensor): {_listed(controls)} — the best MoE is "
+            f"{'below' if below else 'not below'} both.")
 
 
 register_experiment(Experiment("heterogeneous", __doc__, SIZES, run_heterogeneous, report, ("report.md", "results.json"),

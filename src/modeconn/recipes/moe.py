@@ -16,8 +16,8 @@ from .outcome import Outcome
 
 
 def moe(models: Sequence[Path], out: Path, *, datasets: Sequence[str], data: Path | None = None,
-        limit_train: int | None = None, top_k: int | None = None, router_steps: int = 0, align: str = "full",
-        seed: int = 0, overwrite: bool = False, log: Callable[[str], None] = print) -> Outcome:
+        limit_train: int | None = None, top_k: int | None = None, router_steps: int = 0, shared_steps: int = 0,
+        align: str = "full", seed: int = 0, overwrite: bool = False, log: Callable[[str], None] = print) -> Outcome:
     """Build the MoE of ``models`` at ``out``; ``datasets``: one registered text dataset or corpus path for all
     models, or one per model (its training split, ``limit_train`` blocks). Raises ConfigError (no dataset, a count
     other than 1 or N, a family without an MoE counterpart, configs that differ — ``tie_word_embeddings`` included —,
@@ -41,7 +41,7 @@ def moe(models: Sequence[Path], out: Path, *, datasets: Sequence[str], data: Pat
     ckpts = open_checkpoints(paths)
     check_same_hf_checkpoints(paths)  # configs (tie_word_embeddings …) and stored tensors, before the data is read
     blocks = [hf_text_data(ckpts, "moe", d, data, limit_train).train.tensors[0] for d in datasets]
-    record = dense_to_moe(paths, out, data=blocks, top_k=top_k, router_steps=router_steps, align=align, seed=seed,
-                          overwrite=overwrite, log=log)
+    record = dense_to_moe(paths, out, data=blocks, top_k=top_k, router_steps=router_steps, shared_steps=shared_steps,
+                          align=align, seed=seed, overwrite=overwrite, log=log)
     return Outcome(out, "config.json, model.safetensors, tokenizer files, moe.json",
                    (f"{record['moe_type']} of {len(paths)} experts (top-{record['top_k']})",), "MoE checkpoint")
