@@ -201,8 +201,8 @@ def test_dual_matching_never_changes_either_endpoints_function(family_lm, family
     before = digest(lm["model"]), {k: v.clone() for k, v in a.items()}, {k: v.clone() for k, v in b.items()}
     calls = []
     res = dual_matching(spec, lm["model"], a, b, lm["loader"], steps=6, lr=0.05, weight_alignment=wm_independent,
-                        progress=lambda *c: calls.append(c))
-    assert [c[:2] for c in calls] == [(i, 6) for i in range(1, 7)]
+                        progress=lambda stage, done, total, **metrics: calls.append((done, total, set(metrics))))
+    assert calls == [(i, 6, {"loss", "lam"}) for i in range(1, 7)]
     assert isinstance(res, DualAlignment) and res.method == "dual"
     assert digest(lm["model"]) == before[0]
     assert all(torch.equal(a[k], before[1][k]) and torch.equal(b[k], before[2][k]) for k in a)  # inputs untouched
