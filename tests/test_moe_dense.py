@@ -355,15 +355,55 @@ def test_shared_training_moves_the_router_and_averaged_tensors_and_never_an_expe
     assert record["shared"]["steps"] == 3 and all(map(math.isfinite, record["shared"]["loss"]))
 
 
-@pytest.mark.parametrize("kwargs,message", [({"shared_steps": -1}, "shared_steps must be 0 or more, got -1"),
-                                            ({"router_lr": 0.0}, "router_lr must be positive, got 0.0")])
+@pytest.mark.parametrize("kwargs,message", [
+    ({"shared_steps": -1}, "shared_steps must be an integer, 0 or more, got -1"),
+    ({"shared_steps": 1.5}, "shared_steps must be an integer, 0 or more, got 1.5"),
+    ({"router_steps": True}, "router_steps must be an integer, 0 or more, got True"),
+    ({"shared_steps": float("inf")}, "shared_steps must be an integer, 0 or more, got inf"),
+    ({"router_lr": 0.0}, r"router_lr must be a positive finite number \(float32\), got 0.0"),
+    ({"shared_lr": float("nan")}, "shared_lr must be a positive finite number"),
+    ({"shared_lr": float("inf")}, "shared_lr must be a positive finite number"),
+    ({"shared_lr": 1e39}, "shared_lr must be a positive finite number"),
+    ({"shared_lr": "0.01"}, "shared_lr must be a positive finite number"),
+    ({"top_k": 1.5}, "top_k must be an integer"),
+    ({"shared_steps": 2, "data": torch.randint(1, 50, (3, 1))}, "blocks of at least 2 tokens"),
+    ({"shared_steps": 2, "data": [torch.randint(1, 50, (2, 8)), torch.randint(1, 50, (2, 12))]},
+     "give blocks of one length, got 8, 12 tokens")])
 def test_bad_training_settings_are_named_before_any_weights_are_read(tmp_path, monkeypatch, kwargs, message):
     from modeconn.io.lazy import LazyCheckpoint
 
     paths, _ = _two_copies(tmp_path)
     monkeypatch.setattr(LazyCheckpoint, "__getitem__", lambda *a: pytest.fail("weights read"))
+    kwargs = {"data": torch.randint(1, 50, (2, 8)), **kwargs}
     with pytest.raises(ConfigError, match=message):
-        mc.dense_to_moe(paths, tmp_path / "moe", data=torch.randint(1, 50, (2, 8)), **kwargs)
+        mc.dense_to_moe(paths, tmp_path / "moe", **kwargs)
+    assert not (tmp_path / "moe").exists()
+
+
+def test_blocks_of_other_lengths_build_an_untrained_moe(tmp_path):
+    """Only the trainings batch across the datasets: the router's statistics take blocks of any lengths."""
+    paths, _ = _two_copies(tmp_path)
+    mc.dense_to_moe(paths, tmp_path / "moe", data=[torch.randint(1, 50, (2, 8)), torch.randint(1, 50, (2, 12))],
+                    align="none")
+    assert (tmp_path / "moe" / "model.safetensors").exists()
+
+
+def test_a_training_that_diverges_on_its_last_step_writes_nothing(tmp_path, monkeypatch):
+    """Each step's loss is taken before its update: the weights after the last step (and the loss after it) are
+    checked too. On these models lr 1e30 leaves both steps' losses finite (5.09, 4.16) and the weights not."""
+    from modeconn.errors import NonFiniteError
+
+    import modeconn.moe as moe
+
+    dirs, _ = tiny_causal_lms(tmp_path, "llama")
+    losses = []
+    train = moe.train_part
+    monkeypatch.setattr(moe, "train_part", lambda *a, **k: losses.append(train(*a, **k)) or losses[-1])
+    data = torch.randint(0, 64, (8, 16), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(NonFiniteError, match=r"shared training diverged \(loss nan after 2 steps at lr 1e\+30, "
+                                             "non-finite weights"):
+        mc.dense_to_moe(dirs, tmp_path / "moe", data=data, align="none", shared_steps=2, shared_lr=1e30)
+    assert len(losses[0]) == 2 and all(map(math.isfinite, losses[0]))  # what the old check looked at
     assert not (tmp_path / "moe").exists()
 
 

@@ -356,24 +356,50 @@ def _write(out: PathLike, moe, source: Path, inputs: list[Path], record: dict[st
         write_json(tmp / "moe.json", record)
 
 
+def _batch_loss(model, x: torch.Tensor) -> float:
+    with torch.no_grad():
+        return float(model(input_ids=x, labels=x).loss)
+
+
 def _train(moe, blocks: list[torch.Tensor], part: str, steps: int, lr: float, seed: int,
            log: Log) -> list[float] | None:
-    """One training phase of the built MoE; its first and last losses (None without steps)."""
+    """One training phase of the built MoE; the loss on a fixed batch (the first 16 blocks) before and after it
+    (None without steps). NonFiniteError if a loss or a trained weight is not finite."""
     if not steps:
         return None
+    probe = torch.cat(blocks)[:16]
+    before = _batch_loss(moe, probe)
     losses = train_part(moe, blocks, steps, part=part, lr=lr, seed=seed)
-    if not all(math.isfinite(v) for v in losses):
-        raise NonFiniteError(f"the MoE's {part} training diverged (loss {losses[-1]} after {steps} steps at lr {lr:g}); "
-                             "nothing was written: lower the learning rate")
-    log(f"{part} trained {steps} steps: loss {losses[0]:.4f} → {losses[-1]:.4f}")
-    return [losses[0], losses[-1]]
+    after = _batch_loss(moe, probe)
+    weights_finite = all(bool(torch.isfinite(p).all()) for p in moe.parameters())
+    if not (weights_finite and all(math.isfinite(v) for v in (*losses, after))):
+        raise NonFiniteError(f"the MoE's {part} training diverged (loss {after} after {steps} steps at lr {lr:g}"
+                             f"{'' if weights_finite else ', non-finite weights'}); nothing was written: lower the "
+                             "learning rate")
+    log(f"{part} trained {steps} steps: loss {before:.4f} → {after:.4f}"
+        + (" (it rose: the learning rate may be too high)" if after > before else ""))
+    return [before, after]
 
 
-def _check_training(**settings: float) -> None:
-    """ConfigError naming the first negative ``*_steps`` or non-positive ``*_lr`` of ``settings``."""
-    for name, value in settings.items():
-        if (value < 0) if name.endswith("_steps") else not value > 0:
-            raise ConfigError(f"{name} must be {'0 or more' if name.endswith('_steps') else 'positive'}, got {value}")
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+
+
+def _check_training(steps: Mapping[str, Any], rates: Mapping[str, Any], blocks: list[torch.Tensor]) -> None:
+    """ConfigError naming the first step count that is no integer ≥ 0, learning rate that is no positive float32 value,
+    or, when anything trains, blocks the batches cannot be drawn from (under two tokens, lengths that differ)."""
+    for name, value in steps.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigError(f"{name} must be an integer, 0 or more, got {value!r}")
+    for name, value in rates.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= FLOAT32_MAX:
+            raise ConfigError(f"{name} must be a positive finite number (float32), got {value!r}")
+    if any(steps.values()):
+        lengths = sorted({int(b.shape[1]) for b in blocks})
+        if lengths[0] < 2:
+            raise ConfigError(f"the trainings need blocks of at least 2 tokens (one to predict); got {lengths[0]}")
+        if len(lengths) > 1:
+            raise ConfigError(f"the trainings draw batches from every dataset: give blocks of one length, got "
+                              f"{', '.join(map(str, lengths))} tokens")
 
 
 ALIGNMENTS = ("full", "weight", "none")
@@ -399,8 +425,10 @@ def dense_to_moe(models: Sequence[PathLike], out: PathLike, *, data: Sequence[to
             ``seed``: the alignment's and the trainings'.
     Returns: the record written as ``moe.json``.
     Raises: ConfigError (another family — named —, fewer than two models, bad ``top_k``/``align``/data/steps/learning
-        rates, ``out`` an input or not writable) and the checkpoint errors of :func:`modeconn.stream.open_hf_checkpoints`,
-        all before any weights are read; NonFiniteError if a training phase diverges (nothing written).
+        rates, blocks a training cannot batch) and the checkpoint errors of
+        :func:`modeconn.stream.open_hf_checkpoints` (CheckpointError for an ``out`` that is an input or not writable),
+        all before any weights are read; NonFiniteError if a training phase diverges (a loss or a trained weight not
+        finite; nothing written).
     """
     import transformers
 
@@ -412,13 +440,15 @@ def dense_to_moe(models: Sequence[PathLike], out: PathLike, *, data: Sequence[to
         raise ConfigError(f"dense → MoE needs at least two models, got {len(paths)}")
     if align not in ALIGNMENTS:
         raise ConfigError(f"align must be one of {', '.join(ALIGNMENTS)}; got {align!r}")
-    _check_training(router_steps=router_steps, shared_steps=shared_steps, router_lr=router_lr, shared_lr=shared_lr)
     top_k = min(2, len(paths)) if top_k is None else top_k
-    if not 1 <= top_k <= len(paths):
-        raise ConfigError(f"top_k must be between 1 and the number of experts ({len(paths)}), got {top_k}")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= len(paths):
+        raise ConfigError(f"top_k must be an integer between 1 and the number of experts ({len(paths)}), "
+                          f"got {top_k!r}")
     config = read_json_object(paths[0] / "config.json", "config file")
     moe_config(config, len(paths), top_k)  # the family and its fields: refused before anything else is read
     blocks = _per_model(data, len(paths), int(config.get("vocab_size", 0)))
+    _check_training({"router_steps": router_steps, "shared_steps": shared_steps},
+                    {"router_lr": router_lr, "shared_lr": shared_lr}, blocks)
     spec, ckpts = open_hf_checkpoints(paths, out, overwrite, None if align == "none" else "permutation")
     aligned = _aligned(paths, ckpts, spec, config, align, seed, log)
     moe = transformers.AutoModelForCausalLM.from_config(moe_config(aligned.config, len(paths), top_k), trust_remote_code=False).float()
