@@ -336,8 +336,13 @@ def test_shared_training_moves_the_router_and_averaged_tensors_and_never_an_expe
     """``shared_steps``: against the same MoE without it (same seed, same alignment), every expert tensor (and
     Qwen2-MoE's zero shared expert) is unchanged, the router and the attention moved; ``router_steps`` alone moves the
     router only. Fails if the expert pattern let an expert train or the shared part missed the attention (names as
-    the loaded models hold them; Mixtral's files store the experts under other names)."""
-    paths = _three_llamas(tmp_path, family)[:2]
+    the loaded models hold them; Mixtral's files store the experts under other names). Every weight random, norm
+    scales included, so the averaged tensors differ from any stock initialisation."""
+    from hf_tiny import randomize
+
+    paths = [tmp_path / f"m{seed}" for seed in (0, 1)]
+    for seed, path in enumerate(paths):
+        randomize(TINY[family](), seed).save_pretrained(path)
     x = torch.randint(1, 50, (4, 10), generator=torch.Generator().manual_seed(0))
     for name, kwargs in (("base", {}), ("router", {"router_steps": 3}), ("shared", {"shared_steps": 3})):
         mc.dense_to_moe(paths, tmp_path / name, data=x, align="weight", **kwargs)
@@ -351,6 +356,7 @@ def test_shared_training_moves_the_router_and_averaged_tensors_and_never_an_expe
     assert experts and not moved(shared) & experts
     assert moved(router) == {k for k in base if k.endswith("mlp.gate.weight")}
     assert moved(router) < moved(shared) and any("self_attn" in k for k in moved(shared))
+    assert any("norm" in k for k in moved(shared))
     record = json.loads((tmp_path / "shared" / "moe.json").read_text())
     assert record["shared"]["steps"] == 3 and all(map(math.isfinite, record["shared"]["loss"]))
 

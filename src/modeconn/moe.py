@@ -367,7 +367,7 @@ def _train(moe, blocks: list[torch.Tensor], part: str, steps: int, lr: float, se
     (None without steps). NonFiniteError if a loss or a trained weight is not finite."""
     if not steps:
         return None
-    probe = torch.cat(blocks)[:16]
+    probe = torch.cat([b[:16] for b in blocks])[:16]
     before = _batch_loss(moe, probe)
     losses = train_part(moe, blocks, steps, part=part, lr=lr, seed=seed)
     after = _batch_loss(moe, probe)
