@@ -422,3 +422,18 @@ def test_a_diverged_training_writes_nothing(tmp_path, monkeypatch):
     with pytest.raises(NonFiniteError, match="shared training diverged"):
         mc.dense_to_moe(paths, tmp_path / "moe", data=torch.randint(1, 50, (2, 8)), align="none", shared_steps=2)
     assert not (tmp_path / "moe").exists()
+
+
+def test_a_torchvision_checkpoint_is_refused_naming_its_kind(tmp_path):
+    import torchvision
+
+    for name in "ab":
+        d = tmp_path / name
+        d.mkdir()
+        torch.save(torchvision.models.resnet18(num_classes=10).state_dict(), d / "model.pth")
+        (d / "config.json").write_text(json.dumps({"torchvision_model": "resnet18", "kwargs": {"num_classes": 10},
+                                                   "input_size": [3, 32, 32]}))
+    res = run_cli("moe", tmp_path / "a", tmp_path / "b", "--out", tmp_path / "moe", "--dataset", "austen", ok=False)
+    assert res.exit_code == 2, res.output
+    assert "Hugging Face causal LM directories" in " ".join(res.output.split()) and "(torchvision)" in res.output
+    assert not (tmp_path / "moe").exists()

@@ -37,8 +37,11 @@ def moe(models: Sequence[Path], out: Path, *, datasets: Sequence[str], data: Pat
     check_output_target(out, inputs=inputs, overwrite=overwrite)
     if len(paths) < 2:
         raise ConfigError(f"moe needs at least two models, got {len(paths)}")
-    moe_config(read_json_object(paths[0] / "config.json", "config file"), len(paths), top_k or min(2, len(paths)))
     ckpts = open_checkpoints(paths)
+    if ckpts[0].kind.name != "huggingface":
+        raise ConfigError(f"moe builds a Mixture-of-Experts from Hugging Face causal LM directories; "
+                          f"{ckpts[0].describe()} is not one")
+    moe_config(read_json_object(paths[0] / "config.json", "config file"), len(paths), top_k or min(2, len(paths)))
     check_same_hf_checkpoints(paths)  # configs (tie_word_embeddings …) and stored tensors, before the data is read
     blocks = [hf_text_data(ckpts, "moe", d, data, limit_train).train.tensors[0] for d in datasets]
     record = dense_to_moe(paths, out, data=blocks, top_k=top_k, router_steps=router_steps, shared_steps=shared_steps,
